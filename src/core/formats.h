@@ -1,0 +1,31 @@
+/* The one definition of the bit layouts (SPEC §1), shared by the CPU and CUDA code.
+ *
+ * A packed sign row is a bit stream: element j of the row is bit (j % 8) of byte (j / 8),
+ * least significant bit first; bit 1 means +1 (value >= 0), bit 0 means -1. On a
+ * little-endian machine this is the same stream for words of 8, 32 and 64 bits: the word
+ * size only sets how a row is padded (to a whole number of words). Padding bits are zero
+ * when the library writes them and ignored (masked) when it reads them.
+ *
+ * Binary dot product of two rows with k valid bits (padding zero in both):
+ *   dot = k - 2 * popcount(a XOR b)                                   (XOR form)
+ *   dot = k - 2 * popcount(a) - 2 * popcount(b) + 4 * popcount(a AND b) (AND form) */
+#ifndef BIE_FORMATS_H
+#define BIE_FORMATS_H
+
+#include <stdint.h>
+
+#define BIE_SIGN_BIT(v) ((v) >= 0) /* sign(0) = +1 */
+
+static inline int bie_word_bits_ok(int w) { return w == 8 || w == 32 || w == 64; }
+
+/* Bytes of one packed row of `cols` elements in words of `w` bits. */
+static inline int64_t bie_packed_row_bytes(int64_t cols, int w) {
+    return (cols + w - 1) / w * (w / 8);
+}
+
+/* Mask of the valid bits in the last byte of a row of k bits (0xff when k % 8 == 0). */
+static inline uint8_t bie_tail_mask(int64_t k) {
+    return (uint8_t)((k & 7) ? ((1u << (k & 7)) - 1u) : 0xffu);
+}
+
+#endif

@@ -1,0 +1,111 @@
+/* The one place that knows which CPU kernels exist. To add a kernel: implement it under
+ * kernels/<isa>/, declare it in kernels/kernels.h, add one line to the table below. */
+#include "dispatch.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+#define ANY_M INT64_MAX
+
+static const bie_cpu_kernel kernels[] = {
+    {0, "cpu.scalar.bgemm_ref", BIE_ISA_SCALAR, ANY_M, bie_row_popc_ref, NULL},
+    {1, "cpu.generic.bgemv", BIE_ISA_GENERIC, 4, bie_row_popc_generic, NULL},
+    {2, "cpu.generic.bgemm_4x4", BIE_ISA_GENERIC, ANY_M, NULL, &bie_tile_generic_4x4},
+#ifdef BIE_HAVE_X86_KERNELS
+    {3, "cpu.avx2.bgemv", BIE_ISA_AVX2, 4, bie_row_popc_avx2, NULL},
+    {4, "cpu.avx2.bgemm_4x2", BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_4x2},
+    {5, "cpu.avx2.bgemm_3x3", BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_3x3},
+    {6, "cpu.avx512.bgemv", BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
+    {7, "cpu.avx512.bgemm_4x4", BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_4x4},
+#endif
+};
+#define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
+
+static const char *isa_names[] = {"scalar", "generic", "avx2", "avx512"};
+
+static int detect_isa(void) {
+#if defined(BIE_HAVE_X86_KERNELS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vpopcntdq"))
+        return BIE_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt")) return BIE_ISA_AVX2;
+#endif
+    return BIE_ISA_GENERIC;
+}
+
+/* Highest ISA used: the CPU's, capped by BIE_CPU_KERNELS=scalar|generic|avx2|avx512.
+ * Computed once; a racing first call computes the same value. */
+static int active_isa(void) {
+    static atomic_int cached = -1;
+    int v = atomic_load(&cached);
+    if (v >= 0) return v;
+    v = detect_isa();
+    const char *env = getenv("BIE_CPU_KERNELS");
+    if (env && *env) {
+        for (int i = 0; i < 4; i++)
+            if (strcmp(env, isa_names[i]) == 0 && i < v) v = i;
+    }
+    atomic_store(&cached, v);
+    return v;
+}
+
+const char *bie_cpu_kernel_set(void) { return isa_names[active_isa()]; }
+
+const bie_cpu_kernel *bie_cpu_kernel_by_id(int id) {
+    for (int i = 0; i < NKERNELS; i++)
+        if (kernels[i].id == id) return &kernels[i];
+    return NULL;
+}
+
+bool bie_cpu_kernel_available(const bie_cpu_kernel *k) { return k && k->isa <= active_isa(); }
+
+const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
+    int isa = active_isa();
+    const bie_cpu_kernel *best = &kernels[0];
+    for (int i = 0; i < NKERNELS; i++) {
+        const bie_cpu_kernel *k = &kernels[i];
+        if (k->isa != isa) continue;
+        if (m <= k->preferred_max_m &&
+            (best->isa != isa || k->preferred_max_m < best->preferred_max_m))
+            best = k;
+    }
+    return best;
+}
+
+int bie_cpu_kernel_count(void) { return NKERNELS; }
+const bie_cpu_kernel *bie_cpu_kernel_at(int i) { return i >= 0 && i < NKERNELS ? &kernels[i] : NULL; }
+
+/* ---- public registry (CPU kernels; a CUDA build appends its own) */
+
+static void describe(const bie_cpu_kernel *k, bie_kernel_info *info) {
+    info->id = k->id;
+    info->name = k->name;
+    info->isa = isa_names[k->isa];
+    info->op = BIE_OP_BINARY_GEMM;
+    info->device = BIE_DEVICE_CPU;
+    info->preferred_max_m = k->preferred_max_m;
+    info->available = bie_cpu_kernel_available(k);
+}
+
+int bie_kernel_count(void) { return NKERNELS; }
+
+bie_status bie_kernel_get(int index, bie_kernel_info *info) {
+    BIE_CHECK_NULL(info);
+    if (index < 0 || index >= NKERNELS)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_get: index %d outside 0..%d", index,
+                        NKERNELS - 1);
+    describe(&kernels[index], info);
+    return BIE_OK;
+}
+
+bie_status bie_kernel_find(int id, bie_kernel_info *info) {
+    BIE_CHECK_NULL(info);
+    const bie_cpu_kernel *k = bie_cpu_kernel_by_id(id);
+    if (k == NULL) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "no kernel with id %d", id);
+    describe(k, info);
+    return BIE_OK;
+}

@@ -1,0 +1,34 @@
+/* CPU kernel registry and runtime ISA dispatch. */
+#ifndef BIE_CPU_DISPATCH_H
+#define BIE_CPU_DISPATCH_H
+
+#include "bie.h"
+#include "kernels/kernels.h"
+
+enum { BIE_ISA_SCALAR = 0, BIE_ISA_GENERIC = 1, BIE_ISA_AVX2 = 2, BIE_ISA_AVX512 = 3 };
+
+typedef struct bie_cpu_kernel {
+    int id;
+    const char *name;
+    int isa;
+    int64_t preferred_max_m;
+    bie_row_popc_fn rows;        /* row kernel, or NULL */
+    const bie_tile_kernel *tile; /* tile micro-kernel, or NULL */
+} bie_cpu_kernel;
+
+/* Registered CPU kernel with this id, or NULL. */
+const bie_cpu_kernel *bie_cpu_kernel_by_id(int id);
+/* Whether this process may run the kernel (CPU features, BIE_CPU_KERNELS cap). */
+bool bie_cpu_kernel_available(const bie_cpu_kernel *k);
+/* Default kernel for m rows: the best available ISA, its row kernel for small m. */
+const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m);
+/* Number of CPU kernels and the i-th one. */
+int bie_cpu_kernel_count(void);
+const bie_cpu_kernel *bie_cpu_kernel_at(int i);
+
+/* The frame: out[i * n + j] = (float)(k - 2 popc(a_i ^ b_j)) * scale, all checks done. */
+bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                         const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,
+                         float *out);
+
+#endif

@@ -1,0 +1,176 @@
+/* The CPU binary GEMM frame: packing into micro-panels, cache blocking, threads and the
+ * epilogue (popcount back-transform and scale), written once for every micro-kernel. */
+#include <string.h>
+
+#include "../../core/formats.h"
+#include "../../core/internal.h"
+#include "../dispatch.h"
+
+/* Epilogue shared by every kernel: the exact dot product, scaled once in float. */
+static inline float finish(int64_t k, uint64_t popc, float scale) {
+    return (float)(k - 2 * (int64_t)popc) * scale;
+}
+
+static int big_enough_for_threads(int64_t m, int64_t n, int64_t k) {
+    return (double)m * (double)n * (double)k > 4.0e6;
+}
+
+static void run_rows(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                     const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,
+                     float *out) {
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (big_enough_for_threads(m, n, k))
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *bj = b + j * ldb;
+        for (int64_t i = 0; i < m; i++) out[i * n + j] = finish(k, kern->rows(a + i * lda, bj, k), scale);
+    }
+}
+
+/* Steps of a panel for k bits in a kernel's layout. */
+static int64_t panel_steps(const bie_tile_kernel *t, int64_t k) {
+    int64_t nbytes = (k + 7) >> 3;
+    if (t->layout == BIE_PANEL_NIBBLE32) return 2 * ((nbytes + 31) / 32);
+    return (nbytes + t->step_bytes - 1) / t->step_bytes;
+}
+
+/* Copy bytes [off, off + len) of a row into buf, zero past the row's valid bits. */
+static void fetch_chunk(const uint8_t *row, int64_t k, int64_t off, int len, uint8_t *buf) {
+    int64_t nbytes = (k + 7) >> 3;
+    int64_t avail = nbytes - off;
+    if (row == NULL || avail <= 0) {
+        memset(buf, 0, (size_t)len);
+        return;
+    }
+    int take = avail < len ? (int)avail : len;
+    memcpy(buf, row + off, (size_t)take);
+    memset(buf + take, 0, (size_t)(len - take));
+    if (off + take == nbytes) buf[take - 1] &= bie_tail_mask(k);
+}
+
+/* Pack rows [row0, row0 + rows_per_panel) of a packed matrix into one micro-panel. */
+static void pack_panel(const bie_tile_kernel *t, int rows_per_panel, const uint8_t *src,
+                       int64_t ld, int64_t row0, int64_t nrows, int64_t k, int64_t steps,
+                       uint8_t *dst) {
+    int sb = t->step_bytes;
+    uint8_t buf[64];
+    if (t->layout == BIE_PANEL_NIBBLE32) {
+        for (int64_t c = 0; c < steps / 2; c++)
+            for (int r = 0; r < rows_per_panel; r++) {
+                const uint8_t *row = row0 + r < nrows ? src + (row0 + r) * ld : NULL;
+                fetch_chunk(row, k, c * 32, 32, buf);
+                uint8_t *lo = dst + (2 * c * rows_per_panel + r) * 32;
+                uint8_t *hi = dst + ((2 * c + 1) * rows_per_panel + r) * 32;
+                for (int x = 0; x < 32; x++) {
+                    lo[x] = buf[x] & 15;
+                    hi[x] = buf[x] >> 4;
+                }
+            }
+        return;
+    }
+    for (int64_t s = 0; s < steps; s++)
+        for (int r = 0; r < rows_per_panel; r++) {
+            const uint8_t *row = row0 + r < nrows ? src + (row0 + r) * ld : NULL;
+            fetch_chunk(row, k, s * sb, sb, dst + (s * rows_per_panel + r) * sb);
+        }
+}
+
+static void pack_all(const bie_tile_kernel *t, int per_panel, const uint8_t *src, int64_t ld,
+                     int64_t nrows, int64_t k, int64_t steps, uint8_t *dst, int64_t panel_bytes) {
+    int64_t npanels = (nrows + per_panel - 1) / per_panel;
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (nrows * k > 65536)
+    for (int64_t p = 0; p < npanels; p++)
+        pack_panel(t, per_panel, src, ld, p * per_panel, nrows, k, steps, dst + p * panel_bytes);
+}
+
+static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                            const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb,
+                            float scale, float *out) {
+    const bie_tile_kernel *t = kern->tile;
+    const int mr = t->mr, nr = t->nr;
+    int64_t steps = panel_steps(t, k);
+    int64_t a_panels = (m + mr - 1) / mr, b_panels = (n + nr - 1) / nr;
+    int64_t a_panel_bytes = steps * mr * t->step_bytes, b_panel_bytes = steps * nr * t->step_bytes;
+    int64_t a_bytes, b_bytes;
+    if (!bie_mul_ok(a_panels, a_panel_bytes, &a_bytes) || !bie_mul_ok(b_panels, b_panel_bytes, &b_bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "binary gemm: packed panels too large");
+    uint8_t *ap = bie_alloc_aligned((size_t)a_bytes);
+    uint8_t *bp = bie_alloc_aligned((size_t)b_bytes);
+    if (ap == NULL || bp == NULL) {
+        bie_free_aligned(ap);
+        bie_free_aligned(bp);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "binary gemm: %lld bytes of panels",
+                        (long long)(a_bytes + b_bytes));
+    }
+    pack_all(t, mr, a, lda, m, k, steps, ap, a_panel_bytes);
+    pack_all(t, nr, b, ldb, n, k, steps, bp, b_panel_bytes);
+
+    /* Blocks: an A block of about 128 KiB stays in L2 while a B micro-panel (L1) sweeps it. */
+    int64_t a_per_block = (128 * 1024) / (a_panel_bytes > 0 ? a_panel_bytes : 1);
+    if (a_per_block < 1) a_per_block = 1;
+    int64_t b_per_block = 16;
+    int64_t ablocks = (a_panels + a_per_block - 1) / a_per_block;
+    int64_t bblocks = (b_panels + b_per_block - 1) / b_per_block;
+#pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) collapse(2) if (big_enough_for_threads(m, n, k))
+    for (int64_t jb = 0; jb < bblocks; jb++)
+        for (int64_t ib = 0; ib < ablocks; ib++) {
+            uint32_t popc[64];
+            int64_t jp_end = (jb + 1) * b_per_block < b_panels ? (jb + 1) * b_per_block : b_panels;
+            int64_t ip_end = (ib + 1) * a_per_block < a_panels ? (ib + 1) * a_per_block : a_panels;
+            for (int64_t jp = jb * b_per_block; jp < jp_end; jp++)
+                for (int64_t ip = ib * a_per_block; ip < ip_end; ip++) {
+                    t->fn(steps, ap + ip * a_panel_bytes, bp + jp * b_panel_bytes, popc);
+                    int64_t i0 = ip * mr, j0 = jp * nr;
+                    int rows = m - i0 < mr ? (int)(m - i0) : mr;
+                    int cols = n - j0 < nr ? (int)(n - j0) : nr;
+                    for (int r = 0; r < rows; r++)
+                        for (int c = 0; c < cols; c++)
+                            out[(i0 + r) * n + j0 + c] = finish(k, popc[r * nr + c], scale);
+                }
+        }
+    bie_free_aligned(ap);
+    bie_free_aligned(bp);
+    return BIE_OK;
+}
+
+bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                         const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,
+                         float *out) {
+    if (kern->rows) {
+        run_rows(kern, m, n, k, a, lda, b, ldb, scale, out);
+        return BIE_OK;
+    }
+    return run_tiled(kern, m, n, k, a, lda, b, ldb, scale, out);
+}
+
+/* Public entry (see bie.h). */
+bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const void *a,
+                           int64_t a_row_bytes, const void *b, int64_t b_row_bytes, float scale,
+                           float *out) {
+    BIE_CHECK_NULL(a);
+    BIE_CHECK_NULL(b);
+    BIE_CHECK_NULL(out);
+    if (m < 1 || n < 1 || k < 1)
+        return bie_fail(BIE_ERR_SHAPE, "bie_binary_gemm: m, n, k must be >= 1 (got %lld, %lld, %lld)",
+                        (long long)m, (long long)n, (long long)k);
+    if (k > INT32_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "bie_binary_gemm: k = %lld exceeds 2^31 - 1", (long long)k);
+    int64_t need = (k + 7) / 8, mn;
+    if (a_row_bytes < need || b_row_bytes < need)
+        return bie_fail(BIE_ERR_SHAPE, "bie_binary_gemm: row strides must be >= ceil(k / 8) = %lld bytes",
+                        (long long)need);
+    if (!bie_mul_ok(m, n, &mn) || !bie_mul_ok(m, a_row_bytes, &need) || !bie_mul_ok(n, b_row_bytes, &need))
+        return bie_fail(BIE_ERR_OVERFLOW, "bie_binary_gemm: sizes overflow");
+    if (!(scale == scale) || scale - scale != 0.0f)
+        return bie_fail(BIE_ERR_NOT_FINITE, "bie_binary_gemm: scale is not finite");
+    const bie_cpu_kernel *kern;
+    if (kernel_id < 0) {
+        kern = bie_cpu_default_kernel(m);
+    } else {
+        kern = bie_cpu_kernel_by_id(kernel_id);
+        if (kern == NULL)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_binary_gemm: no kernel with id %d", kernel_id);
+        if (!bie_cpu_kernel_available(kern))
+            return bie_fail(BIE_ERR_UNSUPPORTED, "bie_binary_gemm: kernel %s needs %s, which this CPU "
+                            "lacks or BIE_CPU_KERNELS excludes", kern->name, kern->name);
+    }
+    return bie_cpu_bgemm(kern, m, n, k, a, a_row_bytes, b, b_row_bytes, scale, out);
+}

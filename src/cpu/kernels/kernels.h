@@ -1,0 +1,72 @@
+/* The contract between the CPU frame (packing, blocking, threads, epilogue) and the per-ISA
+ * micro-kernels. A new ISA adds one folder under kernels/ and one line per kernel in
+ * cpu/dispatch.c; layers never see this header.
+ *
+ * Two kinds of binary kernels:
+ *  - a row kernel: popcount(a XOR b) of two packed rows of k valid bits, read in place
+ *    (bytes past ceil(k / 8) are never read, invalid bits of the last byte are masked).
+ *    The frame runs it over every (i, j) pair: the small-m path, which streams the packed
+ *    weights once without repacking them.
+ *  - a tile micro-kernel (BLIS style): accumulates popcount(a_i XOR b_j) for an mr x nr tile
+ *    from panels packed by the frame in the kernel's layout, over `steps` k-steps. */
+#ifndef BIE_CPU_KERNELS_H
+#define BIE_CPU_KERNELS_H
+
+#include <stdint.h>
+
+typedef uint64_t (*bie_row_popc_fn)(const uint8_t *a, const uint8_t *b, int64_t k);
+
+typedef enum bie_panel_layout {
+    /* Each step holds step_bytes consecutive bytes of the bit stream per row. */
+    BIE_PANEL_DENSE = 0,
+    /* Each 32-byte chunk of the bit stream becomes two steps of 32 bytes: the low nibbles,
+     * then the high nibbles (4 valid bits per byte), for nibble-table popcounts. */
+    BIE_PANEL_NIBBLE32 = 1
+} bie_panel_layout;
+
+/* popc[i * nr + j] = popcount over all steps of (a panel row i XOR b panel row j).
+ * Panels are laid out [step][row][step_bytes], 64-byte aligned. */
+typedef void (*bie_tile_fn)(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc);
+
+typedef struct bie_tile_kernel {
+    int mr, nr;
+    int step_bytes;
+    bie_panel_layout layout;
+    bie_tile_fn fn;
+} bie_tile_kernel;
+
+/* Scalar reference (any CPU). */
+uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k);
+/* Portable C, 64-bit words. */
+uint64_t bie_row_popc_generic(const uint8_t *a, const uint8_t *b, int64_t k);
+extern const bie_tile_kernel bie_tile_generic_4x4;
+/* AVX2 (nibble table popcount). */
+uint64_t bie_row_popc_avx2(const uint8_t *a, const uint8_t *b, int64_t k);
+extern const bie_tile_kernel bie_tile_avx2_4x2;
+extern const bie_tile_kernel bie_tile_avx2_3x3;
+/* AVX-512 with VPOPCNTDQ. */
+uint64_t bie_row_popc_avx512(const uint8_t *a, const uint8_t *b, int64_t k);
+extern const bie_tile_kernel bie_tile_avx512_4x4;
+
+/* Shared helper: popcount of XOR over bytes [from, nbytes) of two rows, last byte masked
+ * by the tail of k. Used by the row kernels for their tails. */
+static inline uint64_t bie_popc_tail(const uint8_t *a, const uint8_t *b, int64_t from,
+                                     int64_t k) {
+    int64_t nbytes = (k + 7) >> 3;
+    uint64_t p = 0;
+    int64_t i = from;
+    for (; i + 8 <= nbytes - 1; i += 8) {
+        uint64_t x, y;
+        __builtin_memcpy(&x, a + i, 8);
+        __builtin_memcpy(&y, b + i, 8);
+        p += (uint64_t)__builtin_popcountll(x ^ y);
+    }
+    for (; i < nbytes; i++) {
+        unsigned v = (unsigned)(a[i] ^ b[i]);
+        if (i == nbytes - 1 && (k & 7)) v &= (1u << (k & 7)) - 1u;
+        p += (uint64_t)__builtin_popcount(v);
+    }
+    return p;
+}
+
+#endif

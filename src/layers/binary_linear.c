@@ -1,0 +1,509 @@
+/* Binary linear layer (SPEC §2): life cycle and forward. Backward in
+ * binary_linear_backward.c, kernel selection in select_kernel.c. */
+#include <math.h>
+#include <string.h>
+
+#include "../cpu/dispatch.h"
+#include "../cpu/frame/pack.h"
+#include "binary_linear_impl.h"
+
+static const char *const MODULE = "binary_linear";
+
+#define CHECK_LAYER(l)                                                                         \
+    do {                                                                                       \
+        if ((l) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", __func__); \
+    } while (0)
+
+/* ---------------------------------------------------------------- helpers */
+
+static void drop_saved(bie_binary_linear *l) {
+    bie_free_aligned(l->saved_signs);
+    bie_free_aligned(l->saved_mask);
+    bie_free_aligned(l->saved_wbits);
+    l->saved_signs = l->saved_mask = l->saved_wbits = NULL;
+    l->has_saved = false;
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static bool all_finite(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
+bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
+                                 int64_t last, const bie_tensor *like, const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    if (t->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s is not on the CPU", who, what);
+    if (t->dtype != dtype)
+        return bie_fail(BIE_ERR_DTYPE, "%s: %s has dtype %s, expected %s", who, what,
+                        bie_dtype_name(t->dtype), bie_dtype_name(dtype));
+    if (t->ndim < 1 || t->ndim > BIE_MAX_DIMS)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s has rank %d, expected 1..4", who, what, t->ndim);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 1)
+            return bie_fail(BIE_ERR_SHAPE, "%s: %s has extent %lld at dim %d (must be >= 1)", who,
+                            what, (long long)t->shape[i], i);
+    if (bie_tensor_numel(t) < 0)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %s element count overflows", who, what);
+    if (t->shape[t->ndim - 1] != last)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s last extent is %lld, expected %lld", who, what,
+                        (long long)t->shape[t->ndim - 1], (long long)last);
+    if (like) {
+        if (like->ndim != t->ndim)
+            return bie_fail(BIE_ERR_SHAPE, "%s: %s has rank %d, expected %d", who, what, t->ndim,
+                            like->ndim);
+        for (int i = 0; i + 1 < t->ndim; i++)
+            if (t->shape[i] != like->shape[i])
+                return bie_fail(BIE_ERR_SHAPE, "%s: %s extent %d is %lld, expected %lld", who, what,
+                                i, (long long)t->shape[i], (long long)like->shape[i]);
+    }
+    return BIE_OK;
+}
+
+static bie_dtype packed_dtype(int w) { return w == 8 ? BIE_U8 : w == 32 ? BIE_U32 : BIE_U64; }
+
+/* ---------------------------------------------------------------- life cycle */
+
+bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features,
+                                    int64_t out_features, bie_device device, bie_dtype dtype,
+                                    bool symmetric) {
+    BIE_CHECK_NULL(out);
+    if (in_features < 1 || out_features < 1 || in_features > INT32_MAX || out_features > INT32_MAX)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: in_features (%lld) and out_features (%lld) must be in 1..2^31-1",
+                        MODULE, (long long)in_features, (long long)out_features);
+    int64_t numel;
+    if (!bie_mul_ok(in_features, out_features, &numel) || numel > (INT64_MAX / 8))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: weight of %lld x %lld elements is too large", MODULE,
+                        (long long)out_features, (long long)in_features);
+    if (device.type == BIE_DEVICE_CUDA)
+        return bie_fail(BIE_ERR_DEVICE, "%s: this build has no CUDA backend", MODULE);
+    if (device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: unknown device type %d", MODULE, (int)device.type);
+    if (dtype != BIE_F32)
+        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
+                        MODULE, bie_dtype_name(dtype));
+    bie_binary_linear *l = calloc(1, sizeof *l);
+    if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    l->in = in_features;
+    l->out = out_features;
+    l->device = device;
+    l->dtype = dtype;
+    l->symmetric = symmetric;
+    l->training = true;
+    l->word_bits = 8;
+    l->kernel_id = -1;
+    l->scale_a = 0.0f;
+    l->scale_w = 1.0f;
+    l->bias_a = bie_alloc_aligned((size_t)in_features * sizeof(float));
+    if (l->bias_a == NULL) {
+        free(l);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+    }
+    memset(l->bias_a, 0, (size_t)in_features * sizeof(float));
+    bie_status st = bie_binary_linear_reset_parameters(l, 0);
+    if (st != BIE_OK) {
+        bie_binary_linear_free(l);
+        return st;
+    }
+    *out = l;
+    return BIE_OK;
+}
+
+void bie_binary_linear_free(bie_binary_linear *l) {
+    if (l == NULL) return;
+    drop_saved(l);
+    bie_free_aligned(l->weight_f32);
+    bie_free_aligned(l->weight_i8);
+    bie_free_aligned(l->qweight);
+    bie_free_aligned(l->bias_a);
+    bie_free_aligned(l->grad_w);
+    bie_free_aligned(l->grad_w_i8);
+    bie_free_aligned(l->grad_bias_a);
+    free(l);
+}
+
+/* Install a new float weight, dropping int8, packed and saved state. */
+static void install_float_weight(bie_binary_linear *l, float *w) {
+    bie_free_aligned(l->weight_f32);
+    bie_free_aligned(l->weight_i8);
+    bie_free_aligned(l->qweight);
+    l->weight_f32 = w;
+    l->weight_i8 = NULL;
+    l->qweight = NULL;
+    drop_saved(l);
+}
+
+bie_status bie_binary_linear_reset_parameters(bie_binary_linear *l, uint64_t seed) {
+    CHECK_LAYER(l);
+    int64_t n = l->in * l->out;
+    float *w = bie_alloc_aligned((size_t)n * sizeof(float));
+    if (w == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight", MODULE);
+    /* kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
+     * = 1 / sqrt(fan_in). */
+    double bound = 1.0 / sqrt((double)l->in);
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0);
+        w[i] = (float)((2.0 * u - 1.0) * bound);
+    }
+    install_float_weight(l, w);
+    return BIE_OK;
+}
+
+/* prepare_params on a float weight: scale_w, and the int8 weight (SPEC §2). */
+static bie_status quantize_weight(const float *w, int64_t n, int8_t **q_out, float *scale_w) {
+    int8_t *q = bie_alloc_aligned((size_t)n);
+    if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: int8 weight", MODULE);
+    double sum = 0, sum_abs = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += w[i];
+        sum_abs += fabs((double)w[i]);
+    }
+    double mean = sum / (double)n, amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs((double)w[i] - mean));
+    for (int64_t i = 0; i < n; i++) {
+        double wc = (double)w[i] - mean;
+        double v = amax > 0 ? nearbyint(wc * 127.0 / amax) : 0.0;
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[i] = v != 0 ? (int8_t)v : (wc >= 0 ? 1 : -1);
+    }
+    *q_out = q;
+    *scale_w = (float)(sum_abs / (double)n);
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_prepare_params(bie_binary_linear *l) {
+    CHECK_LAYER(l);
+    if (l->weight_i8) return BIE_OK; /* already prepared */
+    if (l->weight_f32 == NULL)
+        return bie_fail(BIE_ERR_STATE, "%s: prepare_params: the weight was freed by "
+                        "generate_quantized_weight(qweight_only); the layer is inference-only", MODULE);
+    int8_t *q;
+    float scale_w;
+    BIE_TRY(quantize_weight(l->weight_f32, l->in * l->out, &q, &scale_w));
+    if (!isfinite(scale_w) || scale_w <= 0) {
+        bie_free_aligned(q);
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: prepare_params: scale_w = mean|w| = %g is not a "
+                        "positive finite number", MODULE, (double)scale_w);
+    }
+    bie_free_aligned(l->weight_f32);
+    l->weight_f32 = NULL;
+    l->weight_i8 = q;
+    l->scale_w = scale_w;
+    drop_saved(l);
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_linear_set_weight_data";
+    BIE_TRY(bie_check_rows_tensor(w, "weight", l->dtype, l->in, NULL, who));
+    if (w->ndim != 2 || w->shape[0] != l->out)
+        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
+                        (long long)l->in);
+    int64_t n = l->in * l->out;
+    if (!all_finite(w->data, n))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
+    int8_t *q;
+    float scale_w;
+    BIE_TRY(quantize_weight(w->data, n, &q, &scale_w));
+    if (!(scale_w > 0)) {
+        bie_free_aligned(q);
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: all-zero weight gives scale_w = 0", who);
+    }
+    install_float_weight(l, NULL);
+    l->weight_i8 = q;
+    l->scale_w = scale_w;
+    return BIE_OK;
+}
+
+/* Pack sign(weight) into a new buffer of rows of `row_bytes` bytes. */
+static bie_status pack_weight(const bie_binary_linear *l, int64_t row_bytes, uint8_t **out) {
+    uint8_t *q = bie_alloc_aligned((size_t)(l->out * row_bytes));
+    if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed weight", MODULE);
+    if (l->weight_i8)
+        bie_pack_i8_rows(l->weight_i8, l->out, l->in, q, row_bytes);
+    else
+        bie_pack_f32_rows(l->weight_f32, l->out, l->in, l->in, NULL, q, row_bytes, NULL, 1, 0, 0);
+    *out = q;
+    return BIE_OK;
+}
+
+static bie_status no_weight(const char *who) {
+    return bie_fail(BIE_ERR_STATE, "%s: the layer has no weight (freed by "
+                    "generate_quantized_weight(qweight_only)): it is inference-only", who);
+}
+
+bie_status bie_binary_linear_generate_quantized_weight(bie_binary_linear *l, bool qweight_only) {
+    CHECK_LAYER(l);
+    if (l->weight_f32 == NULL && l->weight_i8 == NULL) {
+        if (l->qweight) return BIE_OK; /* already packed and weight-free */
+        return no_weight("generate_quantized_weight");
+    }
+    uint8_t *q = NULL;
+    BIE_TRY(pack_weight(l, bie_packed_row_bytes(l->in, l->word_bits), &q));
+    bie_free_aligned(l->qweight);
+    l->qweight = q;
+    if (qweight_only) {
+        bie_free_aligned(l->weight_f32);
+        bie_free_aligned(l->weight_i8);
+        l->weight_f32 = NULL;
+        l->weight_i8 = NULL;
+        drop_saved(l);
+    }
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_set_quantized_weight_data(bie_binary_linear *l, const bie_tensor *q) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_linear_set_quantized_weight_data";
+    int64_t words = bie_packed_words(l->in, l->word_bits);
+    BIE_TRY(bie_check_rows_tensor(q, "qweight", packed_dtype(l->word_bits), words, NULL, who));
+    if (q->ndim != 2 || q->shape[0] != l->out)
+        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out,
+                        (long long)words);
+    int64_t row_bytes = bie_packed_row_bytes(l->in, l->word_bits);
+    uint8_t *copy = bie_alloc_aligned((size_t)(l->out * row_bytes));
+    if (copy == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: qweight", who);
+    memcpy(copy, q->data, (size_t)(l->out * row_bytes));
+    /* Clear padding bits so that the stored rows follow the layout exactly. */
+    for (int64_t r = 0; r < l->out; r++) {
+        uint8_t *row = copy + r * row_bytes;
+        int64_t nb = (l->in + 7) / 8;
+        row[nb - 1] &= bie_tail_mask(l->in);
+        memset(row + nb, 0, (size_t)(row_bytes - nb));
+    }
+    bie_free_aligned(l->qweight);
+    l->qweight = copy;
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_set_bits_binary_word(bie_binary_linear *l, int bits) {
+    CHECK_LAYER(l);
+    if (!bie_word_bits_ok(bits))
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: bits_binary_word must be 8, 32 or 64 (got %d)", MODULE, bits);
+    if (bits == l->word_bits) return BIE_OK;
+    if (l->qweight) { /* same bit stream, new row padding */
+        int64_t old_rb = bie_packed_row_bytes(l->in, l->word_bits);
+        int64_t new_rb = bie_packed_row_bytes(l->in, bits);
+        uint8_t *q = bie_alloc_aligned((size_t)(l->out * new_rb));
+        if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: qweight", MODULE);
+        int64_t nb = (l->in + 7) / 8;
+        for (int64_t r = 0; r < l->out; r++) {
+            memcpy(q + r * new_rb, l->qweight + r * old_rb, (size_t)nb);
+            memset(q + r * new_rb + nb, 0, (size_t)(new_rb - nb));
+        }
+        bie_free_aligned(l->qweight);
+        l->qweight = q;
+    }
+    l->word_bits = bits;
+    return BIE_OK;
+}
+
+int bie_binary_linear_bits_binary_word(const bie_binary_linear *l) { return l ? l->word_bits : 0; }
+int64_t bie_binary_linear_in_features(const bie_binary_linear *l) { return l ? l->in : 0; }
+int64_t bie_binary_linear_out_features(const bie_binary_linear *l) { return l ? l->out : 0; }
+
+bie_status bie_binary_linear_set_training(bie_binary_linear *l, bool training) {
+    CHECK_LAYER(l);
+    if (!training) drop_saved(l);
+    l->training = training;
+    return BIE_OK;
+}
+
+bool bie_binary_linear_training(const bie_binary_linear *l) { return l && l->training; }
+
+static bie_status view_of(bie_tensor *v, void *data, bie_dtype dt, int ndim, int64_t d0, int64_t d1) {
+    int64_t shape[2] = {d0, d1};
+    return bie_tensor_view(v, data, dt, ndim, shape);
+}
+
+bie_status bie_binary_linear_param(bie_binary_linear *l, bie_param which, bie_tensor *v) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(v);
+    switch (which) {
+    case BIE_PARAM_WEIGHT:
+        if (l->weight_i8) return view_of(v, l->weight_i8, BIE_I8, 2, l->out, l->in);
+        if (l->weight_f32) return view_of(v, l->weight_f32, BIE_F32, 2, l->out, l->in);
+        return no_weight("binary_linear_param");
+    case BIE_PARAM_QWEIGHT:
+        if (l->qweight == NULL)
+            return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", MODULE);
+        return view_of(v, l->qweight, packed_dtype(l->word_bits), 2, l->out,
+                       bie_packed_words(l->in, l->word_bits));
+    case BIE_PARAM_BIAS_A: return view_of(v, l->bias_a, BIE_F32, 1, l->in, 0);
+    case BIE_PARAM_SCALE_A: return view_of(v, &l->scale_a, BIE_F32, 1, 1, 0);
+    case BIE_PARAM_SCALE_W: return view_of(v, &l->scale_w, BIE_F32, 1, 1, 0);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD: break;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", MODULE, (int)which);
+}
+
+bie_status bie_binary_linear_set_scale_a(bie_binary_linear *l, float scale_a) {
+    CHECK_LAYER(l);
+    if (!isfinite(scale_a) || scale_a < 0)
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE,
+                        (double)scale_a);
+    l->scale_a = scale_a;
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_opt_weight(bie_binary_linear *l, bie_tensor *v) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(v);
+    if (l->training) return bie_binary_linear_param(l, BIE_PARAM_WEIGHT, v);
+    if (l->qweight == NULL) BIE_TRY(bie_binary_linear_generate_quantized_weight(l, false));
+    return bie_binary_linear_param(l, BIE_PARAM_QWEIGHT, v);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+bie_status bie_binary_linear_check_forward(const bie_binary_linear *l, const bie_tensor *x) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_linear_check_forward";
+    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
+    if (x->dtype == BIE_F32) return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who);
+    if (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64) {
+        if (x->dtype != packed_dtype(l->word_bits))
+            return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)",
+                            who, bie_dtype_name(x->dtype), l->word_bits,
+                            bie_dtype_name(packed_dtype(l->word_bits)));
+        return bie_check_rows_tensor(x, "packed input", x->dtype,
+                                     bie_packed_words(l->in, l->word_bits), NULL, who);
+    }
+    return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s is not accepted on the CPU (float32, or "
+                    "packed uint8/uint32/uint64)", who, bie_dtype_name(x->dtype));
+}
+
+/* scale_a the next forward uses for x: the stored one, or the initialisation from x. */
+static bie_status activation_scale(const bie_binary_linear *l, const bie_tensor *x, float *scale) {
+    if (l->scale_a != 0.0f) {
+        *scale = l->scale_a;
+        return BIE_OK;
+    }
+    const float *d = x->data;
+    int64_t n = bie_tensor_numel(x);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += fabs((double)d[i]);
+    float v = (float)((l->symmetric ? 2.0 : 4.0) * s / (double)n);
+    if (!isfinite(v) || v <= 0)
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: cannot initialise scale_a from this input "
+                        "(mean|x| = %g): it must be positive and finite", MODULE, s / (double)n);
+    *scale = v;
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_set_activation(bie_binary_linear *l, const bie_tensor *x,
+                                            bie_tensor *x_out) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_linear_set_activation";
+    BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who));
+    if (x_out) BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, l->in, x, who));
+    float scale = 0;
+    BIE_TRY(activation_scale(l, x, &scale));
+    l->scale_a = scale;
+    if (x_out) {
+        int64_t rows = bie_tensor_numel(x) / l->in;
+        const float *src = x->data;
+        float *dst = x_out->data;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < l->in; c++) dst[r * l->in + c] = src[r * l->in + c] + l->bias_a[c];
+    }
+    return BIE_OK;
+}
+
+/* Kernel for m rows: the selected one, or the default for the shape. */
+static const bie_cpu_kernel *forward_kernel(const bie_binary_linear *l, int64_t m) {
+    if (l->kernel_id >= 0) return bie_cpu_kernel_by_id(l->kernel_id);
+    return bie_cpu_default_kernel(m);
+}
+
+bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor *out) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_linear_forward";
+    BIE_TRY(bie_binary_linear_check_forward(l, x));
+    BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));
+    const bool packed_input = x->dtype != BIE_F32;
+    const bool keep = l->training && !packed_input;
+    if (l->training && l->weight_f32 == NULL && l->weight_i8 == NULL) return no_weight(who);
+    if (!l->training && l->qweight == NULL && l->weight_f32 == NULL && l->weight_i8 == NULL)
+        return no_weight(who);
+    if (packed_input && l->scale_a == 0.0f)
+        return bie_fail(BIE_ERR_STATE, "%s: scale_a is 0 (uninitialised) and cannot be measured on "
+                        "pre-packed input: run a float forward or set scale_a first", who);
+    const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
+    float scale_a = 0;
+    BIE_TRY(activation_scale(l, x, &scale_a));
+    const float scale = scale_a * l->scale_w;
+    if (!isfinite(scale))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
+    const bie_cpu_kernel *kern = forward_kernel(l, m);
+
+    /* Everything that can fail is allocated before any state changes. */
+    const int64_t rb = bie_bl_row_bytes(l);
+    int64_t a_bytes;
+    if (!bie_mul_ok(m, rb, &a_bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input of %lld rows is too large", who, (long long)m);
+    uint8_t *signs = NULL, *mask = NULL, *wbits = NULL, *qnew = NULL;
+    const uint8_t *a = x->data, *b = l->qweight;
+    int64_t lda = bie_packed_row_bytes(l->in, l->word_bits), ldb = lda;
+    bie_status st = BIE_OK;
+    if (!packed_input) {
+        signs = bie_alloc_aligned((size_t)a_bytes);
+        mask = keep ? bie_alloc_aligned((size_t)a_bytes) : NULL;
+        if (signs == NULL || (keep && mask == NULL)) {
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed input", who);
+            goto fail;
+        }
+        bie_pack_f32_rows(x->data, m, l->in, l->in, l->bias_a, signs, rb, mask, scale_a, -1.0f, 1.0f);
+        a = signs;
+        lda = rb;
+    }
+    if (l->training) {
+        if ((st = pack_weight(l, rb, &wbits)) != BIE_OK) goto fail;
+        b = wbits;
+        ldb = rb;
+    } else if (l->qweight == NULL) { /* opt_weight: packed on first use */
+        if ((st = pack_weight(l, ldb, &qnew)) != BIE_OK) goto fail;
+        b = qnew;
+    }
+    st = bie_cpu_bgemm(kern, m, l->out, l->in, a, lda, b, ldb, scale, out->data);
+    if (st != BIE_OK) goto fail;
+
+    l->scale_a = scale_a;
+    if (qnew) l->qweight = qnew;
+    if (keep) {
+        drop_saved(l);
+        l->saved_signs = signs;
+        l->saved_mask = mask;
+        l->saved_wbits = wbits;
+        l->saved_m = m;
+        l->saved_ndim = x->ndim;
+        memcpy(l->saved_shape, x->shape, sizeof l->saved_shape);
+        l->saved_scale_a = scale_a;
+        l->saved_scale_w = l->scale_w;
+        l->has_saved = true;
+        return BIE_OK;
+    }
+    if (l->training) drop_saved(l); /* a packed-input forward cannot be differentiated */
+    bie_free_aligned(signs);
+    bie_free_aligned(wbits);
+    return BIE_OK;
+fail:
+    bie_free_aligned(signs);
+    bie_free_aligned(mask);
+    bie_free_aligned(wbits);
+    bie_free_aligned(qnew);
+    return st;
+}

@@ -1,0 +1,110 @@
+/* Binary linear backward (SPEC §2), from the packed signs and clip mask kept by the
+ * forward. The float GEMMs run in OpenBLAS. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "../cpu/frame/pack.h"
+#include "binary_linear_impl.h"
+
+/* Per-tensor narrow-range int8 quantization (SPEC §1); amax == 0 gives zeros. */
+static void quantize_i8(const float *x, int64_t n, int8_t *q) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (int64_t i = 0; i < n; i++) {
+        float v = amax > 0 ? rintf(x[i] * 127.0f / amax) : 0.0f;
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+}
+
+bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *grad_out,
+                                      bie_tensor *grad_x) {
+    static const char *who = "binary_linear_backward";
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
+                        "on float input first", who);
+    bie_tensor like;
+    memset(&like, 0, sizeof like);
+    like.ndim = l->saved_ndim;
+    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    BIE_TRY(bie_check_rows_tensor(grad_out, "grad_out", BIE_F32, l->out, &like, who));
+    if (grad_x) BIE_TRY(bie_check_rows_tensor(grad_x, "grad_x", BIE_F32, l->in, &like, who));
+
+    const int64_t m = l->saved_m, k = l->in, n = l->out, rb = bie_bl_row_bytes(l);
+    if (m > INT32_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who, (long long)m);
+    float *wf = bie_alloc_aligned((size_t)(n * k) * sizeof(float));
+    float *xs = bie_alloc_aligned((size_t)(m * k) * sizeof(float));
+    float *gx = grad_x ? NULL : bie_alloc_aligned((size_t)(m * k) * sizeof(float));
+    float *gw = bie_alloc_aligned((size_t)(n * k) * sizeof(float));
+    float *gb = bie_alloc_aligned((size_t)k * sizeof(float));
+    double *col = calloc((size_t)k, sizeof(double));
+    int8_t *gq = l->weight_i8 ? bie_alloc_aligned((size_t)(n * k)) : NULL;
+    if (!wf || !xs || (!grad_x && !gx) || !gw || !gb || !col || (l->weight_i8 && !gq)) {
+        bie_free_aligned(wf);
+        bie_free_aligned(xs);
+        bie_free_aligned(gx);
+        bie_free_aligned(gw);
+        bie_free_aligned(gb);
+        bie_free_aligned(gq);
+        free(col);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+    }
+    if (grad_x) gx = grad_x->data;
+    const float *g = grad_out->data;
+
+    /* grad_x = (grad_out @ (sign(w) * scale_w)) * inr */
+    bie_unpack_rows_f32(l->saved_wbits, rb, n, k, l->saved_scale_w, wf);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)k, (int)n, 1.0f, g, (int)n,
+                wf, (int)k, 0.0f, gx, (int)k);
+    double dscale = 0;
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *mask = l->saved_mask + i * rb, *sign = l->saved_signs + i * rb;
+        float *row = gx + i * k;
+        for (int64_t c = 0; c < k; c++) {
+            if (!bie_bit(mask, c)) row[c] = 0.0f;
+            dscale += bie_bit(sign, c) ? row[c] : -row[c];
+            col[c] += row[c];
+        }
+    }
+    /* grad_w = grad_out^T @ (sign(x') * scale_a) */
+    bie_unpack_rows_f32(l->saved_signs, rb, m, k, l->saved_scale_a, xs);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n,
+                xs, (int)k, 0.0f, gw, (int)k);
+    if (gq) quantize_i8(gw, n * k, gq);
+    for (int64_t c = 0; c < k; c++) gb[c] = (float)col[c];
+
+    bie_free_aligned(l->grad_w);
+    bie_free_aligned(l->grad_w_i8);
+    bie_free_aligned(l->grad_bias_a);
+    l->grad_w = gw;
+    l->grad_w_i8 = gq;
+    l->grad_bias_a = gb;
+    l->grad_scale_a = (float)(dscale / sqrt((double)(m * k)));
+    l->has_grad = true;
+    bie_free_aligned(wf);
+    bie_free_aligned(xs);
+    if (!grad_x) bie_free_aligned(gx);
+    free(col);
+    return BIE_OK;
+}
+
+bie_status bie_binary_linear_grad(bie_binary_linear *l, bie_param which, bie_tensor *v) {
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_linear_grad: layer is NULL");
+    BIE_CHECK_NULL(v);
+    if (!l->has_grad)
+        return bie_fail(BIE_ERR_STATE, "binary_linear_grad: no gradients yet (run backward)");
+    int64_t wshape[2] = {l->out, l->in}, one = 1;
+    switch (which) {
+    case BIE_PARAM_WEIGHT:
+        if (l->grad_w_i8) return bie_tensor_view(v, l->grad_w_i8, BIE_I8, 2, wshape);
+        return bie_tensor_view(v, l->grad_w, BIE_F32, 2, wshape);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 2, wshape);
+    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in);
+    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
+    default: break;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "binary_linear_grad: parameter %d has no gradient",
+                    (int)which);
+}

@@ -1,0 +1,51 @@
+/* The binary linear layer's state, shared by its life-cycle, forward, backward and kernel
+ * selection files. */
+#ifndef BIE_BINARY_LINEAR_IMPL_H
+#define BIE_BINARY_LINEAR_IMPL_H
+
+#include "../core/formats.h"
+#include "../core/internal.h"
+
+struct bie_binary_linear {
+    int64_t in, out;
+    bie_device device;
+    bie_dtype dtype;
+    bool symmetric;
+    bool training;
+    int word_bits;
+    int kernel_id; /* -1: default per shape */
+
+    /* Exactly one of weight_f32 / weight_i8 holds the training weight, or neither after
+     * generate_quantized_weight(qweight_only). */
+    float *weight_f32;
+    int8_t *weight_i8;
+    uint8_t *qweight; /* [out, bie_packed_row_bytes(in, word_bits)] or NULL */
+    float *bias_a;
+    float scale_a, scale_w;
+
+    /* Saved by a training forward for the backward: packed sign(x') and clip mask rows of
+     * ceil(in / 8) bytes, the packed weight signs, and the scales used. */
+    bool has_saved;
+    int64_t saved_m;
+    int saved_ndim;
+    int64_t saved_shape[BIE_MAX_DIMS];
+    uint8_t *saved_signs, *saved_mask, *saved_wbits;
+    float saved_scale_a, saved_scale_w;
+
+    /* Gradients of the last backward. */
+    bool has_grad;
+    float *grad_w;      /* [out, in] */
+    int8_t *grad_w_i8;  /* [out, in] when the weight is int8, else NULL */
+    float *grad_bias_a; /* [in] */
+    float grad_scale_a;
+};
+
+/* Bytes of one internal packed row (bit stream without word padding). */
+static inline int64_t bie_bl_row_bytes(const bie_binary_linear *l) { return (l->in + 7) / 8; }
+
+/* Validates an F32 CPU tensor whose last extent is `last` and whose leading extents equal
+ * those of `like` (or, when like is NULL, any leading extents). */
+bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
+                                 int64_t last, const bie_tensor *like, const char *who);
+
+#endif

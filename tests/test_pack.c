@@ -1,0 +1,92 @@
+/* Bit-packing: layout (SPEC §1) against a direct bit-by-bit check, round trips for every
+ * word size and odd row lengths, from float32 and int8. */
+#include "test_util.h"
+
+static void check_layout(int64_t rows, int64_t cols, int w) {
+    float *x = tu_alloc((size_t)(rows * cols) * sizeof(float));
+    int8_t *x8 = tu_alloc((size_t)(rows * cols));
+    tu_fill(x, rows * cols, -1, 1);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        if (tu_next() % 7 == 0) x[i] = 0.0f; /* sign(0) = +1 */
+        x8[i] = (int8_t)(tu_next() % 255 - 127);
+    }
+    int64_t words = bie_packed_words(cols, w);
+    size_t bytes = (size_t)(rows * words * (w / 8));
+    bie_dtype dt = w == 8 ? BIE_U8 : w == 32 ? BIE_U32 : BIE_U64;
+    uint8_t *p = tu_alloc(bytes), *p8 = tu_alloc(bytes);
+    memset(p, 0xA5, bytes);
+    memset(p8, 0x5A, bytes);
+    bie_tensor tx = tu_view(x, BIE_F32, 2, rows, cols, 0, 0);
+    bie_tensor tx8 = tu_view(x8, BIE_I8, 2, rows, cols, 0, 0);
+    bie_tensor tp = tu_view(p, dt, 2, rows, words, 0, 0);
+    bie_tensor tp8 = tu_view(p8, dt, 2, rows, words, 0, 0);
+    CHECK_OK(bie_pack_signs(&tx, w, &tp));
+    CHECK_OK(bie_pack_signs(&tx8, w, &tp8));
+    int bad = 0, bad8 = 0, badpad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < words * w; c++) {
+            /* element c of row r: word c / w, bit c % w, read as a little-endian word */
+            const uint8_t *word = p + (r * words + c / w) * (w / 8);
+            const uint8_t *word8 = p8 + (r * words + c / w) * (w / 8);
+            uint64_t v = 0, v8 = 0;
+            memcpy(&v, word, (size_t)(w / 8));
+            memcpy(&v8, word8, (size_t)(w / 8));
+            int bit = (int)((v >> (c % w)) & 1), bit8 = (int)((v8 >> (c % w)) & 1);
+            if (c < cols) {
+                bad += bit != (x[r * cols + c] >= 0);
+                bad8 += bit8 != (x8[r * cols + c] >= 0);
+            } else {
+                badpad += bit != 0 || bit8 != 0;
+            }
+        }
+    }
+    CHECK(bad == 0);
+    CHECK(bad8 == 0);
+    CHECK(badpad == 0);
+    /* round trip to ±1 */
+    float *u = tu_alloc((size_t)(rows * cols) * sizeof(float));
+    int8_t *u8 = tu_alloc((size_t)(rows * cols));
+    tu_poison(u, rows * cols);
+    memset(u8, 0x7f, (size_t)(rows * cols));
+    bie_tensor tu = tu_view(u, BIE_F32, 2, rows, cols, 0, 0);
+    bie_tensor tu8 = tu_view(u8, BIE_I8, 2, rows, cols, 0, 0);
+    CHECK_OK(bie_unpack_signs(&tp, w, &tu));
+    CHECK_OK(bie_unpack_signs(&tp8, w, &tu8));
+    int rt = 0;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        rt += u[i] != (x[i] >= 0 ? 1.0f : -1.0f);
+        rt += u8[i] != (x8[i] >= 0 ? 1 : -1);
+    }
+    CHECK(rt == 0);
+    if (bad || bad8 || badpad || rt)
+        fprintf(stderr, "  layout failure rows=%lld cols=%lld w=%d\n", (long long)rows, (long long)cols, w);
+    free(x);
+    free(x8);
+    free(p);
+    free(p8);
+    free(u);
+    free(u8);
+}
+
+int main(void) {
+    tu_seed(1);
+    const int64_t cols_list[] = {1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 200, 1000, 4099};
+    const int words[] = {8, 32, 64};
+    for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
+        for (int w = 0; w < 3; w++) check_layout(1 + (int64_t)(tu_next() % 5), cols_list[c], words[w]);
+    /* leading shape is flattened: [2, 3, 5] packs as 6 rows */
+    float x[30];
+    tu_fill(x, 30, -1, 1);
+    uint8_t p[6];
+    bie_tensor tx = tu_view(x, BIE_F32, 3, 2, 3, 5, 0), tp = tu_view(p, BIE_U8, 3, 2, 3, 1, 0);
+    CHECK_OK(bie_pack_signs(&tx, 8, &tp));
+    for (int r = 0; r < 6; r++) {
+        unsigned expect = 0;
+        for (int c = 0; c < 5; c++) expect |= (unsigned)(x[r * 5 + c] >= 0) << c;
+        CHECK(p[r] == expect);
+    }
+    CHECK(bie_packed_words(65, 64) == 2);
+    CHECK(bie_packed_words(64, 64) == 1);
+    CHECK(bie_packed_words(9, 8) == 2);
+    return tu_finish();
+}

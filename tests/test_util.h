@@ -1,0 +1,90 @@
+/* Tiny test harness shared by the test programs: checks that count, a seeded generator,
+ * poison patterns. */
+#ifndef BIE_TEST_UTIL_H
+#define BIE_TEST_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bie.h"
+
+static int tu_passed, tu_failed;
+
+#define CHECK(cond)                                                                            \
+    do {                                                                                       \
+        if (cond) {                                                                            \
+            tu_passed++;                                                                       \
+        } else {                                                                               \
+            tu_failed++;                                                                       \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);           \
+        }                                                                                      \
+    } while (0)
+
+#define CHECK_OK(call)                                                                         \
+    do {                                                                                       \
+        bie_status tu_st_ = (call);                                                            \
+        if (tu_st_ == BIE_OK) {                                                                \
+            tu_passed++;                                                                       \
+        } else {                                                                               \
+            tu_failed++;                                                                       \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call,         \
+                    bie_status_name(tu_st_), bie_last_error());                                \
+        }                                                                                      \
+    } while (0)
+
+static inline int tu_finish(void) {
+    printf("%d passed, %d failed\n", tu_passed, tu_failed);
+    return tu_failed ? 1 : 0;
+}
+
+static uint64_t tu_state = 0x853c49e6748fea9bull;
+static inline void tu_seed(uint64_t s) { tu_state = s * 2654435761ull + 1; }
+static inline uint64_t tu_next(void) {
+    tu_state = tu_state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t x = tu_state;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    return x ^ (x >> 33);
+}
+/* Uniform in [lo, hi). */
+static inline float tu_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((tu_next() >> 40) * (1.0 / 16777216.0));
+}
+static inline void tu_fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = tu_uniform(lo, hi);
+}
+static inline void tu_fill_bytes(void *p, int64_t n) {
+    uint8_t *b = p;
+    for (int64_t i = 0; i < n; i++) b[i] = (uint8_t)(tu_next() >> 56);
+}
+/* Poison floats with a NaN pattern that no computation produces. */
+static inline void tu_poison(float *x, int64_t n) {
+    uint32_t bits = 0x7fc0dead;
+    for (int64_t i = 0; i < n; i++) memcpy(&x[i], &bits, 4);
+}
+static inline int tu_same_bits(const float *a, const float *b, int64_t n) {
+    return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
+}
+static inline void *tu_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+static inline bie_tensor tu_view(void *data, bie_dtype dt, int ndim, int64_t d0, int64_t d1,
+                                 int64_t d2, int64_t d3) {
+    int64_t shape[4] = {d0, d1, d2, d3};
+    bie_tensor t;
+    if (bie_tensor_view(&t, data, dt, ndim, shape) != BIE_OK) {
+        fprintf(stderr, "bad view: %s\n", bie_last_error());
+        exit(2);
+    }
+    return t;
+}
+
+#endif
