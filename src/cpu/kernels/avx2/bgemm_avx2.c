@@ -35,45 +35,89 @@ uint64_t bie_row_popc_avx2(const uint8_t *a, const uint8_t *b, int64_t k) {
     return hsum_epi64(total) + bie_popc_tail(a, b, i, k);
 }
 
-/* mr x nr tile over nibble panels; mr and nr are constants after inlining. */
-static inline __attribute__((always_inline)) void
-tile_nibble(int mr, int nr, int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
-    const __m256i lut = NIBBLE_LUT;
-    __m256i wide[4][4];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) wide[i][j] = _mm256_setzero_si256();
-    for (int64_t s0 = 0; s0 < steps; s0 += 63) {
-        int64_t s1 = s0 + 63 < steps ? s0 + 63 : steps;
-        __m256i acc[4][4];
-        for (int i = 0; i < mr; i++)
-            for (int j = 0; j < nr; j++) acc[i][j] = _mm256_setzero_si256();
-        for (int64_t s = s0; s < s1; s++) {
-            const __m256i *as = (const __m256i *)(a + s * mr * 32);
-            const __m256i *bs = (const __m256i *)(b + s * nr * 32);
-            __m256i av[4];
-            for (int i = 0; i < mr; i++) av[i] = _mm256_load_si256(as + i);
-            for (int j = 0; j < nr; j++) {
-                __m256i bv = _mm256_load_si256(bs + j);
-                for (int i = 0; i < mr; i++)
-                    acc[i][j] = _mm256_add_epi8(
-                        acc[i][j], _mm256_shuffle_epi8(lut, _mm256_xor_si256(av[i], bv)));
-            }
-        }
-        for (int i = 0; i < mr; i++)
-            for (int j = 0; j < nr; j++)
-                wide[i][j] = _mm256_add_epi64(wide[i][j],
-                                              _mm256_sad_epu8(acc[i][j], _mm256_setzero_si256()));
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) popc[i * nr + j] = (uint32_t)hsum_epi64(wide[i][j]);
+/* The tile kernels are written in inline assembly: GCC's register allocation of the
+ * intrinsics version spilled accumulators and added register copies, doubling the
+ * instructions of the inner loop. Each pair (i, j) of a step costs exactly
+ * vpxor + vpshufb + vpaddb. */
+#define PAIR(A, C)                                                                             \
+    "vpxor %[" A "], %[bv], %[t]\n\t"                                                          \
+    "vpshufb %[t], %[lut], %[t]\n\t"                                                           \
+    "vpaddb %[t], %[" C "], %[" C "]\n\t"
+
+/* Widen byte counters into 64-bit totals (memory) after at most 63 steps. */
+static inline void add_counts(const __m256i *acc, int n, uint64_t *total) {
+    for (int t = 0; t < n; t++) total[t] += hsum_epi64(_mm256_sad_epu8(acc[t], _mm256_setzero_si256()));
 }
 
 static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
-    tile_nibble(4, 2, steps, a, b, popc);
+    const __m256i lut = NIBBLE_LUT;
+    uint64_t total[8] = {0};
+    for (int64_t s0 = 0; s0 < steps; s0 += 63) {
+        int64_t n = steps - s0 < 63 ? steps - s0 : 63;
+        const uint8_t *ap = a + s0 * 4 * 32, *bp = b + s0 * 2 * 32;
+        __m256i c00 = _mm256_setzero_si256(), c10 = c00, c20 = c00, c30 = c00;
+        __m256i c01 = c00, c11 = c00, c21 = c00, c31 = c00;
+        __m256i a0, a1, a2, a3, bv, t;
+        __asm__ volatile(
+            "1:\n\t"
+            "vmovdqa (%[ap]), %[a0]\n\t"
+            "vmovdqa 32(%[ap]), %[a1]\n\t"
+            "vmovdqa 64(%[ap]), %[a2]\n\t"
+            "vmovdqa 96(%[ap]), %[a3]\n\t"
+            "vmovdqa (%[bp]), %[bv]\n\t"
+            PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20") PAIR("a3", "c30")
+            "vmovdqa 32(%[bp]), %[bv]\n\t"
+            PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21") PAIR("a3", "c31")
+            "add $128, %[ap]\n\t"
+            "add $64, %[bp]\n\t"
+            "dec %[n]\n\t"
+            "jnz 1b\n\t"
+            : [c00] "+x"(c00), [c10] "+x"(c10), [c20] "+x"(c20), [c30] "+x"(c30),
+              [c01] "+x"(c01), [c11] "+x"(c11), [c21] "+x"(c21), [c31] "+x"(c31),
+              [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [a3] "=&x"(a3), [bv] "=&x"(bv),
+              [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+            : [lut] "x"(lut)
+            : "cc", "memory");
+        const __m256i acc[8] = {c00, c01, c10, c11, c20, c21, c30, c31};
+        add_counts(acc, 8, total);
+    }
+    for (int i = 0; i < 8; i++) popc[i] = (uint32_t)total[i];
 }
 
 static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
-    tile_nibble(3, 3, steps, a, b, popc);
+    const __m256i lut = NIBBLE_LUT;
+    uint64_t total[9] = {0};
+    for (int64_t s0 = 0; s0 < steps; s0 += 63) {
+        int64_t n = steps - s0 < 63 ? steps - s0 : 63;
+        const uint8_t *ap = a + s0 * 3 * 32, *bp = b + s0 * 3 * 32;
+        __m256i c00 = _mm256_setzero_si256(), c01 = c00, c02 = c00, c10 = c00, c11 = c00;
+        __m256i c12 = c00, c20 = c00, c21 = c00, c22 = c00;
+        __m256i a0, a1, a2, bv, t;
+        __asm__ volatile(
+            "1:\n\t"
+            "vmovdqa (%[ap]), %[a0]\n\t"
+            "vmovdqa 32(%[ap]), %[a1]\n\t"
+            "vmovdqa 64(%[ap]), %[a2]\n\t"
+            "vmovdqa (%[bp]), %[bv]\n\t"
+            PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20")
+            "vmovdqa 32(%[bp]), %[bv]\n\t"
+            PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21")
+            "vmovdqa 64(%[bp]), %[bv]\n\t"
+            PAIR("a0", "c02") PAIR("a1", "c12") PAIR("a2", "c22")
+            "add $96, %[ap]\n\t"
+            "add $96, %[bp]\n\t"
+            "dec %[n]\n\t"
+            "jnz 1b\n\t"
+            : [c00] "+x"(c00), [c01] "+x"(c01), [c02] "+x"(c02), [c10] "+x"(c10),
+              [c11] "+x"(c11), [c12] "+x"(c12), [c20] "+x"(c20), [c21] "+x"(c21),
+              [c22] "+x"(c22), [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [bv] "=&x"(bv),
+              [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+            : [lut] "x"(lut)
+            : "cc", "memory");
+        const __m256i acc[9] = {c00, c01, c02, c10, c11, c12, c20, c21, c22};
+        add_counts(acc, 9, total);
+    }
+    for (int i = 0; i < 9; i++) popc[i] = (uint32_t)total[i];
 }
 
 const bie_tile_kernel bie_tile_avx2_4x2 = {4, 2, 32, BIE_PANEL_NIBBLE32, tile_avx2_4x2};
