@@ -30,6 +30,9 @@ static bie_status check_pair(const bie_tensor *plain, const bie_tensor *packed, 
     if (plain->ndim < 1 || plain->ndim > BIE_MAX_DIMS || packed->ndim != plain->ndim)
         return bie_fail(BIE_ERR_SHAPE, "%s: ranks %d and %d differ or are outside 1..4", who,
                         plain->ndim, packed->ndim);
+    for (int i = 0; i < plain->ndim; i++)
+        if (plain->shape[i] < 0 || packed->shape[i] < 0)
+            return bie_fail(BIE_ERR_SHAPE, "%s: extent %d is negative", who, i);
     for (int i = 0; i + 1 < plain->ndim; i++)
         if (plain->shape[i] != packed->shape[i])
             return bie_fail(BIE_ERR_SHAPE, "%s: extent %d differs (%lld vs %lld)", who, i,

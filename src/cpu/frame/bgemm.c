@@ -169,8 +169,9 @@ bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const
         if (kern == NULL)
             return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_binary_gemm: no kernel with id %d", kernel_id);
         if (!bie_cpu_kernel_available(kern))
-            return bie_fail(BIE_ERR_UNSUPPORTED, "bie_binary_gemm: kernel %s needs %s, which this CPU "
-                            "lacks or BIE_CPU_KERNELS excludes", kern->name, kern->name);
+            return bie_fail(BIE_ERR_UNSUPPORTED, "bie_binary_gemm: kernel %s needs an ISA this CPU "
+                            "lacks or BIE_CPU_KERNELS excludes (active set: %s)", kern->name,
+                            bie_cpu_kernel_set());
     }
     return bie_cpu_bgemm(kern, m, n, k, a, a_row_bytes, b, b_row_bytes, scale, out);
 }
