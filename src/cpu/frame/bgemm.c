@@ -6,11 +6,6 @@
 #include "../../core/internal.h"
 #include "../dispatch.h"
 
-/* Epilogue shared by every kernel: the exact dot product, scaled once in float. */
-static inline float finish(int64_t k, uint64_t popc, float scale) {
-    return (float)(k - 2 * (int64_t)popc) * scale;
-}
-
 static int big_enough_for_threads(int64_t m, int64_t n, int64_t k) {
     return (double)m * (double)n * (double)k > 4.0e6;
 }
@@ -21,7 +16,7 @@ static void run_rows(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (big_enough_for_threads(m, n, k))
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *bj = b + j * ldb;
-        for (int64_t i = 0; i < m; i++) out[i * n + j] = finish(k, kern->rows(a + i * lda, bj, k), scale);
+        for (int64_t i = 0; i < m; i++) out[i * n + j] = bie_finish_dot(k, kern->rows(a + i * lda, bj, k), scale);
     }
 }
 
@@ -103,27 +98,34 @@ static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, in
     pack_all(t, mr, a, lda, m, k, steps, ap, a_panel_bytes);
     pack_all(t, nr, b, ldb, n, k, steps, bp, b_panel_bytes);
 
-    /* Blocks: an A block of about 128 KiB stays in L2 while a B micro-panel (L1) sweeps it. */
-    int64_t a_per_block = (128 * 1024) / (a_panel_bytes > 0 ? a_panel_bytes : 1);
-    if (a_per_block < 1) a_per_block = 1;
-    int64_t b_per_block = 16;
+    /* Blocks: a B block of about 16 KiB stays in L1 while the A panels of an A block (about
+     * 256 KiB, in L2) stream past it one at a time; each A panel is then reused from L1
+     * across the whole B block. */
+    int64_t b_per_block = (16 * 1024) / b_panel_bytes;
+    b_per_block = b_per_block < 1 ? 1 : b_per_block > 64 ? 64 : b_per_block;
+    int64_t a_per_block = (256 * 1024) / a_panel_bytes;
+    a_per_block = a_per_block < 1 ? 1 : a_per_block;
     int64_t ablocks = (a_panels + a_per_block - 1) / a_per_block;
     int64_t bblocks = (b_panels + b_per_block - 1) / b_per_block;
 #pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) collapse(2) if (big_enough_for_threads(m, n, k))
     for (int64_t jb = 0; jb < bblocks; jb++)
         for (int64_t ib = 0; ib < ablocks; ib++) {
-            uint32_t popc[64];
+            float edge[64]; /* partial tiles at the matrix edges go through here */
             int64_t jp_end = (jb + 1) * b_per_block < b_panels ? (jb + 1) * b_per_block : b_panels;
             int64_t ip_end = (ib + 1) * a_per_block < a_panels ? (ib + 1) * a_per_block : a_panels;
-            for (int64_t jp = jb * b_per_block; jp < jp_end; jp++)
-                for (int64_t ip = ib * a_per_block; ip < ip_end; ip++) {
-                    t->fn(steps, ap + ip * a_panel_bytes, bp + jp * b_panel_bytes, popc);
+            for (int64_t ip = ib * a_per_block; ip < ip_end; ip++)
+                for (int64_t jp = jb * b_per_block; jp < jp_end; jp++) {
                     int64_t i0 = ip * mr, j0 = jp * nr;
                     int rows = m - i0 < mr ? (int)(m - i0) : mr;
                     int cols = n - j0 < nr ? (int)(n - j0) : nr;
+                    const uint8_t *apan = ap + ip * a_panel_bytes, *bpan = bp + jp * b_panel_bytes;
+                    if (rows == mr && cols == nr) {
+                        t->fn(steps, apan, bpan, k, scale, out + i0 * n + j0, n);
+                        continue;
+                    }
+                    t->fn(steps, apan, bpan, k, scale, edge, nr);
                     for (int r = 0; r < rows; r++)
-                        for (int c = 0; c < cols; c++)
-                            out[(i0 + r) * n + j0 + c] = finish(k, popc[r * nr + c], scale);
+                        for (int c = 0; c < cols; c++) out[(i0 + r) * n + j0 + c] = edge[r * nr + c];
                 }
         }
     bie_free_aligned(ap);

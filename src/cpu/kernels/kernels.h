@@ -24,9 +24,23 @@ typedef enum bie_panel_layout {
     BIE_PANEL_NIBBLE32 = 1
 } bie_panel_layout;
 
-/* popc[i * nr + j] = popcount over all steps of (a panel row i XOR b panel row j).
- * Panels are laid out [step][row][step_bytes], 64-byte aligned. */
-typedef void (*bie_tile_fn)(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc);
+/* Writes a full mr x nr tile of results from panels laid out [step][row][step_bytes]
+ * (64-byte aligned): c[i * ldc + j] = (float)(k - 2 * popcount(a_i XOR b_j)) * scale, the
+ * epilogue every kernel shares (see bie_tile_store). */
+typedef void (*bie_tile_fn)(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                            float scale, float *c, int64_t ldc);
+
+/* The exact dot product from a popcount, scaled once in float. */
+static inline float bie_finish_dot(int64_t k, uint64_t popc, float scale) {
+    return (float)(k - 2 * (int64_t)popc) * scale;
+}
+
+/* Scalar epilogue for kernels that collect their popcounts in memory. */
+static inline void bie_tile_store(int mr, int nr, const uint64_t *popc, int64_t k, float scale,
+                                  float *c, int64_t ldc) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = bie_finish_dot(k, popc[i * nr + j], scale);
+}
 
 typedef struct bie_tile_kernel {
     int mr, nr;

@@ -44,47 +44,79 @@ uint64_t bie_row_popc_avx2(const uint8_t *a, const uint8_t *b, int64_t k) {
     "vpshufb %[t], %[lut], %[t]\n\t"                                                           \
     "vpaddb %[t], %[" C "], %[" C "]\n\t"
 
-/* Widen byte counters into 64-bit totals (memory) after at most 63 steps. */
-static inline void add_counts(const __m256i *acc, int n, uint64_t *total) {
-    for (int t = 0; t < n; t++) total[t] += hsum_epi64(_mm256_sad_epu8(acc[t], _mm256_setzero_si256()));
+/* [sum of v0's lanes, v1's, v2's, v3's] for vectors of four 64-bit partial sums. */
+static inline __m256i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    __m256i s01 = _mm256_add_epi64(_mm256_unpacklo_epi64(v0, v1), _mm256_unpackhi_epi64(v0, v1));
+    __m256i s23 = _mm256_add_epi64(_mm256_unpacklo_epi64(v2, v3), _mm256_unpackhi_epi64(v2, v3));
+    return _mm256_add_epi64(_mm256_permute2x128_si256(s01, s23, 0x20),
+                            _mm256_permute2x128_si256(s01, s23, 0x31));
 }
 
-static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
-    const __m256i lut = NIBBLE_LUT;
-    uint64_t total[8] = {0};
-    for (int64_t s0 = 0; s0 < steps; s0 += 63) {
-        int64_t n = steps - s0 < 63 ? steps - s0 : 63;
-        const uint8_t *ap = a + s0 * 4 * 32, *bp = b + s0 * 2 * 32;
-        __m256i c00 = _mm256_setzero_si256(), c10 = c00, c20 = c00, c30 = c00;
-        __m256i c01 = c00, c11 = c00, c21 = c00, c31 = c00;
-        __m256i a0, a1, a2, a3, bv, t;
-        __asm__ volatile(
-            "1:\n\t"
-            "vmovdqa (%[ap]), %[a0]\n\t"
-            "vmovdqa 32(%[ap]), %[a1]\n\t"
-            "vmovdqa 64(%[ap]), %[a2]\n\t"
-            "vmovdqa 96(%[ap]), %[a3]\n\t"
-            "vmovdqa (%[bp]), %[bv]\n\t"
-            PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20") PAIR("a3", "c30")
-            "vmovdqa 32(%[bp]), %[bv]\n\t"
-            PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21") PAIR("a3", "c31")
-            "add $128, %[ap]\n\t"
-            "add $64, %[bp]\n\t"
-            "dec %[n]\n\t"
-            "jnz 1b\n\t"
-            : [c00] "+x"(c00), [c10] "+x"(c10), [c20] "+x"(c20), [c30] "+x"(c30),
-              [c01] "+x"(c01), [c11] "+x"(c11), [c21] "+x"(c21), [c31] "+x"(c31),
-              [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [a3] "=&x"(a3), [bv] "=&x"(bv),
-              [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
-            : [lut] "x"(lut)
-            : "cc", "memory");
-        const __m256i acc[8] = {c00, c01, c10, c11, c20, c21, c30, c31};
-        add_counts(acc, 8, total);
+/* Four popcounts (64-bit lanes, < 2^31) to (float)(k - 2 popc) * scale. */
+static inline __m128 finish4(__m256i popc, int64_t k, float scale) {
+    __m128i p = _mm256_castsi256_si128(
+        _mm256_permutevar8x32_epi32(popc, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+    __m128i dot = _mm_sub_epi32(_mm_set1_epi32((int)k), _mm_slli_epi32(p, 1));
+    return _mm_mul_ps(_mm_cvtepi32_ps(dot), _mm_set1_ps(scale));
+}
+
+/* n (1..63) steps of the 4x2 tile; sums[] gets each element's 64-bit partial sums, column 0
+ * rows 0..3 then column 1. */
+static inline __attribute__((always_inline)) void block_4x2(int64_t n, const uint8_t *ap,
+                                                            const uint8_t *bp, __m256i *sums) {
+    const __m256i lut = NIBBLE_LUT, zero = _mm256_setzero_si256();
+    __m256i c00 = zero, c10 = zero, c20 = zero, c30 = zero;
+    __m256i c01 = zero, c11 = zero, c21 = zero, c31 = zero;
+    __m256i a0, a1, a2, a3, bv, t;
+    __asm__ volatile(
+        "1:\n\t"
+        "vmovdqa (%[ap]), %[a0]\n\t"
+        "vmovdqa 32(%[ap]), %[a1]\n\t"
+        "vmovdqa 64(%[ap]), %[a2]\n\t"
+        "vmovdqa 96(%[ap]), %[a3]\n\t"
+        "vmovdqa (%[bp]), %[bv]\n\t"
+        PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20") PAIR("a3", "c30")
+        "vmovdqa 32(%[bp]), %[bv]\n\t"
+        PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21") PAIR("a3", "c31")
+        "add $128, %[ap]\n\t"
+        "add $64, %[bp]\n\t"
+        "dec %[n]\n\t"
+        "jnz 1b\n\t"
+        : [c00] "+x"(c00), [c10] "+x"(c10), [c20] "+x"(c20), [c30] "+x"(c30),
+          [c01] "+x"(c01), [c11] "+x"(c11), [c21] "+x"(c21), [c31] "+x"(c31),
+          [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [a3] "=&x"(a3), [bv] "=&x"(bv),
+          [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+        : [lut] "x"(lut)
+        : "cc", "memory");
+    sums[0] = _mm256_sad_epu8(c00, zero);
+    sums[1] = _mm256_sad_epu8(c10, zero);
+    sums[2] = _mm256_sad_epu8(c20, zero);
+    sums[3] = _mm256_sad_epu8(c30, zero);
+    sums[4] = _mm256_sad_epu8(c01, zero);
+    sums[5] = _mm256_sad_epu8(c11, zero);
+    sums[6] = _mm256_sad_epu8(c21, zero);
+    sums[7] = _mm256_sad_epu8(c31, zero);
+}
+
+static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                          float scale, float *c, int64_t ldc) {
+    __m256i wide[8], more[8];
+    block_4x2(steps < 63 ? steps : 63, a, b, wide);
+    for (int64_t s0 = 63; s0 < steps; s0 += 63) { /* k > 8064: widen every 63 steps */
+        block_4x2(steps - s0 < 63 ? steps - s0 : 63, a + s0 * 4 * 32, b + s0 * 2 * 32, more);
+        for (int u = 0; u < 8; u++) wide[u] = _mm256_add_epi64(wide[u], more[u]);
     }
-    for (int i = 0; i < 8; i++) popc[i] = (uint32_t)total[i];
+    __m128 col0 = finish4(reduce4(wide[0], wide[1], wide[2], wide[3]), k, scale);
+    __m128 col1 = finish4(reduce4(wide[4], wide[5], wide[6], wide[7]), k, scale);
+    __m128 rows01 = _mm_unpacklo_ps(col0, col1), rows23 = _mm_unpackhi_ps(col0, col1);
+    _mm_storel_pi((__m64 *)c, rows01);
+    _mm_storeh_pi((__m64 *)(c + ldc), rows01);
+    _mm_storel_pi((__m64 *)(c + 2 * ldc), rows23);
+    _mm_storeh_pi((__m64 *)(c + 3 * ldc), rows23);
 }
 
-static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
+static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                          float scale, float *c, int64_t ldc) {
     const __m256i lut = NIBBLE_LUT;
     uint64_t total[9] = {0};
     for (int64_t s0 = 0; s0 < steps; s0 += 63) {
@@ -115,9 +147,10 @@ static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, uin
             : [lut] "x"(lut)
             : "cc", "memory");
         const __m256i acc[9] = {c00, c01, c02, c10, c11, c12, c20, c21, c22};
-        add_counts(acc, 9, total);
+        for (int u = 0; u < 9; u++)
+            total[u] += hsum_epi64(_mm256_sad_epu8(acc[u], _mm256_setzero_si256()));
     }
-    for (int i = 0; i < 9; i++) popc[i] = (uint32_t)total[i];
+    bie_tile_store(3, 3, total, k, scale, c, ldc);
 }
 
 const bie_tile_kernel bie_tile_avx2_4x2 = {4, 2, 32, BIE_PANEL_NIBBLE32, tile_avx2_4x2};

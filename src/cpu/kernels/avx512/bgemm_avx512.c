@@ -15,7 +15,8 @@ uint64_t bie_row_popc_avx512(const uint8_t *a, const uint8_t *b, int64_t k) {
     return (uint64_t)_mm512_reduce_add_epi64(total) + bie_popc_tail(a, b, i, k);
 }
 
-static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, uint32_t *popc) {
+static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                            float scale, float *c, int64_t ldc) {
     __m512i acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
@@ -30,8 +31,10 @@ static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, u
                                              _mm512_popcnt_epi64(_mm512_xor_si512(av[i], bv)));
         }
     }
+    uint64_t popc[16];
     for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) popc[i * 4 + j] = (uint32_t)_mm512_reduce_add_epi64(acc[i][j]);
+        for (int j = 0; j < 4; j++) popc[i * 4 + j] = (uint64_t)_mm512_reduce_add_epi64(acc[i][j]);
+    bie_tile_store(4, 4, popc, k, scale, c, ldc);
 }
 
 const bie_tile_kernel bie_tile_avx512_4x4 = {4, 4, 64, BIE_PANEL_DENSE, tile_avx512_4x4};
