@@ -76,6 +76,17 @@ const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
     return best;
 }
 
+bie_cpu_pack_kernels bie_cpu_pack(void) {
+    bie_cpu_pack_kernels p = {bie_pack_f32_row_generic, bie_pack_i8_row_generic};
+#ifdef BIE_HAVE_X86_KERNELS
+    if (active_isa() >= BIE_ISA_AVX2) {
+        p.f32 = bie_pack_f32_row_avx2;
+        p.i8 = bie_pack_i8_row_avx2;
+    }
+#endif
+    return p;
+}
+
 int bie_cpu_kernel_count(void) { return NKERNELS; }
 const bie_cpu_kernel *bie_cpu_kernel_at(int i) { return i >= 0 && i < NKERNELS ? &kernels[i] : NULL; }
 

@@ -26,6 +26,13 @@ const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m);
 int bie_cpu_kernel_count(void);
 const bie_cpu_kernel *bie_cpu_kernel_at(int i);
 
+/* Row packing functions of the active ISA. */
+typedef struct bie_cpu_pack_kernels {
+    bie_pack_f32_row_fn f32;
+    bie_pack_i8_row_fn i8;
+} bie_cpu_pack_kernels;
+bie_cpu_pack_kernels bie_cpu_pack(void);
+
 /* The frame: out[i * n + j] = (float)(k - 2 popc(a_i ^ b_j)) * scale, all checks done. */
 bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
                          const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,

@@ -10,10 +10,43 @@
 /* Per-tensor narrow-range int8 quantization (SPEC §1); amax == 0 gives zeros. */
 static void quantize_i8(const float *x, int64_t n, int8_t *q) {
     float amax = 0;
-    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+#pragma omp parallel for num_threads(bie_threads()) reduction(max : amax) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) amax = amax > fabsf(x[i]) ? amax : fabsf(x[i]);
+#pragma omp parallel for num_threads(bie_threads()) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float v = amax > 0 ? rintf(x[i] * 127.0f / amax) : 0.0f;
         q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+}
+
+/* grad_x *= clip mask; per-row sums of grad_x * sign(x') into row_dot (summed in a fixed
+ * order afterwards, so the result does not depend on the thread count). */
+static void apply_mask(const bie_binary_linear *l, int64_t m, float *gx, double *row_dot) {
+    const int64_t k = l->in, rb = bie_bl_row_bytes(l);
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (m * k > 65536)
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *mask = l->saved_mask + i * rb, *sign = l->saved_signs + i * rb;
+        float *row = gx + i * k;
+        double d = 0;
+        for (int64_t c = 0; c < k; c++) {
+            float g = bie_bit(mask, c) ? row[c] : 0.0f;
+            row[c] = g;
+            d += bie_bit(sign, c) ? g : -g;
+        }
+        row_dot[i] = d;
+    }
+}
+
+/* Column sums of grad_x (grad of bias_a), each column summed over rows in order. */
+static void column_sums(const float *gx, int64_t m, int64_t k, float *out) {
+    const int64_t chunk = 256;
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (m * k > 65536)
+    for (int64_t c0 = 0; c0 < k; c0 += chunk) {
+        double acc[256] = {0};
+        int64_t w = k - c0 < chunk ? k - c0 : chunk;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t c = 0; c < w; c++) acc[c] += gx[i * k + c0 + c];
+        for (int64_t c = 0; c < w; c++) out[c0 + c] = (float)acc[c];
     }
 }
 
@@ -39,16 +72,16 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     float *gx = grad_x ? NULL : bie_alloc_aligned((size_t)(m * k) * sizeof(float));
     float *gw = bie_alloc_aligned((size_t)(n * k) * sizeof(float));
     float *gb = bie_alloc_aligned((size_t)k * sizeof(float));
-    double *col = calloc((size_t)k, sizeof(double));
+    double *row_dot = malloc((size_t)m * sizeof(double));
     int8_t *gq = l->weight_i8 ? bie_alloc_aligned((size_t)(n * k)) : NULL;
-    if (!wf || !xs || (!grad_x && !gx) || !gw || !gb || !col || (l->weight_i8 && !gq)) {
+    if (!wf || !xs || (!grad_x && !gx) || !gw || !gb || !row_dot || (l->weight_i8 && !gq)) {
         bie_free_aligned(wf);
         bie_free_aligned(xs);
         bie_free_aligned(gx);
         bie_free_aligned(gw);
         bie_free_aligned(gb);
         bie_free_aligned(gq);
-        free(col);
+        free(row_dot);
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
     }
     if (grad_x) gx = grad_x->data;
@@ -58,22 +91,15 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     bie_unpack_rows_f32(l->saved_wbits, rb, n, k, l->saved_scale_w, wf);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)k, (int)n, 1.0f, g, (int)n,
                 wf, (int)k, 0.0f, gx, (int)k);
+    apply_mask(l, m, gx, row_dot);
     double dscale = 0;
-    for (int64_t i = 0; i < m; i++) {
-        const uint8_t *mask = l->saved_mask + i * rb, *sign = l->saved_signs + i * rb;
-        float *row = gx + i * k;
-        for (int64_t c = 0; c < k; c++) {
-            if (!bie_bit(mask, c)) row[c] = 0.0f;
-            dscale += bie_bit(sign, c) ? row[c] : -row[c];
-            col[c] += row[c];
-        }
-    }
+    for (int64_t i = 0; i < m; i++) dscale += row_dot[i];
+    column_sums(gx, m, k, gb);
     /* grad_w = grad_out^T @ (sign(x') * scale_a) */
     bie_unpack_rows_f32(l->saved_signs, rb, m, k, l->saved_scale_a, xs);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n,
                 xs, (int)k, 0.0f, gw, (int)k);
     if (gq) quantize_i8(gw, n * k, gq);
-    for (int64_t c = 0; c < k; c++) gb[c] = (float)col[c];
 
     bie_free_aligned(l->grad_w);
     bie_free_aligned(l->grad_w_i8);
@@ -86,7 +112,7 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     bie_free_aligned(wf);
     bie_free_aligned(xs);
     if (!grad_x) bie_free_aligned(gx);
-    free(col);
+    free(row_dot);
     return BIE_OK;
 }
 

@@ -49,6 +49,22 @@ typedef struct bie_tile_kernel {
     bie_tile_fn fn;
 } bie_tile_kernel;
 
+/* Row packing (layout in core/formats.h): sign bits of v = x[c] + bias[c] (bias may be
+ * NULL) into dst[0 .. ceil(cols / 8)), and, when mask != NULL, the clip bits
+ * 1{lo <= v / scale <= hi} in the same layout. Every ISA computes v, the division and the
+ * comparisons exactly as the scalar version, so the bits are identical. */
+typedef void (*bie_pack_f32_row_fn)(const float *x, const float *bias, int64_t cols,
+                                    uint8_t *dst, uint8_t *mask, float scale, float lo, float hi);
+/* Sign bits of int8 values (v >= 0 -> 1) into dst[0 .. ceil(cols / 8)). */
+typedef void (*bie_pack_i8_row_fn)(const int8_t *x, int64_t cols, uint8_t *dst);
+
+void bie_pack_f32_row_generic(const float *x, const float *bias, int64_t cols, uint8_t *dst,
+                              uint8_t *mask, float scale, float lo, float hi);
+void bie_pack_i8_row_generic(const int8_t *x, int64_t cols, uint8_t *dst);
+void bie_pack_f32_row_avx2(const float *x, const float *bias, int64_t cols, uint8_t *dst,
+                           uint8_t *mask, float scale, float lo, float hi);
+void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst);
+
 /* Scalar reference (any CPU). */
 uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k);
 /* Portable C, 64-bit words. */

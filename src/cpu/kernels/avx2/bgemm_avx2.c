@@ -155,3 +155,35 @@ static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, int
 
 const bie_tile_kernel bie_tile_avx2_4x2 = {4, 2, 32, BIE_PANEL_NIBBLE32, tile_avx2_4x2};
 const bie_tile_kernel bie_tile_avx2_3x3 = {3, 3, 32, BIE_PANEL_NIBBLE32, tile_avx2_3x3};
+
+/* Packing with compare + movemask: 8 floats or 32 int8 per instruction pair. The last
+ * partial byte goes through the generic code, which computes the same bits. */
+void bie_pack_f32_row_avx2(const float *x, const float *bias, int64_t cols, uint8_t *dst,
+                           uint8_t *mask, float scale, float lo, float hi) {
+    const __m256 zero = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + c));
+        dst[c >> 3] = (uint8_t)_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+        if (mask) {
+            __m256 q = _mm256_div_ps(v, vs);
+            __m256 in = _mm256_and_ps(_mm256_cmp_ps(q, vlo, _CMP_GE_OQ), _mm256_cmp_ps(q, vhi, _CMP_LE_OQ));
+            mask[c >> 3] = (uint8_t)_mm256_movemask_ps(in);
+        }
+    }
+    if (c < cols)
+        bie_pack_f32_row_generic(x + c, bias ? bias + c : NULL, cols - c, dst + (c >> 3),
+                                 mask ? mask + (c >> 3) : NULL, scale, lo, hi);
+}
+
+void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst) {
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        uint32_t negative = (uint32_t)_mm256_movemask_epi8(_mm256_loadu_si256((const __m256i *)(x + c)));
+        uint32_t bits = ~negative; /* bit i of the word is element c + i */
+        __builtin_memcpy(dst + (c >> 3), &bits, 4);
+    }
+    if (c < cols) bie_pack_i8_row_generic(x + c, cols - c, dst + (c >> 3));
+}

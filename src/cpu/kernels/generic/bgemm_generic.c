@@ -24,3 +24,31 @@ static void tile_generic_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, 
 }
 
 const bie_tile_kernel bie_tile_generic_4x4 = {4, 4, 8, BIE_PANEL_DENSE, tile_generic_4x4};
+
+/* Bits for elements [c0, end) of a row, one byte (8 elements) at a time. */
+void bie_pack_f32_row_generic(const float *x, const float *bias, int64_t cols, uint8_t *dst,
+                              uint8_t *mask, float scale, float lo, float hi) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+        int64_t end = c0 + 8 < cols ? c0 + 8 : cols;
+        unsigned bits = 0, inr = 0;
+        for (int64_t c = c0; c < end; c++) {
+            float v = bias ? x[c] + bias[c] : x[c];
+            bits |= (unsigned)(v >= 0.0f) << (c - c0);
+            if (mask) {
+                float q = v / scale;
+                inr |= (unsigned)(q >= lo && q <= hi) << (c - c0);
+            }
+        }
+        dst[c0 >> 3] = (uint8_t)bits;
+        if (mask) mask[c0 >> 3] = (uint8_t)inr;
+    }
+}
+
+void bie_pack_i8_row_generic(const int8_t *x, int64_t cols, uint8_t *dst) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+        int64_t end = c0 + 8 < cols ? c0 + 8 : cols;
+        unsigned bits = 0;
+        for (int64_t c = c0; c < end; c++) bits |= (unsigned)(x[c] >= 0) << (c - c0);
+        dst[c0 >> 3] = (uint8_t)bits;
+    }
+}
