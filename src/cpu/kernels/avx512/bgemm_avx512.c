@@ -15,11 +15,32 @@ uint64_t bie_row_popc_avx512(const uint8_t *a, const uint8_t *b, int64_t k) {
     return (uint64_t)_mm512_reduce_add_epi64(total) + bie_popc_tail(a, b, i, k);
 }
 
+/* [sum of v[0]'s lanes, ..., sum of v[7]'s] for eight vectors of 64-bit partial sums. */
+static inline __m512i reduce8(const __m512i *v) {
+    __m512i a[4];
+    for (int p = 0; p < 4; p++)
+        a[p] = _mm512_add_epi64(_mm512_unpacklo_epi64(v[2 * p], v[2 * p + 1]),
+                                _mm512_unpackhi_epi64(v[2 * p], v[2 * p + 1]));
+    __m512i b0 = _mm512_add_epi64(_mm512_shuffle_i64x2(a[0], a[1], 0x88),
+                                  _mm512_shuffle_i64x2(a[0], a[1], 0xDD));
+    __m512i b1 = _mm512_add_epi64(_mm512_shuffle_i64x2(a[2], a[3], 0x88),
+                                  _mm512_shuffle_i64x2(a[2], a[3], 0xDD));
+    return _mm512_add_epi64(_mm512_shuffle_i64x2(b0, b1, 0x88), _mm512_shuffle_i64x2(b0, b1, 0xDD));
+}
+
+/* Two tile rows (eight popcounts, < 2^31) to (float)(k - 2 popc) * scale, stored. */
+static inline void finish_rows(__m512i popc, int64_t k, float scale, float *c0, float *c1) {
+    __m256i p = _mm512_cvtepi64_epi32(popc);
+    __m256i dot = _mm256_sub_epi32(_mm256_set1_epi32((int)k), _mm256_slli_epi32(p, 1));
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale));
+    _mm_storeu_ps(c0, _mm256_castps256_ps128(f));
+    _mm_storeu_ps(c1, _mm256_extractf128_ps(f, 1));
+}
+
 static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
                             float scale, float *c, int64_t ldc) {
-    __m512i acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
+    __m512i acc[16]; /* row-major: acc[i * 4 + j] */
+    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_si512();
     for (int64_t s = 0; s < steps; s++) {
         const uint8_t *as = a + s * 4 * 64, *bs = b + s * 4 * 64;
         __m512i av[4];
@@ -27,14 +48,12 @@ static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, i
         for (int j = 0; j < 4; j++) {
             __m512i bv = _mm512_load_si512((const void *)(bs + j * 64));
             for (int i = 0; i < 4; i++)
-                acc[i][j] = _mm512_add_epi64(acc[i][j],
-                                             _mm512_popcnt_epi64(_mm512_xor_si512(av[i], bv)));
+                acc[i * 4 + j] = _mm512_add_epi64(acc[i * 4 + j],
+                                                  _mm512_popcnt_epi64(_mm512_xor_si512(av[i], bv)));
         }
     }
-    uint64_t popc[16];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) popc[i * 4 + j] = (uint64_t)_mm512_reduce_add_epi64(acc[i][j]);
-    bie_tile_store(4, 4, popc, k, scale, c, ldc);
+    finish_rows(reduce8(acc), k, scale, c, c + ldc);
+    finish_rows(reduce8(acc + 8), k, scale, c + 2 * ldc, c + 3 * ldc);
 }
 
 const bie_tile_kernel bie_tile_avx512_4x4 = {4, 4, 64, BIE_PANEL_DENSE, tile_avx512_4x4};
