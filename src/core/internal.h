@@ -8,6 +8,10 @@
 
 #include "bie.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define BIE_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
@@ -42,4 +46,7 @@ void bie_free_aligned(void *p);
 /* Number of threads for a parallel region. */
 int bie_threads(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

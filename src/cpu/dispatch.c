@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../core/internal.h"
+#include "../cuda/cuda_internal.h"
 
 #define ANY_M INT64_MAX
 
@@ -102,21 +103,32 @@ static void describe(const bie_cpu_kernel *k, bie_kernel_info *info) {
     info->available = bie_cpu_kernel_available(k);
 }
 
-int bie_kernel_count(void) { return NKERNELS; }
+/* Position i < NKERNELS: CPU kernels; then the CUDA backend's, if built. */
+int bie_kernel_count(void) { return NKERNELS + bie_cuda_kernel_count_internal(); }
 
 bie_status bie_kernel_get(int index, bie_kernel_info *info) {
     BIE_CHECK_NULL(info);
-    if (index < 0 || index >= NKERNELS)
+    if (index < 0 || index >= bie_kernel_count())
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_get: index %d outside 0..%d", index,
-                        NKERNELS - 1);
-    describe(&kernels[index], info);
+                        bie_kernel_count() - 1);
+    if (index < NKERNELS)
+        describe(&kernels[index], info);
+    else
+        bie_cuda_kernel_describe(index - NKERNELS, info);
     return BIE_OK;
 }
 
 bie_status bie_kernel_find(int id, bie_kernel_info *info) {
     BIE_CHECK_NULL(info);
     const bie_cpu_kernel *k = bie_cpu_kernel_by_id(id);
-    if (k == NULL) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "no kernel with id %d", id);
-    describe(k, info);
-    return BIE_OK;
+    if (k != NULL) {
+        describe(k, info);
+        return BIE_OK;
+    }
+    int cuda = bie_cuda_kernel_index(id);
+    if (cuda >= 0) {
+        bie_cuda_kernel_describe(cuda, info);
+        return BIE_OK;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "no kernel with id %d", id);
 }

@@ -72,6 +72,10 @@ bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *l, int id) {
         return BIE_OK;
     }
     const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
+    bie_kernel_info info;
+    if (kern == NULL && bie_kernel_find(id, &info) == BIE_OK)
+        return bie_fail(BIE_ERR_DEVICE, "set_gemm_kernel: kernel %d (%s) runs on CUDA; this layer "
+                        "is on the CPU", id, info.name);
     if (kern == NULL)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "set_gemm_kernel: no kernel with id %d (see "
                         "bie_kernel_get for the list)", id);

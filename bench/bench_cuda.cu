@@ -1,0 +1,145 @@
+// GPU benchmark: bie's binary GEMM on tensor cores against cuBLAS bf16 GEMM on the same
+// shapes, in one run, timed with CUDA events over many launches (median of repeats).
+// Prints one JSON line per case: name, ours_s, baseline_s, ratio, ours_tops, baseline_tflops.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bie.h"
+#include "bie_cuda.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static void fill_random(void *p, size_t bytes, unsigned seed) {
+    std::vector<unsigned> h((bytes + 3) / 4);
+    unsigned s = seed * 2654435761u + 1;
+    for (auto &v : h) v = (s = s * 1664525u + 1013904223u) ^ (s >> 13);
+    CK(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice));
+}
+
+// Median over `reps` of the mean time of `inner` back-to-back launches.
+template <class F> static double time_it(F f, int inner, int reps) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    f();
+    CK(cudaDeviceSynchronize());
+    std::vector<double> t;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(a));
+        for (int i = 0; i < inner; i++) f();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms * 1e-3 / inner);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+static bool wanted(int argc, char **argv, const char *name) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; i++)
+        if (strstr(name, argv[i])) return true;
+    return false;
+}
+
+static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id) {
+    int64_t rb = (k + 7) / 8;
+    void *a, *b, *out, *fa, *fb, *fc;
+    CK(cudaMalloc(&a, m * rb));
+    CK(cudaMalloc(&b, n * rb));
+    CK(cudaMalloc(&out, m * n * 4));
+    fill_random(a, m * rb, 1);
+    fill_random(b, n * rb, 2);
+    CK(cudaMalloc(&fa, m * k * 2));
+    CK(cudaMalloc(&fb, n * k * 2));
+    CK(cudaMalloc(&fc, m * n * 2));
+    // bf16 operands from random bits, masked to small finite values (exponent cleared)
+    fill_random(fa, m * k * 2, 3);
+    fill_random(fb, n * k * 2, 4);
+    std::vector<uint16_t> fix(1 << 20);
+    for (int64_t off = 0; off < m * k; off += (int64_t)fix.size()) {
+        int64_t cnt = std::min<int64_t>(fix.size(), m * k - off);
+        for (int64_t i = 0; i < cnt; i++) fix[i] = (uint16_t)(0x3c00 | ((i * 2654435761u) >> 20 & 0x01ff) | ((i & 1) << 15));
+        CK(cudaMemcpy((uint16_t *)fa + off, fix.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
+    for (int64_t off = 0; off < n * k; off += (int64_t)fix.size()) {
+        int64_t cnt = std::min<int64_t>(fix.size(), n * k - off);
+        for (int64_t i = 0; i < cnt; i++) fix[i] = (uint16_t)(0x3c00 | ((i * 40503u) >> 7 & 0x01ff) | ((i >> 3 & 1) << 15));
+        CK(cudaMemcpy((uint16_t *)fb + off, fix.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
+    double work = 2.0 * m * n * k;
+    int inner = work > 1e12 ? 5 : work > 1e10 ? 20 : 200;
+    auto ours = [&] {
+        if (bie_cuda_binary_gemm(kernel_id, m, n, k, a, rb, b, rb, 1.0f, (float *)out) != BIE_OK) {
+            fprintf(stderr, "bie: %s\n", bie_last_error());
+            exit(1);
+        }
+    };
+    float one = 1.0f, zero = 0.0f;
+    auto base = [&] {
+        // C[m, n] (row-major) = A[m, k] B[n, k]^T  ==  column-major C^T = B A^T
+        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb,
+                                        CUDA_R_16BF, (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc,
+                                        CUDA_R_16BF, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx failed: %d\n", (int)s);
+            exit(1);
+        }
+    };
+    double t_ours = 0, t_base = 0;
+    for (int round = 0; round < 2; round++) {  // interleave, keep the better round
+        double o = time_it(ours, inner, 7), bb = time_it(base, inner, 7);
+        t_ours = round ? std::min(t_ours, o) : o;
+        t_base = round ? std::min(t_base, bb) : bb;
+    }
+    bie_kernel_info info;
+    const char *kname = "default";
+    if (kernel_id >= 0 && bie_kernel_find(kernel_id, &info) == BIE_OK) kname = info.name;
+    printf("{\"name\":\"%s\",\"kernel\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
+           "\"baseline_s\":%.6e,\"ratio\":%.3f,\"ours_tops\":%.1f,\"baseline_tflops\":%.1f,"
+           "\"baseline\":\"cublasGemmEx bf16\"}\n",
+           name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_base, t_base / t_ours,
+           work / t_ours / 1e12, work / t_base / 1e12);
+    fflush(stdout);
+    cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(fa), cudaFree(fb), cudaFree(fc);
+}
+
+int main(int argc, char **argv) {
+    if (bie_cuda_device_count() == 0) {
+        fprintf(stderr, "no CUDA device\n");
+        return 1;
+    }
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    fprintf(stderr, "bie_bench_cuda: %s, %d SMs\n", p.name, p.multiProcessorCount);
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+    struct { const char *name; int64_t m, n, k; int id; } cases[] = {
+        {"cuda_bgemm_8192", 8192, 8192, 8192, -1},
+        {"cuda_bgemm_8192/128x128", 8192, 8192, 8192, 100},
+        {"cuda_bgemm_8192/64x64", 8192, 8192, 8192, 101},
+        {"cuda_bgemm_4096", 4096, 4096, 4096, -1},
+        {"cuda_bgemm_m1", 1, 8192, 8192, -1},
+        {"cuda_bgemm_m16", 16, 8192, 8192, -1},
+    };
+    for (auto &c : cases)
+        if (wanted(argc, argv, c.name)) bgemm_case(h, c.name, c.m, c.n, c.k, c.id);
+    cublasDestroy(h);
+    return 0;
+}

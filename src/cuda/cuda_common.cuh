@@ -1,0 +1,19 @@
+// Shared by the CUDA backend's host code: error checks and the current stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../core/internal.h"
+
+#define BIE_CUDA_TRY(call)                                                                     \
+    do {                                                                                       \
+        bie_status bie_cuda_try_ = (call);                                                     \
+        if (bie_cuda_try_ != BIE_OK) return bie_cuda_try_;                                     \
+    } while (0)
+
+namespace bie_cuda {
+extern thread_local cudaStream_t current_stream;
+// BIE_OK, or BIE_ERR_CUDA with the runtime's message.
+bie_status check(cudaError_t err, const char *what);
+bie_status require_device(void);
+bool is_device_pointer(const void *p);
+}  // namespace bie_cuda
