@@ -132,8 +132,12 @@ int main(int argc, char **argv) {
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
     struct { const char *name; int64_t m, n, k; int id; } cases[] = {
         {"cuda_bgemm_8192", 8192, 8192, 8192, -1},
-        {"cuda_bgemm_8192/128x128", 8192, 8192, 8192, 100},
-        {"cuda_bgemm_8192/64x64", 8192, 8192, 8192, 101},
+        {"cuda_bgemm_8192/100", 8192, 8192, 8192, 100},
+        {"cuda_bgemm_8192/101", 8192, 8192, 8192, 101},
+        {"cuda_bgemm_8192/102", 8192, 8192, 8192, 102},
+        {"cuda_bgemm_8192/103", 8192, 8192, 8192, 103},
+        {"cuda_bgemm_8192/104", 8192, 8192, 8192, 104},
+        {"cuda_bgemm_8192/105", 8192, 8192, 8192, 105},
         {"cuda_bgemm_4096", 4096, 4096, 4096, -1},
         {"cuda_bgemm_m1", 1, 8192, 8192, -1},
         {"cuda_bgemm_m16", 16, 8192, 8192, -1},

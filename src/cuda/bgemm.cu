@@ -11,9 +11,8 @@
 
 namespace bie_cuda {
 
-constexpr int kBlockBytes = 64;  // 512 bits of k per pipeline stage
-constexpr int kSmemRow = 80;     // 64 bytes + 16 of padding: conflict-free ldmatrix rows
-constexpr int kStages = 3;
+// Device rows are padded to whole 2048-bit blocks, so every kernel's k block divides them.
+constexpr int kRowAlign = 256;
 
 // One block per row: copy the row's valid bits into a zero-padded row of `dst_bytes`, mask
 // the tail, count the set bits.
@@ -50,13 +49,17 @@ __global__ void repack_rows(const uint8_t *src, int64_t src_stride, int64_t k, u
 }
 
 // BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
-// (BN / WARPS_N) sub-tile of 16x8 mma tiles. 3-stage cp.async pipeline over 512-bit k blocks.
-template <int BM, int BN, int WARPS_M, int WARPS_N>
+// (BN / WARPS_N) sub-tile of 16x8 mma tiles; a STAGES-deep cp.async pipeline over k blocks
+// of BKB bytes. Shared rows are BKB + 16 bytes: the 8 rows an ldmatrix reads then fall in
+// distinct banks.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
-    bgemm_b1(int m, int n, int64_t k, int kblocks, const uint8_t *__restrict__ A,
+    bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
              const int *__restrict__ pb, float scale, float *__restrict__ out) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    constexpr int kSmemRow = BKB + 16, kStages = STAGES, CHUNKS = BKB / 16;
+    const int kblocks = (int)(ld / BKB);
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
     constexpr int MT = WTM / 16, NT = WTN / 8;
     static_assert(NT % 2 == 0, "B fragments are loaded two n8 tiles at a time");
@@ -69,17 +72,17 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
     const int bm0 = blockIdx.y * BM, bn0 = blockIdx.x * BN;
 
     auto load_stage = [&](int stage, int kb) {
-        for (int idx = tid; idx < BM * 4; idx += THREADS) {
-            int r = idx >> 2, c = idx & 3, row = bm0 + r;
+        for (int idx = tid; idx < BM * CHUNKS; idx += THREADS) {
+            int r = idx / CHUNKS, c = idx % CHUNKS, row = bm0 + r;
             bool ok = row < m;
             cp_async16(smem_u32(sA + (stage * BM + r) * kSmemRow + c * 16),
-                       A + (int64_t)(ok ? row : 0) * ld + (int64_t)kb * kBlockBytes + c * 16, ok);
+                       A + (int64_t)(ok ? row : 0) * ld + (int64_t)kb * BKB + c * 16, ok);
         }
-        for (int idx = tid; idx < BN * 4; idx += THREADS) {
-            int r = idx >> 2, c = idx & 3, row = bn0 + r;
+        for (int idx = tid; idx < BN * CHUNKS; idx += THREADS) {
+            int r = idx / CHUNKS, c = idx % CHUNKS, row = bn0 + r;
             bool ok = row < n;
             cp_async16(smem_u32(sB + (stage * BN + r) * kSmemRow + c * 16),
-                       B + (int64_t)(ok ? row : 0) * ld + (int64_t)kb * kBlockBytes + c * 16, ok);
+                       B + (int64_t)(ok ? row : 0) * ld + (int64_t)kb * BKB + c * 16, ok);
         }
     };
 
@@ -106,8 +109,10 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
         const uint8_t *a_s = sA + (kb % kStages) * BM * kSmemRow;
         const uint8_t *b_s = sB + (kb % kStages) * BN * kSmemRow;
 #pragma unroll
-        for (int kc = 0; kc < 2; kc++) {  // two 256-bit steps per stage
-            unsigned af[MT][4], bf[NT][2];
+        for (int kc = 0; kc < BKB / 32; kc++) {  // 256-bit mma steps of this stage
+            // A fragments for the whole warp tile; B two n8 tiles at a time, used at once,
+            // so that a 64x64 warp tile (128 accumulators) stays within the register file.
+            unsigned af[MT][4];
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 int row = wm * WTM + i * 16 + r8 + 8 * (q & 1);
@@ -118,15 +123,12 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
                 int row = wn * WTN + j * 8 + r8 + 8 * (q >> 1);
                 unsigned t[4];
                 ldmatrix_x4(t, smem_u32(b_s + row * kSmemRow + kc * 32 + 16 * (q & 1)));
-                bf[j][0] = t[0];
-                bf[j][1] = t[1];
-                bf[j + 1][0] = t[2];
-                bf[j + 1][1] = t[3];
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    mma_b1_and(acc[i][j], af[i], t[0], t[1]);
+                    mma_b1_and(acc[i][j + 1], af[i], t[2], t[3]);
+                }
             }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int j = 0; j < NT; j++) mma_b1_and(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
     }
     cp_async_wait<0>();
@@ -151,21 +153,31 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
 struct CudaKernel {
     int id;
     const char *name;
-    int bm, bn;
-    void (*fn)(int, int, int64_t, int, const uint8_t *, const uint8_t *, int64_t, const int *,
+    int bm, bn, bkb, stages;
+    void (*fn)(int, int, int64_t, const uint8_t *, const uint8_t *, int64_t, const int *,
                const int *, float, float *);
     int threads;
 };
 
+#define BIE_B1_KERNEL(id, BM, BN, WM, WN, BKB, ST)                                             \
+    {id, "cuda.mma_b1.bgemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST,                 \
+     bgemm_b1<BM, BN, WM, WN, BKB, ST>, 32 * WM * WN}
+
 const CudaKernel kernels[] = {
-    {100, "cuda.mma_b1.bgemm_128x128", 128, 128, bgemm_b1<128, 128, 2, 4>, 256},
-    {101, "cuda.mma_b1.bgemm_64x64", 64, 64, bgemm_b1<64, 64, 2, 2>, 128},
+    BIE_B1_KERNEL(100, 128, 128, 2, 4, 64, 3),
+    BIE_B1_KERNEL(101, 64, 64, 2, 2, 64, 3),
+    BIE_B1_KERNEL(102, 128, 128, 2, 2, 128, 3),
+    BIE_B1_KERNEL(103, 128, 128, 2, 2, 256, 3),
+    BIE_B1_KERNEL(104, 128, 128, 2, 4, 128, 4),
+    BIE_B1_KERNEL(105, 128, 128, 2, 2, 128, 4),
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
 
 const CudaKernel *default_kernel(int64_t m, int64_t n) {
     // Small problems need more blocks than 128x128 tiles give to fill the GPU.
-    return (m * n < (int64_t)4096 * 4096) ? &kernels[1] : &kernels[0];
+    // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
+    // fastest at 8192^3.
+    return (m * n < (int64_t)4096 * 4096) ? &kernels[1] : &kernels[2];
 }
 
 }  // namespace bie_cuda
@@ -216,8 +228,7 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
         return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);
 
-    const int kblocks = (int)((k + 511) / 512);
-    const int64_t ld = (int64_t)kblocks * kBlockBytes;
+    const int64_t ld = ((k + 7) / 8 + kRowAlign - 1) / kRowAlign * kRowAlign;
     cudaStream_t st = current_stream;
     uint8_t *ws = NULL;
     size_t bytes = (size_t)(m + n) * (size_t)ld + (size_t)(m + n) * sizeof(int);
@@ -226,13 +237,12 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     int *pa = reinterpret_cast<int *>(ws + (m + n) * ld), *pb = pa + m;
     repack_rows<<<(unsigned)m, 128, 0, st>>>(static_cast<const uint8_t *>(a), a_row_bytes, k, ap, ld, pa);
     repack_rows<<<(unsigned)n, 128, 0, st>>>(static_cast<const uint8_t *>(b), b_row_bytes, k, bp, ld, pb);
-    size_t smem = (size_t)kStages * (kern->bm + kern->bn) * kSmemRow;
+    size_t smem = (size_t)kern->stages * (kern->bm + kern->bn) * (kern->bkb + 16);
     cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern->fn),
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err == cudaSuccess) {
         dim3 grid((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-        kern->fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, kblocks, ap, bp, ld, pa, pb,
-                                                   scale, out);
+        kern->fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, ap, bp, ld, pa, pb, scale, out);
         err = cudaGetLastError();
     }
     cudaError_t free_err = cudaFreeAsync(ws, st);
