@@ -170,6 +170,9 @@ const CudaKernel kernels[] = {
     BIE_B1_KERNEL(103, 128, 128, 2, 2, 256, 3),
     BIE_B1_KERNEL(104, 128, 128, 2, 4, 128, 4),
     BIE_B1_KERNEL(105, 128, 128, 2, 2, 128, 4),
+    BIE_B1_KERNEL(106, 256, 128, 4, 2, 128, 3),
+    BIE_B1_KERNEL(107, 128, 256, 2, 4, 128, 3),
+    BIE_B1_KERNEL(108, 256, 128, 4, 2, 64, 4),
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
 
