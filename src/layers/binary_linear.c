@@ -24,19 +24,6 @@ static void drop_saved(bie_binary_linear *l) {
     l->has_saved = false;
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static bool all_finite(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return false;
-    return true;
-}
-
 bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
                                  int64_t last, const bie_tensor *like, const char *who) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
@@ -69,7 +56,7 @@ bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtyp
     return BIE_OK;
 }
 
-static bie_dtype packed_dtype(int w) { return w == 8 ? BIE_U8 : w == 32 ? BIE_U32 : BIE_U64; }
+#define packed_dtype bie_bw_word_dtype
 
 /* ---------------------------------------------------------------- life cycle */
 
@@ -100,10 +87,9 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
     l->dtype = dtype;
     l->symmetric = symmetric;
     l->training = true;
-    l->word_bits = 8;
     l->kernel_id = -1;
     l->scale_a = 0.0f;
-    l->scale_w = 1.0f;
+    bie_bw_init(&l->w, out_features, in_features);
     l->bias_a = bie_alloc_aligned((size_t)in_features * sizeof(float));
     if (l->bias_a == NULL) {
         free(l);
@@ -122,9 +108,7 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
 void bie_binary_linear_free(bie_binary_linear *l) {
     if (l == NULL) return;
     drop_saved(l);
-    bie_free_aligned(l->weight_f32);
-    bie_free_aligned(l->weight_i8);
-    bie_free_aligned(l->qweight);
+    bie_bw_free(&l->w);
     bie_free_aligned(l->bias_a);
     bie_free_aligned(l->grad_w);
     bie_free_aligned(l->grad_w_i8);
@@ -132,75 +116,18 @@ void bie_binary_linear_free(bie_binary_linear *l) {
     free(l);
 }
 
-/* Install a new float weight, dropping int8, packed and saved state. */
-static void install_float_weight(bie_binary_linear *l, float *w) {
-    bie_free_aligned(l->weight_f32);
-    bie_free_aligned(l->weight_i8);
-    bie_free_aligned(l->qweight);
-    l->weight_f32 = w;
-    l->weight_i8 = NULL;
-    l->qweight = NULL;
-    drop_saved(l);
-}
-
 bie_status bie_binary_linear_reset_parameters(bie_binary_linear *l, uint64_t seed) {
     CHECK_LAYER(l);
-    int64_t n = l->in * l->out;
-    float *w = bie_alloc_aligned((size_t)n * sizeof(float));
-    if (w == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight", MODULE);
-    /* kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in)
-     * = 1 / sqrt(fan_in). */
-    double bound = 1.0 / sqrt((double)l->in);
-    uint64_t s = seed;
-    for (int64_t i = 0; i < n; i++) {
-        double u = (double)(splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0);
-        w[i] = (float)((2.0 * u - 1.0) * bound);
-    }
-    install_float_weight(l, w);
-    return BIE_OK;
-}
-
-/* prepare_params on a float weight: scale_w, and the int8 weight (SPEC §2). */
-static bie_status quantize_weight(const float *w, int64_t n, int8_t **q_out, float *scale_w) {
-    int8_t *q = bie_alloc_aligned((size_t)n);
-    if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: int8 weight", MODULE);
-    double sum = 0, sum_abs = 0;
-    for (int64_t i = 0; i < n; i++) {
-        sum += w[i];
-        sum_abs += fabs((double)w[i]);
-    }
-    double mean = sum / (double)n, amax = 0;
-    for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs((double)w[i] - mean));
-    for (int64_t i = 0; i < n; i++) {
-        double wc = (double)w[i] - mean;
-        double v = amax > 0 ? nearbyint(wc * 127.0 / amax) : 0.0;
-        v = v > 127 ? 127 : v < -127 ? -127 : v;
-        q[i] = v != 0 ? (int8_t)v : (wc >= 0 ? 1 : -1);
-    }
-    *q_out = q;
-    *scale_w = (float)(sum_abs / (double)n);
+    BIE_TRY(bie_bw_reset(&l->w, seed));
+    drop_saved(l);
     return BIE_OK;
 }
 
 bie_status bie_binary_linear_prepare_params(bie_binary_linear *l) {
     CHECK_LAYER(l);
-    if (l->weight_i8) return BIE_OK; /* already prepared */
-    if (l->weight_f32 == NULL)
-        return bie_fail(BIE_ERR_STATE, "%s: prepare_params: the weight was freed by "
-                        "generate_quantized_weight(qweight_only); the layer is inference-only", MODULE);
-    int8_t *q;
-    float scale_w;
-    BIE_TRY(quantize_weight(l->weight_f32, l->in * l->out, &q, &scale_w));
-    if (!isfinite(scale_w) || scale_w <= 0) {
-        bie_free_aligned(q);
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: prepare_params: scale_w = mean|w| = %g is not a "
-                        "positive finite number", MODULE, (double)scale_w);
-    }
-    bie_free_aligned(l->weight_f32);
-    l->weight_f32 = NULL;
-    l->weight_i8 = q;
-    l->scale_w = scale_w;
-    drop_saved(l);
+    bool was_float = l->w.f32 != NULL;
+    BIE_TRY(bie_bw_prepare(&l->w, "binary_linear_prepare_params"));
+    if (was_float) drop_saved(l);
     return BIE_OK;
 }
 
@@ -211,107 +138,35 @@ bie_status bie_binary_linear_set_weight_data(bie_binary_linear *l, const bie_ten
     if (w->ndim != 2 || w->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
                         (long long)l->in);
-    int64_t n = l->in * l->out;
-    if (!all_finite(w->data, n))
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
-    int8_t *q;
-    float scale_w;
-    BIE_TRY(quantize_weight(w->data, n, &q, &scale_w));
-    if (!(scale_w > 0)) {
-        bie_free_aligned(q);
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: all-zero weight gives scale_w = 0", who);
-    }
-    install_float_weight(l, NULL);
-    l->weight_i8 = q;
-    l->scale_w = scale_w;
+    BIE_TRY(bie_bw_set_data(&l->w, w->data, who));
+    drop_saved(l);
     return BIE_OK;
-}
-
-/* Pack sign(weight) into a new buffer of rows of `row_bytes` bytes. */
-static bie_status pack_weight(const bie_binary_linear *l, int64_t row_bytes, uint8_t **out) {
-    uint8_t *q = bie_alloc_aligned((size_t)(l->out * row_bytes));
-    if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed weight", MODULE);
-    if (l->weight_i8)
-        bie_pack_i8_rows(l->weight_i8, l->out, l->in, q, row_bytes);
-    else
-        bie_pack_f32_rows(l->weight_f32, l->out, l->in, l->in, NULL, q, row_bytes, NULL, 1, 0, 0);
-    *out = q;
-    return BIE_OK;
-}
-
-static bie_status no_weight(const char *who) {
-    return bie_fail(BIE_ERR_STATE, "%s: the layer has no weight (freed by "
-                    "generate_quantized_weight(qweight_only)): it is inference-only", who);
 }
 
 bie_status bie_binary_linear_generate_quantized_weight(bie_binary_linear *l, bool qweight_only) {
     CHECK_LAYER(l);
-    if (l->weight_f32 == NULL && l->weight_i8 == NULL) {
-        if (l->qweight) return BIE_OK; /* already packed and weight-free */
-        return no_weight("generate_quantized_weight");
-    }
-    uint8_t *q = NULL;
-    BIE_TRY(pack_weight(l, bie_packed_row_bytes(l->in, l->word_bits), &q));
-    bie_free_aligned(l->qweight);
-    l->qweight = q;
-    if (qweight_only) {
-        bie_free_aligned(l->weight_f32);
-        bie_free_aligned(l->weight_i8);
-        l->weight_f32 = NULL;
-        l->weight_i8 = NULL;
-        drop_saved(l);
-    }
+    BIE_TRY(bie_bw_generate_qweight(&l->w, qweight_only, "generate_quantized_weight"));
+    if (qweight_only) drop_saved(l);
     return BIE_OK;
 }
 
 bie_status bie_binary_linear_set_quantized_weight_data(bie_binary_linear *l, const bie_tensor *q) {
     CHECK_LAYER(l);
     static const char *who = "binary_linear_set_quantized_weight_data";
-    int64_t words = bie_packed_words(l->in, l->word_bits);
-    BIE_TRY(bie_check_rows_tensor(q, "qweight", packed_dtype(l->word_bits), words, NULL, who));
+    int64_t words = bie_packed_words(l->in, l->w.word_bits);
+    BIE_TRY(bie_check_rows_tensor(q, "qweight", packed_dtype(l->w.word_bits), words, NULL, who));
     if (q->ndim != 2 || q->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out,
                         (long long)words);
-    int64_t row_bytes = bie_packed_row_bytes(l->in, l->word_bits);
-    uint8_t *copy = bie_alloc_aligned((size_t)(l->out * row_bytes));
-    if (copy == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: qweight", who);
-    memcpy(copy, q->data, (size_t)(l->out * row_bytes));
-    /* Clear padding bits so that the stored rows follow the layout exactly. */
-    for (int64_t r = 0; r < l->out; r++) {
-        uint8_t *row = copy + r * row_bytes;
-        int64_t nb = (l->in + 7) / 8;
-        row[nb - 1] &= bie_tail_mask(l->in);
-        memset(row + nb, 0, (size_t)(row_bytes - nb));
-    }
-    bie_free_aligned(l->qweight);
-    l->qweight = copy;
-    return BIE_OK;
+    return bie_bw_set_qweight(&l->w, q->data, who);
 }
 
 bie_status bie_binary_linear_set_bits_binary_word(bie_binary_linear *l, int bits) {
     CHECK_LAYER(l);
-    if (!bie_word_bits_ok(bits))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
-                        "%s: bits_binary_word must be 8, 32 or 64 (got %d)", MODULE, bits);
-    if (bits == l->word_bits) return BIE_OK;
-    if (l->qweight) { /* same bit stream, new row padding */
-        int64_t old_rb = bie_packed_row_bytes(l->in, l->word_bits);
-        int64_t new_rb = bie_packed_row_bytes(l->in, bits);
-        uint8_t *q = bie_alloc_aligned((size_t)(l->out * new_rb));
-        if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: qweight", MODULE);
-        int64_t nb = (l->in + 7) / 8;
-        for (int64_t r = 0; r < l->out; r++) {
-            memcpy(q + r * new_rb, l->qweight + r * old_rb, (size_t)nb);
-            memset(q + r * new_rb + nb, 0, (size_t)(new_rb - nb));
-        }
-        bie_free_aligned(l->qweight);
-        l->qweight = q;
-    }
-    l->word_bits = bits;
-    return BIE_OK;
+    return bie_bw_set_word_bits(&l->w, bits, MODULE);
 }
 
-int bie_binary_linear_bits_binary_word(const bie_binary_linear *l) { return l ? l->word_bits : 0; }
+int bie_binary_linear_bits_binary_word(const bie_binary_linear *l) { return l ? l->w.word_bits : 0; }
 int64_t bie_binary_linear_in_features(const bie_binary_linear *l) { return l ? l->in : 0; }
 int64_t bie_binary_linear_out_features(const bie_binary_linear *l) { return l ? l->out : 0; }
 
@@ -334,17 +189,17 @@ bie_status bie_binary_linear_param(bie_binary_linear *l, bie_param which, bie_te
     BIE_CHECK_NULL(v);
     switch (which) {
     case BIE_PARAM_WEIGHT:
-        if (l->weight_i8) return view_of(v, l->weight_i8, BIE_I8, 2, l->out, l->in);
-        if (l->weight_f32) return view_of(v, l->weight_f32, BIE_F32, 2, l->out, l->in);
-        return no_weight("binary_linear_param");
+        if (l->w.i8) return view_of(v, l->w.i8, BIE_I8, 2, l->out, l->in);
+        if (l->w.f32) return view_of(v, l->w.f32, BIE_F32, 2, l->out, l->in);
+        return bie_bw_no_weight("binary_linear_param");
     case BIE_PARAM_QWEIGHT:
-        if (l->qweight == NULL)
+        if (l->w.qweight == NULL)
             return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", MODULE);
-        return view_of(v, l->qweight, packed_dtype(l->word_bits), 2, l->out,
-                       bie_packed_words(l->in, l->word_bits));
+        return view_of(v, l->w.qweight, packed_dtype(l->w.word_bits), 2, l->out,
+                       bie_packed_words(l->in, l->w.word_bits));
     case BIE_PARAM_BIAS_A: return view_of(v, l->bias_a, BIE_F32, 1, l->in, 0);
     case BIE_PARAM_SCALE_A: return view_of(v, &l->scale_a, BIE_F32, 1, 1, 0);
-    case BIE_PARAM_SCALE_W: return view_of(v, &l->scale_w, BIE_F32, 1, 1, 0);
+    case BIE_PARAM_SCALE_W: return view_of(v, &l->w.scale_w, BIE_F32, 1, 1, 0);
     case BIE_PARAM_WEIGHT_FLOAT_GRAD: break;
     }
     return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", MODULE, (int)which);
@@ -363,7 +218,7 @@ bie_status bie_binary_linear_opt_weight(bie_binary_linear *l, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
     if (l->training) return bie_binary_linear_param(l, BIE_PARAM_WEIGHT, v);
-    if (l->qweight == NULL) BIE_TRY(bie_binary_linear_generate_quantized_weight(l, false));
+    if (l->w.qweight == NULL) BIE_TRY(bie_binary_linear_generate_quantized_weight(l, false));
     return bie_binary_linear_param(l, BIE_PARAM_QWEIGHT, v);
 }
 
@@ -375,12 +230,12 @@ bie_status bie_binary_linear_check_forward(const bie_binary_linear *l, const bie
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->dtype == BIE_F32) return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who);
     if (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64) {
-        if (x->dtype != packed_dtype(l->word_bits))
+        if (x->dtype != packed_dtype(l->w.word_bits))
             return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)",
-                            who, bie_dtype_name(x->dtype), l->word_bits,
-                            bie_dtype_name(packed_dtype(l->word_bits)));
+                            who, bie_dtype_name(x->dtype), l->w.word_bits,
+                            bie_dtype_name(packed_dtype(l->w.word_bits)));
         return bie_check_rows_tensor(x, "packed input", x->dtype,
-                                     bie_packed_words(l->in, l->word_bits), NULL, who);
+                                     bie_packed_words(l->in, l->w.word_bits), NULL, who);
     }
     return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s is not accepted on the CPU (float32, or "
                     "packed uint8/uint32/uint64)", who, bie_dtype_name(x->dtype));
@@ -388,20 +243,7 @@ bie_status bie_binary_linear_check_forward(const bie_binary_linear *l, const bie
 
 /* scale_a the next forward uses for x: the stored one, or the initialisation from x. */
 static bie_status activation_scale(const bie_binary_linear *l, const bie_tensor *x, float *scale) {
-    if (l->scale_a != 0.0f) {
-        *scale = l->scale_a;
-        return BIE_OK;
-    }
-    const float *d = x->data;
-    int64_t n = bie_tensor_numel(x);
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += fabs((double)d[i]);
-    float v = (float)((l->symmetric ? 2.0 : 4.0) * s / (double)n);
-    if (!isfinite(v) || v <= 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: cannot initialise scale_a from this input "
-                        "(mean|x| = %g): it must be positive and finite", MODULE, s / (double)n);
-    *scale = v;
-    return BIE_OK;
+    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric, MODULE, scale);
 }
 
 bie_status bie_binary_linear_set_activation(bie_binary_linear *l, const bie_tensor *x,
@@ -436,16 +278,15 @@ bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, 
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));
     const bool packed_input = x->dtype != BIE_F32;
     const bool keep = l->training && !packed_input;
-    if (l->training && l->weight_f32 == NULL && l->weight_i8 == NULL) return no_weight(who);
-    if (!l->training && l->qweight == NULL && l->weight_f32 == NULL && l->weight_i8 == NULL)
-        return no_weight(who);
+    if (!bie_bw_has_training_weight(&l->w) && (l->training || l->w.qweight == NULL))
+        return bie_bw_no_weight(who);
     if (packed_input && l->scale_a == 0.0f)
         return bie_fail(BIE_ERR_STATE, "%s: scale_a is 0 (uninitialised) and cannot be measured on "
                         "pre-packed input: run a float forward or set scale_a first", who);
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
     float scale_a = 0;
     BIE_TRY(activation_scale(l, x, &scale_a));
-    const float scale = scale_a * l->scale_w;
+    const float scale = scale_a * l->w.scale_w;
     if (!isfinite(scale))
         return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
     const bie_cpu_kernel *kern = forward_kernel(l, m);
@@ -456,8 +297,8 @@ bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, 
     if (!bie_mul_ok(m, rb, &a_bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input of %lld rows is too large", who, (long long)m);
     uint8_t *signs = NULL, *mask = NULL, *wbits = NULL, *qnew = NULL;
-    const uint8_t *a = x->data, *b = l->qweight;
-    int64_t lda = bie_packed_row_bytes(l->in, l->word_bits), ldb = lda;
+    const uint8_t *a = x->data, *b = l->w.qweight;
+    int64_t lda = bie_packed_row_bytes(l->in, l->w.word_bits), ldb = lda;
     bie_status st = BIE_OK;
     if (!packed_input) {
         signs = bie_alloc_aligned((size_t)a_bytes);
@@ -471,18 +312,18 @@ bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, 
         lda = rb;
     }
     if (l->training) {
-        if ((st = pack_weight(l, rb, &wbits)) != BIE_OK) goto fail;
+        if ((st = bie_bw_pack(&l->w, rb, &wbits, who)) != BIE_OK) goto fail;
         b = wbits;
         ldb = rb;
-    } else if (l->qweight == NULL) { /* opt_weight: packed on first use */
-        if ((st = pack_weight(l, ldb, &qnew)) != BIE_OK) goto fail;
+    } else if (l->w.qweight == NULL) { /* opt_weight: packed on first use */
+        if ((st = bie_bw_pack(&l->w, ldb, &qnew, who)) != BIE_OK) goto fail;
         b = qnew;
     }
     st = bie_cpu_bgemm(kern, m, l->out, l->in, a, lda, b, ldb, scale, out->data);
     if (st != BIE_OK) goto fail;
 
     l->scale_a = scale_a;
-    if (qnew) l->qweight = qnew;
+    if (qnew) l->w.qweight = qnew;
     if (keep) {
         drop_saved(l);
         l->saved_signs = signs;
@@ -492,7 +333,7 @@ bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, 
         l->saved_ndim = x->ndim;
         memcpy(l->saved_shape, x->shape, sizeof l->saved_shape);
         l->saved_scale_a = scale_a;
-        l->saved_scale_w = l->scale_w;
+        l->saved_scale_w = l->w.scale_w;
         l->has_saved = true;
         return BIE_OK;
     }

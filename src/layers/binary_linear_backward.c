@@ -7,18 +7,6 @@
 #include "../cpu/frame/pack.h"
 #include "binary_linear_impl.h"
 
-/* Per-tensor narrow-range int8 quantization (SPEC §1); amax == 0 gives zeros. */
-static void quantize_i8(const float *x, int64_t n, int8_t *q) {
-    float amax = 0;
-#pragma omp parallel for num_threads(bie_threads()) reduction(max : amax) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) amax = amax > fabsf(x[i]) ? amax : fabsf(x[i]);
-#pragma omp parallel for num_threads(bie_threads()) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        float v = amax > 0 ? rintf(x[i] * 127.0f / amax) : 0.0f;
-        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-    }
-}
-
 /* grad_x *= clip mask; per-row sums of grad_x * sign(x') into row_dot (summed in a fixed
  * order afterwards, so the result does not depend on the thread count). */
 static void apply_mask(const bie_binary_linear *l, int64_t m, float *gx, double *row_dot) {
@@ -73,8 +61,8 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     float *gw = bie_alloc_aligned((size_t)(n * k) * sizeof(float));
     float *gb = bie_alloc_aligned((size_t)k * sizeof(float));
     double *row_dot = malloc((size_t)m * sizeof(double));
-    int8_t *gq = l->weight_i8 ? bie_alloc_aligned((size_t)(n * k)) : NULL;
-    if (!wf || !xs || (!grad_x && !gx) || !gw || !gb || !row_dot || (l->weight_i8 && !gq)) {
+    int8_t *gq = l->w.i8 ? bie_alloc_aligned((size_t)(n * k)) : NULL;
+    if (!wf || !xs || (!grad_x && !gx) || !gw || !gb || !row_dot || (l->w.i8 && !gq)) {
         bie_free_aligned(wf);
         bie_free_aligned(xs);
         bie_free_aligned(gx);
@@ -99,7 +87,7 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     bie_unpack_rows_f32(l->saved_signs, rb, m, k, l->saved_scale_a, xs);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n,
                 xs, (int)k, 0.0f, gw, (int)k);
-    if (gq) quantize_i8(gw, n * k, gq);
+    if (gq) bie_quantize_i8(gw, n * k, gq);
 
     bie_free_aligned(l->grad_w);
     bie_free_aligned(l->grad_w_i8);

@@ -5,6 +5,7 @@
 
 #include "../core/formats.h"
 #include "../core/internal.h"
+#include "binary_weight.h"
 
 struct bie_binary_linear {
     int64_t in, out;
@@ -12,16 +13,11 @@ struct bie_binary_linear {
     bie_dtype dtype;
     bool symmetric;
     bool training;
-    int word_bits;
     int kernel_id; /* -1: default per shape */
 
-    /* Exactly one of weight_f32 / weight_i8 holds the training weight, or neither after
-     * generate_quantized_weight(qweight_only). */
-    float *weight_f32;
-    int8_t *weight_i8;
-    uint8_t *qweight; /* [out, bie_packed_row_bytes(in, word_bits)] or NULL */
+    bie_binary_weight w; /* [out, in] */
     float *bias_a;
-    float scale_a, scale_w;
+    float scale_a;
 
     /* Saved by a training forward for the backward: packed sign(x') and clip mask rows of
      * ceil(in / 8) bytes, the packed weight signs, and the scales used. */

@@ -1,0 +1,51 @@
+/* The weight of a binary layer, shared by binary linear and binary conv2d: a [rows, cols]
+ * matrix (cols = fan-in: in_features, or in_c * k * k in [c, i, j] order) that is float
+ * after reset_parameters, int8 after prepare_params, and may be packed into qweight (words
+ * of word_bits) or dropped for inference (SPEC §2). Every function validates and allocates
+ * before it changes anything. */
+#ifndef BIE_BINARY_WEIGHT_H
+#define BIE_BINARY_WEIGHT_H
+
+#include "../core/formats.h"
+#include "../core/internal.h"
+
+typedef struct bie_binary_weight {
+    int64_t rows, cols;
+    int word_bits;
+    float *f32;       /* training weight before prepare_params, or NULL */
+    int8_t *i8;       /* training weight after prepare_params, or NULL */
+    uint8_t *qweight; /* [rows, bie_packed_row_bytes(cols, word_bits)] or NULL */
+    float scale_w;
+} bie_binary_weight;
+
+/* Zero-initialised weight of the given shape, word size 8, scale_w 1, no data yet. */
+void bie_bw_init(bie_binary_weight *w, int64_t rows, int64_t cols);
+void bie_bw_free(bie_binary_weight *w);
+bool bie_bw_has_training_weight(const bie_binary_weight *w);
+
+/* Kaiming-uniform (a = sqrt(5)): uniform in ±1/sqrt(cols), seeded; drops int8 and qweight. */
+bie_status bie_bw_reset(bie_binary_weight *w, uint64_t seed);
+/* prepare_params: int8 weight and scale_w from the float weight (no-op when already int8). */
+bie_status bie_bw_prepare(bie_binary_weight *w, const char *who);
+/* set_weight_data: copy, check finiteness, prepare (data must have rows * cols floats). */
+bie_status bie_bw_set_data(bie_binary_weight *w, const float *data, const char *who);
+/* generate_quantized_weight. */
+bie_status bie_bw_generate_qweight(bie_binary_weight *w, bool qweight_only, const char *who);
+/* set_quantized_weight_data: q must already be validated [rows, words] of the word dtype. */
+bie_status bie_bw_set_qweight(bie_binary_weight *w, const void *q, const char *who);
+bie_status bie_bw_set_word_bits(bie_binary_weight *w, int bits, const char *who);
+/* Pack sign(training weight) into rows of row_bytes (>= ceil(cols / 8)) bytes. */
+bie_status bie_bw_pack(const bie_binary_weight *w, int64_t row_bytes, uint8_t **out, const char *who);
+/* The error for a weight freed by qweight_only. */
+bie_status bie_bw_no_weight(const char *who);
+/* U8 / U32 / U64 for word sizes 8 / 32 / 64. */
+bie_dtype bie_bw_word_dtype(int word_bits);
+
+/* Shared by the binary layers' set_activation: scale_a as stored, or its initialisation
+ * factor * mean|x| (factor 2 symmetric, 4 otherwise); an error if that is not positive. */
+bie_status bie_activation_scale(float current, const float *x, int64_t n, bool symmetric,
+                                const char *who, float *scale);
+/* Per-tensor narrow-range int8 quantization (SPEC §1). */
+void bie_quantize_i8(const float *x, int64_t n, int8_t *q);
+
+#endif
