@@ -289,6 +289,63 @@ BIE_API bie_status bie_binary_linear_set_scale_a(bie_binary_linear *layer, float
 BIE_API int64_t bie_binary_linear_in_features(const bie_binary_linear *layer);
 BIE_API int64_t bie_binary_linear_out_features(const bie_binary_linear *layer);
 
+/* ------------------------------------------------------ 7. binary conv2d layer */
+
+/* Opaque handle: counterpart of BinaryConv2dForward and its layer (SPEC §3). Input and
+ * output are NCHW float32; weight [out_c, in_c, k, k]; bias_a [in_c]; groups = 1. Every
+ * function has the meaning of its bie_binary_linear_* namesake; the differences are listed
+ * here. */
+typedef struct bie_binary_conv2d bie_binary_conv2d;
+
+/* Errors: channels < 1, kernel_size < 1, stride < 1, padding < 0, dilation < 1,
+ * in_c * k * k >= 2^24, dtype not F32, device not available. */
+BIE_API bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels,
+                                            int64_t out_channels, int kernel_size, int stride,
+                                            int padding, int dilation, bie_device device,
+                                            bie_dtype dtype, bool symmetric);
+BIE_API void bie_binary_conv2d_free(bie_binary_conv2d *layer);
+/* Kaiming-uniform with fan_in = in_c * k * k. */
+BIE_API bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *layer, uint64_t seed);
+/* w: [out_c, in_c, k, k] F32. */
+BIE_API bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *layer, const bie_tensor *w);
+BIE_API bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *layer);
+/* qweight: [out_c, ceil(in_c * k * k / W)] words; the weight flattened in [c, i, j] order. */
+BIE_API bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *layer,
+                                                               bool qweight_only);
+BIE_API bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *layer,
+                                                               const bie_tensor *q);
+BIE_API bie_status bie_binary_conv2d_set_bits_binary_word(bie_binary_conv2d *layer, int bits);
+BIE_API int bie_binary_conv2d_bits_binary_word(const bie_binary_conv2d *layer);
+BIE_API bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *layer, bie_tensor *view);
+/* x: [N, in_c, H, W] F32 on the CPU with the padded input at least as large as the dilated
+ * kernel: H + 2p >= d (k - 1) + 1 (same for W). */
+BIE_API bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *layer,
+                                                   const bie_tensor *x);
+/* Output extents for an input of H x W (0 when the kernel does not fit). */
+BIE_API bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *layer, int64_t h,
+                                                 int64_t w, int64_t *out_h, int64_t *out_w);
+/* x_out = x + bias_a[c] (per channel); may be NULL. */
+BIE_API bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *layer,
+                                                    const bie_tensor *x, bie_tensor *x_out);
+BIE_API bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *layer,
+                                                        const bie_tensor *x);
+BIE_API bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *layer, int id);
+BIE_API int bie_binary_conv2d_gemm_kernel(const bie_binary_conv2d *layer);
+BIE_API bie_status bie_binary_conv2d_set_training(bie_binary_conv2d *layer, bool training);
+BIE_API bool bie_binary_conv2d_training(const bie_binary_conv2d *layer);
+/* out: [N, out_c, OH, OW] F32, OH = floor((H + 2p - d(k - 1) - 1) / s) + 1. Taps outside
+ * the input contribute 0 (zero padding). */
+BIE_API bie_status bie_binary_conv2d_forward(bie_binary_conv2d *layer, const bie_tensor *x,
+                                             bie_tensor *out);
+BIE_API bie_status bie_binary_conv2d_backward(bie_binary_conv2d *layer,
+                                              const bie_tensor *grad_out, bie_tensor *grad_x);
+/* WEIGHT is [out_c, in_c, k, k]; QWEIGHT [out_c, words]; BIAS_A [in_c]. */
+BIE_API bie_status bie_binary_conv2d_param(bie_binary_conv2d *layer, bie_param which,
+                                           bie_tensor *view);
+BIE_API bie_status bie_binary_conv2d_grad(bie_binary_conv2d *layer, bie_param which,
+                                          bie_tensor *view);
+BIE_API bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *layer, float scale_a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -39,9 +39,4 @@ struct bie_binary_linear {
 /* Bytes of one internal packed row (bit stream without word padding). */
 static inline int64_t bie_bl_row_bytes(const bie_binary_linear *l) { return (l->in + 7) / 8; }
 
-/* Validates an F32 CPU tensor whose last extent is `last` and whose leading extents equal
- * those of `like` (or, when like is NULL, any leading extents). */
-bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
-                                 int64_t last, const bie_tensor *like, const char *who);
-
 #endif

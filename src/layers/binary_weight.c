@@ -206,3 +206,35 @@ void bie_quantize_i8(const float *x, int64_t n, int8_t *q) {
         q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
     }
 }
+
+bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
+                                 int64_t last, const bie_tensor *like, const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    if (t->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s is not on the CPU", who, what);
+    if (t->dtype != dtype)
+        return bie_fail(BIE_ERR_DTYPE, "%s: %s has dtype %s, expected %s", who, what,
+                        bie_dtype_name(t->dtype), bie_dtype_name(dtype));
+    if (t->ndim < 1 || t->ndim > BIE_MAX_DIMS)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s has rank %d, expected 1..4", who, what, t->ndim);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 1)
+            return bie_fail(BIE_ERR_SHAPE, "%s: %s has extent %lld at dim %d (must be >= 1)", who,
+                            what, (long long)t->shape[i], i);
+    if (bie_tensor_numel(t) < 0)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %s element count overflows", who, what);
+    if (t->shape[t->ndim - 1] != last)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s last extent is %lld, expected %lld", who, what,
+                        (long long)t->shape[t->ndim - 1], (long long)last);
+    if (like) {
+        if (like->ndim != t->ndim)
+            return bie_fail(BIE_ERR_SHAPE, "%s: %s has rank %d, expected %d", who, what, t->ndim,
+                            like->ndim);
+        for (int i = 0; i + 1 < t->ndim; i++)
+            if (t->shape[i] != like->shape[i])
+                return bie_fail(BIE_ERR_SHAPE, "%s: %s extent %d is %lld, expected %lld", who, what,
+                                i, (long long)t->shape[i], (long long)like->shape[i]);
+    }
+    return BIE_OK;
+}

@@ -48,4 +48,9 @@ bie_status bie_activation_scale(float current, const float *x, int64_t n, bool s
 /* Per-tensor narrow-range int8 quantization (SPEC §1). */
 void bie_quantize_i8(const float *x, int64_t n, int8_t *q);
 
+/* Validates a CPU tensor of `dtype` whose last extent is `last` and whose leading extents
+ * equal those of `like` (or, when like is NULL, any leading extents). */
+bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
+                                 int64_t last, const bie_tensor *like, const char *who);
+
 #endif

@@ -2,6 +2,7 @@
 #include <time.h>
 
 #include "../cpu/dispatch.h"
+#include "binary_conv2d_impl.h"
 #include "binary_linear_impl.h"
 
 static double now_s(void) {
@@ -25,11 +26,9 @@ static bie_status time_kernel(const bie_cpu_kernel *kern, int64_t m, int64_t n, 
     return BIE_OK;
 }
 
-bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_tensor *x) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
-    BIE_TRY(bie_binary_linear_check_forward(l, x));
-    const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1], n = l->out, k = l->in;
-    const int64_t rb = bie_bl_row_bytes(l);
+/* Fastest available CPU kernel for an (m, n, k) binary GEMM, timed on random bits. */
+static bie_status select_for_shape(int64_t m, int64_t n, int64_t k, int *id_out) {
+    const int64_t rb = (k + 7) / 8;
     uint8_t *a = bie_alloc_aligned((size_t)(m * rb)), *b = bie_alloc_aligned((size_t)(n * rb));
     float *out = bie_alloc_aligned((size_t)(m * n) * sizeof(float));
     bie_status st = BIE_OK;
@@ -46,8 +45,8 @@ bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_
     for (int i = 0; i < bie_cpu_kernel_count(); i++) {
         const bie_cpu_kernel *kern = bie_cpu_kernel_at(i);
         /* The scalar reference is for testing; it runs only when nothing else may. */
-        if (!bie_cpu_kernel_available(kern) || (kern->isa == BIE_ISA_SCALAR && bie_cpu_kernel_count() > 1 &&
-                                                bie_cpu_default_kernel(m)->isa != BIE_ISA_SCALAR))
+        if (!bie_cpu_kernel_available(kern) ||
+            (kern->isa == BIE_ISA_SCALAR && bie_cpu_default_kernel(m)->isa != BIE_ISA_SCALAR))
             continue;
         double t;
         if ((st = time_kernel(kern, m, n, k, a, b, rb, out, &t)) != BIE_OK) goto done;
@@ -56,13 +55,31 @@ bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_
             best_id = kern->id;
         }
     }
-    if (best_id < 0) best_id = bie_cpu_default_kernel(m)->id;
-    l->kernel_id = best_id;
+    *id_out = best_id >= 0 ? best_id : bie_cpu_default_kernel(m)->id;
 done:
     bie_free_aligned(a);
     bie_free_aligned(b);
     bie_free_aligned(out);
     return st;
+}
+
+bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_tensor *x) {
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
+    BIE_TRY(bie_binary_linear_check_forward(l, x));
+    int id = -1;
+    BIE_TRY(select_for_shape(bie_tensor_numel(x) / x->shape[x->ndim - 1], l->out, l->in, &id));
+    l->kernel_id = id;
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *l, const bie_tensor *x) {
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
+    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
+    int64_t oh, ow;
+    BIE_TRY(bie_binary_conv2d_output_size(l, x->shape[2], x->shape[3], &oh, &ow));
+    int id = -1; /* the conv's GEMM: weights (out_c rows) against the pixels of one image */
+    BIE_TRY(select_for_shape(l->out_c, oh * ow, l->in_c * l->k * l->k, &id));
+    return bie_binary_conv2d_set_gemm_kernel(l, id);
 }
 
 bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *l, int id) {

@@ -1,0 +1,479 @@
+/* Binary conv2d (SPEC §3): life cycle and forward. The forward is an implicit GEMM on packed
+ * bits: per image, the weight's sign rows (out_c x in_c k k, taps in [i, j, c] order) against
+ * bit-im2col rows of the input (one per output pixel). Taps outside the input are packed as
+ * -1 and corrected exactly afterwards: dot = xor_dot + sum over those taps of sum_c sign(w),
+ * so zero padding contributes 0 as in a float convolution. */
+#include <math.h>
+#include <string.h>
+
+#include "../cpu/dispatch.h"
+#include "../cpu/frame/pack.h"
+#include "binary_conv2d_impl.h"
+#include "binary_linear_impl.h"
+
+static const char *const MODULE = "binary_conv2d";
+
+#define CHECK_LAYER(l)                                                                         \
+    do {                                                                                       \
+        if ((l) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", __func__); \
+    } while (0)
+
+static void drop_saved(bie_binary_conv2d *l) {
+    bie_free_aligned(l->saved_signs);
+    bie_free_aligned(l->saved_mask);
+    bie_free_aligned(l->saved_wbits);
+    l->saved_signs = l->saved_mask = l->saved_wbits = NULL;
+    l->has_saved = false;
+}
+
+static int64_t fan_in(const bie_binary_conv2d *l) { return l->in_c * l->k * l->k; }
+
+bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels,
+                                    int64_t out_channels, int kernel_size, int stride, int padding,
+                                    int dilation, bie_device device, bie_dtype dtype, bool symmetric) {
+    BIE_CHECK_NULL(out);
+    if (in_channels < 1 || out_channels < 1 || in_channels > INT32_MAX || out_channels > INT32_MAX)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: channels (%lld, %lld) must be in 1..2^31-1",
+                        MODULE, (long long)in_channels, (long long)out_channels);
+    if (kernel_size < 1 || stride < 1 || padding < 0 || dilation < 1)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel_size (%d), stride (%d) and dilation "
+                        "(%d) must be >= 1 and padding (%d) >= 0", MODULE, kernel_size, stride,
+                        dilation, padding);
+    int64_t k2c = in_channels * kernel_size * (int64_t)kernel_size, numel;
+    if (k2c >= (1 << 24) || !bie_mul_ok(k2c, out_channels, &numel) || numel > INT64_MAX / 8)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: in_c * k * k = %lld must be < 2^24", MODULE, (long long)k2c);
+    if (device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: only the CPU backend runs binary conv2d so far", MODULE);
+    if (dtype != BIE_F32)
+        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
+                        MODULE, bie_dtype_name(dtype));
+    bie_binary_conv2d *l = calloc(1, sizeof *l);
+    if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    l->in_c = in_channels;
+    l->out_c = out_channels;
+    l->k = kernel_size;
+    l->stride = stride;
+    l->padding = padding;
+    l->dilation = dilation;
+    l->device = device;
+    l->dtype = dtype;
+    l->symmetric = symmetric;
+    l->training = true;
+    l->kernel_id = -1;
+    bie_bw_init(&l->w, out_channels, k2c);
+    l->bias_a = bie_alloc_aligned((size_t)in_channels * sizeof(float));
+    bie_status st = l->bias_a ? bie_bw_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+    if (st != BIE_OK) {
+        bie_binary_conv2d_free(l);
+        return st;
+    }
+    memset(l->bias_a, 0, (size_t)in_channels * sizeof(float));
+    *out = l;
+    return BIE_OK;
+}
+
+void bie_binary_conv2d_free(bie_binary_conv2d *l) {
+    if (l == NULL) return;
+    drop_saved(l);
+    bie_bw_free(&l->w);
+    bie_free_aligned(l->bias_a);
+    bie_free_aligned(l->grad_w);
+    bie_free_aligned(l->grad_w_i8);
+    bie_free_aligned(l->grad_bias_a);
+    free(l);
+}
+
+bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *l, uint64_t seed) {
+    CHECK_LAYER(l);
+    BIE_TRY(bie_bw_reset(&l->w, seed));
+    drop_saved(l);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *l) {
+    CHECK_LAYER(l);
+    bool was_float = l->w.f32 != NULL;
+    BIE_TRY(bie_bw_prepare(&l->w, "binary_conv2d_prepare_params"));
+    if (was_float) drop_saved(l);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_conv2d_set_weight_data";
+    BIE_TRY(bie_check_rows_tensor(w, "weight", l->dtype, l->k, NULL, who));
+    if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
+        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld, %lld, %lld]", who,
+                        (long long)l->out_c, (long long)l->in_c, (long long)l->k, (long long)l->k);
+    BIE_TRY(bie_bw_set_data(&l->w, w->data, who));
+    drop_saved(l);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
+    CHECK_LAYER(l);
+    BIE_TRY(bie_bw_generate_qweight(&l->w, qweight_only, "binary_conv2d_generate_quantized_weight"));
+    if (qweight_only) drop_saved(l);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_conv2d_set_quantized_weight_data";
+    int64_t words = bie_packed_words(fan_in(l), l->w.word_bits);
+    BIE_TRY(bie_check_rows_tensor(q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
+    if (q->ndim != 2 || q->shape[0] != l->out_c)
+        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c,
+                        (long long)words);
+    return bie_bw_set_qweight(&l->w, q->data, who);
+}
+
+bie_status bie_binary_conv2d_set_bits_binary_word(bie_binary_conv2d *l, int bits) {
+    CHECK_LAYER(l);
+    return bie_bw_set_word_bits(&l->w, bits, MODULE);
+}
+
+int bie_binary_conv2d_bits_binary_word(const bie_binary_conv2d *l) { return l ? l->w.word_bits : 0; }
+
+bie_status bie_binary_conv2d_set_training(bie_binary_conv2d *l, bool training) {
+    CHECK_LAYER(l);
+    if (!training) drop_saved(l);
+    l->training = training;
+    return BIE_OK;
+}
+
+bool bie_binary_conv2d_training(const bie_binary_conv2d *l) { return l && l->training; }
+
+bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *l, float scale_a) {
+    CHECK_LAYER(l);
+    if (!isfinite(scale_a) || scale_a < 0)
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE,
+                        (double)scale_a);
+    l->scale_a = scale_a;
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_param(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(v);
+    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
+    switch (which) {
+    case BIE_PARAM_WEIGHT:
+        if (l->w.i8) return bie_tensor_view(v, l->w.i8, BIE_I8, 4, wshape);
+        if (l->w.f32) return bie_tensor_view(v, l->w.f32, BIE_F32, 4, wshape);
+        return bie_bw_no_weight("binary_conv2d_param");
+    case BIE_PARAM_QWEIGHT: {
+        if (l->w.qweight == NULL)
+            return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", MODULE);
+        int64_t qshape[2] = {l->out_c, bie_packed_words(fan_in(l), l->w.word_bits)};
+        return bie_tensor_view(v, l->w.qweight, bie_bw_word_dtype(l->w.word_bits), 2, qshape);
+    }
+    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->bias_a, BIE_F32, 1, &l->in_c);
+    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->scale_a, BIE_F32, 1, &one);
+    case BIE_PARAM_SCALE_W: return bie_tensor_view(v, &l->w.scale_w, BIE_F32, 1, &one);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD: break;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", MODULE, (int)which);
+}
+
+bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *l, bie_tensor *v) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(v);
+    if (l->training) return bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, v);
+    if (l->w.qweight == NULL) BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l, false));
+    return bie_binary_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
+}
+
+/* ---------------------------------------------------------------- geometry and checks */
+
+static int64_t out_extent(const bie_binary_conv2d *l, int64_t in) {
+    int64_t span = l->dilation * (l->k - 1) + 1, padded = in + 2 * l->padding;
+    return padded < span ? 0 : (padded - span) / l->stride + 1;
+}
+
+bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *l, int64_t h, int64_t w,
+                                         int64_t *out_h, int64_t *out_w) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(out_h);
+    BIE_CHECK_NULL(out_w);
+    if (h < 1 || w < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", MODULE);
+    *out_h = out_extent(l, h);
+    *out_w = out_extent(l, w);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
+    CHECK_LAYER(l);
+    static const char *who = "binary_conv2d_check_forward";
+    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
+    if (x->ndim != 4)
+        return bie_fail(BIE_ERR_SHAPE, "%s: input must be NCHW (rank 4), got rank %d", who, x->ndim);
+    BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, x->shape[3], NULL, who));
+    if (x->shape[1] != l->in_c)
+        return bie_fail(BIE_ERR_SHAPE, "%s: input has %lld channels, the layer %lld", who,
+                        (long long)x->shape[1], (long long)l->in_c);
+    if (out_extent(l, x->shape[2]) < 1 || out_extent(l, x->shape[3]) < 1)
+        return bie_fail(BIE_ERR_SHAPE, "%s: the dilated kernel (%lld) is larger than the padded "
+                        "input (%lld x %lld)", who, (long long)(l->dilation * (l->k - 1) + 1),
+                        (long long)(x->shape[2] + 2 * l->padding), (long long)(x->shape[3] + 2 * l->padding));
+    return BIE_OK;
+}
+
+static bie_conv_geom geometry(const bie_binary_conv2d *l, const bie_tensor *x) {
+    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
+                       out_extent(l, x->shape[2]), out_extent(l, x->shape[3]),
+                       l->k, l->stride, l->padding, l->dilation};
+    return g;
+}
+
+static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, const char *what,
+                               const char *who) {
+    BIE_TRY(bie_check_rows_tensor(t, what, BIE_F32, g->ow, NULL, who));
+    if (t->ndim != 4 || t->shape[0] != g->n || t->shape[1] != g->o || t->shape[2] != g->oh)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, what,
+                        (long long)g->n, (long long)g->o, (long long)g->oh, (long long)g->ow);
+    return BIE_OK;
+}
+
+static bie_status activation_scale(const bie_binary_conv2d *l, const bie_tensor *x, float *scale) {
+    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric, MODULE, scale);
+}
+
+bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tensor *x,
+                                            bie_tensor *x_out) {
+    static const char *who = "binary_conv2d_set_activation";
+    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
+    if (x_out) {
+        BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, x->shape[3], x, who));
+    }
+    float scale = 0;
+    BIE_TRY(activation_scale(l, x, &scale));
+    l->scale_a = scale;
+    if (x_out) {
+        int64_t plane = x->shape[2] * x->shape[3];
+        const float *src = x->data;
+        float *dst = x_out->data;
+        for (int64_t nc = 0; nc < x->shape[0] * l->in_c; nc++)
+            for (int64_t i = 0; i < plane; i++) dst[nc * plane + i] = src[nc * plane + i] + l->bias_a[nc % l->in_c];
+    }
+    return BIE_OK;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Sign and clip bit planes of x' = x + bias_a[c], one plane of H W bits per (n, c). */
+static void pack_planes(const bie_binary_conv2d *l, const bie_conv_geom *g, const float *x,
+                        float scale_a, uint8_t *signs, uint8_t *mask) {
+    const int64_t plane = g->h * g->w, pb = bie_conv_plane_bytes(g);
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->n * g->c * plane > 65536)
+    for (int64_t nc = 0; nc < g->n * g->c; nc++) {
+        const float *xp = x + nc * plane, b = l->bias_a[nc % g->c];
+        uint8_t *sp = signs + nc * pb, *mp = mask ? mask + nc * pb : NULL;
+        memset(sp, 0, (size_t)pb);
+        if (mp) memset(mp, 0, (size_t)pb);
+        for (int64_t i = 0; i < plane; i++) {
+            float v = xp[i] + b;
+            sp[i >> 3] |= (uint8_t)((v >= 0.0f) << (i & 7));
+            if (mp) {
+                float q = v / scale_a;
+                mp[i >> 3] |= (uint8_t)((q >= -1.0f && q <= 1.0f) << (i & 7));
+            }
+        }
+    }
+}
+
+/* OR `bits` bits of src (from bit 0) into dst at bit offset `off` (dst has a spare word). */
+static void or_bits(uint64_t *dst, int64_t off, const uint64_t *src, int64_t bits) {
+    int64_t words = (bits + 63) / 64, shift = off & 63;
+    uint64_t *d = dst + (off >> 6);
+    for (int64_t i = 0; i < words; i++) {
+        uint64_t v = src[i];
+        if (i == words - 1 && (bits & 63)) v &= (1ull << (bits & 63)) - 1;
+        d[i] |= v << shift;
+        if (shift) d[i + 1] |= v >> (64 - shift);
+    }
+}
+
+/* Weight sign bits in [i, j, c] order (rows of wrb bytes) and, per output channel and tap,
+ * sum_c sign(w) (the padding correction). From the training weight or from qweight. */
+static bie_status weight_taps(const bie_binary_conv2d *l, uint8_t **wbits_out, int64_t wrb,
+                              int32_t **tapsum_out, const char *who) {
+    const int64_t kk = l->k * l->k, C = l->in_c, K = C * kk;
+    uint8_t *flat = NULL; /* [c, i, j] order sign rows */
+    int64_t frb = (K + 7) / 8;
+    if (bie_bw_has_training_weight(&l->w)) {
+        BIE_TRY(bie_bw_pack(&l->w, frb, &flat, who));
+    } else if (l->w.qweight == NULL) {
+        return bie_bw_no_weight(who);
+    }
+    const uint8_t *src = flat ? flat : l->w.qweight;
+    const int64_t srb = flat ? frb : bie_packed_row_bytes(K, l->w.word_bits);
+    uint8_t *wbits = bie_alloc_aligned((size_t)(l->out_c * wrb));
+    int32_t *tapsum = bie_alloc_aligned((size_t)(l->out_c * kk) * sizeof(int32_t));
+    if (wbits == NULL || tapsum == NULL) {
+        bie_free_aligned(flat);
+        bie_free_aligned(wbits);
+        bie_free_aligned(tapsum);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", who);
+    }
+    memset(wbits, 0, (size_t)(l->out_c * wrb));
+    for (int64_t o = 0; o < l->out_c; o++) {
+        const uint8_t *s = src + o * srb;
+        uint8_t *d = wbits + o * wrb;
+        for (int64_t t = 0; t < kk; t++) {
+            int32_t sum = 0;
+            for (int64_t c = 0; c < C; c++) {
+                int bit = bie_bit(s, c * kk + t);
+                int64_t pos = t * C + c;
+                d[pos >> 3] |= (uint8_t)(bit << (pos & 7));
+                sum += bit ? 1 : -1;
+            }
+            tapsum[o * kk + t] = sum;
+        }
+    }
+    bie_free_aligned(flat);
+    *wbits_out = wbits;
+    *tapsum_out = tapsum;
+    return BIE_OK;
+}
+
+/* Bit-im2col of image n: one row of crb bytes per output pixel, taps in [i, j, c] order;
+ * taps outside the input stay 0 (-1, corrected later). */
+static void im2col_bits(const bie_conv_geom *g, const uint64_t *nhwc, int64_t cw, int64_t n,
+                        uint8_t *cols, int64_t crb) {
+    const int64_t C = g->c;
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->oh * g->ow * g->k * g->k * C > 65536)
+    for (int64_t pix = 0; pix < g->oh * g->ow; pix++) {
+        int64_t oy = pix / g->ow, ox = pix % g->ow;
+        uint64_t *row = (uint64_t *)(cols + pix * crb);
+        memset(row, 0, (size_t)crb);
+        for (int64_t i = 0; i < g->k; i++) {
+            int64_t iy = bie_conv_in(g, oy, i);
+            if (iy < 0 || iy >= g->h) continue;
+            for (int64_t j = 0; j < g->k; j++) {
+                int64_t ix = bie_conv_in(g, ox, j);
+                if (ix < 0 || ix >= g->w) continue;
+                or_bits(row, (i * g->k + j) * C, nhwc + ((n * g->h + iy) * g->w + ix) * cw, C);
+            }
+        }
+    }
+}
+
+/* out = (float)(dot + padding correction) * scale, where out holds (float)dot exactly. */
+static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, float scale, float *out) {
+    const int64_t kk = g->k * g->k, plane = g->oh * g->ow;
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->o * plane > 65536)
+    for (int64_t pix = 0; pix < plane; pix++) {
+        int64_t oy = pix / g->ow, ox = pix % g->ow;
+        int any = 0; /* does any tap of this pixel fall outside the input? */
+        for (int64_t i = 0; i < g->k; i++)
+            for (int64_t j = 0; j < g->k; j++) {
+                int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
+                any |= iy < 0 || iy >= g->h || ix < 0 || ix >= g->w;
+            }
+        for (int64_t o = 0; o < g->o; o++) {
+            int64_t dot = (int64_t)out[o * plane + pix];
+            if (any)
+                for (int64_t i = 0; i < g->k; i++)
+                    for (int64_t j = 0; j < g->k; j++) {
+                        int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += tapsum[o * kk + i * g->k + j];
+                    }
+            out[o * plane + pix] = (float)dot * scale;
+        }
+    }
+}
+
+static const bie_cpu_kernel *forward_kernel(const bie_binary_conv2d *l, int64_t m) {
+    if (l->kernel_id >= 0) return bie_cpu_kernel_by_id(l->kernel_id);
+    return bie_cpu_default_kernel(m);
+}
+
+bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+    static const char *who = "binary_conv2d_forward";
+    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
+    const bie_conv_geom g = geometry(l, x);
+    BIE_TRY(check_output(&g, out, "output", who));
+    if (!bie_bw_has_training_weight(&l->w) && (l->training || l->w.qweight == NULL))
+        return bie_bw_no_weight(who);
+    float scale_a = 0;
+    BIE_TRY(activation_scale(l, x, &scale_a));
+    const float scale = scale_a * l->w.scale_w;
+    if (!isfinite(scale))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
+
+    /* Allocate everything before any state changes. */
+    const int64_t C = g.c, K = C * g.k * g.k, plane = g.oh * g.ow, pb = bie_conv_plane_bytes(&g);
+    const int64_t cw = (C + 63) / 64, crb = ((K + 63) / 64 + 1) * 8;
+    int64_t planes_bytes, nhwc_words, cols_bytes;
+    if (!bie_mul_ok(g.n * g.c, pb, &planes_bytes) || !bie_mul_ok(g.n * g.h * g.w, cw, &nhwc_words) ||
+        !bie_mul_ok(plane, crb, &cols_bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    uint8_t *signs = bie_alloc_aligned((size_t)planes_bytes);
+    uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
+    uint64_t *nhwc = bie_alloc_aligned((size_t)nhwc_words * 8);
+    uint8_t *cols = bie_alloc_aligned((size_t)cols_bytes);
+    uint8_t *wbits = NULL;
+    int32_t *tapsum = NULL;
+    bie_status st = BIE_OK;
+    if (!signs || (l->training && !mask) || !nhwc || !cols) {
+        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+        goto done;
+    }
+    if ((st = weight_taps(l, &wbits, crb, &tapsum, who)) != BIE_OK) goto done;
+
+    pack_planes(l, &g, x->data, scale_a, signs, mask);
+    memset(nhwc, 0, (size_t)nhwc_words * 8);
+    for (int64_t n = 0; n < g.n; n++)
+        for (int64_t c = 0; c < C; c++) {
+            const uint8_t *sp = signs + (n * C + c) * pb;
+            for (int64_t pos = 0; pos < g.h * g.w; pos++)
+                nhwc[(n * g.h * g.w + pos) * cw + (c >> 6)] |= (uint64_t)bie_bit(sp, pos) << (c & 63);
+        }
+    const bie_cpu_kernel *kern = forward_kernel(l, g.o);
+    float *o = out->data;
+    for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
+        im2col_bits(&g, nhwc, cw, n, cols, crb);
+        st = bie_cpu_bgemm(kern, g.o, plane, K, wbits, crb, cols, crb, 1.0f, o + n * g.o * plane);
+        if (st == BIE_OK) finish_image(&g, tapsum, scale, o + n * g.o * plane);
+    }
+    if (st != BIE_OK) goto done;
+
+    l->scale_a = scale_a;
+    if (l->training) {
+        drop_saved(l);
+        l->saved_signs = signs;
+        l->saved_mask = mask;
+        l->saved_wbits = wbits;
+        l->saved_wrb = crb;
+        l->saved_geom = g;
+        l->saved_scale_a = scale_a;
+        l->saved_scale_w = l->w.scale_w;
+        l->has_saved = true;
+        signs = mask = wbits = NULL;
+    }
+done:
+    bie_free_aligned(signs);
+    bie_free_aligned(mask);
+    bie_free_aligned(nhwc);
+    bie_free_aligned(cols);
+    bie_free_aligned(wbits);
+    bie_free_aligned(tapsum);
+    return st;
+}
+
+bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *l, int id) {
+    CHECK_LAYER(l);
+    if (id != -1) {
+        const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
+        if (kern == NULL)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CPU kernel with id %d", MODULE, id);
+        if (!bie_cpu_kernel_available(kern))
+            return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s is not available on this CPU", MODULE,
+                            kern->name);
+    }
+    l->kernel_id = id;
+    return BIE_OK;
+}
+
+int bie_binary_conv2d_gemm_kernel(const bie_binary_conv2d *l) { return l ? l->kernel_id : -1; }

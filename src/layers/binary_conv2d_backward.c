@@ -1,0 +1,173 @@
+/* Binary conv2d backward (SPEC §3) from the saved sign/clip bit planes: conv2d_input and
+ * conv2d_weight as im2col/col2im around OpenBLAS sgemm, per image. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "../cpu/frame/pack.h"
+#include "binary_conv2d_impl.h"
+
+/* grad_x of image n (C x H x W) += col2im(cols), cols [C k k, OH OW] in [c, i, j] rows. */
+static void col2im(const bie_conv_geom *g, const float *cols, float *gx) {
+    const int64_t plane = g->oh * g->ow, kk = g->k * g->k;
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->c * kk * plane > 65536)
+    for (int64_t c = 0; c < g->c; c++) /* each thread owns whole channels: no write races */
+        for (int64_t t = 0; t < kk; t++) {
+            int64_t i = t / g->k, j = t % g->k;
+            const float *row = cols + (c * kk + t) * plane;
+            for (int64_t oy = 0; oy < g->oh; oy++) {
+                int64_t iy = bie_conv_in(g, oy, i);
+                if (iy < 0 || iy >= g->h) continue;
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    int64_t ix = bie_conv_in(g, ox, j);
+                    if (ix >= 0 && ix < g->w) gx[(c * g->h + iy) * g->w + ix] += row[oy * g->ow + ox];
+                }
+            }
+        }
+}
+
+/* cols [C k k, OH OW] = im2col of sign(x') * scale_a for image n, 0 outside the input. */
+static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n, float scale_a,
+                         float *cols) {
+    const int64_t plane = g->oh * g->ow, kk = g->k * g->k, pb = bie_conv_plane_bytes(g);
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->c * kk * plane > 65536)
+    for (int64_t r = 0; r < g->c * kk; r++) {
+        int64_t c = r / kk, i = (r % kk) / g->k, j = r % g->k;
+        const uint8_t *sp = signs + (n * g->c + c) * pb;
+        float *row = cols + r * plane;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            int64_t iy = bie_conv_in(g, oy, i);
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                int64_t ix = bie_conv_in(g, ox, j);
+                float v = 0.0f;
+                if (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
+                    v = bie_bit(sp, iy * g->w + ix) ? scale_a : -scale_a;
+                row[oy * g->ow + ox] = v;
+            }
+        }
+    }
+}
+
+bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *grad_out,
+                                      bie_tensor *grad_x) {
+    static const char *who = "binary_conv2d_backward";
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+    const bie_conv_geom g = l->saved_geom;
+    const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
+    const bie_tensor *ts[2] = {grad_out, grad_x};
+    const int64_t *shapes[2] = {gshape, xshape};
+    const char *names[2] = {"grad_out", "grad_x"};
+    for (int t = 0; t < 2; t++) {
+        if (ts[t] == NULL) {
+            if (t == 0) return bie_fail(BIE_ERR_NULL_POINTER, "%s: grad_out is NULL", who);
+            continue;
+        }
+        BIE_TRY(bie_check_rows_tensor(ts[t], names[t], BIE_F32, shapes[t][3], NULL, who));
+        if (ts[t]->ndim != 4 || memcmp(ts[t]->shape, shapes[t], 4 * sizeof(int64_t)) != 0)
+            return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, names[t],
+                            (long long)shapes[t][0], (long long)shapes[t][1], (long long)shapes[t][2],
+                            (long long)shapes[t][3]);
+    }
+    const int64_t C = g.c, kk = g.k * g.k, K = C * kk, plane = g.oh * g.ow, hw = g.h * g.w;
+    const int64_t pb = bie_conv_plane_bytes(&g);
+    if (plane > INT32_MAX || K * plane > (int64_t)1 << 40)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: image too large for the BLAS index range", who);
+    float *wf = bie_alloc_aligned((size_t)(g.o * K) * sizeof(float));
+    float *cols = bie_alloc_aligned((size_t)(K * plane) * sizeof(float));
+    float *gx = grad_x ? NULL : bie_alloc_aligned((size_t)(g.n * C * hw) * sizeof(float));
+    float *gw = bie_alloc_aligned((size_t)(g.o * K) * sizeof(float));
+    float *gb = bie_alloc_aligned((size_t)C * sizeof(float));
+    double *plane_dot = malloc((size_t)(g.n * C) * sizeof(double));
+    double *plane_sum = malloc((size_t)(g.n * C) * sizeof(double));
+    int8_t *gq = l->w.i8 ? bie_alloc_aligned((size_t)(g.o * K)) : NULL;
+    if (!wf || !cols || (!grad_x && !gx) || !gw || !gb || !plane_dot || !plane_sum || (l->w.i8 && !gq)) {
+        bie_free_aligned(wf);
+        bie_free_aligned(cols);
+        bie_free_aligned(gx);
+        bie_free_aligned(gw);
+        bie_free_aligned(gb);
+        bie_free_aligned(gq);
+        free(plane_dot);
+        free(plane_sum);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+    }
+    if (grad_x) gx = grad_x->data;
+    const float *go = grad_out->data;
+
+    /* sign(w) * scale_w in the float weight's [c, i, j] order, from the forward's [i, j, c] bits */
+    for (int64_t o = 0; o < g.o; o++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t t = 0; t < kk; t++)
+                wf[o * K + c * kk + t] = bie_bit(l->saved_wbits + o * l->saved_wrb, t * C + c)
+                                             ? l->saved_scale_w : -l->saved_scale_w;
+    for (int64_t n = 0; n < g.n; n++) {
+        const float *gn = go + n * g.o * plane;
+        float *gxn = gx + n * C * hw;
+        /* grad_x = conv2d_input(grad_out, sign(w) * scale_w) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)plane, (int)g.o, 1.0f, wf,
+                    (int)K, gn, (int)plane, 0.0f, cols, (int)plane);
+        memset(gxn, 0, (size_t)(C * hw) * sizeof(float));
+        col2im(&g, cols, gxn);
+        /* grad_w += conv2d_weight(sign(x') * scale_a, grad_out) */
+        im2col_signs(&g, l->saved_signs, n, l->saved_scale_a, cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.o, (int)K, (int)plane, 1.0f, gn,
+                    (int)plane, cols, (int)plane, n ? 1.0f : 0.0f, gw, (int)K);
+    }
+    /* clip mask, and per-plane sums for grad_scale_a and grad_bias_a (fixed order) */
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g.n * C * hw > 65536)
+    for (int64_t nc = 0; nc < g.n * C; nc++) {
+        const uint8_t *mp = l->saved_mask + nc * pb, *sp = l->saved_signs + nc * pb;
+        float *p = gx + nc * hw;
+        double d = 0, sum = 0;
+        for (int64_t i = 0; i < hw; i++) {
+            float v = bie_bit(mp, i) ? p[i] : 0.0f;
+            p[i] = v;
+            d += bie_bit(sp, i) ? v : -v;
+            sum += v;
+        }
+        plane_dot[nc] = d;
+        plane_sum[nc] = sum;
+    }
+    double dscale = 0;
+    for (int64_t c = 0; c < C; c++) {
+        double b = 0;
+        for (int64_t n = 0; n < g.n; n++) b += plane_sum[n * C + c];
+        gb[c] = (float)b;
+    }
+    for (int64_t nc = 0; nc < g.n * C; nc++) dscale += plane_dot[nc];
+    if (gq) bie_quantize_i8(gw, g.o * K, gq);
+
+    bie_free_aligned(l->grad_w);
+    bie_free_aligned(l->grad_w_i8);
+    bie_free_aligned(l->grad_bias_a);
+    l->grad_w = gw;
+    l->grad_w_i8 = gq;
+    l->grad_bias_a = gb;
+    l->grad_scale_a = (float)(dscale / sqrt((double)(g.n * C * hw)));
+    l->has_grad = true;
+    bie_free_aligned(wf);
+    bie_free_aligned(cols);
+    if (!grad_x) bie_free_aligned(gx);
+    free(plane_dot);
+    free(plane_sum);
+    return BIE_OK;
+}
+
+bie_status bie_binary_conv2d_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
+    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_conv2d_grad: layer is NULL");
+    BIE_CHECK_NULL(v);
+    if (!l->has_grad) return bie_fail(BIE_ERR_STATE, "binary_conv2d_grad: no gradients yet (run backward)");
+    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
+    switch (which) {
+    case BIE_PARAM_WEIGHT:
+        if (l->grad_w_i8) return bie_tensor_view(v, l->grad_w_i8, BIE_I8, 4, wshape);
+        return bie_tensor_view(v, l->grad_w, BIE_F32, 4, wshape);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 4, wshape);
+    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in_c);
+    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
+    default: break;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "binary_conv2d_grad: parameter %d has no gradient", (int)which);
+}

@@ -1,0 +1,232 @@
+/* Binary conv2d (SPEC §3) against direct loops: forward bit-exact (64-bit integer dot over
+ * the taps inside the input, zero padding) for every kernel and many geometries, inference
+ * with packed weights equal to training, backward against double precision, bad input. */
+#include "test_util.h"
+
+typedef struct {
+    int64_t n, c, h, w, o, k, s, p, d;
+} geom;
+
+static int64_t out_size(int64_t in, const geom *g) { return (in + 2 * g->p - g->d * (g->k - 1) - 1) / g->s + 1; }
+
+static bie_binary_conv2d *make_layer(const geom *g, uint64_t seed) {
+    bie_binary_conv2d *l = NULL;
+    if (bie_binary_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, bie_cpu(),
+                                 BIE_F32, true) != BIE_OK) {
+        fprintf(stderr, "create: %s\n", bie_last_error());
+        exit(2);
+    }
+    CHECK_OK(bie_binary_conv2d_reset_parameters(l, seed));
+    CHECK_OK(bie_binary_conv2d_prepare_params(l));
+    bie_tensor b;
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b));
+    tu_fill(b.data, g->c, -0.2f, 0.2f);
+    return l;
+}
+
+/* x' sign and weight sign */
+static int sx(const float *x, const float *bias, const geom *g, int64_t n, int64_t c, int64_t y, int64_t xx) {
+    return x[((n * g->c + c) * g->h + y) * g->w + xx] + bias[c] >= 0 ? 1 : -1;
+}
+
+static void ref_forward(bie_binary_conv2d *l, const geom *g, const float *x, float *expect) {
+    bie_tensor w, b, sa, sw;
+    bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, &w);
+    bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b);
+    bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa);
+    bie_binary_conv2d_param(l, BIE_PARAM_SCALE_W, &sw);
+    const int8_t *wq = w.data;
+    float scale = *(float *)sa.data * *(float *)sw.data;
+    int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t o = 0; o < g->o; o++)
+            for (int64_t y = 0; y < oh; y++)
+                for (int64_t xx = 0; xx < ow; xx++) {
+                    int64_t dot = 0;
+                    for (int64_t c = 0; c < g->c; c++)
+                        for (int64_t i = 0; i < g->k; i++)
+                            for (int64_t j = 0; j < g->k; j++) {
+                                int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue; /* zero padding */
+                                int sv = wq[((o * g->c + c) * g->k + i) * g->k + j] >= 0 ? 1 : -1;
+                                dot += sx(x, b.data, g, n, c, iy, ix) * sv;
+                            }
+                    expect[((n * g->o + o) * oh + y) * ow + xx] = (float)dot * scale;
+                }
+}
+
+static void test_forward(const geom *g) {
+    bie_binary_conv2d *l = make_layer(g, 11 + (uint64_t)g->c);
+    int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
+    int64_t nx = g->n * g->c * g->h * g->w, no = g->n * g->o * oh * ow;
+    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *expect = tu_alloc((size_t)no * 4);
+    tu_fill(x, nx, -1, 1);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
+    int64_t qh, qw;
+    CHECK_OK(bie_binary_conv2d_output_size(l, g->h, g->w, &qh, &qw));
+    CHECK(qh == oh && qw == ow);
+    tu_poison(out, no);
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    ref_forward(l, g, x, expect);
+    int same = tu_same_bits(out, expect, no);
+    CHECK(same);
+    if (!same)
+        fprintf(stderr, "  default kernel differs: n%lld c%lld %lldx%lld o%lld k%lld s%lld p%lld d%lld\n",
+                (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w, (long long)g->o,
+                (long long)g->k, (long long)g->s, (long long)g->p, (long long)g->d);
+    for (int idx = 0; idx < bie_kernel_count(); idx++) {
+        bie_kernel_info info;
+        CHECK_OK(bie_kernel_get(idx, &info));
+        if (!info.available || info.device != BIE_DEVICE_CPU) continue;
+        CHECK_OK(bie_binary_conv2d_set_gemm_kernel(l, info.id));
+        tu_poison(out, no);
+        CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+        same = tu_same_bits(out, expect, no);
+        CHECK(same);
+        if (!same) fprintf(stderr, "  %s differs (c%lld k%lld)\n", info.name, (long long)g->c, (long long)g->k);
+    }
+    CHECK_OK(bie_binary_conv2d_select_gemm_kernel(l, &tx));
+    /* inference with packed weights, then without the int8 weight */
+    CHECK_OK(bie_binary_conv2d_set_training(l, false));
+    const int words[3] = {8, 32, 64};
+    CHECK_OK(bie_binary_conv2d_set_bits_binary_word(l, words[g->c % 3]));
+    tu_poison(out, no);
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK(tu_same_bits(out, expect, no));
+    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(l, true));
+    tu_poison(out, no);
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK(tu_same_bits(out, expect, no));
+    bie_tensor ow_view;
+    CHECK_OK(bie_binary_conv2d_opt_weight(l, &ow_view));
+    CHECK(ow_view.shape[0] == g->o && ow_view.shape[1] == bie_packed_words(g->c * g->k * g->k, bie_binary_conv2d_bits_binary_word(l)));
+    CHECK_OK(bie_binary_conv2d_set_training(l, true));
+    CHECK(bie_binary_conv2d_forward(l, &tx, &to) == BIE_ERR_STATE);
+    bie_binary_conv2d_free(l);
+    free(x);
+    free(out);
+    free(expect);
+}
+
+static double rel_err(const float *got, const double *ref, int64_t n) {
+    double e = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e += (got[i] - ref[i]) * (got[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    return sqrt(e) / (sqrt(r) + 1e-12);
+}
+
+static void test_backward(const geom *g) {
+    bie_binary_conv2d *l = make_layer(g, 5 + (uint64_t)g->o);
+    int64_t oh = out_size(g->h, g), ow = out_size(g->w, g), hw = g->h * g->w;
+    int64_t nx = g->n * g->c * hw, no = g->n * g->o * oh * ow, K = g->c * g->k * g->k;
+    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *go = tu_alloc((size_t)no * 4);
+    float *gx = tu_alloc((size_t)nx * 4);
+    tu_fill(x, nx, -1.5f, 1.5f);
+    tu_fill(go, no, -1, 1);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
+    bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow), tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    tu_poison(gx, nx);
+    CHECK_OK(bie_binary_conv2d_backward(l, &tg, &tgx));
+    bie_tensor w, b, sa, sw;
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_W, &sw));
+    const int8_t *wq = w.data;
+    const float *bias = b.data;
+    double scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
+    double *rgx = calloc((size_t)nx, sizeof(double)), *rgw = calloc((size_t)(g->o * K), sizeof(double));
+    double *rgb = calloc((size_t)g->c, sizeof(double)), rgs = 0;
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t o = 0; o < g->o; o++)
+            for (int64_t y = 0; y < oh; y++)
+                for (int64_t xx = 0; xx < ow; xx++) {
+                    double gout = go[((n * g->o + o) * oh + y) * ow + xx];
+                    for (int64_t c = 0; c < g->c; c++)
+                        for (int64_t i = 0; i < g->k; i++)
+                            for (int64_t j = 0; j < g->k; j++) {
+                                int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
+                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                                int64_t wi = ((o * g->c + c) * g->k + i) * g->k + j;
+                                rgx[((n * g->c + c) * g->h + iy) * g->w + ix] += gout * (wq[wi] >= 0 ? 1 : -1) * scale_w;
+                                rgw[wi] += gout * sx(x, bias, g, n, c, iy, ix) * scale_a;
+                            }
+                }
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t c = 0; c < g->c; c++)
+            for (int64_t i = 0; i < hw; i++) {
+                int64_t idx = (n * g->c + c) * hw + i;
+                float xp = x[idx] + bias[c], v = xp / (float)scale_a;
+                if (!(v >= -1 && v <= 1)) rgx[idx] = 0;
+                rgs += rgx[idx] * (xp >= 0 ? 1 : -1);
+                rgb[c] += rgx[idx];
+            }
+    rgs /= sqrt((double)nx);
+    CHECK(rel_err(gx, rgx, nx) < 1e-5);
+    bie_tensor ggw, ggb, ggs, ggq;
+    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggw));
+    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_BIAS_A, &ggb));
+    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_SCALE_A, &ggs));
+    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_WEIGHT, &ggq));
+    CHECK(ggq.dtype == BIE_I8 && ggq.ndim == 4);
+    CHECK(rel_err(ggw.data, rgw, g->o * K) < 1e-5);
+    CHECK(rel_err(ggb.data, rgb, g->c) < 1e-5);
+    CHECK(fabs(*(float *)ggs.data - rgs) <= 1e-4 * fabs(rgs) + 1e-5);
+    free(rgx);
+    free(rgw);
+    free(rgb);
+    free(x);
+    free(out);
+    free(go);
+    free(gx);
+    bie_binary_conv2d_free(l);
+}
+
+static void test_bad_input(void) {
+    bie_binary_conv2d *l = NULL;
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 0, 4, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(l == NULL);
+    CHECK_OK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 0, 2, bie_cpu(), BIE_F32, true));
+    float x[2 * 3 * 4 * 4], out[64];
+    tu_fill(x, 96, -1, 1);
+    tu_poison(out, 64);
+    bie_tensor rank3 = tu_view(x, BIE_F32, 3, 3, 4, 8, 0);
+    bie_tensor chans = tu_view(x, BIE_F32, 4, 2, 6, 4, 2);
+    bie_tensor small = tu_view(x, BIE_F32, 4, 2, 3, 4, 4); /* dilated kernel 5 > 4 */
+    bie_tensor o = tu_view(out, BIE_F32, 4, 1, 4, 2, 2);
+    CHECK(bie_binary_conv2d_forward(l, &rank3, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_binary_conv2d_forward(l, &chans, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_binary_conv2d_forward(l, &small, &o) == BIE_ERR_SHAPE);
+    CHECK(strstr(bie_last_error(), "larger than the padded input") != NULL);
+    CHECK(bie_binary_conv2d_backward(l, &o, NULL) == BIE_ERR_STATE);
+    float poison[64];
+    tu_poison(poison, 64);
+    CHECK(tu_same_bits(out, poison, 64));
+    bie_tensor sa;
+    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK(*(float *)sa.data == 0.0f);
+    bie_binary_conv2d_free(l);
+}
+
+int main(void) {
+    if (tu_forced_set_missing()) return TU_SKIP;
+    tu_seed(31);
+    const geom shapes[] = {
+        {1, 1, 1, 1, 1, 1, 1, 0, 1},   {1, 3, 5, 5, 4, 3, 1, 1, 1},  {2, 7, 9, 6, 5, 3, 2, 1, 1},
+        {1, 65, 7, 7, 3, 3, 1, 2, 2},  {3, 16, 8, 8, 8, 1, 1, 0, 1}, {1, 5, 11, 13, 7, 5, 2, 2, 1},
+        {1, 130, 6, 5, 9, 3, 1, 1, 1}, {2, 64, 14, 14, 16, 3, 1, 1, 1}, {1, 3, 4, 4, 2, 3, 3, 0, 1},
+        {1, 2, 3, 3, 2, 3, 1, 3, 1},   {1, 33, 10, 5, 17, 2, 1, 0, 3},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_forward(&shapes[i]);
+    const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1}, {2, 3, 5, 4, 4, 3, 1, 1, 1},
+                            {1, 9, 7, 7, 5, 3, 2, 2, 2}, {2, 16, 6, 6, 8, 1, 1, 0, 1}};
+    for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) test_backward(&bshapes[i]);
+    test_bad_input();
+    return tu_finish();
+}
