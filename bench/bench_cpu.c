@@ -1,5 +1,6 @@
 /* CPU benchmark: bie's binary GEMM and binary linear layer against OpenBLAS sgemm of the
- * same shape, plus the register-resident XOR+popcount limit of this machine.
+ * same shape, binary conv2d against im2col + sgemm, plus the register-resident XOR+popcount
+ * limit of this machine.
  *
  * Usage: bie_bench [--threads N] [--min-time S] [--max-runs R] [--settle-ms T] [--trace]
  *                  [filter...]
@@ -392,6 +393,165 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
+/* ---------------------------------------------------------------- conv2d cases */
+
+/* Binary conv2d (NCHW) against a float conv done the usual way: per image, im2col of the
+ * float input (zero padding) and OpenBLAS sgemm W [O, C k k] x cols [C k k, OH OW]; the
+ * backward as sgemm W^T x G then col2im (grad_x) and im2col(x) then G x cols^T (grad_W).
+ * The baseline's im2col/col2im run on one thread: an OpenMP region between OpenBLAS
+ * (pthreads) calls would fight its spinning threads (see measure()). */
+typedef struct conv_ctx {
+    bie_binary_conv2d *layer;
+    bie_tensor x, out, grad_out, grad_x;
+    int64_t n, c, h, w, o, k, s, p, d, oh, ow;
+    const float *fx, *fw, *fg; /* float input, weight [O, C k k], grad_out */
+    float *cols, *fout, *fgx, *fgw;
+} conv_ctx;
+
+/* Output columns ox with 0 <= ox s + off < w, as [*lo, *hi). */
+static void conv_span(const conv_ctx *s, int64_t off, int64_t *lo, int64_t *hi) {
+    *lo = off < 0 ? (-off + s->s - 1) / s->s : 0;
+    *hi = s->w - off <= 0 ? 0 : (s->w - off + s->s - 1) / s->s;
+    if (*hi > s->ow) *hi = s->ow;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* cols [C k k, OH OW] (rows in [c, i, j] order) from one image x [C, H, W]; or, with
+ * back, x += col2im(cols). */
+static void im2col_f32(const conv_ctx *s, float *x, float *cols, bool back) {
+    const int64_t plane = s->oh * s->ow;
+    for (int64_t r = 0; r < s->c * s->k * s->k; r++) {
+        int64_t c = r / (s->k * s->k), i = r / s->k % s->k, j = r % s->k, off = j * s->d - s->p;
+        int64_t lo, hi;
+        conv_span(s, off, &lo, &hi);
+        for (int64_t oy = 0; oy < s->oh; oy++) {
+            int64_t iy = oy * s->s - s->p + i * s->d;
+            float *row = cols + r * plane + oy * s->ow;
+            if (iy < 0 || iy >= s->h) {
+                if (!back) memset(row, 0, (size_t)s->ow * sizeof(float));
+                continue;
+            }
+            float *xr = x + (c * s->h + iy) * s->w;
+            if (back) {
+                for (int64_t ox = lo; ox < hi; ox++) xr[ox * s->s + off] += row[ox];
+                continue;
+            }
+            memset(row, 0, (size_t)lo * sizeof(float));
+            if (s->s == 1)
+                memcpy(row + lo, xr + lo + off, (size_t)(hi - lo) * sizeof(float));
+            else
+                for (int64_t ox = lo; ox < hi; ox++) row[ox] = xr[ox * s->s + off];
+            memset(row + hi, 0, (size_t)(s->ow - hi) * sizeof(float));
+        }
+    }
+}
+
+static void run_conv_fwd(void *p) {
+    conv_ctx *s = p;
+    check(bie_binary_conv2d_forward(s->layer, &s->x, &s->out), "bie_binary_conv2d_forward");
+}
+
+static void run_conv_bwd(void *p) {
+    conv_ctx *s = p;
+    check(bie_binary_conv2d_backward(s->layer, &s->grad_out, &s->grad_x),
+          "bie_binary_conv2d_backward");
+}
+
+static void run_fconv_fwd(void *p) {
+    conv_ctx *s = p;
+    const int plane = (int)(s->oh * s->ow), kc = (int)(s->c * s->k * s->k), o = (int)s->o;
+    for (int64_t n = 0; n < s->n; n++) {
+        im2col_f32(s, (float *)s->fx + n * s->c * s->h * s->w, s->cols, false);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, o, plane, kc, 1.0f, s->fw, kc,
+                    s->cols, plane, 0.0f, s->fout + n * o * plane, plane);
+    }
+}
+
+static void run_fconv_bwd(void *p) {
+    conv_ctx *s = p;
+    const int plane = (int)(s->oh * s->ow), kc = (int)(s->c * s->k * s->k), o = (int)s->o;
+    const int64_t chw = s->c * s->h * s->w;
+    for (int64_t n = 0; n < s->n; n++) {
+        const float *g = s->fg + n * o * plane;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kc, plane, o, 1.0f, s->fw, kc, g,
+                    plane, 0.0f, s->cols, plane);
+        memset(s->fgx + n * chw, 0, (size_t)chw * sizeof(float));
+        im2col_f32(s, s->fgx + n * chw, s->cols, true);
+        im2col_f32(s, (float *)s->fx + n * chw, s->cols, false);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, o, kc, plane, 1.0f, g, plane, s->cols,
+                    plane, n ? 1.0f : 0.0f, s->fgw, kc);
+    }
+}
+
+static bie_tensor view4(float *data, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    bie_tensor t;
+    int64_t shape[4] = {d0, d1, d2, d3};
+    check(bie_tensor_view(&t, data, BIE_F32, 4, shape), "bie_tensor_view");
+    return t;
+}
+
+static void bench_conv(const char *name, layer_mode mode, int64_t n, int64_t c, int64_t o,
+                       int64_t hw, int k, int pad) {
+    if (!selected(name)) return;
+    conv_ctx s = {.n = n, .c = c, .h = hw, .w = hw, .o = o, .k = k, .s = 1, .p = pad, .d = 1};
+    check(bie_binary_conv2d_create(&s.layer, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32, true),
+          "bie_binary_conv2d_create");
+    check(bie_binary_conv2d_prepare_params(s.layer), "bie_binary_conv2d_prepare_params");
+    check(bie_binary_conv2d_output_size(s.layer, hw, hw, &s.oh, &s.ow),
+          "bie_binary_conv2d_output_size");
+    const int64_t kc = c * k * k, plane = s.oh * s.ow;
+    float *x = random_floats(n * c * hw * hw), *y = xmalloc((size_t)(n * o * plane) * 4);
+    float *g = random_floats(n * o * plane), *gx = xmalloc((size_t)(n * c * hw * hw) * 4);
+    s.x = view4(x, n, c, hw, hw);
+    s.out = view4(y, n, o, s.oh, s.ow);
+    s.grad_out = view4(g, n, o, s.oh, s.ow);
+    s.grad_x = view4(gx, n, c, hw, hw);
+    if (mode == LAYER_INFER) {
+        check(bie_binary_conv2d_generate_quantized_weight(s.layer, true),
+              "bie_binary_conv2d_generate_quantized_weight");
+        check(bie_binary_conv2d_set_training(s.layer, false), "bie_binary_conv2d_set_training");
+    }
+    if (mode == LAYER_BWD) run_conv_fwd(&s); /* saves what the backward needs */
+
+    float *w = random_floats(o * kc);
+    s.fx = x;
+    s.fw = w;
+    s.fg = g;
+    s.cols = xmalloc((size_t)(kc * plane) * 4);
+    s.fout = xmalloc((size_t)(n * o * plane) * 4);
+    s.fgx = xmalloc((size_t)(n * c * hw * hw) * 4);
+    s.fgw = xmalloc((size_t)(o * kc) * 4);
+
+    const double ops = 2.0 * (double)n * (double)o * (double)plane * (double)kc;
+    timing t;
+    const char *kernel = NULL; /* the backward runs OpenBLAS sgemm, no bie kernel */
+    char extra[160];
+    if (mode == LAYER_BWD) {
+        t = measure(run_conv_bwd, &s, run_fconv_bwd, &s);
+        snprintf(extra, sizeof extra, ",\"shape\":\"N%lld C%lld O%lld %lldx%lld k%d p%d\"",
+                 (long long)n, (long long)c, (long long)o, (long long)hw, (long long)hw, k, pad);
+    } else {
+        t = measure(run_conv_fwd, &s, run_fconv_fwd, &s);
+        int id = bie_binary_conv2d_gemm_kernel(s.layer);
+        kernel = kernel_name(id >= 0 ? id : default_kernel_id(o)); /* the layer's m is O */
+        int64_t nan = 0, nonzero = 0;
+        for (int64_t i = 0; i < n * o * plane; i++) {
+            nan += y[i] != y[i];
+            nonzero += y[i] != 0.0f;
+        }
+        snprintf(extra, sizeof extra,
+                 ",\"shape\":\"N%lld C%lld O%lld %lldx%lld k%d p%d\",\"output_ok\":%s",
+                 (long long)n, (long long)c, (long long)o, (long long)hw, (long long)hw, k, pad,
+                 nan == 0 && nonzero > 0 ? "true" : "false");
+    }
+    double total_ops = mode == LAYER_BWD ? 2 * ops : ops;
+    emit(name, "conv2d", kernel, g_threads, o, n * plane, kc, t, total_ops, total_ops, extra);
+
+    bie_binary_conv2d_free(s.layer);
+    float *bufs[] = {x, y, g, gx, w, s.cols, s.fout, s.fgx, s.fgw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
 /* ---------------------------------------------------------------- popcount limit */
 
 /* The library's AVX2 method (kernels/avx2/bgemm_avx2.c): nibble panels, so each 4x2 tile
@@ -576,6 +736,10 @@ int main(int argc, char **argv) {
     bench_layer("layer_fwd_2048", LAYER_FWD, 2048, 2048, 2048);
     bench_layer("layer_bwd_2048", LAYER_BWD, 2048, 2048, 2048);
     bench_layer("layer_infer_m1", LAYER_INFER, 1, 4096, 4096);
+    bench_conv("conv_256x14_n8", LAYER_FWD, 8, 256, 256, 14, 3, 1);
+    bench_conv("conv_64x56_n1", LAYER_FWD, 1, 64, 64, 56, 3, 1);
+    bench_conv("conv_256x14_n8_infer", LAYER_INFER, 8, 256, 256, 14, 3, 1);
+    bench_conv("conv_256x14_n8_bwd", LAYER_BWD, 8, 256, 256, 14, 3, 1);
     free(g_filters);
     return 0;
 }

@@ -185,6 +185,32 @@ static void test_backward(const geom *g) {
     bie_binary_conv2d_free(l);
 }
 
+/* Inference uses an installed qweight, not the training weight (as binary linear does). */
+static void test_installed_qweight(void) {
+    const geom g = {1, 5, 6, 6, 3, 3, 1, 1, 1};
+    bie_binary_conv2d *l = make_layer(&g, 3);
+    int64_t words = bie_packed_words(g.c * g.k * g.k, 8), no = g.o * 36;
+    uint8_t *ones = tu_alloc((size_t)(g.o * words)), *zeros = tu_alloc((size_t)(g.o * words));
+    memset(ones, 0xff, (size_t)(g.o * words));
+    memset(zeros, 0, (size_t)(g.o * words));
+    float x[5 * 36], a[3 * 36], b[3 * 36];
+    tu_fill(x, 5 * 36, -1, 1);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, 1, 5, 6, 6), ta = tu_view(a, BIE_F32, 4, 1, 3, 6, 6);
+    bie_tensor tb = tu_view(b, BIE_F32, 4, 1, 3, 6, 6);
+    bie_tensor q1 = tu_view(ones, BIE_U8, 2, g.o, words, 0, 0), q0 = tu_view(zeros, BIE_U8, 2, g.o, words, 0, 0);
+    CHECK_OK(bie_binary_conv2d_set_training(l, false));
+    CHECK_OK(bie_binary_conv2d_set_quantized_weight_data(l, &q1));
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &ta));
+    CHECK_OK(bie_binary_conv2d_set_quantized_weight_data(l, &q0));
+    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &tb));
+    int opposite = 1;
+    for (int64_t i = 0; i < no; i++) opposite &= a[i] == -b[i];
+    CHECK(opposite); /* all +1 weights vs all -1 weights */
+    free(ones);
+    free(zeros);
+    bie_binary_conv2d_free(l);
+}
+
 static void test_bad_input(void) {
     bie_binary_conv2d *l = NULL;
     CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
@@ -227,6 +253,7 @@ int main(void) {
     const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1}, {2, 3, 5, 4, 4, 3, 1, 1, 1},
                             {1, 9, 7, 7, 5, 3, 2, 2, 2}, {2, 16, 6, 6, 8, 1, 1, 0, 1}};
     for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) test_backward(&bshapes[i]);
+    test_installed_qweight();
     test_bad_input();
     return tu_finish();
 }

@@ -21,6 +21,7 @@ static const bie_cpu_kernel kernels[] = {
     {5, "cpu.avx2.bgemm_3x3", BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_3x3},
     {6, "cpu.avx512.bgemv", BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
     {7, "cpu.avx512.bgemm_4x4", BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_4x4},
+    {8, "cpu.avx512.bgemm_6x32", BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_6x32},
 #endif
 };
 #define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))

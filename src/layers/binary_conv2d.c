@@ -295,19 +295,17 @@ static void or_bits(uint64_t *dst, int64_t off, const uint64_t *src, int64_t bit
 }
 
 /* Weight sign bits in [i, j, c] order (rows of wrb bytes) and, per output channel and tap,
- * sum_c sign(w) (the padding correction). From the training weight or from qweight. */
+ * sum_c sign(w) (the padding correction). In inference mode from qweight when the layer has
+ * one (as binary linear does), otherwise from the training weight. */
 static bie_status weight_taps(const bie_binary_conv2d *l, uint8_t **wbits_out, int64_t wrb,
                               int32_t **tapsum_out, const char *who) {
     const int64_t kk = l->k * l->k, C = l->in_c, K = C * kk;
     uint8_t *flat = NULL; /* [c, i, j] order sign rows */
     int64_t frb = (K + 7) / 8;
-    if (bie_bw_has_training_weight(&l->w)) {
-        BIE_TRY(bie_bw_pack(&l->w, frb, &flat, who));
-    } else if (l->w.qweight == NULL) {
-        return bie_bw_no_weight(who);
-    }
-    const uint8_t *src = flat ? flat : l->w.qweight;
-    const int64_t srb = flat ? frb : bie_packed_row_bytes(K, l->w.word_bits);
+    const bool use_q = !l->training && l->w.qweight != NULL;
+    if (!use_q) BIE_TRY(bie_bw_pack(&l->w, frb, &flat, who));
+    const uint8_t *src = use_q ? l->w.qweight : flat;
+    const int64_t srb = use_q ? bie_packed_row_bytes(K, l->w.word_bits) : frb;
     uint8_t *wbits = bie_alloc_aligned((size_t)(l->out_c * wrb));
     int32_t *tapsum = bie_alloc_aligned((size_t)(l->out_c * kk) * sizeof(int32_t));
     if (wbits == NULL || tapsum == NULL) {
@@ -316,10 +314,11 @@ static bie_status weight_taps(const bie_binary_conv2d *l, uint8_t **wbits_out, i
         bie_free_aligned(tapsum);
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", who);
     }
-    memset(wbits, 0, (size_t)(l->out_c * wrb));
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (l->out_c * K > 65536)
     for (int64_t o = 0; o < l->out_c; o++) {
         const uint8_t *s = src + o * srb;
         uint8_t *d = wbits + o * wrb;
+        memset(d, 0, (size_t)wrb);
         for (int64_t t = 0; t < kk; t++) {
             int32_t sum = 0;
             for (int64_t c = 0; c < C; c++) {
@@ -359,28 +358,35 @@ static void im2col_bits(const bie_conv_geom *g, const uint64_t *nhwc, int64_t cw
     }
 }
 
-/* out = (float)(dot + padding correction) * scale, where out holds (float)dot exactly. */
-static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, float scale, float *out) {
+/* out = (float)(dot + padding correction) * scale, where out holds (float)dot exactly.
+ * `border` (one flag per output pixel) says which pixels have taps outside the input. */
+static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, const uint8_t *border,
+                         float scale, float *out) {
     const int64_t kk = g->k * g->k, plane = g->oh * g->ow;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->o * plane > 65536)
-    for (int64_t pix = 0; pix < plane; pix++) {
-        int64_t oy = pix / g->ow, ox = pix % g->ow;
-        int any = 0; /* does any tap of this pixel fall outside the input? */
-        for (int64_t i = 0; i < g->k; i++)
-            for (int64_t j = 0; j < g->k; j++) {
-                int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
-                any |= iy < 0 || iy >= g->h || ix < 0 || ix >= g->w;
-            }
-        for (int64_t o = 0; o < g->o; o++) {
-            int64_t dot = (int64_t)out[o * plane + pix];
-            if (any)
+    for (int64_t o = 0; o < g->o; o++) {
+        float *row = out + o * plane;
+        for (int64_t pix = 0; pix < plane; pix++) {
+            int64_t dot = (int64_t)row[pix];
+            if (border[pix]) {
+                int64_t oy = pix / g->ow, ox = pix % g->ow;
                 for (int64_t i = 0; i < g->k; i++)
                     for (int64_t j = 0; j < g->k; j++) {
                         int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
                         if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += tapsum[o * kk + i * g->k + j];
                     }
-            out[o * plane + pix] = (float)dot * scale;
+            }
+            row[pix] = (float)dot * scale;
         }
+    }
+}
+
+static void border_pixels(const bie_conv_geom *g, uint8_t *border) {
+    for (int64_t pix = 0; pix < g->oh * g->ow; pix++) {
+        int64_t oy = pix / g->ow, ox = pix % g->ow;
+        int64_t y0 = bie_conv_in(g, oy, 0), y1 = bie_conv_in(g, oy, g->k - 1);
+        int64_t x0 = bie_conv_in(g, ox, 0), x1 = bie_conv_in(g, ox, g->k - 1);
+        border[pix] = (uint8_t)(y0 < 0 || y1 >= g->h || x0 < 0 || x1 >= g->w);
     }
 }
 
@@ -413,29 +419,31 @@ bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, 
     uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
     uint64_t *nhwc = bie_alloc_aligned((size_t)nhwc_words * 8);
     uint8_t *cols = bie_alloc_aligned((size_t)cols_bytes);
+    uint8_t *border = bie_alloc_aligned((size_t)plane);
     uint8_t *wbits = NULL;
     int32_t *tapsum = NULL;
     bie_status st = BIE_OK;
-    if (!signs || (l->training && !mask) || !nhwc || !cols) {
+    if (!signs || (l->training && !mask) || !nhwc || !cols || !border) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
     if ((st = weight_taps(l, &wbits, crb, &tapsum, who)) != BIE_OK) goto done;
 
     pack_planes(l, &g, x->data, scale_a, signs, mask);
-    memset(nhwc, 0, (size_t)nhwc_words * 8);
-    for (int64_t n = 0; n < g.n; n++)
-        for (int64_t c = 0; c < C; c++) {
-            const uint8_t *sp = signs + (n * C + c) * pb;
-            for (int64_t pos = 0; pos < g.h * g.w; pos++)
-                nhwc[(n * g.h * g.w + pos) * cw + (c >> 6)] |= (uint64_t)bie_bit(sp, pos) << (c & 63);
-        }
+    border_pixels(&g, border);
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g.n * g.h * g.w * C > 65536)
+    for (int64_t px = 0; px < g.n * g.h * g.w; px++) { /* sign planes -> C bits per pixel */
+        int64_t n = px / (g.h * g.w), pos = px % (g.h * g.w);
+        uint64_t *d = nhwc + px * cw;
+        memset(d, 0, (size_t)cw * 8);
+        for (int64_t c = 0; c < C; c++) d[c >> 6] |= (uint64_t)bie_bit(signs + (n * C + c) * pb, pos) << (c & 63);
+    }
     const bie_cpu_kernel *kern = forward_kernel(l, g.o);
     float *o = out->data;
     for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
         im2col_bits(&g, nhwc, cw, n, cols, crb);
         st = bie_cpu_bgemm(kern, g.o, plane, K, wbits, crb, cols, crb, 1.0f, o + n * g.o * plane);
-        if (st == BIE_OK) finish_image(&g, tapsum, scale, o + n * g.o * plane);
+        if (st == BIE_OK) finish_image(&g, tapsum, border, scale, o + n * g.o * plane);
     }
     if (st != BIE_OK) goto done;
 
@@ -457,6 +465,7 @@ done:
     bie_free_aligned(mask);
     bie_free_aligned(nhwc);
     bie_free_aligned(cols);
+    bie_free_aligned(border);
     bie_free_aligned(wbits);
     bie_free_aligned(tapsum);
     return st;

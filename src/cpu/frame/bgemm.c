@@ -110,7 +110,7 @@ static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, in
 #pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) collapse(2) if (big_enough_for_threads(m, n, k))
     for (int64_t jb = 0; jb < bblocks; jb++)
         for (int64_t ib = 0; ib < ablocks; ib++) {
-            float edge[64]; /* partial tiles at the matrix edges go through here */
+            float edge[256]; /* partial tiles at the matrix edges go through here */
             int64_t jp_end = (jb + 1) * b_per_block < b_panels ? (jb + 1) * b_per_block : b_panels;
             int64_t ip_end = (ib + 1) * a_per_block < a_panels ? (ib + 1) * a_per_block : a_panels;
             for (int64_t ip = ib * a_per_block; ip < ip_end; ip++)

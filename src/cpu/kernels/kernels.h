@@ -77,6 +77,7 @@ extern const bie_tile_kernel bie_tile_avx2_3x3;
 /* AVX-512 with VPOPCNTDQ. */
 uint64_t bie_row_popc_avx512(const uint8_t *a, const uint8_t *b, int64_t k);
 extern const bie_tile_kernel bie_tile_avx512_4x4;
+extern const bie_tile_kernel bie_tile_avx512_6x32;
 
 /* Shared helper: popcount of XOR over bytes [from, nbytes) of two rows, last byte masked
  * by the tail of k. Used by the row kernels for their tails. */

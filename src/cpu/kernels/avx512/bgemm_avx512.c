@@ -56,4 +56,35 @@ static void tile_avx512_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, i
     finish_rows(reduce8(acc + 8), k, scale, c + 2 * ldc, c + 3 * ldc);
 }
 
+/* Outer-product form: each 64-bit lane holds a different output. A step is one 64-bit word
+ * of k: a row's word is broadcast and XORed against 8 columns' words at once, so the
+ * popcounts land in per-output lanes and the epilogue needs no horizontal sums. 6 rows x
+ * 32 columns: 24 accumulators + 4 column vectors + broadcast + temporary = 30 registers. */
+static void tile_avx512_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                             float scale, float *c, int64_t ldc) {
+    __m512i acc[6][4];
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
+    for (int64_t s = 0; s < steps; s++) {
+        const uint64_t *as = (const uint64_t *)(a + s * 6 * 8);
+        const uint8_t *bs = b + s * 32 * 8;
+        __m512i bv[4];
+        for (int j = 0; j < 4; j++) bv[j] = _mm512_load_si512((const void *)(bs + j * 64));
+        for (int i = 0; i < 6; i++) {
+            __m512i av = _mm512_set1_epi64((long long)as[i]);
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm512_add_epi64(acc[i][j], _mm512_popcnt_epi64(_mm512_xor_si512(av, bv[j])));
+        }
+    }
+    const __m256i vk = _mm256_set1_epi32((int)k);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) {
+            __m256i p = _mm512_cvtepi64_epi32(acc[i][j]);
+            __m256i dot = _mm256_sub_epi32(vk, _mm256_slli_epi32(p, 1));
+            _mm256_storeu_ps(c + i * ldc + j * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(dot), vs));
+        }
+}
+
 const bie_tile_kernel bie_tile_avx512_4x4 = {4, 4, 64, BIE_PANEL_DENSE, tile_avx512_4x4};
+const bie_tile_kernel bie_tile_avx512_6x32 = {6, 32, 8, BIE_PANEL_DENSE, tile_avx512_6x32};
