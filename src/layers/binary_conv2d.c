@@ -320,14 +320,15 @@ static bie_status weight_taps(const bie_binary_conv2d *l, uint8_t **wbits_out, i
         uint8_t *d = wbits + o * wrb;
         memset(d, 0, (size_t)wrb);
         for (int64_t t = 0; t < kk; t++) {
-            int32_t sum = 0;
-            for (int64_t c = 0; c < C; c++) {
-                int bit = bie_bit(s, c * kk + t);
-                int64_t pos = t * C + c;
-                d[pos >> 3] |= (uint8_t)(bit << (pos & 7));
-                sum += bit ? 1 : -1;
+            int32_t ones = 0;
+            for (int64_t c0 = 0; c0 < C; c0 += 64) { /* 64 channels of tap t at a time */
+                int64_t cn = C - c0 < 64 ? C - c0 : 64;
+                uint64_t chunk = 0;
+                for (int64_t c = 0; c < cn; c++) chunk |= (uint64_t)bie_bit(s, (c0 + c) * kk + t) << c;
+                or_bits((uint64_t *)d, t * C + c0, &chunk, cn);
+                ones += __builtin_popcountll(chunk);
             }
-            tapsum[o * kk + t] = sum;
+            tapsum[o * kk + t] = 2 * ones - (int32_t)C;
         }
     }
     bie_free_aligned(flat);
@@ -367,8 +368,12 @@ static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, const ui
     for (int64_t o = 0; o < g->o; o++) {
         float *row = out + o * plane;
         for (int64_t pix = 0; pix < plane; pix++) {
+            if (!border[pix]) { /* row[pix] is the exact dot: (float)dot * scale */
+                row[pix] *= scale;
+                continue;
+            }
             int64_t dot = (int64_t)row[pix];
-            if (border[pix]) {
+            {
                 int64_t oy = pix / g->ow, ox = pix % g->ow;
                 for (int64_t i = 0; i < g->k; i++)
                     for (int64_t j = 0; j < g->k; j++) {
