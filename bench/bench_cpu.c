@@ -198,25 +198,11 @@ static void emit(const char *name, const char *label, const char *kernel, int th
 
 /* ---------------------------------------------------------------- kernels */
 
-/* The kernel bie_binary_gemm(-1, ...) and the layers pick for m rows, from the public
- * registry rule: among available kernels of the active ISA set, the one with the smallest
- * preferred_max_m >= m (first on ties). -1 if none. */
+/* The kernel bie_binary_gemm(-1, ...) and the layers pick for m rows. */
 static int default_kernel_id(int64_t m) {
-    const char *set = bie_cpu_kernel_set();
-    int best = -1;
-    int64_t best_max = 0;
-    for (int i = 0; i < bie_kernel_count(); i++) {
-        bie_kernel_info info;
-        check(bie_kernel_get(i, &info), "bie_kernel_get");
-        if (!info.available || info.device != BIE_DEVICE_CPU || strcmp(info.isa, set) != 0 ||
-            m > info.preferred_max_m)
-            continue;
-        if (best < 0 || info.preferred_max_m < best_max) {
-            best = info.id;
-            best_max = info.preferred_max_m;
-        }
-    }
-    return best;
+    bie_kernel_info info;
+    check(bie_kernel_default(BIE_OP_BINARY_GEMM, m, &info), "bie_kernel_default");
+    return info.id;
 }
 
 static const char *kernel_name(int id) {
@@ -315,7 +301,9 @@ static void bench_bgemm(const char *name, int64_t m, int64_t n, int64_t k) {
         bie_kernel_info info;
         check(bie_kernel_get(i, &info), "bie_kernel_get");
         snprintf(full, sizeof full, "%s/%s", name, info.name);
-        if (!selected(full) || !info.available || info.device != BIE_DEVICE_CPU) continue;
+        if (!selected(full) || !info.available || info.device != BIE_DEVICE_CPU ||
+            info.op != BIE_OP_BINARY_GEMM)
+            continue;
         if (strcmp(info.isa, "scalar") == 0 && (double)m * (double)n * (double)k > 1e9) continue;
         ours.kernel_id = info.id;
         timing t = measure(run_bgemm, &ours, run_sgemm, &base);

@@ -146,7 +146,10 @@ BIE_API int64_t bie_packed_words(int64_t cols, int word_bits);
 
 /* ------------------------------------------------------- 5. the kernel registry */
 
-typedef enum bie_op { BIE_OP_BINARY_GEMM = 0 } bie_op;
+typedef enum bie_op {
+    BIE_OP_BINARY_GEMM = 0, /* ±1 bit rows, exact popcount dot products */
+    BIE_OP_Q4_GEMM = 1      /* 4-bit codes (as int8 rows), exact int32 dot products */
+} bie_op;
 
 typedef struct bie_kernel_info {
     int id;              /* stable id, accepted by the layers' set_gemm_kernel */
@@ -165,6 +168,8 @@ BIE_API int bie_kernel_count(void);
 BIE_API bie_status bie_kernel_get(int index, bie_kernel_info *info);
 /* Describe the kernel with this id. Errors: unknown id. */
 BIE_API bie_status bie_kernel_find(int id, bie_kernel_info *info);
+/* The CPU kernel the library uses for `op` on m rows when none is selected. */
+BIE_API bie_status bie_kernel_default(bie_op op, int64_t m, bie_kernel_info *info);
 /* The highest CPU kernel set this process uses: "scalar", "generic", "avx2" or "avx512",
  * i.e. what the CPU supports, capped by the environment variable BIE_CPU_KERNELS. */
 BIE_API const char *bie_cpu_kernel_set(void);
@@ -178,6 +183,13 @@ BIE_API const char *bie_cpu_kernel_set(void);
 BIE_API bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k,
                                    const void *a, int64_t a_row_bytes, const void *b,
                                    int64_t b_row_bytes, float scale, float *out);
+
+/* 4-bit GEMM on the CPU: out[i * n + j] = (float)dot(a_i, b_j) * scale, a and b rows of
+ * k int8 codes in [-8, 7] (4-bit values; see bie_q4_quantize) with the given row strides in
+ * elements, dot exact in integers. kernel_id < 0 picks the default. Errors: as
+ * bie_binary_gemm; k > 2^24. */
+BIE_API bie_status bie_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
+                               int64_t lda, const int8_t *b, int64_t ldb, float scale, float *out);
 
 /* ------------------------------------------------------ 6. binary linear layer */
 

@@ -22,7 +22,7 @@ static void collect_kernels(void) {
     for (int idx = 0; idx < bie_kernel_count() && nkernels < 64; idx++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
-        if (!info.available || info.device != BIE_DEVICE_CPU) continue;
+        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
         kernel_ids[nkernels++] = info.id;
         printf("kernel %d %s\n", info.id, info.name);
     }

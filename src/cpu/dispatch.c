@@ -12,17 +12,19 @@
 #define ANY_M INT64_MAX
 
 static const bie_cpu_kernel kernels[] = {
-    {0, "cpu.scalar.bgemm_ref", BIE_ISA_SCALAR, ANY_M, bie_row_popc_ref, NULL},
-    {1, "cpu.generic.bgemv", BIE_ISA_GENERIC, 4, bie_row_popc_generic, NULL},
-    {2, "cpu.generic.bgemm_4x4", BIE_ISA_GENERIC, ANY_M, NULL, &bie_tile_generic_4x4},
+    {0, "cpu.scalar.bgemm_ref", BIE_OP_BINARY_GEMM, BIE_ISA_SCALAR, ANY_M, bie_row_popc_ref, NULL},
+    {1, "cpu.generic.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_GENERIC, 4, bie_row_popc_generic, NULL},
+    {2, "cpu.generic.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_GENERIC, ANY_M, NULL, &bie_tile_generic_4x4},
+    {20, "cpu.generic.q4gemm_4x4", BIE_OP_Q4_GEMM, BIE_ISA_SCALAR, ANY_M, NULL, &bie_i8tile_generic_4x4},
 #ifdef BIE_HAVE_X86_KERNELS
-    {3, "cpu.avx2.bgemv", BIE_ISA_AVX2, 4, bie_row_popc_avx2, NULL},
-    {4, "cpu.avx2.bgemm_4x2", BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_4x2},
-    {5, "cpu.avx2.bgemm_3x3", BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_3x3},
-    {6, "cpu.avx512.bgemv", BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
+    {3, "cpu.avx2.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, 4, bie_row_popc_avx2, NULL},
+    {4, "cpu.avx2.bgemm_4x2", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_4x2},
+    {5, "cpu.avx2.bgemm_3x3", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_3x3},
+    {21, "cpu.avx2.q4gemm_4x2", BIE_OP_Q4_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_i8tile_avx2_4x2},
+    {6, "cpu.avx512.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
     /* 4x4 (horizontal sums) wins at m = 64, the 6x32 outer product at m = 2048 (BENCHMARKS.md) */
-    {7, "cpu.avx512.bgemm_4x4", BIE_ISA_AVX512, 128, NULL, &bie_tile_avx512_4x4},
-    {8, "cpu.avx512.bgemm_6x32", BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_6x32},
+    {7, "cpu.avx512.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 128, NULL, &bie_tile_avx512_4x4},
+    {8, "cpu.avx512.bgemm_6x32", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_6x32},
 #endif
 };
 #define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
@@ -66,17 +68,21 @@ const bie_cpu_kernel *bie_cpu_kernel_by_id(int id) {
 
 bool bie_cpu_kernel_available(const bie_cpu_kernel *k) { return k && k->isa <= active_isa(); }
 
-const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
+const bie_cpu_kernel *bie_cpu_default_kernel_for(bie_op op, int64_t m) {
     int isa = active_isa();
-    const bie_cpu_kernel *best = &kernels[0];
-    for (int i = 0; i < NKERNELS; i++) {
+    const bie_cpu_kernel *best = NULL;
+    for (int i = 0; i < NKERNELS; i++) { /* the best ISA; among its kernels the tightest m range */
         const bie_cpu_kernel *k = &kernels[i];
-        if (k->isa != isa) continue;
-        if (m <= k->preferred_max_m &&
-            (best->isa != isa || k->preferred_max_m < best->preferred_max_m))
+        if (k->op != op || k->isa > isa || m > k->preferred_max_m) continue;
+        if (best == NULL || k->isa > best->isa ||
+            (k->isa == best->isa && k->preferred_max_m < best->preferred_max_m))
             best = k;
     }
     return best;
+}
+
+const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
+    return bie_cpu_default_kernel_for(BIE_OP_BINARY_GEMM, m);
 }
 
 bie_cpu_pack_kernels bie_cpu_pack(void) {
@@ -99,7 +105,7 @@ static void describe(const bie_cpu_kernel *k, bie_kernel_info *info) {
     info->id = k->id;
     info->name = k->name;
     info->isa = isa_names[k->isa];
-    info->op = BIE_OP_BINARY_GEMM;
+    info->op = k->op;
     info->device = BIE_DEVICE_CPU;
     info->preferred_max_m = k->preferred_max_m;
     info->available = bie_cpu_kernel_available(k);
@@ -133,4 +139,13 @@ bie_status bie_kernel_find(int id, bie_kernel_info *info) {
         return BIE_OK;
     }
     return bie_fail(BIE_ERR_INVALID_ARGUMENT, "no kernel with id %d", id);
+}
+
+bie_status bie_kernel_default(bie_op op, int64_t m, bie_kernel_info *info) {
+    BIE_CHECK_NULL(info);
+    if (m < 1) return bie_fail(BIE_ERR_SHAPE, "bie_kernel_default: m must be >= 1");
+    const bie_cpu_kernel *k = bie_cpu_default_kernel_for(op, m);
+    if (k == NULL) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_default: unknown op %d", (int)op);
+    describe(k, info);
+    return BIE_OK;
 }

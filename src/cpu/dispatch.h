@@ -10,6 +10,7 @@ enum { BIE_ISA_SCALAR = 0, BIE_ISA_GENERIC = 1, BIE_ISA_AVX2 = 2, BIE_ISA_AVX512
 typedef struct bie_cpu_kernel {
     int id;
     const char *name;
+    bie_op op;
     int isa;
     int64_t preferred_max_m;
     bie_row_popc_fn rows;        /* row kernel, or NULL */
@@ -20,8 +21,10 @@ typedef struct bie_cpu_kernel {
 const bie_cpu_kernel *bie_cpu_kernel_by_id(int id);
 /* Whether this process may run the kernel (CPU features, BIE_CPU_KERNELS cap). */
 bool bie_cpu_kernel_available(const bie_cpu_kernel *k);
-/* Default kernel for m rows: the best available ISA, its row kernel for small m. */
+/* Default binary GEMM kernel for m rows: the best available ISA, its row kernel for small m. */
 const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m);
+/* Default kernel of an op for m rows. */
+const bie_cpu_kernel *bie_cpu_default_kernel_for(bie_op op, int64_t m);
 /* Number of CPU kernels and the i-th one. */
 int bie_cpu_kernel_count(void);
 const bie_cpu_kernel *bie_cpu_kernel_at(int i);
@@ -32,6 +35,11 @@ typedef struct bie_cpu_pack_kernels {
     bie_pack_i8_row_fn i8;
 } bie_cpu_pack_kernels;
 bie_cpu_pack_kernels bie_cpu_pack(void);
+
+/* Kernel for a call: the default of `op` for m rows when kernel_id < 0, else that kernel,
+ * which must exist, compute `op` and be available. */
+bie_status bie_cpu_kernel_for_call(bie_op op, int kernel_id, int64_t m, const char *who,
+                                   const bie_cpu_kernel **out);
 
 /* The frame: out[i * n + j] = (float)(k - 2 popc(a_i ^ b_j)) * scale, all checks done. */
 bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,

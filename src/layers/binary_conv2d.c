@@ -479,12 +479,8 @@ done:
 bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *l, int id) {
     CHECK_LAYER(l);
     if (id != -1) {
-        const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
-        if (kern == NULL)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CPU kernel with id %d", MODULE, id);
-        if (!bie_cpu_kernel_available(kern))
-            return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s is not available on this CPU", MODULE,
-                            kern->name);
+        const bie_cpu_kernel *kern;
+        BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_BINARY_GEMM, id, 1, "binary_conv2d_set_gemm_kernel", &kern));
     }
     l->kernel_id = id;
     return BIE_OK;

@@ -45,7 +45,7 @@ static bie_status select_for_shape(int64_t m, int64_t n, int64_t k, int *id_out)
     for (int i = 0; i < bie_cpu_kernel_count(); i++) {
         const bie_cpu_kernel *kern = bie_cpu_kernel_at(i);
         /* The scalar reference is for testing; it runs only when nothing else may. */
-        if (!bie_cpu_kernel_available(kern) ||
+        if (kern->op != BIE_OP_BINARY_GEMM || !bie_cpu_kernel_available(kern) ||
             (kern->isa == BIE_ISA_SCALAR && bie_cpu_default_kernel(m)->isa != BIE_ISA_SCALAR))
             continue;
         double t;
@@ -93,9 +93,9 @@ bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *l, int id) {
     if (kern == NULL && bie_kernel_find(id, &info) == BIE_OK)
         return bie_fail(BIE_ERR_DEVICE, "set_gemm_kernel: kernel %d (%s) runs on CUDA; this layer "
                         "is on the CPU", id, info.name);
-    if (kern == NULL)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "set_gemm_kernel: no kernel with id %d (see "
-                        "bie_kernel_get for the list)", id);
+    if (kern == NULL || kern->op != BIE_OP_BINARY_GEMM)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "set_gemm_kernel: no binary GEMM kernel with id %d "
+                        "(see bie_kernel_get for the list)", id);
     if (!bie_cpu_kernel_available(kern))
         return bie_fail(BIE_ERR_UNSUPPORTED, "set_gemm_kernel: kernel %d (%s) is not available on "
                         "this CPU or is excluded by BIE_CPU_KERNELS", id, kern->name);

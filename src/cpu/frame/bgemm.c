@@ -143,6 +143,21 @@ bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64
     return run_tiled(kern, m, n, k, a, lda, b, ldb, scale, out);
 }
 
+bie_status bie_cpu_kernel_for_call(bie_op op, int kernel_id, int64_t m, const char *who,
+                                   const bie_cpu_kernel **out) {
+    const bie_cpu_kernel *kern = kernel_id < 0 ? bie_cpu_default_kernel_for(op, m) : bie_cpu_kernel_by_id(kernel_id);
+    if (kern == NULL)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CPU kernel with id %d", who, kernel_id);
+    if (kern->op != op)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel %s computes a different operation", who,
+                        kern->name);
+    if (!bie_cpu_kernel_available(kern))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs an ISA this CPU lacks or "
+                        "BIE_CPU_KERNELS excludes (active set: %s)", who, kern->name, bie_cpu_kernel_set());
+    *out = kern;
+    return BIE_OK;
+}
+
 /* Public entry (see bie.h). */
 bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const void *a,
                            int64_t a_row_bytes, const void *b, int64_t b_row_bytes, float scale,
@@ -164,16 +179,25 @@ bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const
     if (!(scale == scale) || scale - scale != 0.0f)
         return bie_fail(BIE_ERR_NOT_FINITE, "bie_binary_gemm: scale is not finite");
     const bie_cpu_kernel *kern;
-    if (kernel_id < 0) {
-        kern = bie_cpu_default_kernel(m);
-    } else {
-        kern = bie_cpu_kernel_by_id(kernel_id);
-        if (kern == NULL)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_binary_gemm: no kernel with id %d", kernel_id);
-        if (!bie_cpu_kernel_available(kern))
-            return bie_fail(BIE_ERR_UNSUPPORTED, "bie_binary_gemm: kernel %s needs an ISA this CPU "
-                            "lacks or BIE_CPU_KERNELS excludes (active set: %s)", kern->name,
-                            bie_cpu_kernel_set());
-    }
+    BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_BINARY_GEMM, kernel_id, m, "bie_binary_gemm", &kern));
     return bie_cpu_bgemm(kern, m, n, k, a, a_row_bytes, b, b_row_bytes, scale, out);
+}
+
+bie_status bie_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a, int64_t lda,
+                       const int8_t *b, int64_t ldb, float scale, float *out) {
+    BIE_CHECK_NULL(a);
+    BIE_CHECK_NULL(b);
+    BIE_CHECK_NULL(out);
+    if (m < 1 || n < 1 || k < 1)
+        return bie_fail(BIE_ERR_SHAPE, "bie_q4_gemm: m, n, k must be >= 1");
+    if (k > (1 << 24)) return bie_fail(BIE_ERR_OVERFLOW, "bie_q4_gemm: k = %lld exceeds 2^24", (long long)k);
+    if (lda < k || ldb < k) return bie_fail(BIE_ERR_SHAPE, "bie_q4_gemm: row strides must be >= k");
+    int64_t mn;
+    if (!bie_mul_ok(m, n, &mn) || !bie_mul_ok(m, lda, &mn) || !bie_mul_ok(n, ldb, &mn))
+        return bie_fail(BIE_ERR_OVERFLOW, "bie_q4_gemm: sizes overflow");
+    if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "bie_q4_gemm: scale is not finite");
+    const bie_cpu_kernel *kern;
+    BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, kernel_id, m, "bie_q4_gemm", &kern));
+    /* The frame moves bytes: an int8 row of k codes is a k * 8-bit row. */
+    return bie_cpu_bgemm(kern, m, n, k * 8, (const uint8_t *)a, lda, (const uint8_t *)b, ldb, scale, out);
 }

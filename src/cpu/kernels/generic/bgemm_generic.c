@@ -52,3 +52,20 @@ void bie_pack_i8_row_generic(const int8_t *x, int64_t cols, uint8_t *dst) {
         dst[c0 >> 3] = (uint8_t)bits;
     }
 }
+
+/* 4-bit GEMM (codes as int8), plain C: the reference and portable tier. */
+static void i8tile_generic_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                               float scale, float *c, int64_t ldc) {
+    (void)k;
+    int32_t acc[16] = {0};
+    for (int64_t s = 0; s < steps; s++) {
+        const int8_t *as = (const int8_t *)(a + s * 4 * 32), *bs = (const int8_t *)(b + s * 4 * 32);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                for (int e = 0; e < 32; e++) acc[i * 4 + j] += as[i * 32 + e] * bs[j * 32 + e];
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) c[i * ldc + j] = (float)acc[i * 4 + j] * scale;
+}
+
+const bie_tile_kernel bie_i8tile_generic_4x4 = {4, 4, 32, BIE_PANEL_DENSE, i8tile_generic_4x4};
