@@ -358,6 +358,47 @@ BIE_API bie_status bie_binary_conv2d_grad(bie_binary_conv2d *layer, bie_param wh
                                           bie_tensor *view);
 BIE_API bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *layer, float scale_a);
 
+/* ------------------------------------------------------ 8. 4-bit linear layer */
+
+/* Opaque handle: the 4-bit linear layer (SPEC §4 with a matrix product in place of the
+ * convolution): out = scale_a * scale_w * q4(x + bias_a, scale_a) . q4(w, scale_w), exact
+ * integer dot products. The weight stays float for training (straight-through); qweight
+ * holds the 4-bit codes, two per byte, even index in the low nibble. Functions have the
+ * meaning of their bie_binary_linear_* namesakes except:
+ *   prepare_params: scale_w = max(2 mean|w| / 5.6345, 1e-5) (the weight stays float);
+ *   set_activation: scale_a = 2 mean|x| / 11.269 when 0;
+ *   backward: grad_w is float only; the forward keeps 4-bit codes, the clip mask and an
+ *   8-bit rounding residual per input element (13 bits instead of 32), so grad_scale_a is
+ *   exact up to the residual's resolution of 1/254. */
+typedef struct bie_q4_linear bie_q4_linear;
+
+BIE_API bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features,
+                                        int64_t out_features, bie_device device, bie_dtype dtype);
+BIE_API void bie_q4_linear_free(bie_q4_linear *layer);
+BIE_API bie_status bie_q4_linear_reset_parameters(bie_q4_linear *layer, uint64_t seed);
+BIE_API bie_status bie_q4_linear_set_weight_data(bie_q4_linear *layer, const bie_tensor *w);
+BIE_API bie_status bie_q4_linear_prepare_params(bie_q4_linear *layer);
+BIE_API bie_status bie_q4_linear_generate_quantized_weight(bie_q4_linear *layer,
+                                                           bool qweight_only);
+/* q: [out, ceil(in / 2)] U8. */
+BIE_API bie_status bie_q4_linear_set_quantized_weight_data(bie_q4_linear *layer,
+                                                           const bie_tensor *q);
+BIE_API bie_status bie_q4_linear_opt_weight(bie_q4_linear *layer, bie_tensor *view);
+BIE_API bie_status bie_q4_linear_check_forward(const bie_q4_linear *layer, const bie_tensor *x);
+BIE_API bie_status bie_q4_linear_set_activation(bie_q4_linear *layer, const bie_tensor *x,
+                                                bie_tensor *x_out);
+BIE_API bie_status bie_q4_linear_set_gemm_kernel(bie_q4_linear *layer, int id);
+BIE_API bie_status bie_q4_linear_set_training(bie_q4_linear *layer, bool training);
+BIE_API bie_status bie_q4_linear_forward(bie_q4_linear *layer, const bie_tensor *x,
+                                         bie_tensor *out);
+BIE_API bie_status bie_q4_linear_backward(bie_q4_linear *layer, const bie_tensor *grad_out,
+                                          bie_tensor *grad_x);
+/* WEIGHT [out, in] F32; QWEIGHT [out, ceil(in / 2)] U8; BIAS_A; SCALE_A; SCALE_W. */
+BIE_API bie_status bie_q4_linear_param(bie_q4_linear *layer, bie_param which, bie_tensor *view);
+/* WEIGHT (= WEIGHT_FLOAT_GRAD), BIAS_A, SCALE_A. */
+BIE_API bie_status bie_q4_linear_grad(bie_q4_linear *layer, bie_param which, bie_tensor *view);
+BIE_API bie_status bie_q4_linear_set_scale_a(bie_q4_linear *layer, float scale_a);
+
 #ifdef __cplusplus
 }
 #endif

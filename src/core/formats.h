@@ -28,4 +28,19 @@ static inline uint8_t bie_tail_mask(int64_t k) {
     return (uint8_t)((k & 7) ? ((1u << (k & 7)) - 1u) : 0xffu);
 }
 
+/* 4-bit quantization (SPEC §1): clamp(rint(v / s), -8, 7), round half to even (the default
+ * rounding mode); NaN maps to 0. */
+static inline int8_t bie_q4(float v, float s) {
+    float q = __builtin_rintf(v / s);
+    if (!(q == q)) return 0;
+    return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
+}
+
+/* Two's complement nibbles, two per byte, even index in the low nibble. */
+static inline int8_t bie_nibble_get(const uint8_t *row, int64_t i) {
+    int v = (row[i >> 1] >> ((i & 1) * 4)) & 15;
+    return (int8_t)(v >= 8 ? v - 16 : v);
+}
+static inline int64_t bie_nibble_row_bytes(int64_t cols) { return (cols + 1) / 2; }
+
 #endif

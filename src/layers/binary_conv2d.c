@@ -236,7 +236,7 @@ static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, cons
 }
 
 static bie_status activation_scale(const bie_binary_conv2d *l, const bie_tensor *x, float *scale) {
-    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric, MODULE, scale);
+    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric ? 2.0 : 4.0, MODULE, scale);
 }
 
 bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tensor *x,

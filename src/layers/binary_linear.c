@@ -211,7 +211,7 @@ bie_status bie_binary_linear_check_forward(const bie_binary_linear *l, const bie
 
 /* scale_a the next forward uses for x: the stored one, or the initialisation from x. */
 static bie_status activation_scale(const bie_binary_linear *l, const bie_tensor *x, float *scale) {
-    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric, MODULE, scale);
+    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric ? 2.0 : 4.0, MODULE, scale);
 }
 
 bie_status bie_binary_linear_set_activation(bie_binary_linear *l, const bie_tensor *x,

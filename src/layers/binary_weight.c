@@ -180,7 +180,7 @@ bie_status bie_bw_set_word_bits(bie_binary_weight *w, int bits, const char *who)
     return BIE_OK;
 }
 
-bie_status bie_activation_scale(float current, const float *x, int64_t n, bool symmetric,
+bie_status bie_activation_scale(float current, const float *x, int64_t n, double factor,
                                 const char *who, float *scale) {
     if (current != 0.0f) {
         *scale = current;
@@ -188,7 +188,7 @@ bie_status bie_activation_scale(float current, const float *x, int64_t n, bool s
     }
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += fabs((double)x[i]);
-    float v = (float)((symmetric ? 2.0 : 4.0) * s / (double)n);
+    float v = (float)(factor * s / (double)n);
     if (!isfinite(v) || v <= 0)
         return bie_fail(BIE_ERR_NOT_FINITE, "%s: cannot initialise scale_a from this input "
                         "(mean|x| = %g): it must be positive and finite", who, s / (double)n);

@@ -41,9 +41,10 @@ bie_status bie_bw_no_weight(const char *who);
 /* U8 / U32 / U64 for word sizes 8 / 32 / 64. */
 bie_dtype bie_bw_word_dtype(int word_bits);
 
-/* Shared by the binary layers' set_activation: scale_a as stored, or its initialisation
- * factor * mean|x| (factor 2 symmetric, 4 otherwise); an error if that is not positive. */
-bie_status bie_activation_scale(float current, const float *x, int64_t n, bool symmetric,
+/* Shared by the layers' set_activation: scale_a as stored, or its initialisation
+ * factor * mean|x| (binary: 2 symmetric, 4 otherwise; 4-bit: 2 / 11.269); an error if that
+ * is not positive. */
+bie_status bie_activation_scale(float current, const float *x, int64_t n, double factor,
                                 const char *who, float *scale);
 /* Per-tensor narrow-range int8 quantization (SPEC §1). */
 void bie_quantize_i8(const float *x, int64_t n, int8_t *q);
