@@ -381,6 +381,41 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
+/* 4-bit linear forward (training mode, float weights quantized per call; or packed) vs a
+ * float linear layer (sgemm) of the same shape. */
+typedef struct q4_ctx {
+    bie_q4_linear *layer;
+    bie_tensor x, out;
+} q4_ctx;
+
+static void run_q4_forward(void *p) {
+    q4_ctx *s = p;
+    check(bie_q4_linear_forward(s->layer, &s->x, &s->out), "bie_q4_linear_forward");
+}
+
+static void bench_q4_layer(const char *name, bool packed, int64_t m, int64_t in, int64_t outf) {
+    if (!selected(name)) return;
+    q4_ctx s;
+    check(bie_q4_linear_create(&s.layer, in, outf, bie_cpu(), BIE_F32), "bie_q4_linear_create");
+    check(bie_q4_linear_prepare_params(s.layer), "bie_q4_linear_prepare_params");
+    if (packed) {
+        check(bie_q4_linear_generate_quantized_weight(s.layer, true), "generate_quantized_weight");
+        check(bie_q4_linear_set_training(s.layer, false), "bie_q4_linear_set_training");
+    }
+    float *x = random_floats(m * in), *y = xmalloc((size_t)(m * outf) * sizeof(float));
+    s.x = view2(x, BIE_F32, m, in);
+    s.out = view2(y, BIE_F32, m, outf);
+    float *w = random_floats(outf * in), *c = xmalloc((size_t)(m * outf) * sizeof(float));
+    sgemm_ctx fwd = {(int)m, (int)outf, (int)in, x, w, c};
+    const double ops = 2.0 * (double)m * (double)outf * (double)in;
+    timing t = measure(run_q4_forward, &s, run_sgemm, &fwd);
+    bie_kernel_info info;
+    check(bie_kernel_default(BIE_OP_Q4_GEMM, m, &info), "bie_kernel_default");
+    emit(name, "q4", info.name, g_threads, m, outf, in, t, ops, ops, "");
+    bie_q4_linear_free(s.layer);
+    free(x), free(y), free(w), free(c);
+}
+
 /* ---------------------------------------------------------------- conv2d cases */
 
 /* Binary conv2d (NCHW) against a float conv done the usual way: per image, im2col of the
@@ -724,6 +759,8 @@ int main(int argc, char **argv) {
     bench_layer("layer_fwd_2048", LAYER_FWD, 2048, 2048, 2048);
     bench_layer("layer_bwd_2048", LAYER_BWD, 2048, 2048, 2048);
     bench_layer("layer_infer_m1", LAYER_INFER, 1, 4096, 4096);
+    bench_q4_layer("q4_linear_m64", false, 64, 4096, 4096);
+    bench_q4_layer("q4_linear_m64_packed", true, 64, 4096, 4096);
     bench_conv("conv_256x14_n8", LAYER_FWD, 8, 256, 256, 14, 3, 1);
     bench_conv("conv_64x56_n1", LAYER_FWD, 1, 64, 64, 56, 3, 1);
     bench_conv("conv_256x14_n8_infer", LAYER_INFER, 8, 256, 256, 14, 3, 1);

@@ -20,7 +20,7 @@ static const bie_cpu_kernel kernels[] = {
     {3, "cpu.avx2.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, 4, bie_row_popc_avx2, NULL},
     {4, "cpu.avx2.bgemm_4x2", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_4x2},
     {5, "cpu.avx2.bgemm_3x3", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_3x3},
-    {21, "cpu.avx2.q4gemm_4x2", BIE_OP_Q4_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_i8tile_avx2_4x2},
+    {21, "cpu.avx2.q4gemm_3x2", BIE_OP_Q4_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_i8tile_avx2_3x2},
     {6, "cpu.avx512.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
     /* 4x4 (horizontal sums) wins at m = 64, the 6x32 outer product at m = 2048 (BENCHMARKS.md) */
     {7, "cpu.avx512.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 128, NULL, &bie_tile_avx512_4x4},

@@ -17,6 +17,7 @@ struct bie_q4_linear {
     int kernel_id;
     float *weight;    /* [out, in] float, or NULL after qweight_only */
     uint8_t *qweight; /* [out, ceil(in / 2)] nibbles, or NULL */
+    int8_t *qcodes;   /* qweight unpacked to int8 for the GEMM (inference cache), or NULL */
     float *bias_a;
     float scale_a, scale_w;
     /* saved by a training forward */
@@ -47,6 +48,14 @@ static void drop_saved(bie_q4_linear *l) {
     l->saved_codes = l->saved_mask = NULL;
     l->saved_resid = l->saved_wcodes = NULL;
     l->has_saved = false;
+}
+
+/* Replace qweight (NULL to drop it) and drop its unpacked cache. */
+static void set_qweight(bie_q4_linear *l, uint8_t *q) {
+    bie_free_aligned(l->qweight);
+    bie_free_aligned(l->qcodes);
+    l->qweight = q;
+    l->qcodes = NULL;
 }
 
 bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features, int64_t out_features,
@@ -83,7 +92,7 @@ void bie_q4_linear_free(bie_q4_linear *l) {
     if (l == NULL) return;
     drop_saved(l);
     bie_free_aligned(l->weight);
-    bie_free_aligned(l->qweight);
+    set_qweight(l, NULL);
     bie_free_aligned(l->bias_a);
     bie_free_aligned(l->grad_w);
     bie_free_aligned(l->grad_bias_a);
@@ -92,9 +101,8 @@ void bie_q4_linear_free(bie_q4_linear *l) {
 
 static void install_weight(bie_q4_linear *l, float *w) {
     bie_free_aligned(l->weight);
-    bie_free_aligned(l->qweight);
+    set_qweight(l, NULL);
     l->weight = w;
-    l->qweight = NULL;
     drop_saved(l);
 }
 
@@ -142,8 +150,7 @@ bie_status bie_q4_linear_set_weight_data(bie_q4_linear *l, const bie_tensor *w) 
         return st;
     }
     bie_free_aligned(old);
-    bie_free_aligned(l->qweight);
-    l->qweight = NULL;
+    set_qweight(l, NULL);
     return BIE_OK;
 }
 
@@ -189,8 +196,7 @@ bie_status bie_q4_linear_generate_quantized_weight(bie_q4_linear *l, bool qweigh
     }
     pack_nibbles(codes, l->out, l->in, q);
     bie_free_aligned(codes);
-    bie_free_aligned(l->qweight);
-    l->qweight = q;
+    set_qweight(l, q);
     if (qweight_only) {
         bie_free_aligned(l->weight);
         l->weight = NULL;
@@ -211,8 +217,7 @@ bie_status bie_q4_linear_set_quantized_weight_data(bie_q4_linear *l, const bie_t
     memcpy(copy, q->data, (size_t)(l->out * rb));
     if (l->in & 1) /* the unused high nibble of each row's last byte is cleared */
         for (int64_t o = 0; o < l->out; o++) copy[o * rb + rb - 1] &= 15;
-    bie_free_aligned(l->qweight);
-    l->qweight = copy;
+    set_qweight(l, copy);
     return BIE_OK;
 }
 
@@ -319,7 +324,13 @@ bie_status bie_q4_linear_forward(bie_q4_linear *l, const bie_tensor *x, bie_tens
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
-    if ((st = weight_codes(l, &wcodes, who)) != BIE_OK) goto done;
+    const int8_t *wc;
+    if (!l->training && l->qcodes) {
+        wc = l->qcodes; /* packed weights, unpacked once */
+    } else {
+        if ((st = weight_codes(l, &wcodes, who)) != BIE_OK) goto done;
+        wc = wcodes;
+    }
     const float *xs = x->data;
     const int64_t mb = (k + 7) / 8;
     if (mask) memset(mask, 0, (size_t)(m * mb));
@@ -335,10 +346,14 @@ bie_status bie_q4_linear_forward(bie_q4_linear *l, const bie_tensor *x, bie_tens
                 resid[r * k + c] = inr ? (int8_t)rintf((rintf(q) - q) * 254.0f) : 0;
             }
         }
-    st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k, (const uint8_t *)wcodes, k,
+    st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k, (const uint8_t *)wc, k,
                        scale, out->data);
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
+    if (!l->training && l->qweight && l->qcodes == NULL) { /* codes from qweight: keep them */
+        l->qcodes = wcodes;
+        wcodes = NULL;
+    }
     if (keep) {
         pack_nibbles(codes, m, k, nib);
         drop_saved(l);

@@ -70,7 +70,7 @@ void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst);
  * c[i * ldc + j] = (float)dot(a_i, b_j) * scale, the exact int32 dot; `k` is unused.
  * Codes are in [-8, 7], so |products| <= 64 and 16-bit pair sums cannot saturate. */
 extern const bie_tile_kernel bie_i8tile_generic_4x4;
-extern const bie_tile_kernel bie_i8tile_avx2_4x2;
+extern const bie_tile_kernel bie_i8tile_avx2_3x2;
 
 /* Scalar reference (any CPU). */
 uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k);

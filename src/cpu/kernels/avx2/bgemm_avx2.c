@@ -188,32 +188,57 @@ void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst) {
     if (c < cols) bie_pack_i8_row_generic(x + c, cols - c, dst + (c >> 3));
 }
 
-/* 4-bit GEMM (codes as int8): vpsignb moves a's sign onto b, vpmaddubsw multiplies |a| by
- * that and adds pairs (|sum| <= 128: no saturation), vpmaddwd widens to int32. */
-static void i8tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
-                            float scale, float *c, int64_t ldc) {
-    (void)k;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[4][2];
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-    for (int64_t s = 0; s < steps; s++) {
-        const __m256i *as = (const __m256i *)(a + s * 4 * 32), *bs = (const __m256i *)(b + s * 2 * 32);
-        __m256i b0 = _mm256_load_si256(bs), b1 = _mm256_load_si256(bs + 1);
-        for (int i = 0; i < 4; i++) {
-            __m256i av = _mm256_load_si256(as + i), mag = _mm256_abs_epi8(av);
-            __m256i p0 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b0, av));
-            __m256i p1 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(b1, av));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
-        }
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 2; j++) {
-            __m128i v = _mm_add_epi32(_mm256_castsi256_si128(acc[i][j]), _mm256_extracti128_si256(acc[i][j], 1));
-            v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
-            v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
-            c[i * ldc + j] = (float)_mm_cvtsi128_si32(v) * scale;
-        }
+/* 4-bit GEMM (codes as int8). With a' = a + 8 in [0, 15] (unsigned), vpmaddubsw multiplies
+ * a' by b directly: dot(a, b) = dot(a', b) - 8 sum(b). Pair sums lie in [-240, 210], so the
+ * 16-bit accumulators take 128 steps (32 codes each) before they are widened (vpmaddwd);
+ * sum(b) is accumulated the same way. Per tile element and step: one vpmaddubsw, one add. */
+static inline __m256i widen_add(__m256i acc32, __m256i acc16) {
+    return _mm256_add_epi32(acc32, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
 }
 
-const bie_tile_kernel bie_i8tile_avx2_4x2 = {4, 2, 32, BIE_PANEL_DENSE, i8tile_avx2_4x2};
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+    return _mm_cvtsi128_si32(x);
+}
+
+static void i8tile_avx2_3x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                            float scale, float *c, int64_t ldc) {
+    (void)k;
+    const __m256i eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
+    __m256i wide[3][2], bsum[2];
+    for (int j = 0; j < 2; j++) {
+        bsum[j] = _mm256_setzero_si256();
+        for (int i = 0; i < 3; i++) wide[i][j] = _mm256_setzero_si256();
+    }
+    for (int64_t s0 = 0; s0 < steps; s0 += 128) {
+        int64_t s1 = s0 + 128 < steps ? s0 + 128 : steps;
+        __m256i acc[3][2], bacc[2];
+        for (int j = 0; j < 2; j++) {
+            bacc[j] = _mm256_setzero_si256();
+            for (int i = 0; i < 3; i++) acc[i][j] = _mm256_setzero_si256();
+        }
+        for (int64_t s = s0; s < s1; s++) {
+            const __m256i *as = (const __m256i *)(a + s * 3 * 32), *bs = (const __m256i *)(b + s * 2 * 32);
+            __m256i b0 = _mm256_load_si256(bs), b1 = _mm256_load_si256(bs + 1);
+            bacc[0] = _mm256_add_epi16(bacc[0], _mm256_maddubs_epi16(ones8, b0));
+            bacc[1] = _mm256_add_epi16(bacc[1], _mm256_maddubs_epi16(ones8, b1));
+            for (int i = 0; i < 3; i++) {
+                __m256i ua = _mm256_add_epi8(_mm256_load_si256(as + i), eight);
+                acc[i][0] = _mm256_add_epi16(acc[i][0], _mm256_maddubs_epi16(ua, b0));
+                acc[i][1] = _mm256_add_epi16(acc[i][1], _mm256_maddubs_epi16(ua, b1));
+            }
+        }
+        for (int j = 0; j < 2; j++) {
+            bsum[j] = widen_add(bsum[j], bacc[j]);
+            for (int i = 0; i < 3; i++) wide[i][j] = widen_add(wide[i][j], acc[i][j]);
+        }
+    }
+    for (int j = 0; j < 2; j++) {
+        int32_t sb = hsum_epi32(bsum[j]);
+        for (int i = 0; i < 3; i++) c[i * ldc + j] = (float)(hsum_epi32(wide[i][j]) - 8 * sb) * scale;
+    }
+}
+
+const bie_tile_kernel bie_i8tile_avx2_3x2 = {3, 2, 32, BIE_PANEL_DENSE, i8tile_avx2_3x2};
