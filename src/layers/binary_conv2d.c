@@ -10,6 +10,7 @@
 #include "../cpu/frame/pack.h"
 #include "binary_conv2d_impl.h"
 #include "binary_linear_impl.h"
+#include "conv_common.h"
 
 static const char *const MODULE = "binary_conv2d";
 
@@ -32,16 +33,8 @@ bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels
                                     int64_t out_channels, int kernel_size, int stride, int padding,
                                     int dilation, bie_device device, bie_dtype dtype, bool symmetric) {
     BIE_CHECK_NULL(out);
-    if (in_channels < 1 || out_channels < 1 || in_channels > INT32_MAX || out_channels > INT32_MAX)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: channels (%lld, %lld) must be in 1..2^31-1",
-                        MODULE, (long long)in_channels, (long long)out_channels);
-    if (kernel_size < 1 || stride < 1 || padding < 0 || dilation < 1)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel_size (%d), stride (%d) and dilation "
-                        "(%d) must be >= 1 and padding (%d) >= 0", MODULE, kernel_size, stride,
-                        dilation, padding);
-    int64_t k2c = in_channels * kernel_size * (int64_t)kernel_size, numel;
-    if (k2c >= (1 << 24) || !bie_mul_ok(k2c, out_channels, &numel) || numel > INT64_MAX / 8)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: in_c * k * k = %lld must be < 2^24", MODULE, (long long)k2c);
+    BIE_TRY(bie_conv_check_params(in_channels, out_channels, kernel_size, stride, padding, dilation, MODULE));
+    const int64_t k2c = in_channels * kernel_size * (int64_t)kernel_size;
     if (device.type != BIE_DEVICE_CPU)
         return bie_fail(BIE_ERR_DEVICE, "%s: only the CPU backend runs binary conv2d so far", MODULE);
     if (dtype != BIE_F32)
@@ -187,8 +180,7 @@ bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *l, bie_tensor *v) {
 /* ---------------------------------------------------------------- geometry and checks */
 
 static int64_t out_extent(const bie_binary_conv2d *l, int64_t in) {
-    int64_t span = l->dilation * (l->k - 1) + 1, padded = in + 2 * l->padding;
-    return padded < span ? 0 : (padded - span) / l->stride + 1;
+    return bie_conv_out_extent(in, l->k, l->stride, l->padding, l->dilation);
 }
 
 bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *l, int64_t h, int64_t w,
@@ -204,35 +196,18 @@ bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *l, int64_t h, 
 
 bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
     CHECK_LAYER(l);
-    static const char *who = "binary_conv2d_check_forward";
-    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
-    if (x->ndim != 4)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input must be NCHW (rank 4), got rank %d", who, x->ndim);
-    BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, x->shape[3], NULL, who));
-    if (x->shape[1] != l->in_c)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input has %lld channels, the layer %lld", who,
-                        (long long)x->shape[1], (long long)l->in_c);
-    if (out_extent(l, x->shape[2]) < 1 || out_extent(l, x->shape[3]) < 1)
-        return bie_fail(BIE_ERR_SHAPE, "%s: the dilated kernel (%lld) is larger than the padded "
-                        "input (%lld x %lld)", who, (long long)(l->dilation * (l->k - 1) + 1),
-                        (long long)(x->shape[2] + 2 * l->padding), (long long)(x->shape[3] + 2 * l->padding));
-    return BIE_OK;
+    return bie_conv_check_input(x, l->in_c, l->k, l->stride, l->padding, l->dilation,
+                                "binary_conv2d_check_forward");
 }
 
 static bie_conv_geom geometry(const bie_binary_conv2d *l, const bie_tensor *x) {
-    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
-                       out_extent(l, x->shape[2]), out_extent(l, x->shape[3]),
-                       l->k, l->stride, l->padding, l->dilation};
-    return g;
+    return bie_conv_geometry(x, l->out_c, l->k, l->stride, l->padding, l->dilation);
 }
 
 static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, const char *what,
                                const char *who) {
-    BIE_TRY(bie_check_rows_tensor(t, what, BIE_F32, g->ow, NULL, who));
-    if (t->ndim != 4 || t->shape[0] != g->n || t->shape[1] != g->o || t->shape[2] != g->oh)
-        return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, what,
-                        (long long)g->n, (long long)g->o, (long long)g->oh, (long long)g->ow);
-    return BIE_OK;
+    const int64_t shape[4] = {g->n, g->o, g->oh, g->ow};
+    return bie_conv_check_shape4(t, shape, what, who);
 }
 
 static bie_status activation_scale(const bie_binary_conv2d *l, const bie_tensor *x, float *scale) {

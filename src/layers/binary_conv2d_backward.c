@@ -5,26 +5,7 @@
 #include <string.h>
 
 #include "../cpu/frame/pack.h"
-#include "binary_conv2d_impl.h"
-
-/* grad_x of image n (C x H x W) += col2im(cols), cols [C k k, OH OW] in [c, i, j] rows. */
-static void col2im(const bie_conv_geom *g, const float *cols, float *gx) {
-    const int64_t plane = g->oh * g->ow, kk = g->k * g->k;
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->c * kk * plane > 65536)
-    for (int64_t c = 0; c < g->c; c++) /* each thread owns whole channels: no write races */
-        for (int64_t t = 0; t < kk; t++) {
-            int64_t i = t / g->k, j = t % g->k;
-            const float *row = cols + (c * kk + t) * plane;
-            for (int64_t oy = 0; oy < g->oh; oy++) {
-                int64_t iy = bie_conv_in(g, oy, i);
-                if (iy < 0 || iy >= g->h) continue;
-                for (int64_t ox = 0; ox < g->ow; ox++) {
-                    int64_t ix = bie_conv_in(g, ox, j);
-                    if (ix >= 0 && ix < g->w) gx[(c * g->h + iy) * g->w + ix] += row[oy * g->ow + ox];
-                }
-            }
-        }
-}
+#include "conv_common.h"
 
 /* cols [C k k, OH OW] = im2col of sign(x') * scale_a for image n, 0 outside the input. */
 static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n, float scale_a,
@@ -56,20 +37,8 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
-    const bie_tensor *ts[2] = {grad_out, grad_x};
-    const int64_t *shapes[2] = {gshape, xshape};
-    const char *names[2] = {"grad_out", "grad_x"};
-    for (int t = 0; t < 2; t++) {
-        if (ts[t] == NULL) {
-            if (t == 0) return bie_fail(BIE_ERR_NULL_POINTER, "%s: grad_out is NULL", who);
-            continue;
-        }
-        BIE_TRY(bie_check_rows_tensor(ts[t], names[t], BIE_F32, shapes[t][3], NULL, who));
-        if (ts[t]->ndim != 4 || memcmp(ts[t]->shape, shapes[t], 4 * sizeof(int64_t)) != 0)
-            return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, names[t],
-                            (long long)shapes[t][0], (long long)shapes[t][1], (long long)shapes[t][2],
-                            (long long)shapes[t][3]);
-    }
+    BIE_TRY(bie_conv_check_shape4(grad_out, gshape, "grad_out", who));
+    if (grad_x) BIE_TRY(bie_conv_check_shape4(grad_x, xshape, "grad_x", who));
     const int64_t C = g.c, kk = g.k * g.k, K = C * kk, plane = g.oh * g.ow, hw = g.h * g.w;
     const int64_t pb = bie_conv_plane_bytes(&g);
     if (plane > INT32_MAX || K * plane > (int64_t)1 << 40)
@@ -109,7 +78,7 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)plane, (int)g.o, 1.0f, wf,
                     (int)K, gn, (int)plane, 0.0f, cols, (int)plane);
         memset(gxn, 0, (size_t)(C * hw) * sizeof(float));
-        col2im(&g, cols, gxn);
+        bie_conv_col2im(&g, cols, gxn);
         /* grad_w += conv2d_weight(sign(x') * scale_a, grad_out) */
         im2col_signs(&g, l->saved_signs, n, l->saved_scale_a, cols);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.o, (int)K, (int)plane, 1.0f, gn,
