@@ -399,6 +399,43 @@ BIE_API bie_status bie_q4_linear_param(bie_q4_linear *layer, bie_param which, bi
 BIE_API bie_status bie_q4_linear_grad(bie_q4_linear *layer, bie_param which, bie_tensor *view);
 BIE_API bie_status bie_q4_linear_set_scale_a(bie_q4_linear *layer, float scale_a);
 
+/* ------------------------------------------------------ 9. 4-bit conv2d layer */
+
+/* Opaque handle: counterpart of Q4Conv2dCutlassForward and its layer (SPEC §4). NCHW float32
+ * input and output, weight [out_c, in_c, k, k] (float, straight-through), qweight
+ * [out_c, ceil(in_c k k / 2)] nibbles in [c, i, j] order, bias_a [in_c]; no channel-count
+ * constraints; zero padding is exact (padded taps have code 0). Functions mean what their
+ * bie_q4_linear_* and bie_binary_conv2d_* namesakes mean. */
+typedef struct bie_q4_conv2d bie_q4_conv2d;
+
+BIE_API bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels,
+                                        int64_t out_channels, int kernel_size, int stride,
+                                        int padding, int dilation, bie_device device,
+                                        bie_dtype dtype);
+BIE_API void bie_q4_conv2d_free(bie_q4_conv2d *layer);
+BIE_API bie_status bie_q4_conv2d_reset_parameters(bie_q4_conv2d *layer, uint64_t seed);
+BIE_API bie_status bie_q4_conv2d_set_weight_data(bie_q4_conv2d *layer, const bie_tensor *w);
+BIE_API bie_status bie_q4_conv2d_prepare_params(bie_q4_conv2d *layer);
+BIE_API bie_status bie_q4_conv2d_generate_quantized_weight(bie_q4_conv2d *layer,
+                                                           bool qweight_only);
+BIE_API bie_status bie_q4_conv2d_set_quantized_weight_data(bie_q4_conv2d *layer,
+                                                           const bie_tensor *q);
+BIE_API bie_status bie_q4_conv2d_opt_weight(bie_q4_conv2d *layer, bie_tensor *view);
+BIE_API bie_status bie_q4_conv2d_check_forward(const bie_q4_conv2d *layer, const bie_tensor *x);
+BIE_API bie_status bie_q4_conv2d_output_size(const bie_q4_conv2d *layer, int64_t h, int64_t w,
+                                             int64_t *out_h, int64_t *out_w);
+BIE_API bie_status bie_q4_conv2d_set_activation(bie_q4_conv2d *layer, const bie_tensor *x,
+                                                bie_tensor *x_out);
+BIE_API bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *layer, int id);
+BIE_API bie_status bie_q4_conv2d_set_training(bie_q4_conv2d *layer, bool training);
+BIE_API bie_status bie_q4_conv2d_forward(bie_q4_conv2d *layer, const bie_tensor *x,
+                                         bie_tensor *out);
+BIE_API bie_status bie_q4_conv2d_backward(bie_q4_conv2d *layer, const bie_tensor *grad_out,
+                                          bie_tensor *grad_x);
+BIE_API bie_status bie_q4_conv2d_param(bie_q4_conv2d *layer, bie_param which, bie_tensor *view);
+BIE_API bie_status bie_q4_conv2d_grad(bie_q4_conv2d *layer, bie_param which, bie_tensor *view);
+BIE_API bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *layer, float scale_a);
+
 #ifdef __cplusplus
 }
 #endif
