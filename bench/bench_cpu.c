@@ -425,6 +425,7 @@ static void bench_q4_layer(const char *name, bool packed, int64_t m, int64_t in,
  * (pthreads) calls would fight its spinning threads (see measure()). */
 typedef struct conv_ctx {
     bie_binary_conv2d *layer;
+    bie_q4_conv2d *q4; /* set for the 4-bit cases (forward only) */
     bie_tensor x, out, grad_out, grad_x;
     int64_t n, c, h, w, o, k, s, p, d, oh, ow;
     const float *fx, *fw, *fg; /* float input, weight [O, C k k], grad_out */
@@ -474,6 +475,11 @@ static void run_conv_fwd(void *p) {
     check(bie_binary_conv2d_forward(s->layer, &s->x, &s->out), "bie_binary_conv2d_forward");
 }
 
+static void run_q4conv_fwd(void *p) {
+    conv_ctx *s = p;
+    check(bie_q4_conv2d_forward(s->q4, &s->x, &s->out), "bie_q4_conv2d_forward");
+}
+
 static void run_conv_bwd(void *p) {
     conv_ctx *s = p;
     check(bie_binary_conv2d_backward(s->layer, &s->grad_out, &s->grad_x),
@@ -513,10 +519,18 @@ static bie_tensor view4(float *data, int64_t d0, int64_t d1, int64_t d2, int64_t
     return t;
 }
 
-static void bench_conv(const char *name, layer_mode mode, int64_t n, int64_t c, int64_t o,
-                       int64_t hw, int k, int pad) {
+static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t n, int64_t c,
+                       int64_t o, int64_t hw, int k, int pad) {
     if (!selected(name)) return;
     conv_ctx s = {.n = n, .c = c, .h = hw, .w = hw, .o = o, .k = k, .s = 1, .p = pad, .d = 1};
+    if (four_bit) {
+        check(bie_q4_conv2d_create(&s.q4, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32), "bie_q4_conv2d_create");
+        check(bie_q4_conv2d_prepare_params(s.q4), "bie_q4_conv2d_prepare_params");
+        if (mode == LAYER_INFER) {
+            check(bie_q4_conv2d_generate_quantized_weight(s.q4, true), "generate_quantized_weight");
+            check(bie_q4_conv2d_set_training(s.q4, false), "bie_q4_conv2d_set_training");
+        }
+    }
     check(bie_binary_conv2d_create(&s.layer, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32, true),
           "bie_binary_conv2d_create");
     check(bie_binary_conv2d_prepare_params(s.layer), "bie_binary_conv2d_prepare_params");
@@ -529,7 +543,7 @@ static void bench_conv(const char *name, layer_mode mode, int64_t n, int64_t c, 
     s.out = view4(y, n, o, s.oh, s.ow);
     s.grad_out = view4(g, n, o, s.oh, s.ow);
     s.grad_x = view4(gx, n, c, hw, hw);
-    if (mode == LAYER_INFER) {
+    if (mode == LAYER_INFER && !four_bit) {
         check(bie_binary_conv2d_generate_quantized_weight(s.layer, true),
               "bie_binary_conv2d_generate_quantized_weight");
         check(bie_binary_conv2d_set_training(s.layer, false), "bie_binary_conv2d_set_training");
@@ -554,9 +568,14 @@ static void bench_conv(const char *name, layer_mode mode, int64_t n, int64_t c, 
         snprintf(extra, sizeof extra, ",\"shape\":\"N%lld C%lld O%lld %lldx%lld k%d p%d\"",
                  (long long)n, (long long)c, (long long)o, (long long)hw, (long long)hw, k, pad);
     } else {
-        t = measure(run_conv_fwd, &s, run_fconv_fwd, &s);
+        t = measure(four_bit ? run_q4conv_fwd : run_conv_fwd, &s, run_fconv_fwd, &s);
         int id = bie_binary_conv2d_gemm_kernel(s.layer);
         kernel = kernel_name(id >= 0 ? id : default_kernel_id(o)); /* the layer's m is O */
+        if (four_bit) {
+            bie_kernel_info info;
+            check(bie_kernel_default(BIE_OP_Q4_GEMM, o, &info), "bie_kernel_default");
+            kernel = info.name;
+        }
         int64_t nan = 0, nonzero = 0;
         for (int64_t i = 0; i < n * o * plane; i++) {
             nan += y[i] != y[i];
@@ -571,6 +590,7 @@ static void bench_conv(const char *name, layer_mode mode, int64_t n, int64_t c, 
     emit(name, "conv2d", kernel, g_threads, o, n * plane, kc, t, total_ops, total_ops, extra);
 
     bie_binary_conv2d_free(s.layer);
+    bie_q4_conv2d_free(s.q4);
     float *bufs[] = {x, y, g, gx, w, s.cols, s.fout, s.fgx, s.fgw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
@@ -761,10 +781,12 @@ int main(int argc, char **argv) {
     bench_layer("layer_infer_m1", LAYER_INFER, 1, 4096, 4096);
     bench_q4_layer("q4_linear_m64", false, 64, 4096, 4096);
     bench_q4_layer("q4_linear_m64_packed", true, 64, 4096, 4096);
-    bench_conv("conv_256x14_n8", LAYER_FWD, 8, 256, 256, 14, 3, 1);
-    bench_conv("conv_64x56_n1", LAYER_FWD, 1, 64, 64, 56, 3, 1);
-    bench_conv("conv_256x14_n8_infer", LAYER_INFER, 8, 256, 256, 14, 3, 1);
-    bench_conv("conv_256x14_n8_bwd", LAYER_BWD, 8, 256, 256, 14, 3, 1);
+    bench_conv("conv_256x14_n8", LAYER_FWD, false, 8, 256, 256, 14, 3, 1);
+    bench_conv("conv_64x56_n1", LAYER_FWD, false, 1, 64, 64, 56, 3, 1);
+    bench_conv("conv_256x14_n8_infer", LAYER_INFER, false, 8, 256, 256, 14, 3, 1);
+    bench_conv("conv_256x14_n8_bwd", LAYER_BWD, false, 8, 256, 256, 14, 3, 1);
+    bench_conv("q4conv_256x14_n8", LAYER_FWD, true, 8, 256, 256, 14, 3, 1);
+    bench_conv("q4conv_256x14_n8_infer", LAYER_INFER, true, 8, 256, 256, 14, 3, 1);
     free(g_filters);
     return 0;
 }
