@@ -25,6 +25,7 @@ static const bie_cpu_kernel kernels[] = {
     /* 4x4 (horizontal sums) wins at m = 64, the 6x32 outer product at m = 2048 (BENCHMARKS.md) */
     {7, "cpu.avx512.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 128, NULL, &bie_tile_avx512_4x4},
     {8, "cpu.avx512.bgemm_6x32", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_6x32},
+    {22, "cpu.avx512.q4gemm_vnni_6x32", BIE_OP_Q4_GEMM, BIE_ISA_AVX512, ANY_M, NULL, &bie_i8tile_vnni_6x32},
 #endif
 };
 #define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
@@ -35,7 +36,7 @@ static int detect_isa(void) {
 #if defined(BIE_HAVE_X86_KERNELS)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vpopcntdq"))
+        __builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("avx512vnni"))
         return BIE_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt")) return BIE_ISA_AVX2;
 #endif

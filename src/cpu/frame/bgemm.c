@@ -61,11 +61,14 @@ static void pack_panel(const bie_tile_kernel *t, int rows_per_panel, const uint8
             }
         return;
     }
-    for (int64_t s = 0; s < steps; s++)
-        for (int r = 0; r < rows_per_panel; r++) {
-            const uint8_t *row = row0 + r < nrows ? src + (row0 + r) * ld : NULL;
-            fetch_chunk(row, k, s * sb, sb, dst + (s * rows_per_panel + r) * sb);
-        }
+    const int64_t nbytes = (k + 7) >> 3;
+    for (int r = 0; r < rows_per_panel; r++) {
+        const uint8_t *row = row0 + r < nrows ? src + (row0 + r) * ld : NULL;
+        int64_t s = 0;
+        if (row) /* whole chunks before the last byte: plain copies */
+            for (; (s + 1) * sb < nbytes; s++) memcpy(dst + (s * rows_per_panel + r) * sb, row + s * sb, (size_t)sb);
+        for (; s < steps; s++) fetch_chunk(row, k, s * sb, sb, dst + (s * rows_per_panel + r) * sb);
+    }
 }
 
 static void pack_all(const bie_tile_kernel *t, int per_panel, const uint8_t *src, int64_t ld,

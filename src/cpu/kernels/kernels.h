@@ -71,6 +71,8 @@ void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst);
  * Codes are in [-8, 7], so |products| <= 64 and 16-bit pair sums cannot saturate. */
 extern const bie_tile_kernel bie_i8tile_generic_4x4;
 extern const bie_tile_kernel bie_i8tile_avx2_3x2;
+/* AVX-512 VNNI (needs avx512vnni besides the AVX-512 set). */
+extern const bie_tile_kernel bie_i8tile_vnni_6x32;
 
 /* Scalar reference (any CPU). */
 uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k);

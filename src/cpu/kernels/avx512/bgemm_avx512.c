@@ -88,3 +88,40 @@ static void tile_avx512_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, 
 
 const bie_tile_kernel bie_tile_avx512_4x4 = {4, 4, 64, BIE_PANEL_DENSE, tile_avx512_4x4};
 const bie_tile_kernel bie_tile_avx512_6x32 = {6, 32, 8, BIE_PANEL_DENSE, tile_avx512_6x32};
+
+/* 4-bit GEMM with AVX-512 VNNI, outer-product form: a step is 4 codes of k; a row's 4 codes
+ * (shifted to unsigned, a + 8) are broadcast to every 32-bit lane and vpdpbusd multiplies
+ * them with 16 columns' 4 codes at once, each lane accumulating its own output exactly.
+ * The shift is removed with the column sums: dot = dot(a + 8, b) - 8 sum(b). */
+static void i8tile_vnni_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
+                             float scale, float *c, int64_t ldc) {
+    (void)k;
+    const __m512i eight = _mm512_set1_epi8(8), ones = _mm512_set1_epi8(1);
+    __m512i acc[6][2], bsum[2];
+    for (int j = 0; j < 2; j++) {
+        bsum[j] = _mm512_setzero_si512();
+        for (int i = 0; i < 6; i++) acc[i][j] = _mm512_setzero_si512();
+    }
+    for (int64_t s = 0; s < steps; s++) {
+        const uint8_t *as = a + s * 6 * 4, *bs = b + s * 32 * 4;
+        __m512i b0 = _mm512_load_si512((const void *)bs), b1 = _mm512_load_si512((const void *)(bs + 64));
+        bsum[0] = _mm512_dpbusd_epi32(bsum[0], ones, b0);
+        bsum[1] = _mm512_dpbusd_epi32(bsum[1], ones, b1);
+        for (int i = 0; i < 6; i++) {
+            int32_t word;
+            __builtin_memcpy(&word, as + i * 4, 4);
+            __m512i ua = _mm512_add_epi8(_mm512_set1_epi32(word), eight);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], ua, b0);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], ua, b1);
+        }
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int j = 0; j < 2; j++) {
+        __m512i corr = _mm512_slli_epi32(bsum[j], 3);
+        for (int i = 0; i < 6; i++)
+            _mm512_storeu_ps(c + i * ldc + j * 16,
+                             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), vs));
+    }
+}
+
+const bie_tile_kernel bie_i8tile_vnni_6x32 = {6, 32, 4, BIE_PANEL_DENSE, i8tile_vnni_6x32};
