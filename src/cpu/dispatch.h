@@ -46,4 +46,18 @@ bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64
                          const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,
                          float *out);
 
+/* Weight-side panels packed once for a tile kernel, reused across calls (inference). */
+typedef struct bie_packed_b {
+    const bie_cpu_kernel *kern;
+    int64_t n, k;
+    uint8_t *panels; /* NULL for row kernels (they read rows in place) */
+} bie_packed_b;
+bie_status bie_cpu_pack_b(const bie_cpu_kernel *kern, int64_t n, int64_t k, const uint8_t *b,
+                          int64_t ldb, bie_packed_b *out);
+void bie_cpu_packed_b_free(bie_packed_b *p);
+bool bie_cpu_packed_b_fits(const bie_packed_b *p, const bie_cpu_kernel *kern, int64_t n, int64_t k);
+/* The frame with B already packed (tile kernels only). */
+bie_status bie_cpu_bgemm_packed(const bie_cpu_kernel *kern, int64_t m, const uint8_t *a,
+                                int64_t lda, const bie_packed_b *b, float scale, float *out);
+
 #endif

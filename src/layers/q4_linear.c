@@ -229,10 +229,16 @@ bie_status bie_q4_linear_forward(bie_q4_linear *l, const bie_tensor *x, bie_tens
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
-    if ((st = bie_q4w_codes(&l->w, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
     bie_q4_encode(x->data, mk, l->bias_a, 1, k, scale_a, codes, mask, resid);
-    st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k, (const uint8_t *)wcodes, k,
-                       scale, out->data);
+    if (!l->training && l->w.qweight && kern->tile) { /* deployment: weight panels packed once */
+        const bie_packed_b *wp;
+        if ((st = bie_q4w_packed(&l->w, kern, &wp, who)) == BIE_OK)
+            st = bie_cpu_bgemm_packed(kern, m, (const uint8_t *)codes, k, wp, scale, out->data);
+    } else {
+        if ((st = bie_q4w_codes(&l->w, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
+        st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k, (const uint8_t *)wcodes, k,
+                           scale, out->data);
+    }
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
     if (keep) {

@@ -15,6 +15,7 @@ void bie_q4w_init(bie_q4_weight *w, int64_t rows, int64_t cols) {
 static void set_qweight(bie_q4_weight *w, uint8_t *q) {
     bie_free_aligned(w->qweight);
     bie_free_aligned(w->qcodes);
+    bie_cpu_packed_b_free(&w->packed);
     w->qweight = q;
     w->qcodes = NULL;
 }
@@ -153,4 +154,20 @@ void bie_q4_encode(const float *x, int64_t n, const float *bias, int64_t run, in
         }
         if (mask) mask[byte] = (uint8_t)bits;
     }
+}
+
+bie_status bie_q4w_packed(bie_q4_weight *w, const bie_cpu_kernel *kern, const bie_packed_b **out,
+                          const char *who) {
+    if (!bie_cpu_packed_b_fits(&w->packed, kern, w->rows, w->cols * 8)) {
+        int8_t *codes = NULL;
+        bool borrowed = false;
+        BIE_TRY(bie_q4w_codes(w, true, &codes, &borrowed, who));
+        bie_status st = bie_cpu_pack_b(kern, w->rows, w->cols * 8, (const uint8_t *)codes, w->cols, &w->packed);
+        if (!borrowed) bie_free_aligned(codes);
+        BIE_TRY(st);
+        bie_free_aligned(w->qcodes); /* the panels supersede the unpacked copy */
+        w->qcodes = NULL;
+    }
+    *out = &w->packed;
+    return BIE_OK;
 }

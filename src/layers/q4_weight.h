@@ -5,6 +5,7 @@
 #ifndef BIE_Q4_WEIGHT_H
 #define BIE_Q4_WEIGHT_H
 
+#include "../cpu/dispatch.h"
 #include "binary_weight.h"
 
 typedef struct bie_q4_weight {
@@ -12,6 +13,7 @@ typedef struct bie_q4_weight {
     float *f32;       /* or NULL after generate_quantized_weight(qweight_only) */
     uint8_t *qweight; /* [rows, ceil(cols / 2)] or NULL */
     int8_t *qcodes;   /* qweight as int8 (inference cache) or NULL */
+    bie_packed_b packed; /* qcodes in a tile kernel's panels (inference cache) */
     float scale_w;
 } bie_q4_weight;
 
@@ -36,6 +38,9 @@ bie_status bie_q4w_codes(bie_q4_weight *w, bool prefer_q, int8_t **codes, bool *
  * tensor) and the rounding residual (rint(v) - v) * 254 in int8 for the backward. */
 void bie_q4_encode(const float *x, int64_t n, const float *bias, int64_t run, int64_t len,
                    float scale, int8_t *codes, uint8_t *mask, int8_t *resid);
+/* qweight's codes packed once into `kern`'s weight panels (a tile kernel), for inference. */
+bie_status bie_q4w_packed(bie_q4_weight *w, const bie_cpu_kernel *kern, const bie_packed_b **out,
+                          const char *who);
 /* Pack int8 codes into nibble rows. */
 void bie_q4_pack_nibbles(const int8_t *codes, int64_t rows, int64_t cols, uint8_t *dst);
 

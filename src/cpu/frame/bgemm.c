@@ -79,28 +79,17 @@ static void pack_all(const bie_tile_kernel *t, int per_panel, const uint8_t *src
         pack_panel(t, per_panel, src, ld, p * per_panel, nrows, k, steps, dst + p * panel_bytes);
 }
 
-static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
-                            const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb,
-                            float scale, float *out) {
-    const bie_tile_kernel *t = kern->tile;
-    const int mr = t->mr, nr = t->nr;
-    int64_t steps = panel_steps(t, k);
-    int64_t a_panels = (m + mr - 1) / mr, b_panels = (n + nr - 1) / nr;
-    int64_t a_panel_bytes = steps * mr * t->step_bytes, b_panel_bytes = steps * nr * t->step_bytes;
-    int64_t a_bytes, b_bytes;
-    if (!bie_mul_ok(a_panels, a_panel_bytes, &a_bytes) || !bie_mul_ok(b_panels, b_panel_bytes, &b_bytes))
-        return bie_fail(BIE_ERR_OVERFLOW, "binary gemm: packed panels too large");
-    uint8_t *ap = bie_alloc_aligned((size_t)a_bytes);
-    uint8_t *bp = bie_alloc_aligned((size_t)b_bytes);
-    if (ap == NULL || bp == NULL) {
-        bie_free_aligned(ap);
-        bie_free_aligned(bp);
-        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "binary gemm: %lld bytes of panels",
-                        (long long)(a_bytes + b_bytes));
-    }
-    pack_all(t, mr, a, lda, m, k, steps, ap, a_panel_bytes);
-    pack_all(t, nr, b, ldb, n, k, steps, bp, b_panel_bytes);
+/* Bytes of one micro-panel of `per_panel` rows and the number of k steps. */
+static int64_t panel_bytes_of(const bie_tile_kernel *t, int per_panel, int64_t steps) {
+    return steps * per_panel * t->step_bytes;
+}
 
+/* Every tile of out from packed A and B panels: blocking, threads, edge tiles. */
+static void compute_tiles(const bie_tile_kernel *t, int64_t m, int64_t n, int64_t k, int64_t steps,
+                          const uint8_t *ap, const uint8_t *bp, float scale, float *out) {
+    const int mr = t->mr, nr = t->nr;
+    const int64_t a_panels = (m + mr - 1) / mr, b_panels = (n + nr - 1) / nr;
+    const int64_t a_panel_bytes = panel_bytes_of(t, mr, steps), b_panel_bytes = panel_bytes_of(t, nr, steps);
     /* Blocks: a B block of about 16 KiB stays in L1 while the A panels of an A block (about
      * 256 KiB, in L2) stream past it one at a time; each A panel is then reused from L1
      * across the whole B block. */
@@ -108,8 +97,8 @@ static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, in
     b_per_block = b_per_block < 1 ? 1 : b_per_block > 64 ? 64 : b_per_block;
     int64_t a_per_block = (256 * 1024) / a_panel_bytes;
     a_per_block = a_per_block < 1 ? 1 : a_per_block;
-    int64_t ablocks = (a_panels + a_per_block - 1) / a_per_block;
-    int64_t bblocks = (b_panels + b_per_block - 1) / b_per_block;
+    const int64_t ablocks = (a_panels + a_per_block - 1) / a_per_block;
+    const int64_t bblocks = (b_panels + b_per_block - 1) / b_per_block;
 #pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) collapse(2) if (big_enough_for_threads(m, n, k))
     for (int64_t jb = 0; jb < bblocks; jb++)
         for (int64_t ib = 0; ib < ablocks; ib++) {
@@ -131,9 +120,64 @@ static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, in
                         for (int c = 0; c < cols; c++) out[(i0 + r) * n + j0 + c] = edge[r * nr + c];
                 }
         }
+}
+
+/* Packed panels of `rows` rows of a matrix, allocated. */
+static bie_status pack_side(const bie_tile_kernel *t, int per_panel, const uint8_t *src, int64_t ld,
+                            int64_t rows, int64_t k, uint8_t **out) {
+    const int64_t steps = panel_steps(t, k), panels = (rows + per_panel - 1) / per_panel;
+    int64_t bytes;
+    if (!bie_mul_ok(panels, panel_bytes_of(t, per_panel, steps), &bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "gemm: packed panels too large");
+    uint8_t *p = bie_alloc_aligned((size_t)bytes);
+    if (p == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "gemm: %lld bytes of panels", (long long)bytes);
+    pack_all(t, per_panel, src, ld, rows, k, steps, p, panel_bytes_of(t, per_panel, steps));
+    *out = p;
+    return BIE_OK;
+}
+
+bie_status bie_cpu_pack_b(const bie_cpu_kernel *kern, int64_t n, int64_t k, const uint8_t *b,
+                          int64_t ldb, bie_packed_b *out) {
+    uint8_t *p = NULL;
+    if (kern->tile) BIE_TRY(pack_side(kern->tile, kern->tile->nr, b, ldb, n, k, &p));
+    bie_cpu_packed_b_free(out);
+    out->kern = kern;
+    out->n = n;
+    out->k = k;
+    out->panels = p;
+    return BIE_OK;
+}
+
+void bie_cpu_packed_b_free(bie_packed_b *p) {
+    bie_free_aligned(p->panels);
+    memset(p, 0, sizeof *p);
+}
+
+bool bie_cpu_packed_b_fits(const bie_packed_b *p, const bie_cpu_kernel *kern, int64_t n, int64_t k) {
+    return p->panels && p->kern == kern && p->n == n && p->k == k;
+}
+
+bie_status bie_cpu_bgemm_packed(const bie_cpu_kernel *kern, int64_t m, const uint8_t *a, int64_t lda,
+                                const bie_packed_b *b, float scale, float *out) {
+    const bie_tile_kernel *t = kern->tile;
+    uint8_t *ap = NULL;
+    BIE_TRY(pack_side(t, t->mr, a, lda, m, b->k, &ap));
+    compute_tiles(t, m, b->n, b->k, panel_steps(t, b->k), ap, b->panels, scale, out);
+    bie_free_aligned(ap);
+    return BIE_OK;
+}
+
+static bie_status run_tiled(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                            const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb,
+                            float scale, float *out) {
+    const bie_tile_kernel *t = kern->tile;
+    uint8_t *ap = NULL, *bp = NULL;
+    bie_status st = pack_side(t, t->mr, a, lda, m, k, &ap);
+    if (st == BIE_OK) st = pack_side(t, t->nr, b, ldb, n, k, &bp);
+    if (st == BIE_OK) compute_tiles(t, m, n, k, panel_steps(t, k), ap, bp, scale, out);
     bie_free_aligned(ap);
     bie_free_aligned(bp);
-    return BIE_OK;
+    return st;
 }
 
 bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
