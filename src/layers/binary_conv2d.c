@@ -334,28 +334,27 @@ static void im2col_bits(const bie_conv_geom *g, const uint64_t *nhwc, int64_t cw
     }
 }
 
-/* out = (float)(dot + padding correction) * scale, where out holds (float)dot exactly.
- * `border` (one flag per output pixel) says which pixels have taps outside the input. */
+/* dst (out_c x OH OW of one image) = (float)(dot + padding correction) * scale, where src
+ * (rows of stride src_ld) holds (float)dot exactly. `border` flags the output pixels that
+ * have taps outside the input. */
 static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, const uint8_t *border,
-                         float scale, float *out) {
+                         float scale, const float *src, int64_t src_ld, float *dst) {
     const int64_t kk = g->k * g->k, plane = g->oh * g->ow;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->o * plane > 65536)
     for (int64_t o = 0; o < g->o; o++) {
-        float *row = out + o * plane;
+        const float *in = src + o * src_ld;
+        float *row = dst + o * plane;
         for (int64_t pix = 0; pix < plane; pix++) {
-            if (!border[pix]) { /* row[pix] is the exact dot: (float)dot * scale */
-                row[pix] *= scale;
+            if (!border[pix]) { /* in[pix] is the exact dot: (float)dot * scale */
+                row[pix] = in[pix] * scale;
                 continue;
             }
-            int64_t dot = (int64_t)row[pix];
-            {
-                int64_t oy = pix / g->ow, ox = pix % g->ow;
-                for (int64_t i = 0; i < g->k; i++)
-                    for (int64_t j = 0; j < g->k; j++) {
-                        int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
-                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += tapsum[o * kk + i * g->k + j];
-                    }
-            }
+            int64_t dot = (int64_t)in[pix], oy = pix / g->ow, ox = pix % g->ow;
+            for (int64_t i = 0; i < g->k; i++)
+                for (int64_t j = 0; j < g->k; j++) {
+                    int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
+                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += tapsum[o * kk + i * g->k + j];
+                }
             row[pix] = (float)dot * scale;
         }
     }
@@ -395,15 +394,21 @@ bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, 
     if (!bie_mul_ok(g.n * g.c, pb, &planes_bytes) || !bie_mul_ok(g.n * g.h * g.w, cw, &nhwc_words) ||
         !bie_mul_ok(plane, crb, &cols_bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    /* Images go through the GEMM in chunks (one call for many images keeps both threads
+     * busy); a chunk's bit-im2col stays within about 32 MiB. */
+    int64_t chunk = (32 << 20) / (cols_bytes > 0 ? cols_bytes : 1);
+    chunk = chunk < 1 ? 1 : chunk > g.n ? g.n : chunk;
+    cols_bytes *= chunk;
     uint8_t *signs = bie_alloc_aligned((size_t)planes_bytes);
     uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
     uint64_t *nhwc = bie_alloc_aligned((size_t)nhwc_words * 8);
     uint8_t *cols = bie_alloc_aligned((size_t)cols_bytes);
     uint8_t *border = bie_alloc_aligned((size_t)plane);
+    float *dots = bie_alloc_aligned((size_t)(g.o * chunk * plane) * sizeof(float));
     uint8_t *wbits = NULL;
     int32_t *tapsum = NULL;
     bie_status st = BIE_OK;
-    if (!signs || (l->training && !mask) || !nhwc || !cols || !border) {
+    if (!signs || (l->training && !mask) || !nhwc || !cols || !border || !dots) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
@@ -420,10 +425,12 @@ bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, 
     }
     const bie_cpu_kernel *kern = forward_kernel(l, g.o);
     float *o = out->data;
-    for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
-        im2col_bits(&g, nhwc, cw, n, cols, crb);
-        st = bie_cpu_bgemm(kern, g.o, plane, K, wbits, crb, cols, crb, 1.0f, o + n * g.o * plane);
-        if (st == BIE_OK) finish_image(&g, tapsum, border, scale, o + n * g.o * plane);
+    for (int64_t n0 = 0; n0 < g.n && st == BIE_OK; n0 += chunk) {
+        const int64_t cnt = g.n - n0 < chunk ? g.n - n0 : chunk, width = cnt * plane;
+        for (int64_t n = n0; n < n0 + cnt; n++) im2col_bits(&g, nhwc, cw, n, cols + (n - n0) * plane * crb, crb);
+        st = bie_cpu_bgemm(kern, g.o, width, K, wbits, crb, cols, crb, 1.0f, dots);
+        for (int64_t n = n0; n < n0 + cnt && st == BIE_OK; n++)
+            finish_image(&g, tapsum, border, scale, dots + (n - n0) * plane, width, o + n * g.o * plane);
     }
     if (st != BIE_OK) goto done;
 
@@ -446,6 +453,7 @@ done:
     bie_free_aligned(nhwc);
     bie_free_aligned(cols);
     bie_free_aligned(border);
+    bie_free_aligned(dots);
     bie_free_aligned(wbits);
     bie_free_aligned(tapsum);
     return st;
