@@ -203,41 +203,64 @@ static inline int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(x);
 }
 
+/* n (1..128) steps of the 3x2 4-bit tile in registers (the intrinsics version spilled two
+ * accumulators): acc gets the 16-bit sums of row i x column j, bacc the column sums. */
+static inline __attribute__((always_inline)) void
+block_i8_3x2(int64_t n, const uint8_t *ap, const uint8_t *bp, __m256i *acc, __m256i *bacc) {
+    const __m256i eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256i s0 = c00, s1 = c00, av, b0, b1, t;
+    __asm__ volatile(
+        "1:\n\t"
+        "vmovdqa (%[bp]), %[b0]\n\t"
+        "vmovdqa 32(%[bp]), %[b1]\n\t"
+        "vpmaddubsw %[b0], %[ones], %[t]\n\t"
+        "vpaddw %[t], %[s0], %[s0]\n\t"
+        "vpmaddubsw %[b1], %[ones], %[t]\n\t"
+        "vpaddw %[t], %[s1], %[s1]\n\t"
+        "vpaddb (%[ap]), %[eight], %[av]\n\t"
+        "vpmaddubsw %[b0], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c00], %[c00]\n\t"
+        "vpmaddubsw %[b1], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c01], %[c01]\n\t"
+        "vpaddb 32(%[ap]), %[eight], %[av]\n\t"
+        "vpmaddubsw %[b0], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c10], %[c10]\n\t"
+        "vpmaddubsw %[b1], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c11], %[c11]\n\t"
+        "vpaddb 64(%[ap]), %[eight], %[av]\n\t"
+        "vpmaddubsw %[b0], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c20], %[c20]\n\t"
+        "vpmaddubsw %[b1], %[av], %[t]\n\t"
+        "vpaddw %[t], %[c21], %[c21]\n\t"
+        "add $96, %[ap]\n\t"
+        "add $64, %[bp]\n\t"
+        "dec %[n]\n\t"
+        "jnz 1b\n\t"
+        : [c00] "+x"(c00), [c01] "+x"(c01), [c10] "+x"(c10), [c11] "+x"(c11), [c20] "+x"(c20),
+          [c21] "+x"(c21), [s0] "+x"(s0), [s1] "+x"(s1), [av] "=&x"(av), [b0] "=&x"(b0),
+          [b1] "=&x"(b1), [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+        : [eight] "x"(eight), [ones] "x"(ones8)
+        : "cc", "memory");
+    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
+    bacc[0] = s0, bacc[1] = s1;
+}
+
 static void i8tile_avx2_3x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
                             float scale, float *c, int64_t ldc) {
     (void)k;
-    const __m256i eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
-    __m256i wide[3][2], bsum[2];
-    for (int j = 0; j < 2; j++) {
-        bsum[j] = _mm256_setzero_si256();
-        for (int i = 0; i < 3; i++) wide[i][j] = _mm256_setzero_si256();
-    }
+    __m256i wide[6], bsum[2], acc[6], bacc[2];
+    for (int t = 0; t < 6; t++) wide[t] = _mm256_setzero_si256();
+    bsum[0] = bsum[1] = _mm256_setzero_si256();
     for (int64_t s0 = 0; s0 < steps; s0 += 128) {
-        int64_t s1 = s0 + 128 < steps ? s0 + 128 : steps;
-        __m256i acc[3][2], bacc[2];
-        for (int j = 0; j < 2; j++) {
-            bacc[j] = _mm256_setzero_si256();
-            for (int i = 0; i < 3; i++) acc[i][j] = _mm256_setzero_si256();
-        }
-        for (int64_t s = s0; s < s1; s++) {
-            const __m256i *as = (const __m256i *)(a + s * 3 * 32), *bs = (const __m256i *)(b + s * 2 * 32);
-            __m256i b0 = _mm256_load_si256(bs), b1 = _mm256_load_si256(bs + 1);
-            bacc[0] = _mm256_add_epi16(bacc[0], _mm256_maddubs_epi16(ones8, b0));
-            bacc[1] = _mm256_add_epi16(bacc[1], _mm256_maddubs_epi16(ones8, b1));
-            for (int i = 0; i < 3; i++) {
-                __m256i ua = _mm256_add_epi8(_mm256_load_si256(as + i), eight);
-                acc[i][0] = _mm256_add_epi16(acc[i][0], _mm256_maddubs_epi16(ua, b0));
-                acc[i][1] = _mm256_add_epi16(acc[i][1], _mm256_maddubs_epi16(ua, b1));
-            }
-        }
-        for (int j = 0; j < 2; j++) {
-            bsum[j] = widen_add(bsum[j], bacc[j]);
-            for (int i = 0; i < 3; i++) wide[i][j] = widen_add(wide[i][j], acc[i][j]);
-        }
+        int64_t n = steps - s0 < 128 ? steps - s0 : 128;
+        block_i8_3x2(n, a + s0 * 3 * 32, b + s0 * 2 * 32, acc, bacc);
+        for (int t = 0; t < 6; t++) wide[t] = widen_add(wide[t], acc[t]);
+        for (int j = 0; j < 2; j++) bsum[j] = widen_add(bsum[j], bacc[j]);
     }
     for (int j = 0; j < 2; j++) {
         int32_t sb = hsum_epi32(bsum[j]);
-        for (int i = 0; i < 3; i++) c[i * ldc + j] = (float)(hsum_epi32(wide[i][j]) - 8 * sb) * scale;
+        for (int i = 0; i < 3; i++) c[i * ldc + j] = (float)(hsum_epi32(wide[i * 2 + j]) - 8 * sb) * scale;
     }
 }
 
