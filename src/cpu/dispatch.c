@@ -87,11 +87,12 @@ const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
 }
 
 bie_cpu_pack_kernels bie_cpu_pack(void) {
-    bie_cpu_pack_kernels p = {bie_pack_f32_row_generic, bie_pack_i8_row_generic};
+    bie_cpu_pack_kernels p = {bie_pack_f32_row_generic, bie_pack_i8_row_generic, bie_q4_quantize_generic};
 #ifdef BIE_HAVE_X86_KERNELS
     if (active_isa() >= BIE_ISA_AVX2) {
         p.f32 = bie_pack_f32_row_avx2;
         p.i8 = bie_pack_i8_row_avx2;
+        p.q4 = bie_q4_quantize_avx2;
     }
 #endif
     return p;

@@ -33,6 +33,7 @@ const bie_cpu_kernel *bie_cpu_kernel_at(int i);
 typedef struct bie_cpu_pack_kernels {
     bie_pack_f32_row_fn f32;
     bie_pack_i8_row_fn i8;
+    bie_q4_quantize_fn q4;
 } bie_cpu_pack_kernels;
 bie_cpu_pack_kernels bie_cpu_pack(void);
 

@@ -75,8 +75,9 @@ void bie_q4_pack_nibbles(const int8_t *codes, int64_t rows, int64_t cols, uint8_
 static bie_status float_codes(const bie_q4_weight *w, int8_t **out, const char *who) {
     int8_t *c = bie_alloc_aligned((size_t)(w->rows * w->cols));
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight codes", who);
+    const bie_q4_quantize_fn quantize = bie_cpu_pack().q4;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (w->rows * w->cols > 65536)
-    for (int64_t i = 0; i < w->rows * w->cols; i++) c[i] = bie_q4(w->f32[i], w->scale_w);
+    for (int64_t r = 0; r < w->rows; r++) quantize(w->f32 + r * w->cols, w->cols, w->scale_w, c + r * w->cols);
     *out = c;
     return BIE_OK;
 }

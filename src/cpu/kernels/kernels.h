@@ -58,6 +58,11 @@ typedef void (*bie_pack_f32_row_fn)(const float *x, const float *bias, int64_t c
 /* Sign bits of int8 values (v >= 0 -> 1) into dst[0 .. ceil(cols / 8)). */
 typedef void (*bie_pack_i8_row_fn)(const int8_t *x, int64_t cols, uint8_t *dst);
 
+/* 4-bit codes q4(x[i], s) = clamp(rint(x[i] / s), -8, 7) (NaN -> 0), identical on every ISA. */
+typedef void (*bie_q4_quantize_fn)(const float *x, int64_t n, float s, int8_t *out);
+void bie_q4_quantize_generic(const float *x, int64_t n, float s, int8_t *out);
+void bie_q4_quantize_avx2(const float *x, int64_t n, float s, int8_t *out);
+
 void bie_pack_f32_row_generic(const float *x, const float *bias, int64_t cols, uint8_t *dst,
                               uint8_t *mask, float scale, float lo, float hi);
 void bie_pack_i8_row_generic(const int8_t *x, int64_t cols, uint8_t *dst);

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "../kernels.h"
+#include "../../../core/formats.h"
 
 #define NIBBLE_LUT _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, \
                                     0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4)
@@ -265,3 +266,20 @@ static void i8tile_avx2_3x2(int64_t steps, const uint8_t *a, const uint8_t *b, i
 }
 
 const bie_tile_kernel bie_i8tile_avx2_3x2 = {3, 2, 32, BIE_PANEL_DENSE, i8tile_avx2_3x2};
+
+/* q4 of 8 floats at a time: the same IEEE division and round-half-to-even as the scalar
+ * code, clamped, NaN mapped to 0, narrowed to int8. */
+void bie_q4_quantize_avx2(const float *x, int64_t n, float s, int8_t *out) {
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 ordered = _mm256_cmp_ps(q, q, _CMP_ORD_Q);
+        q = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(q, lo), hi), ordered);
+        __m256i v = _mm256_cvtps_epi32(q);
+        __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(out + i), _mm_packs_epi16(w, w));
+    }
+    for (; i < n; i++) out[i] = bie_q4(x[i], s);
+}

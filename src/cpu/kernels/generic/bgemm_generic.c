@@ -1,5 +1,6 @@
 /* Reference and portable binary kernels: plain C, any CPU. */
 #include "../kernels.h"
+#include "../../../core/formats.h"
 
 uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k) {
     uint64_t p = 0;
@@ -69,3 +70,7 @@ static void i8tile_generic_4x4(int64_t steps, const uint8_t *a, const uint8_t *b
 }
 
 const bie_tile_kernel bie_i8tile_generic_4x4 = {4, 4, 32, BIE_PANEL_DENSE, i8tile_generic_4x4};
+
+void bie_q4_quantize_generic(const float *x, int64_t n, float s, int8_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = bie_q4(x[i], s);
+}
