@@ -54,13 +54,12 @@ bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels
     l->training = true;
     l->kernel_id = -1;
     bie_bw_init(&l->w, out_channels, k2c);
-    l->bias_a = bie_alloc_aligned((size_t)in_channels * sizeof(float));
+    l->bias_a = bie_layer_bias_alloc(in_channels);
     bie_status st = l->bias_a ? bie_bw_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
     if (st != BIE_OK) {
         bie_binary_conv2d_free(l);
         return st;
     }
-    memset(l->bias_a, 0, (size_t)in_channels * sizeof(float));
     *out = l;
     return BIE_OK;
 }
@@ -139,9 +138,7 @@ bool bie_binary_conv2d_training(const bie_binary_conv2d *l) { return l && l->tra
 
 bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *l, float scale_a) {
     CHECK_LAYER(l);
-    if (!isfinite(scale_a) || scale_a < 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE,
-                        (double)scale_a);
+    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
     l->scale_a = scale_a;
     return BIE_OK;
 }

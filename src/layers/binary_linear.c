@@ -58,12 +58,11 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
     l->kernel_id = -1;
     l->scale_a = 0.0f;
     bie_bw_init(&l->w, out_features, in_features);
-    l->bias_a = bie_alloc_aligned((size_t)in_features * sizeof(float));
+    l->bias_a = bie_layer_bias_alloc(in_features);
     if (l->bias_a == NULL) {
         free(l);
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
     }
-    memset(l->bias_a, 0, (size_t)in_features * sizeof(float));
     bie_status st = bie_binary_linear_reset_parameters(l, 0);
     if (st != BIE_OK) {
         bie_binary_linear_free(l);
@@ -175,9 +174,7 @@ bie_status bie_binary_linear_param(bie_binary_linear *l, bie_param which, bie_te
 
 bie_status bie_binary_linear_set_scale_a(bie_binary_linear *l, float scale_a) {
     CHECK_LAYER(l);
-    if (!isfinite(scale_a) || scale_a < 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE,
-                        (double)scale_a);
+    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
     l->scale_a = scale_a;
     return BIE_OK;
 }

@@ -238,3 +238,16 @@ bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtyp
     }
     return BIE_OK;
 }
+
+float *bie_layer_bias_alloc(int64_t n) {
+    float *b = bie_alloc_aligned((size_t)n * sizeof(float));
+    if (b) memset(b, 0, (size_t)n * sizeof(float));
+    return b;
+}
+
+bie_status bie_check_scale_a(float scale_a, const char *who) {
+    if (!isfinite(scale_a) || scale_a < 0)
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", who,
+                        (double)scale_a);
+    return BIE_OK;
+}

@@ -46,6 +46,11 @@ bie_dtype bie_bw_word_dtype(int word_bits);
  * is not positive. */
 bie_status bie_activation_scale(float current, const float *x, int64_t n, double factor,
                                 const char *who, float *scale);
+/* A layer's bias_a: n zeros (NULL when out of memory). */
+float *bie_layer_bias_alloc(int64_t n);
+/* The layers' set_scale_a check: finite and >= 0 (0 = initialise from the next input). */
+bie_status bie_check_scale_a(float scale_a, const char *who);
+
 /* Per-tensor narrow-range int8 quantization (SPEC §1). */
 void bie_quantize_i8(const float *x, int64_t n, int8_t *q);
 

@@ -67,13 +67,12 @@ bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels, int64_
     l->training = true;
     l->kernel_id = -1;
     bie_q4w_init(&l->w, out_channels, fan_in(l));
-    l->bias_a = bie_alloc_aligned((size_t)in_channels * sizeof(float));
+    l->bias_a = bie_layer_bias_alloc(in_channels);
     bie_status st = l->bias_a ? bie_q4w_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
     if (st != BIE_OK) {
         bie_q4_conv2d_free(l);
         return st;
     }
-    memset(l->bias_a, 0, (size_t)in_channels * sizeof(float));
     *out = l;
     return BIE_OK;
 }
@@ -148,8 +147,7 @@ bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *l, int id) {
 
 bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *l, float scale_a) {
     CHECK_LAYER(l);
-    if (!isfinite(scale_a) || scale_a < 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE, (double)scale_a);
+    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
     l->scale_a = scale_a;
     return BIE_OK;
 }

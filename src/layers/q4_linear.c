@@ -64,13 +64,12 @@ bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features, int64_
     l->training = true;
     l->kernel_id = -1;
     bie_q4w_init(&l->w, out_features, in_features);
-    l->bias_a = bie_alloc_aligned((size_t)in_features * sizeof(float));
+    l->bias_a = bie_layer_bias_alloc(in_features);
     bie_status st = l->bias_a ? bie_q4w_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
     if (st != BIE_OK) {
         bie_q4_linear_free(l);
         return st;
     }
-    memset(l->bias_a, 0, (size_t)in_features * sizeof(float));
     *out = l;
     return BIE_OK;
 }
@@ -146,8 +145,7 @@ bie_status bie_q4_linear_set_gemm_kernel(bie_q4_linear *l, int id) {
 
 bie_status bie_q4_linear_set_scale_a(bie_q4_linear *l, float scale_a) {
     CHECK_LAYER(l);
-    if (!isfinite(scale_a) || scale_a < 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a must be finite and >= 0 (got %g)", MODULE, (double)scale_a);
+    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
     l->scale_a = scale_a;
     return BIE_OK;
 }
