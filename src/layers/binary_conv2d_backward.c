@@ -108,14 +108,7 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
     for (int64_t nc = 0; nc < g.n * C; nc++) dscale += plane_dot[nc];
     if (gq) bie_quantize_i8(gw, g.o * K, gq);
 
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_w_i8);
-    bie_free_aligned(l->grad_bias_a);
-    l->grad_w = gw;
-    l->grad_w_i8 = gq;
-    l->grad_bias_a = gb;
-    l->grad_scale_a = (float)(dscale / sqrt((double)(g.n * C * hw)));
-    l->has_grad = true;
+    bie_grads_install(&l->grads, gw, gq, gb, (float)(dscale / sqrt((double)(g.n * C * hw))));
     bie_free_aligned(wf);
     bie_free_aligned(cols);
     if (!grad_x) bie_free_aligned(gx);
@@ -126,17 +119,6 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
 
 bie_status bie_binary_conv2d_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_conv2d_grad: layer is NULL");
-    BIE_CHECK_NULL(v);
-    if (!l->has_grad) return bie_fail(BIE_ERR_STATE, "binary_conv2d_grad: no gradients yet (run backward)");
-    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-        if (l->grad_w_i8) return bie_tensor_view(v, l->grad_w_i8, BIE_I8, 4, wshape);
-        return bie_tensor_view(v, l->grad_w, BIE_F32, 4, wshape);
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 4, wshape);
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in_c);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
-    default: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "binary_conv2d_grad: parameter %d has no gradient", (int)which);
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "binary_conv2d_grad");
 }

@@ -29,11 +29,7 @@ struct bie_binary_conv2d {
     int64_t saved_wrb; /* bytes per row of saved_wbits */
     float saved_scale_a, saved_scale_w;
 
-    bool has_grad;
-    float *grad_w; /* [out_c, in_c * k * k] */
-    int8_t *grad_w_i8;
-    float *grad_bias_a;
-    float grad_scale_a;
+    bie_layer_grads grads;
 };
 
 /* Input row index of output row `o` and tap `i` (may be outside 0..h-1). */

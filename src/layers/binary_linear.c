@@ -77,9 +77,7 @@ void bie_binary_linear_free(bie_binary_linear *l) {
     drop_saved(l);
     bie_bw_free(&l->w);
     bie_free_aligned(l->bias_a);
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_w_i8);
-    bie_free_aligned(l->grad_bias_a);
+    bie_grads_free(&l->grads);
     free(l);
 }
 

@@ -89,14 +89,7 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
                 xs, (int)k, 0.0f, gw, (int)k);
     if (gq) bie_quantize_i8(gw, n * k, gq);
 
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_w_i8);
-    bie_free_aligned(l->grad_bias_a);
-    l->grad_w = gw;
-    l->grad_w_i8 = gq;
-    l->grad_bias_a = gb;
-    l->grad_scale_a = (float)(dscale / sqrt((double)(m * k)));
-    l->has_grad = true;
+    bie_grads_install(&l->grads, gw, gq, gb, (float)(dscale / sqrt((double)(m * k))));
     bie_free_aligned(wf);
     bie_free_aligned(xs);
     if (!grad_x) bie_free_aligned(gx);
@@ -106,19 +99,6 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
 
 bie_status bie_binary_linear_grad(bie_binary_linear *l, bie_param which, bie_tensor *v) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_linear_grad: layer is NULL");
-    BIE_CHECK_NULL(v);
-    if (!l->has_grad)
-        return bie_fail(BIE_ERR_STATE, "binary_linear_grad: no gradients yet (run backward)");
-    int64_t wshape[2] = {l->out, l->in}, one = 1;
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-        if (l->grad_w_i8) return bie_tensor_view(v, l->grad_w_i8, BIE_I8, 2, wshape);
-        return bie_tensor_view(v, l->grad_w, BIE_F32, 2, wshape);
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 2, wshape);
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
-    default: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "binary_linear_grad: parameter %d has no gradient",
-                    (int)which);
+    const int64_t wshape[2] = {l->out, l->in};
+    return bie_grads_view(&l->grads, which, 2, wshape, &l->in, v, "binary_linear_grad");
 }

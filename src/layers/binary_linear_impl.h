@@ -29,11 +29,7 @@ struct bie_binary_linear {
     float saved_scale_a, saved_scale_w;
 
     /* Gradients of the last backward. */
-    bool has_grad;
-    float *grad_w;      /* [out, in] */
-    int8_t *grad_w_i8;  /* [out, in] when the weight is int8, else NULL */
-    float *grad_bias_a; /* [in] */
-    float grad_scale_a;
+    bie_layer_grads grads;
 };
 
 /* Bytes of one internal packed row (bit stream without word padding). */

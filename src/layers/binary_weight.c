@@ -251,3 +251,36 @@ bie_status bie_check_scale_a(float scale_a, const char *who) {
                         (double)scale_a);
     return BIE_OK;
 }
+
+void bie_grads_free(bie_layer_grads *g) {
+    bie_free_aligned(g->w);
+    bie_free_aligned(g->w_i8);
+    bie_free_aligned(g->bias_a);
+    memset(g, 0, sizeof *g);
+}
+
+void bie_grads_install(bie_layer_grads *g, float *w, int8_t *w_i8, float *bias_a, float scale_a) {
+    bie_grads_free(g);
+    g->w = w;
+    g->w_i8 = w_i8;
+    g->bias_a = bias_a;
+    g->scale_a = scale_a;
+    g->present = true;
+}
+
+bie_status bie_grads_view(bie_layer_grads *g, bie_param which, int wndim, const int64_t *wshape,
+                          const int64_t *bias_len, bie_tensor *v, const char *who) {
+    if (v == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: 'view' is NULL", who);
+    if (!g->present) return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward)", who);
+    const int64_t one = 1;
+    switch (which) {
+    case BIE_PARAM_WEIGHT:
+        if (g->w_i8) return bie_tensor_view(v, g->w_i8, BIE_I8, wndim, wshape);
+        return bie_tensor_view(v, g->w, BIE_F32, wndim, wshape);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, g->w, BIE_F32, wndim, wshape);
+    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, g->bias_a, BIE_F32, 1, bias_len);
+    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &g->scale_a, BIE_F32, 1, &one);
+    default: break;
+    }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", who, (int)which);
+}

@@ -46,6 +46,21 @@ bie_dtype bie_bw_word_dtype(int word_bits);
  * is not positive. */
 bie_status bie_activation_scale(float current, const float *x, int64_t n, double factor,
                                 const char *who, float *scale);
+/* The gradients a layer's last backward produced (every layer's grad() reads them). */
+typedef struct bie_layer_grads {
+    bool present;
+    float *w;     /* float gradient of the weight */
+    int8_t *w_i8; /* its int8 quantization (binary layers with int8 weights) or NULL */
+    float *bias_a;
+    float scale_a;
+} bie_layer_grads;
+void bie_grads_free(bie_layer_grads *g);
+/* Replace the gradients by these (the set takes ownership of the buffers). */
+void bie_grads_install(bie_layer_grads *g, float *w, int8_t *w_i8, float *bias_a, float scale_a);
+/* grad(): WEIGHT (int8 when there is one, else float), WEIGHT_FLOAT_GRAD, BIAS_A, SCALE_A. */
+bie_status bie_grads_view(bie_layer_grads *g, bie_param which, int wndim, const int64_t *wshape,
+                          const int64_t *bias_len, bie_tensor *v, const char *who);
+
 /* A layer's bias_a: n zeros (NULL when out of memory). */
 float *bie_layer_bias_alloc(int64_t n);
 /* The layers' set_scale_a check: finite and >= 0 (0 = initialise from the next input). */

@@ -25,8 +25,7 @@ struct bie_q4_conv2d {
     uint8_t *saved_codes, *saved_mask; /* flat over N C H W */
     int8_t *saved_resid, *saved_wcodes;
     float saved_scale_a, saved_scale_w;
-    bool has_grad;
-    float *grad_w, *grad_bias_a, grad_scale_a;
+    bie_layer_grads grads;
 };
 
 #define CHECK_LAYER(l)                                                                         \
@@ -82,8 +81,7 @@ void bie_q4_conv2d_free(bie_q4_conv2d *l) {
     drop_saved(l);
     bie_q4w_free(&l->w);
     bie_free_aligned(l->bias_a);
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_bias_a);
+    bie_grads_free(&l->grads);
     free(l);
 }
 
@@ -348,12 +346,7 @@ bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, 
         csum[(i / hw) % g.c] += v;
     }
     for (int64_t c = 0; c < g.c; c++) gb[c] = (float)csum[c];
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_bias_a);
-    l->grad_w = gw;
-    l->grad_bias_a = gb;
-    l->grad_scale_a = (float)(dscale / sqrt((double)n_in * 7.0));
-    l->has_grad = true;
+    bie_grads_install(&l->grads, gw, NULL, gb, (float)(dscale / sqrt((double)n_in * 7.0)));
     bie_free_aligned(wf);
     bie_free_aligned(cols);
     bie_free_aligned(img);
@@ -364,15 +357,6 @@ bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, 
 
 bie_status bie_q4_conv2d_grad(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    if (!l->has_grad) return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward)", MODULE);
-    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 4, wshape);
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in_c);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
-    default: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", MODULE, (int)which);
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "q4_conv2d_grad");
 }

@@ -27,8 +27,7 @@ struct bie_q4_linear {
     int8_t *saved_resid;  /* (rint(v) - v) * 254 */
     int8_t *saved_wcodes; /* [out, in] q4(w) */
     float saved_scale_a, saved_scale_w;
-    bool has_grad;
-    float *grad_w, *grad_bias_a, grad_scale_a;
+    bie_layer_grads grads;
 };
 
 #define CHECK_LAYER(l)                                                                         \
@@ -79,8 +78,7 @@ void bie_q4_linear_free(bie_q4_linear *l) {
     drop_saved(l);
     bie_q4w_free(&l->w);
     bie_free_aligned(l->bias_a);
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_bias_a);
+    bie_grads_free(&l->grads);
     free(l);
 }
 
@@ -308,12 +306,7 @@ bie_status bie_q4_linear_backward(bie_q4_linear *l, const bie_tensor *grad_out, 
         col[i % k] += v;
     }
     for (int64_t c = 0; c < k; c++) gb[c] = (float)col[c];
-    bie_free_aligned(l->grad_w);
-    bie_free_aligned(l->grad_bias_a);
-    l->grad_w = gw;
-    l->grad_bias_a = gb;
-    l->grad_scale_a = (float)(dscale / sqrt((double)(m * k) * 7.0));
-    l->has_grad = true;
+    bie_grads_install(&l->grads, gw, NULL, gb, (float)(dscale / sqrt((double)(m * k) * 7.0)));
     bie_free_aligned(wf);
     bie_free_aligned(xs);
     if (!grad_x) bie_free_aligned(gx);
@@ -323,15 +316,6 @@ bie_status bie_q4_linear_backward(bie_q4_linear *l, const bie_tensor *grad_out, 
 
 bie_status bie_q4_linear_grad(bie_q4_linear *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    if (!l->has_grad) return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward)", MODULE);
-    int64_t wshape[2] = {l->out, l->in}, one = 1;
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_tensor_view(v, l->grad_w, BIE_F32, 2, wshape);
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->grad_bias_a, BIE_F32, 1, &l->in);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->grad_scale_a, BIE_F32, 1, &one);
-    default: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", MODULE, (int)which);
+    const int64_t wshape[2] = {l->out, l->in};
+    return bie_grads_view(&l->grads, which, 2, wshape, &l->in, v, "q4_linear_grad");
 }
