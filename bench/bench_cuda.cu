@@ -120,6 +120,143 @@ static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n,
     cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(fa), cudaFree(fb), cudaFree(fc);
 }
 
+static void bie_ok(bie_status s, const char *what) {
+    if (s != BIE_OK) {
+        fprintf(stderr, "bie: %s: %s\n", what, bie_last_error());
+        exit(1);
+    }
+}
+
+static bie_tensor dev_tensor(bie_dtype dt, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    bie_tensor t;
+    bie_ok(bie_cuda_tensor_alloc(&t, dt, 2, shape, 0), "alloc");
+    return t;
+}
+
+// bf16 values in [-2, 2) from random bits (exponent fixed, random mantissa and sign).
+static void fill_bf16(void *p, int64_t count, unsigned seed) {
+    std::vector<uint16_t> h(count);
+    unsigned s = seed * 2654435761u + 1;
+    for (auto &v : h) {
+        s = s * 1664525u + 1013904223u;
+        v = (uint16_t)(0x3f80 | ((s >> 9) & 0x7f) | ((s >> 31) << 15));
+    }
+    CK(cudaMemcpy(p, h.data(), count * 2, cudaMemcpyHostToDevice));
+}
+
+static void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                      int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &one, a, CUDA_R_16BF, (int)lda, b,
+                                    CUDA_R_16BF, (int)ldb, &zero, c, CUDA_R_16BF, (int)ldc,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasGemmEx failed: %d\n", (int)s);
+        exit(1);
+    }
+}
+
+// Inference forward of a bfloat16 binary linear layer (packed weights only) for m rows, N = K =
+// 8192, against cuBLAS bf16 y = x W^T; timed over many launches and as a replayed CUDA graph.
+static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk) {
+    bie_device cuda = {BIE_DEVICE_CUDA, 0};
+    bie_binary_linear *l;
+    bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
+    bie_ok(bie_binary_linear_prepare_params(l), "prepare");
+    bie_ok(bie_binary_linear_set_scale_a(l, 1.0f), "scale_a");
+    bie_ok(bie_binary_linear_set_training(l, false), "eval");
+    bie_ok(bie_binary_linear_generate_quantized_weight(l, true), "pack");
+    bie_tensor x = dev_tensor(BIE_BF16, m, nk), y = dev_tensor(BIE_BF16, m, nk);
+    bie_tensor w = dev_tensor(BIE_BF16, nk, nk);
+    fill_bf16(x.data, m * nk, 5);
+    fill_bf16(w.data, nk * nk, 6);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    bie_ok(bie_cuda_set_stream(st), "stream");
+    cublasSetStream(h, st);
+    auto ours = [&] { bie_ok(bie_binary_linear_forward(l, &x, &y), "forward"); };
+    auto base = [&] { gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk); };
+    ours();
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    ours();
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    auto ours_graph = [&] { CK(cudaGraphLaunch(exec, st)); };
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    auto timed = [&](auto f) {
+        std::vector<double> t;
+        for (int r = 0; r < 7; r++) {
+            CK(cudaEventRecord(a, st));
+            for (int i = 0; i < 200; i++) f();
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            t.push_back(ms * 1e-3 / 200);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    };
+    timed(ours);
+    double t_ours = timed(ours), t_graph = timed(ours_graph), t_base = timed(base);
+    printf("{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"ours_graph_s\":%.6e,"
+           "\"baseline_s\":%.6e,\"ratio\":%.3f,\"weight_gbps\":%.0f,\"baseline\":\"cublasGemmEx bf16 "
+           "(x W^T)\"}\n",
+           name, (long long)m, (long long)nk, (long long)nk, t_ours, t_graph, t_base,
+           t_base / std::min(t_ours, t_graph), (double)nk * nk / 8 / std::min(t_ours, t_graph) / 1e9);
+    fflush(stdout);
+    bie_ok(bie_cuda_set_stream(nullptr), "stream");
+    cublasSetStream(h, nullptr);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&w);
+    bie_binary_linear_free(l);
+}
+
+// A training step (forward + backward with grad_x) of a bfloat16 binary linear layer against
+// a bf16 linear layer's forward + backward in cuBLAS (three GEMMs).
+static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk) {
+    bie_device cuda = {BIE_DEVICE_CUDA, 0};
+    bie_binary_linear *l;
+    bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
+    bie_ok(bie_binary_linear_prepare_params(l), "prepare");
+    bie_tensor x = dev_tensor(BIE_BF16, m, nk), y = dev_tensor(BIE_BF16, m, nk);
+    bie_tensor g = dev_tensor(BIE_BF16, m, nk), gx = dev_tensor(BIE_BF16, m, nk);
+    bie_tensor w = dev_tensor(BIE_BF16, nk, nk), gw = dev_tensor(BIE_BF16, nk, nk);
+    fill_bf16(x.data, m * nk, 7);
+    fill_bf16(g.data, m * nk, 8);
+    fill_bf16(w.data, nk * nk, 9);
+    auto ours = [&] {
+        bie_ok(bie_binary_linear_forward(l, &x, &y), "forward");
+        bie_ok(bie_binary_linear_backward(l, &g, &gx), "backward");
+    };
+    auto ours_fwd = [&] { bie_ok(bie_binary_linear_forward(l, &x, &y), "forward"); };
+    auto base = [&] {
+        gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk);  // y = x W^T
+        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_N, nk, m, nk, w.data, nk, g.data, nk, gx.data, nk); // gx = g W
+        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_T, nk, nk, m, x.data, nk, g.data, nk, gw.data, nk); // gw = g^T x
+    };
+    auto base_fwd = [&] { gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk); };
+    double t_ours = time_it(ours, 10, 7), t_base = time_it(base, 10, 7);
+    double t_of = time_it(ours_fwd, 10, 7), t_bf = time_it(base_fwd, 10, 7);
+    printf("{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"baseline_s\":%.6e,"
+           "\"ratio\":%.3f,\"ours_forward_s\":%.6e,\"baseline_forward_s\":%.6e,\"forward_ratio\":%.3f,"
+           "\"baseline\":\"bf16 linear forward+backward, cublasGemmEx x3\"}\n",
+           name, (long long)m, (long long)nk, (long long)nk, t_ours, t_base, t_base / t_ours, t_of, t_bf,
+           t_bf / t_of);
+    fflush(stdout);
+    bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&g), bie_tensor_free(&gx);
+    bie_tensor_free(&w), bie_tensor_free(&gw);
+    bie_binary_linear_free(l);
+}
+
 int main(int argc, char **argv) {
     if (bie_cuda_device_count() == 0) {
         fprintf(stderr, "no CUDA device\n");
@@ -144,9 +281,13 @@ int main(int argc, char **argv) {
         {"cuda_bgemm_4096", 4096, 4096, 4096, -1},
         {"cuda_bgemm_m1", 1, 8192, 8192, -1},
         {"cuda_bgemm_m16", 16, 8192, 8192, -1},
+        {"cuda_bgemm_m16/102", 16, 8192, 8192, 102},
     };
     for (auto &c : cases)
         if (wanted(argc, argv, c.name)) bgemm_case(h, c.name, c.m, c.n, c.k, c.id);
+    if (wanted(argc, argv, "cuda_linear_fwd_m1")) layer_forward_case(h, "cuda_linear_fwd_m1", 1, 8192);
+    if (wanted(argc, argv, "cuda_linear_fwd_m16")) layer_forward_case(h, "cuda_linear_fwd_m16", 16, 8192);
+    if (wanted(argc, argv, "cuda_linear_train_4096")) layer_train_case(h, "cuda_linear_train_4096", 4096, 4096);
     cublasDestroy(h);
     return 0;
 }

@@ -1,7 +1,9 @@
 // Binary GEMM on tensor cores: mma.m16n8k256 b1 with AND-popc (SPEC §1.1 AND form):
 //   dot = k - 2 popc(a) - 2 popc(b) + 4 popc(a AND b)
-// Rows are first re-laid out on the device into zero-padded rows of whole 512-bit blocks
-// (with their popcounts), so the main loop needs no tail handling.
+// Operands are rows in the device GEMM layout (cuda_internal.h): zero-padded to whole
+// 2048-bit blocks, with their popcounts, so the main loops need no tail handling.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "bie_cuda.h"
@@ -11,41 +13,35 @@
 
 namespace bie_cuda {
 
-// Device rows are padded to whole 2048-bit blocks, so every kernel's k block divides them.
-constexpr int kRowAlign = 256;
+// The epilogue's scale: scale_a * scale_w read on the device (layers, whose scales live in
+// device memory), else a constant.
+struct Scale {
+    float value;
+    const float *a, *w;
+    __device__ __forceinline__ float get() const { return a ? a[0] * w[0] : value; }
+};
 
-// One block per row: copy the row's valid bits into a zero-padded row of `dst_bytes`, mask
-// the tail, count the set bits.
-__global__ void repack_rows(const uint8_t *src, int64_t src_stride, int64_t k, uint8_t *dst,
-                            int64_t dst_bytes, int *popc) {
-    const int64_t row = blockIdx.x;
-    const int64_t nbytes = (k + 7) >> 3;
-    const unsigned tail = (k & 7) ? ((1u << (k & 7)) - 1u) : 0xffu;
-    const uint8_t *s = src + row * src_stride;
-    unsigned *d = reinterpret_cast<unsigned *>(dst + row * dst_bytes);
-    int count = 0;
-    for (int64_t w = threadIdx.x; w < dst_bytes / 4; w += blockDim.x) {
-        unsigned v = 0;
-        for (int b = 0; b < 4; b++) {
-            int64_t idx = w * 4 + b;
-            if (idx < nbytes) {
-                unsigned byte = s[idx];
-                if (idx == nbytes - 1) byte &= tail;
-                v |= byte << (8 * b);
-            }
-        }
-        d[w] = v;
-        count += __popc(v);
-    }
-    __shared__ int partial[32];
-    for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = count;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) total += partial[i];
-        popc[row] = total;
-    }
+// Output dtypes, chosen at run time (one kernel per tile shape, not three).
+enum OutType { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2 };
+
+__device__ __forceinline__ void store_out(void *out, int64_t i, float v, int type) {
+    if (type == kOutF32) static_cast<float *>(out)[i] = v;
+    else if (type == kOutBF16) static_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16(v);
+    else static_cast<__half *>(out)[i] = __float2half(v);
+}
+
+// popc(row) from its partial counts.
+__device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
+    int s = 0;
+    for (int i = 0; i < parts; i++) s += p[row * parts + i];
+    return s;
+}
+
+// AND-form back-transform and one float multiply, as every backend does.
+__device__ __forceinline__ void store_dot(void *out, int type, int64_t row, int64_t col, int64_t n,
+                                          int64_t k, int pa, int pb, int acc, float scale) {
+    long long dot = k - 2LL * pa - 2LL * pb + 4LL * acc;
+    store_out(out, row * n + col, (float)dot * scale, type);
 }
 
 // BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
@@ -53,10 +49,10 @@ __global__ void repack_rows(const uint8_t *src, int64_t src_stride, int64_t k, u
 // of BKB bytes. Shared rows are BKB + 16 bytes: the 8 rows an ldmatrix reads then fall in
 // distinct banks.
 template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES>
-__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
+__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
     bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, float scale, float *__restrict__ out) {
+             const int *__restrict__ pb, int parts, Scale sc, int out_type, void *out) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     constexpr int kSmemRow = BKB + 16, kStages = STAGES, CHUNKS = BKB / 16;
     const int kblocks = (int)(ld / BKB);
@@ -133,8 +129,25 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
     }
     cp_async_wait<0>();
 
-    // Epilogue: AND-form back-transform, one float multiply, as every backend does.
+    // Epilogue. The row and column popcounts are read once, before any store: the compiler
+    // cannot prove that the output does not alias them, and would reload them per element.
+    const float scale = sc.get();
     const int g = lane >> 2, t4 = lane & 3;
+    int prow[MT][2], pcol[NT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
+            prow[i][h] = row < m ? row_popc(pa, row, parts) : 0;
+        }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int col = bn0 + wn * WTN + j * 8 + 2 * t4 + h;
+            pcol[j][h] = col < n ? row_popc(pb, col, parts) : 0;
+        }
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -143,24 +156,84 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N)
             for (int e = 0; e < 4; e++) {
                 int row = bm0 + wm * WTM + i * 16 + g + 8 * (e >> 1);
                 int col = bn0 + wn * WTN + j * 8 + 2 * t4 + (e & 1);
-                if (row < m && col < n) {
-                    long long dot = k - 2LL * pa[row] - 2LL * pb[col] + 4LL * acc[i][j][e];
-                    out[(int64_t)row * n + col] = (float)dot * scale;
-                }
+                if (row < m && col < n)
+                    store_dot(out, out_type, row, col, n, k, prow[i][e >> 1], pcol[j][e & 1],
+                              acc[i][j][e], scale);
             }
 }
+
+// Weight streaming for small m (the inference shape M = 1..16): each warp owns one n8 tile
+// and streams its 8 weight rows over all of k, one 16-byte vector per lane per 512 bits,
+// against (up to) 16 activation rows held in shared memory. Inside each 512-bit chunk the
+// lane with t = lane % 4 feeds words 4t + 2s (as fragment word t) and 4t + 2s + 1 (as word
+// t + 4) to mma step s, for A and B alike: the dot product is unchanged by that permutation
+// of k, and every load is a single vector.
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
+    bgemv_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
+             const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
+             const int *__restrict__ pb, int parts, Scale sc, int out_type, void *out) {
+    extern __shared__ uint4 sA[];  // 16 rows of ld + 16 bytes (the pad spreads rows over banks)
+    const int chunks = (int)(ld / 16), srow = chunks + 1;  // ld <= 227 KB / 16 here
+    const int m0 = blockIdx.y * 16, rows = min(16, m - m0);
+    for (int r = 0; r < 16; r++) {
+        const uint4 *src = reinterpret_cast<const uint4 *>(A + (int64_t)(m0 + r) * ld);
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+            sA[r * srow + c] = r < rows ? src[c] : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * WARPS + warp) * 8;
+    if (n0 >= n) return;
+    const int g = lane >> 2, t = lane & 3;
+    const uint4 *bp = reinterpret_cast<const uint4 *>(B + (int64_t)min(n0 + g, n - 1) * ld) + t;
+    const uint4 *a_lo = sA + g * srow + t, *a_hi = sA + (g + 8) * srow + t;
+    const int steps = chunks / 4;
+    int acc[4] = {0, 0, 0, 0};
+    constexpr int U = 8;
+    auto consume = [&](uint4 b, int s) {
+        uint4 lo = a_lo[s * 4], hi = a_hi[s * 4];
+        unsigned f0[4] = {lo.x, hi.x, lo.y, hi.y}, f1[4] = {lo.z, hi.z, lo.w, hi.w};
+        mma_b1_and(acc, f0, b.x, b.y);
+        mma_b1_and(acc, f1, b.z, b.w);
+    };
+    int s = 0;
+    for (; s + U <= steps; s += U) {
+        uint4 b[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) b[u] = __ldg(bp + (s + u) * 4);
+#pragma unroll
+        for (int u = 0; u < U; u++) consume(b[u], s + u);
+    }
+    for (; s < steps; s++) consume(__ldg(bp + s * 4), s);
+    const float scale = sc.get();
+    int prow[2], pcol[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        prow[h] = m0 + g + 8 * h < m ? row_popc(pa, m0 + g + 8 * h, parts) : 0;
+        pcol[h] = n0 + 2 * t + h < n ? row_popc(pb, n0 + 2 * t + h, parts) : 0;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int row = m0 + g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
+        if (row < m && col < n) store_dot(out, out_type, row, col, n, k, prow[e >> 1], pcol[e & 1], acc[e], scale);
+    }
+}
+constexpr int kGemvWarps = 4;
+
+typedef void (*KernelFn)(int, int, int64_t, const uint8_t *, const uint8_t *, int64_t, const int *,
+                         const int *, int, Scale, int, void *);
 
 struct CudaKernel {
     int id;
     const char *name;
-    int bm, bn, bkb, stages;
-    void (*fn)(int, int, int64_t, const uint8_t *, const uint8_t *, int64_t, const int *,
-               const int *, float, float *);
+    int bm, bn, bkb, stages;  // bm == 0: the weight-streaming kernel
+    KernelFn fn;
     int threads;
 };
 
 #define BIE_B1_KERNEL(id, BM, BN, WM, WN, BKB, ST)                                             \
-    {id, "cuda.mma_b1.bgemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST,                 \
+    {id, "cuda.mma_b1.bgemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST,  \
      bgemm_b1<BM, BN, WM, WN, BKB, ST>, 32 * WM * WN}
 
 const CudaKernel kernels[] = {
@@ -173,10 +246,32 @@ const CudaKernel kernels[] = {
     BIE_B1_KERNEL(106, 256, 128, 4, 2, 128, 3),
     BIE_B1_KERNEL(107, 128, 256, 2, 4, 128, 3),
     BIE_B1_KERNEL(108, 256, 128, 4, 2, 64, 4),
+    {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0,
+     bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
+constexpr int kStreamIndex = kNumKernels - 1;
 
-const CudaKernel *default_kernel(int64_t m, int64_t n) {
+size_t smem_bytes(const CudaKernel &kern, int64_t ld) {
+    if (kern.bm == 0) return (size_t)16 * (size_t)(ld + 16);
+    return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+}
+
+// Shared memory a block may use on the current device (227 KB on Hopper, 163 KB on A100):
+// it limits the deepest tile configurations, and the streaming kernel (16 activation rows in
+// shared memory) to k of about 100,000 bits.
+size_t max_smem() {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 96 * 1024;
+    }
+    return (size_t)v;
+}
+
+const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
+    if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem()) return &kernels[kStreamIndex];
     // Small problems need more blocks than 128x128 tiles give to fill the GPU.
     // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
     // fastest at 8192^3.
@@ -198,7 +293,7 @@ void bie_cuda_kernel_describe(int index, bie_kernel_info *info) {
     info->isa = "sm_80";
     info->op = BIE_OP_BINARY_GEMM;
     info->device = BIE_DEVICE_CUDA;
-    info->preferred_max_m = INT64_MAX;
+    info->preferred_max_m = kern.bm == 0 ? 16 : INT64_MAX;
     info->available = bie_cuda_device_count() > 0;
 }
 
@@ -206,6 +301,44 @@ int bie_cuda_kernel_index(int id) {
     for (int i = 0; i < kNumKernels; i++)
         if (kernels[i].id == id) return i;
     return -1;
+}
+
+bool bie_cuda_kernel_fits(int id, int64_t k) {
+    int idx = bie_cuda_kernel_index(id);
+    return idx >= 0 && smem_bytes(kernels[idx], bie_cuda_row_stride(k)) <= max_smem();
+}
+
+bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                                 const uint8_t *b, int64_t ld, const int *pa, const int *pb,
+                                 float scale, const float *scale_a, const float *scale_w,
+                                 bie_dtype out_dtype, void *out) {
+    static const char *who = "cuda binary gemm";
+    const CudaKernel *kern = default_kernel(m, n, ld);
+    if (kernel_id >= 0) {
+        int idx = bie_cuda_kernel_index(kernel_id);
+        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
+        kern = &kernels[idx];
+    }
+    int which = out_dtype == BIE_F32 ? kOutF32 : out_dtype == BIE_BF16 ? kOutBF16 : out_dtype == BIE_F16 ? kOutF16 : -1;
+    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    size_t smem = smem_bytes(*kern, ld);
+    if (smem > max_smem())
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run k = %lld (needs %zu bytes of "
+                        "shared memory)", who, kern->name, (long long)k, smem);
+    Scale sc = {scale, scale_a, scale_w};
+    KernelFn fn = kern->fn;
+    cudaStream_t st = current_stream;
+    const int parts = bie_cuda_popc_parts(ld);
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute"));
+    dim3 grid;
+    if (kern->bm == 0)
+        grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)), (unsigned)((m + 15) / 16));
+    else
+        grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
+    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts, sc, which, out);
+    return check(cudaGetLastError(), "binary gemm launch");
 }
 
 bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const void *a,
@@ -221,35 +354,26 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     if (a_row_bytes < (k + 7) / 8 || b_row_bytes < (k + 7) / 8)
         return bie_fail(BIE_ERR_SHAPE, "%s: row strides must be >= ceil(k / 8) bytes", who);
     if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
-    const CudaKernel *kern = default_kernel(m, n);
-    if (kernel_id >= 0) {
-        int idx = bie_cuda_kernel_index(kernel_id);
-        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
-        kern = &kernels[idx];
-    }
+    if (kernel_id >= 0 && bie_cuda_kernel_index(kernel_id) < 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
     BIE_CUDA_TRY(require_device());
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
         return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);
 
-    const int64_t ld = ((k + 7) / 8 + kRowAlign - 1) / kRowAlign * kRowAlign;
+    const int64_t ld = bie_cuda_row_stride(k);
+    const int parts = bie_cuda_popc_parts(ld);
     cudaStream_t st = current_stream;
     uint8_t *ws = NULL;
-    size_t bytes = (size_t)(m + n) * (size_t)ld + (size_t)(m + n) * sizeof(int);
+    size_t bytes = (size_t)(m + n) * (size_t)ld + (size_t)(m + n) * parts * sizeof(int);
     BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, bytes, st), "cudaMallocAsync"));
     uint8_t *ap = ws, *bp = ws + m * ld;
-    int *pa = reinterpret_cast<int *>(ws + (m + n) * ld), *pb = pa + m;
-    repack_rows<<<(unsigned)m, 128, 0, st>>>(static_cast<const uint8_t *>(a), a_row_bytes, k, ap, ld, pa);
-    repack_rows<<<(unsigned)n, 128, 0, st>>>(static_cast<const uint8_t *>(b), b_row_bytes, k, bp, ld, pb);
-    size_t smem = (size_t)kern->stages * (kern->bm + kern->bn) * (kern->bkb + 16);
-    cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(kern->fn),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err == cudaSuccess) {
-        dim3 grid((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-        kern->fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, ap, bp, ld, pa, pb, scale, out);
-        err = cudaGetLastError();
-    }
+    int *pa = reinterpret_cast<int *>(ws + (m + n) * ld), *pb = pa + m * parts;
+    bie_status s = bie_cuda_repack_rows(a, a_row_bytes, m, k, ld, ap, pa);
+    if (s == BIE_OK) s = bie_cuda_repack_rows(b, b_row_bytes, n, k, ld, bp, pb);
+    if (s == BIE_OK)
+        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, pb, scale, NULL, NULL, BIE_F32, out);
     cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(check(err, "binary gemm launch"));
+    BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");
 }
 

@@ -47,6 +47,8 @@ int bie_cuda_device_count(void) {
 
 bool bie_cuda_built(void) { return true; }
 
+void *bie_cuda_current_stream(void) { return current_stream; }
+
 void bie_cuda_free_ptr(void *p) {
     if (p) cudaFree(p);
 }

@@ -5,6 +5,7 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
+#include "binary_linear_cuda.h"
 #include "binary_linear_impl.h"
 
 static const char *const MODULE = "binary_linear";
@@ -40,13 +41,18 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
     if (!bie_mul_ok(in_features, out_features, &numel) || numel > (INT64_MAX / 8))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: weight of %lld x %lld elements is too large", MODULE,
                         (long long)out_features, (long long)in_features);
+#ifndef BIE_HAVE_CUDA
     if (device.type == BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: this build has no CUDA backend", MODULE);
-    if (device.type != BIE_DEVICE_CPU)
+#endif
+    if (device.type != BIE_DEVICE_CPU && device.type != BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: unknown device type %d", MODULE, (int)device.type);
-    if (dtype != BIE_F32)
+    if (device.type == BIE_DEVICE_CPU && dtype != BIE_F32)
         return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
                         MODULE, bie_dtype_name(dtype));
+    if (dtype != BIE_F32 && dtype != BIE_BF16 && dtype != BIE_F16)
+        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not a float type (float32, bfloat16, "
+                        "float16 on CUDA)", MODULE, bie_dtype_name(dtype));
     bie_binary_linear *l = calloc(1, sizeof *l);
     if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->in = in_features;
@@ -63,7 +69,14 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
         free(l);
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
     }
-    bie_status st = bie_binary_linear_reset_parameters(l, 0);
+    bie_status st = BIE_OK;
+#ifdef BIE_HAVE_CUDA
+    if (device.type == BIE_DEVICE_CUDA && (st = bie_blc_create(l)) != BIE_OK) {
+        bie_binary_linear_free(l);
+        return st;
+    }
+#endif
+    st = bie_binary_linear_reset_parameters(l, 0);
     if (st != BIE_OK) {
         bie_binary_linear_free(l);
         return st;
@@ -74,6 +87,9 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
 
 void bie_binary_linear_free(bie_binary_linear *l) {
     if (l == NULL) return;
+#ifdef BIE_HAVE_CUDA
+    bie_blc_free(l);
+#endif
     drop_saved(l);
     bie_bw_free(&l->w);
     bie_free_aligned(l->bias_a);
@@ -83,6 +99,7 @@ void bie_binary_linear_free(bie_binary_linear *l) {
 
 bie_status bie_binary_linear_reset_parameters(bie_binary_linear *l, uint64_t seed) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_reset(l, seed));
     BIE_TRY(bie_bw_reset(&l->w, seed));
     drop_saved(l);
     return BIE_OK;
@@ -90,6 +107,7 @@ bie_status bie_binary_linear_reset_parameters(bie_binary_linear *l, uint64_t see
 
 bie_status bie_binary_linear_prepare_params(bie_binary_linear *l) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_prepare(l));
     bool was_float = l->w.f32 != NULL;
     BIE_TRY(bie_bw_prepare(&l->w, "binary_linear_prepare_params"));
     if (was_float) drop_saved(l);
@@ -98,6 +116,7 @@ bie_status bie_binary_linear_prepare_params(bie_binary_linear *l) {
 
 bie_status bie_binary_linear_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_set_weight_data(l, w));
     static const char *who = "binary_linear_set_weight_data";
     BIE_TRY(bie_check_rows_tensor(w, "weight", l->dtype, l->in, NULL, who));
     if (w->ndim != 2 || w->shape[0] != l->out)
@@ -110,6 +129,7 @@ bie_status bie_binary_linear_set_weight_data(bie_binary_linear *l, const bie_ten
 
 bie_status bie_binary_linear_generate_quantized_weight(bie_binary_linear *l, bool qweight_only) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_generate_quantized_weight(l, qweight_only));
     BIE_TRY(bie_bw_generate_qweight(&l->w, qweight_only, "generate_quantized_weight"));
     if (qweight_only) drop_saved(l);
     return BIE_OK;
@@ -117,6 +137,7 @@ bie_status bie_binary_linear_generate_quantized_weight(bie_binary_linear *l, boo
 
 bie_status bie_binary_linear_set_quantized_weight_data(bie_binary_linear *l, const bie_tensor *q) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_set_quantized_weight_data(l, q));
     static const char *who = "binary_linear_set_quantized_weight_data";
     int64_t words = bie_packed_words(l->in, l->w.word_bits);
     BIE_TRY(bie_check_rows_tensor(q, "qweight", packed_dtype(l->w.word_bits), words, NULL, who));
@@ -128,6 +149,7 @@ bie_status bie_binary_linear_set_quantized_weight_data(bie_binary_linear *l, con
 
 bie_status bie_binary_linear_set_bits_binary_word(bie_binary_linear *l, int bits) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_set_bits(l, bits));
     return bie_bw_set_word_bits(&l->w, bits, MODULE);
 }
 
@@ -137,7 +159,7 @@ int64_t bie_binary_linear_out_features(const bie_binary_linear *l) { return l ? 
 
 bie_status bie_binary_linear_set_training(bie_binary_linear *l, bool training) {
     CHECK_LAYER(l);
-    if (!training) drop_saved(l);
+    if (!training) drop_saved(l); /* on CUDA too: has_saved is shared */
     l->training = training;
     return BIE_OK;
 }
@@ -152,6 +174,7 @@ static bie_status view_of(bie_tensor *v, void *data, bie_dtype dt, int ndim, int
 bie_status bie_binary_linear_param(bie_binary_linear *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
+    BIE_ON_CUDA(l, bie_blc_param(l, which, v));
     switch (which) {
     case BIE_PARAM_WEIGHT:
         if (l->w.i8) return view_of(v, l->w.i8, BIE_I8, 2, l->out, l->in);
@@ -173,6 +196,7 @@ bie_status bie_binary_linear_param(bie_binary_linear *l, bie_param which, bie_te
 bie_status bie_binary_linear_set_scale_a(bie_binary_linear *l, float scale_a) {
     CHECK_LAYER(l);
     BIE_TRY(bie_check_scale_a(scale_a, MODULE));
+    BIE_ON_CUDA(l, bie_blc_set_scale_a(l, scale_a));
     l->scale_a = scale_a;
     return BIE_OK;
 }
@@ -181,6 +205,10 @@ bie_status bie_binary_linear_opt_weight(bie_binary_linear *l, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
     if (l->training) return bie_binary_linear_param(l, BIE_PARAM_WEIGHT, v);
+#ifdef BIE_HAVE_CUDA
+    if (l->cuda && !bie_blc_has_qweight(l)) BIE_TRY(bie_binary_linear_generate_quantized_weight(l, false));
+    if (l->cuda) return bie_binary_linear_param(l, BIE_PARAM_QWEIGHT, v);
+#endif
     if (l->w.qweight == NULL) BIE_TRY(bie_binary_linear_generate_quantized_weight(l, false));
     return bie_binary_linear_param(l, BIE_PARAM_QWEIGHT, v);
 }
@@ -189,6 +217,7 @@ bie_status bie_binary_linear_opt_weight(bie_binary_linear *l, bie_tensor *v) {
 
 bie_status bie_binary_linear_check_forward(const bie_binary_linear *l, const bie_tensor *x) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_check_forward(l, x));
     static const char *who = "binary_linear_check_forward";
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->dtype == BIE_F32) return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who);
@@ -212,6 +241,7 @@ static bie_status activation_scale(const bie_binary_linear *l, const bie_tensor 
 bie_status bie_binary_linear_set_activation(bie_binary_linear *l, const bie_tensor *x,
                                             bie_tensor *x_out) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_set_activation(l, x, x_out));
     static const char *who = "binary_linear_set_activation";
     BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who));
     if (x_out) BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, l->in, x, who));
@@ -236,6 +266,7 @@ static const bie_cpu_kernel *forward_kernel(const bie_binary_linear *l, int64_t 
 
 bie_status bie_binary_linear_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor *out) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_blc_forward(l, x, out));
     static const char *who = "binary_linear_forward";
     BIE_TRY(bie_binary_linear_check_forward(l, x));
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../cpu/frame/pack.h"
+#include "binary_linear_cuda.h"
 #include "binary_linear_impl.h"
 
 /* grad_x *= clip mask; per-row sums of grad_x * sign(x') into row_dot (summed in a fixed
@@ -42,6 +43,7 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
                                       bie_tensor *grad_x) {
     static const char *who = "binary_linear_backward";
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
+    BIE_ON_CUDA(l, bie_blc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
                         "on float input first", who);
@@ -99,6 +101,8 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
 
 bie_status bie_binary_linear_grad(bie_binary_linear *l, bie_param which, bie_tensor *v) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_linear_grad: layer is NULL");
+    BIE_CHECK_NULL(v);
+    BIE_ON_CUDA(l, bie_blc_grad(l, which, v));
     const int64_t wshape[2] = {l->out, l->in};
     return bie_grads_view(&l->grads, which, 2, wshape, &l->in, v, "binary_linear_grad");
 }

@@ -30,6 +30,9 @@ struct bie_binary_linear {
 
     /* Gradients of the last backward. */
     bie_layer_grads grads;
+
+    /* Device state of a layer on CUDA (binary_linear_cuda.c), NULL on the CPU. */
+    struct bie_bl_cuda *cuda;
 };
 
 /* Bytes of one internal packed row (bit stream without word padding). */

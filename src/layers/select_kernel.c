@@ -3,6 +3,7 @@
 
 #include "../cpu/dispatch.h"
 #include "binary_conv2d_impl.h"
+#include "binary_linear_cuda.h"
 #include "binary_linear_impl.h"
 
 static double now_s(void) {
@@ -65,6 +66,7 @@ done:
 
 bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_tensor *x) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
+    BIE_ON_CUDA(l, bie_blc_select_kernel(l, x));
     BIE_TRY(bie_binary_linear_check_forward(l, x));
     int id = -1;
     BIE_TRY(select_for_shape(bie_tensor_numel(x) / x->shape[x->ndim - 1], l->out, l->in, &id));
@@ -84,6 +86,7 @@ bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *l, const bie_
 
 bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *l, int id) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "set_gemm_kernel: layer is NULL");
+    BIE_ON_CUDA(l, bie_blc_set_kernel(l, id));
     if (id == -1) {
         l->kernel_id = -1;
         return BIE_OK;

@@ -1,0 +1,331 @@
+/*
+ * bie_train — training a low-bit network with bie: float layers, a sequential model that
+ * holds them together with bie's binary and 4-bit layers, a loss, and optimizers.
+ *
+ * API status: stable
+ *
+ * Ordered from simple to advanced:
+ *   1. loss and accuracy on logits
+ *   2. optimizer steps on plain tensors (sign-flip for int8 binary weights, Adam / AdamW)
+ *   3. the sequential model: building, life cycle, forward / backward
+ *   4. architecture description (to save a model and rebuild it)
+ *   5. parameter enumeration (for optimizers, model files, inspection)
+ *   6. the optimizer object over a model's parameters
+ *
+ * The rules of bie.h hold here: every function returns a bie_status unless documented
+ * otherwise; on error bie_last_error() says why and outputs and state are left exactly as
+ * they were; nothing aborts. All tensors are float32 CPU tensors unless said otherwise.
+ * Results are deterministic: the same seed, inputs and thread count reproduce a run bit
+ * for bit.
+ */
+#ifndef BIE_TRAIN_H
+#define BIE_TRAIN_H
+
+#include "bie.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ 1. loss, accuracy */
+
+/* Softmax cross-entropy averaged over the batch (PyTorch's cross_entropy with mean
+ * reduction): loss = mean_i (logsumexp(logits[i, :]) - logits[i, labels[i]]).
+ * logits: [N, C] F32 (N >= 1, C >= 1); labels: [N] I32 with values in [0, C).
+ * grad_logits (may be NULL): [N, C] F32, receives d loss / d logits
+ * = (softmax(logits[i]) - onehot(labels[i])) / N. It may alias logits.
+ * Errors: NULL logits/labels/loss, shapes, dtypes, label out of range, non-finite logits. */
+BIE_API bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor *labels,
+                                             float *loss, bie_tensor *grad_logits);
+
+/* Index of the largest logit of each row (the first one on ties): logits [N, C] F32,
+ * predictions [N] I32. Errors: NULL, shapes, dtypes. */
+BIE_API bie_status bie_argmax(const bie_tensor *logits, bie_tensor *predictions);
+
+/* Number of rows whose argmax equals the label: logits [N, C] F32, labels [N] I32.
+ * Errors: as bie_argmax; labels out of [0, C). */
+BIE_API bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor *labels,
+                                     int64_t *correct);
+
+/* ------------------------------------------------- 2. optimizer steps on tensors */
+
+/* Sign-flip step for an int8 binary weight (SPEC §5), element by element:
+ *   m = lerp(m, g, 1 - beta1);  v = lerp(v, sign(m) * lr, 1 - beta2);  u = -sign(v);
+ *   where u != sign(w): w = -w   (sign(0) = +1; a zero weight becomes -1 when it flips).
+ * weight: I8, any shape; grad: same shape, I8 (the layers' int8-quantized gradient, used as
+ * integers) or F32; m, v: same shape F32 optimizer state (zeros at the start), updated.
+ * flipped (may be NULL) receives the number of weights that changed sign.
+ * Errors: NULL, shapes, dtypes, lr not finite or <= 0, betas outside [0, 1). */
+BIE_API bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
+                                     bie_tensor *v, float lr, float beta1, float beta2,
+                                     int64_t *flipped);
+
+typedef struct bie_adam_options {
+    float lr;           /* default 1e-3 */
+    float beta1, beta2; /* default 0.9, 0.999 */
+    float eps;          /* default 1e-8 */
+    float weight_decay; /* default 0 */
+    bool decoupled;     /* false: Adam (decay added to the gradient); true: AdamW */
+} bie_adam_options;
+
+/* Adam's defaults (lr 1e-3, betas 0.9 / 0.999, eps 1e-8, no weight decay, Adam). */
+BIE_API bie_adam_options bie_adam_defaults(void);
+
+/* One Adam / AdamW step with bias correction (PyTorch's formulas), element by element:
+ *   Adam:  g += weight_decay * p;                 AdamW: p -= lr * weight_decay * p;
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+ *   p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps).
+ * param, grad, m, v: F32 of one shape (m, v zeros at the start). step: 1 for the first.
+ * Errors: NULL, shapes, dtypes, step < 1, lr / eps not finite and > 0, betas outside [0, 1),
+ * weight_decay negative or not finite. */
+BIE_API bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m,
+                                 bie_tensor *v, int64_t step, const bie_adam_options *options);
+
+/* ------------------------------------------------------ 3. the sequential model */
+
+/* Opaque handle: a sequential network (like torch.nn.Sequential) of float layers and
+ * bie's binary / 4-bit layers, which the model creates and owns. Layers are numbered from
+ * 0 in the order they were added. The model owns the intermediate activations. */
+typedef struct bie_model bie_model;
+
+/* An empty model in training mode. Errors: NULL out. */
+BIE_API bie_status bie_model_create(bie_model **out);
+/* Release the model, its layers and buffers; NULL is fine. Optimizers created over the
+ * model must be freed first. */
+BIE_API void bie_model_free(bie_model *model);
+
+/* Builders: each appends one layer, initialised deterministically from a seed derived from
+ * (0, layer index) (see bie_model_reset_parameters). Shapes are checked when data flows
+ * (bie_model_output_shape, bie_model_forward), not between layers here.
+ * Errors (all): NULL model, sizes < 1 or too large, bad hyper-parameters, a model that was
+ * packed (bie_model_pack) can't grow. */
+
+/* Float linear: x [..., in] -> [..., out]; weight [out, in], bias [out] (if `bias`);
+ * PyTorch's init: weight and bias uniform in ±1/sqrt(in). */
+BIE_API bie_status bie_model_add_linear(bie_model *model, int64_t in_features,
+                                        int64_t out_features, bool bias);
+/* Batch norm over [N, C] (BatchNorm1d): learnable weight (gamma, ones) and bias (beta,
+ * zeros), running_mean (zeros) and running_var (ones) updated in training with momentum
+ * 0.1 (running = 0.9 running + 0.1 batch, the variance unbiased), eps 1e-5. Training
+ * normalises with the batch statistics (biased variance; N >= 2), eval with the running
+ * ones. */
+BIE_API bie_status bie_model_add_batchnorm1d(bie_model *model, int64_t num_features);
+/* Batch norm over [N, C, H, W] (BatchNorm2d): statistics per channel over N, H, W. */
+BIE_API bie_status bie_model_add_batchnorm2d(bie_model *model, int64_t num_channels);
+/* ReLU, any shape. Its outputs all have sign +1, so a binary layer right after it sees a
+ * constant input: put ReLU where a float or 4-bit layer follows (PReLU keeps signs). */
+BIE_API bie_status bie_model_add_relu(bie_model *model);
+/* PReLU: y = x if x >= 0 else a * x, with one learnable slope (num_parameters = 1) or one
+ * per channel (dim 1 of the input: [N, C] or [N, C, H, W]); slopes start at 0.25. */
+BIE_API bie_status bie_model_add_prelu(bie_model *model, int64_t num_parameters);
+/* 2-D max-pooling of NCHW input, square window `kernel_size`, `stride` (0 = kernel_size),
+ * no padding, floor output size (H - k) / s + 1. The gradient goes to the first maximum of
+ * each window (in row-major window order). */
+BIE_API bie_status bie_model_add_maxpool2d(bie_model *model, int kernel_size, int stride);
+/* [N, d1, ...] -> [N, d1 * ...]. */
+BIE_API bie_status bie_model_add_flatten(bie_model *model);
+/* bie's low-bit layers (bie.h), symmetric, 8-bit words, CPU, F32; the model owns them. */
+BIE_API bie_status bie_model_add_binary_linear(bie_model *model, int64_t in_features,
+                                               int64_t out_features);
+BIE_API bie_status bie_model_add_binary_conv2d(bie_model *model, int64_t in_channels,
+                                               int64_t out_channels, int kernel_size,
+                                               int stride, int padding, int dilation);
+BIE_API bie_status bie_model_add_q4_linear(bie_model *model, int64_t in_features,
+                                           int64_t out_features);
+BIE_API bie_status bie_model_add_q4_conv2d(bie_model *model, int64_t in_channels,
+                                           int64_t out_channels, int kernel_size, int stride,
+                                           int padding, int dilation);
+
+/* Re-initialise every layer: layer i from a generator seeded with a value derived from
+ * (seed, i), so one layer's values do not depend on the others. Float layers as their
+ * builders say; low-bit layers get reset_parameters (float weight again, as before
+ * bie_model_prepare_params), bias_a zeros and scale_a 0 (set by the next training forward);
+ * batch-norm statistics are reset. Errors: NULL, a packed model. */
+BIE_API bie_status bie_model_reset_parameters(bie_model *model, uint64_t seed);
+
+/* prepare_params on every low-bit layer (binary: int8 weights and scale_w for the
+ * sign-flip optimizer; 4-bit: scale_w). Needed before training; idempotent.
+ * Errors: NULL, a packed model. */
+BIE_API bie_status bie_model_prepare_params(bie_model *model);
+
+/* Training (true, the default) or evaluation mode for every layer (module.train() /
+ * .eval()): batch norm switches statistics, low-bit layers their forward path.
+ * Errors: NULL; training = true on a packed model. */
+BIE_API bie_status bie_model_set_training(bie_model *model, bool training);
+BIE_API bool bie_model_training(const bie_model *model);
+
+/* Pack for inference: generate_quantized_weight(qweight_only = true) on every binary and
+ * 4-bit layer (the float / int8 weights are freed, "N.qweight" parameters appear, "N.weight"
+ * ones of those layers disappear) and switch to evaluation mode. The model is then
+ * inference-only: its evaluation forward gives bit-identical outputs to the unpacked
+ * model's. Idempotent. Errors: NULL, a low-bit layer without weight data. */
+BIE_API bie_status bie_model_pack(bie_model *model);
+BIE_API bool bie_model_packed(const bie_model *model);
+
+/* Shape of the output for an input of `in_ndim` extents `in_shape` (NCHW or [N, features]),
+ * checking that every layer accepts what the previous one gives. out_shape has room for
+ * BIE_MAX_DIMS extents. Errors: NULL, an empty model, a layer that does not accept its input
+ * shape (the message names the layer). */
+BIE_API bie_status bie_model_output_shape(const bie_model *model, int in_ndim,
+                                          const int64_t *in_shape, int *out_ndim,
+                                          int64_t *out_shape);
+
+/* Forward over a batch. x: F32 CPU, shape accepted by the first layer (N >= 1; training
+ * batch norm needs N >= 2 values per channel). *out receives a view of the model's output
+ * buffer (owns_data false), valid until the next forward, pack, or free. In training mode
+ * the model keeps what backward needs and updates batch-norm running statistics; low-bit
+ * layers initialise scale_a from the first batch. Errors: NULL, an empty model, shapes
+ * (naming the layer), dtype, a model in training mode without prepared int8 weights
+ * (bie_model_prepare_params), out of memory. */
+BIE_API bie_status bie_model_forward(bie_model *model, const bie_tensor *x, bie_tensor *out);
+
+/* Backward from grad_out (shaped like the last forward's output) through every layer.
+ * Overwrites (does not accumulate) every parameter's gradient, seen through
+ * bie_model_param_get(). grad_x (may be NULL: not computed) receives d loss / d x, shaped
+ * like the last input. Errors: NULL, no training forward since the last structural change,
+ * mode switch or failed forward (BIE_ERR_STATE), shapes, dtypes. */
+BIE_API bie_status bie_model_backward(bie_model *model, const bie_tensor *grad_out,
+                                      bie_tensor *grad_x);
+
+/* ------------------------------------------------- 4. architecture description */
+
+typedef enum bie_layer_type {
+    BIE_LAYER_LINEAR = 0,
+    BIE_LAYER_BATCHNORM1D = 1,
+    BIE_LAYER_BATCHNORM2D = 2,
+    BIE_LAYER_RELU = 3,
+    BIE_LAYER_PRELU = 4,
+    BIE_LAYER_MAXPOOL2D = 5,
+    BIE_LAYER_FLATTEN = 6,
+    BIE_LAYER_BINARY_LINEAR = 7,
+    BIE_LAYER_BINARY_CONV2D = 8,
+    BIE_LAYER_Q4_LINEAR = 9,
+    BIE_LAYER_Q4_CONV2D = 10
+} bie_layer_type;
+
+/* Stable lower-case name of a type, for files: "linear", "batchnorm1d", "batchnorm2d",
+ * "relu", "prelu", "maxpool2d", "flatten", "binary_linear", "binary_conv2d", "q4_linear",
+ * "q4_conv2d"; NULL for an unknown type. */
+BIE_API const char *bie_layer_type_name(bie_layer_type type);
+/* Inverse of bie_layer_type_name. Errors: NULL, unknown name. */
+BIE_API bie_status bie_layer_type_from_name(const char *name, bie_layer_type *type);
+
+/* Everything needed to rebuild a layer (fields that do not apply to a type are 0 / false). */
+typedef struct bie_layer_info {
+    bie_layer_type type;
+    int64_t in;  /* in_features (linear kinds), in_channels (conv kinds), num_features
+                    (batch norm), num_parameters (PReLU) */
+    int64_t out; /* out_features / out_channels */
+    int kernel_size, stride, padding, dilation; /* conv kinds; max-pool: kernel_size, stride */
+    bool bias;            /* linear: has a bias */
+    bool symmetric;       /* binary kinds (SPEC §2) */
+    int bits_binary_word; /* binary kinds: 8, 32 or 64 */
+    float eps, momentum;  /* batch norm: 1e-5, 0.1 */
+} bie_layer_info;
+
+BIE_API int bie_model_layer_count(const bie_model *model); /* 0 for NULL */
+/* Describe layer `index`. Errors: NULL, index out of range. */
+BIE_API bie_status bie_model_layer_info(const bie_model *model, int index, bie_layer_info *info);
+/* Append a layer described by info (what bie_model_layer_info gave), honouring every field
+ * (e.g. symmetric, bits_binary_word, eps, momentum). Errors: as the builders; eps not
+ * finite and > 0, momentum outside [0, 1], bits_binary_word not 8 / 32 / 64. */
+BIE_API bie_status bie_model_add_layer(bie_model *model, const bie_layer_info *info);
+
+/* The low-bit layer objects at `index`, for what the model does not wrap (kernel selection,
+ * word size, ...). The model keeps ownership; don't free them, and keep them in the state
+ * the model expects (don't pack or reset them directly). Errors: NULL, index out of range,
+ * a layer of another type. */
+BIE_API bie_status bie_model_binary_linear(bie_model *model, int index, bie_binary_linear **layer);
+BIE_API bie_status bie_model_binary_conv2d(bie_model *model, int index, bie_binary_conv2d **layer);
+BIE_API bie_status bie_model_q4_linear(bie_model *model, int index, bie_q4_linear **layer);
+BIE_API bie_status bie_model_q4_conv2d(bie_model *model, int index, bie_q4_conv2d **layer);
+
+/* --------------------------------------------------- 5. parameter enumeration */
+
+typedef enum bie_param_kind {
+    BIE_PARAM_KIND_FLOAT = 0,  /* trainable float: Adam / AdamW (weights, biases, bias_a,
+                                  scale_a, batch-norm weight and bias, PReLU slopes) */
+    BIE_PARAM_KIND_BINARY = 1, /* a binary layer's weight: I8 after prepare_params, trained
+                                  by sign flips (F32 before prepare_params) */
+    BIE_PARAM_KIND_BUFFER = 2, /* state that is saved but not trained: running_mean,
+                                  running_var, scale_w */
+    BIE_PARAM_KIND_PACKED = 3  /* a packed inference weight (qweight) */
+} bie_param_kind;
+
+/* One parameter or buffer of the model. */
+typedef struct bie_model_param {
+    const char *name; /* "<layer index>.<name>", e.g. "3.weight", "3.bias_a", "3.scale_a",
+                         "3.scale_w", "3.qweight", "1.weight", "1.bias", "1.running_mean",
+                         "1.running_var" (PyTorch's names; batch norm's gamma / beta are
+                         "weight" / "bias", PReLU's slopes "weight"). Valid until the
+                         parameter set changes (add, reset, prepare, pack) or free. */
+    int layer;            /* layer index */
+    bie_param_kind kind;
+    bie_tensor value; /* view of the live data (writable; after writing low-bit weights
+                         directly, call bie_model_set_training so that an evaluation
+                         forward packs them again — bie_model_set_param and optimizer
+                         steps do that themselves) */
+    bie_tensor grad;  /* view of the gradient of the last backward, ndim 0 / data NULL when
+                         there is none (buffers, packed weights, before the first backward).
+                         Binary weights: I8, the int8-quantized gradient (SPEC §2). */
+} bie_model_param;
+
+/* Number of parameters and buffers in the model's current state (0 for NULL). Their
+ * order is stable: by layer, then in a fixed order per layer type (weight, qweight, bias,
+ * bias_a, scale_a, scale_w, running_mean, running_var). Which ones exist depends on the
+ * state: low-bit layers have "weight" until packed and "qweight" once packed. */
+BIE_API int bie_model_param_count(const bie_model *model);
+/* Parameter `index` (0..count-1). Errors: NULL, index out of range. */
+BIE_API bie_status bie_model_param_get(bie_model *model, int index, bie_model_param *param);
+/* The parameter with this name. Errors: NULL, unknown name (BIE_ERR_INVALID_ARGUMENT). */
+BIE_API bie_status bie_model_param_find(bie_model *model, const char *name,
+                                        bie_model_param *param);
+
+/* Copy src into the named parameter, e.g. when loading a model file. src must have the
+ * parameter's shape; its dtype must be the parameter's, except for a binary layer's
+ * "weight": an I8 src into a layer still holding F32 first runs prepare_params, and an F32
+ * src into an I8 weight runs set_weight_data (i.e. prepare_params on src). "qweight" goes
+ * through set_quantized_weight_data (U8 / U32 / U64 matching the layer's word size; the
+ * name exists once the model is packed); "scale_a" through set_scale_a. Values must be
+ * finite. Errors: NULL, unknown name, shape, dtype, non-finite values. */
+BIE_API bie_status bie_model_set_param(bie_model *model, const char *name, const bie_tensor *src);
+
+/* -------------------------------------------------- 6. optimizer over a model */
+
+typedef struct bie_optimizer_options {
+    /* sign-flip for BIE_PARAM_KIND_BINARY (SPEC §5) */
+    float binary_lr;                  /* default 1e-4 */
+    float binary_beta1, binary_beta2; /* default 0.99, 0.9999 */
+    /* Adam / AdamW for BIE_PARAM_KIND_FLOAT */
+    bie_adam_options adam; /* default bie_adam_defaults() */
+} bie_optimizer_options;
+
+BIE_API bie_optimizer_options bie_optimizer_defaults(void);
+
+/* Opaque handle: optimizer state (m, v per parameter, step counter) over one model. */
+typedef struct bie_optimizer bie_optimizer;
+
+/* An optimizer over the model's current trainable parameters (create it after
+ * bie_model_prepare_params). options NULL = defaults. Errors: NULL, options out of range
+ * (as bie_signflip_step / bie_adam_step), a packed model, binary weights not yet int8. */
+BIE_API bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
+                                        const bie_optimizer_options *options);
+BIE_API void bie_optimizer_free(bie_optimizer *optimizer); /* NULL is fine */
+
+/* One step over every trainable parameter with the gradients of the last backward:
+ * sign-flip on binary weights, Adam(W) on float ones; then the step counter grows by one.
+ * flipped (may be NULL) receives the number of binary weights that changed sign.
+ * Errors: NULL, no backward since the last step (BIE_ERR_STATE), the model's parameters
+ * changed since create (reset, pack, added layers: BIE_ERR_STATE). */
+BIE_API bie_status bie_optimizer_step(bie_optimizer *optimizer, int64_t *flipped);
+
+/* Learning rates for the next steps (schedules). Errors: NULL, not finite or <= 0. */
+BIE_API bie_status bie_optimizer_set_lr(bie_optimizer *optimizer, float float_lr,
+                                        float binary_lr);
+/* Steps taken so far (0 for NULL). */
+BIE_API int64_t bie_optimizer_steps(const bie_optimizer *optimizer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BIE_TRAIN_H */

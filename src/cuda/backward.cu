@@ -1,0 +1,209 @@
+// Binary linear backward on the device (SPEC §2), from the packed sign and clip-mask bits the
+// forward kept: the two float GEMMs in cuBLAS on ±1 operands (the scales enter as alpha, read
+// from device memory), the mask, the reductions and the int8 quantization in our kernels.
+// Every reduction has a fixed shape and order, so results do not vary from run to run.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
+
+__device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) { return (row[c >> 3] >> (c & 7)) & 1; }
+
+// ±1 from packed sign bits: one block per row of dst [rows, k], from layout row r.
+template <typename T>
+__global__ void __launch_bounds__(256) signs_of_bits(const uint8_t *bits, int64_t ld, int64_t k, T *dst) {
+    const int64_t r = blockIdx.x;
+    const uint8_t *row = bits + r * ld;
+    T *out = dst + r * k;
+    for (int64_t c = threadIdx.x; c < k; c += 256) out[c] = from_f32<T>(bit_at(row, c) ? 1.0f : -1.0f);
+}
+
+// One block per row: g *= clip mask (kept in place for the column sums), grad_x in its dtype,
+// and the row's sum of grad_x * sign(x') in double.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    mask_rows(float *g, int64_t k, int64_t ld, const uint8_t *mask, const uint8_t *signs,
+              T *grad_x, double *row_dot) {
+    const int64_t row = blockIdx.x;
+    const uint8_t *mr = mask + row * ld, *sr = signs + row * ld;
+    float *gr = g + row * k;
+    double d = 0;
+    for (int64_t c = threadIdx.x; c < k; c += 256) {
+        float v = bit_at(mr, c) ? gr[c] : 0.0f;
+        gr[c] = v;
+        if (grad_x) grad_x[row * k + c] = from_f32<T>(v);
+        d += bit_at(sr, c) ? v : -v;
+    }
+    __shared__ double sh[256];
+    sh[threadIdx.x] = d;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) row_dot[row] = sh[0];
+}
+
+// Column sums of g [m, k]: block (x, y) adds rows y, y + R, ... of 256 columns into part[y];
+// then each column adds its R partial sums in order.
+constexpr int kColSplits = 64;
+__global__ void col_sums_partial(const float *g, int64_t m, int64_t k, double *part) {
+    int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (c >= k) return;
+    double s = 0;
+    for (int64_t r = blockIdx.y; r < m; r += kColSplits) s += g[r * k + c];
+    part[(int64_t)blockIdx.y * k + c] = s;
+}
+__global__ void col_sums_final(const double *part, int64_t k, float *out) {
+    int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (c >= k) return;
+    double s = 0;
+    for (int y = 0; y < kColSplits; y++) s += part[y * k + c];
+    out[c] = (float)s;
+}
+
+// grad_scale_a = sum(row_dot) / sqrt(m k), one block, fixed order.
+__global__ void scale_grad(const double *row_dot, int64_t m, double denom, float *out) {
+    __shared__ double sh[256];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < m; i += 256) s += row_dot[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = (float)(sh[0] / denom);
+}
+
+// Per-tensor int8 quantization (SPEC §1): amax over a fixed grid, then q = rint(v * 127 / amax).
+constexpr int kAmaxBlocks = 256;
+__global__ void amax_partial(const float *x, int64_t n, float *part) {
+    float a = 0;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)kAmaxBlocks * 256)
+        a = fmaxf(a, fabsf(x[i]));
+    __shared__ float sh[256];
+    sh[threadIdx.x] = a;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + o]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+__global__ void quantize_i8(const float *x, int64_t n, const float *part, int8_t *q) {
+    __shared__ float amax;
+    if (threadIdx.x == 0) {
+        float a = 0;
+        for (int i = 0; i < kAmaxBlocks; i++) a = fmaxf(a, part[i]);
+        amax = a;
+    }
+    __syncthreads();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = amax > 0 ? rintf(x[i] * 127.0f / amax) : 0.0f;
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
+}
+
+__device__ float kZero = 0.0f;
+
+// One cuBLAS handle per thread (handles are not thread-safe), bound to the current stream.
+thread_local cublasHandle_t blas = nullptr;
+
+bie_status blas_check(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return BIE_OK;
+    return bie_fail(BIE_ERR_CUDA, "%s: cuBLAS status %d", what, (int)s);
+}
+
+bie_status blas_handle(cublasHandle_t *out) {
+    if (blas == nullptr) BIE_CUDA_TRY(blas_check(cublasCreate(&blas), "cublasCreate"));
+    BIE_CUDA_TRY(blas_check(cublasSetStream(blas, current_stream), "cublasSetStream"));
+    BIE_CUDA_TRY(blas_check(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode"));
+    *out = blas;
+    return BIE_OK;
+}
+
+unsigned grid_for(int64_t count) {
+    int64_t b = (count + 255) / 256;
+    return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+template <typename T>
+bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
+    cudaStream_t st = current_stream;
+    const int64_t m = a.m, n = a.n, k = a.k;
+    // Workspace: ±1 weight [n, k], ±1 activations [m, k] (T), grad_x before the mask [m, k]
+    // (f32), row sums [m], column partial sums [64, k], amax partials.
+    const size_t ws_w = (size_t)(n * k) * sizeof(T), ws_x = (size_t)(m * k) * sizeof(T);
+    const size_t ws_g = (size_t)(m * k) * sizeof(float), ws_r = (size_t)m * sizeof(double);
+    const size_t ws_c = (size_t)kColSplits * (size_t)k * sizeof(double), ws_a = kAmaxBlocks * sizeof(float);
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t total = up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c) + up(ws_a);
+    uint8_t *ws = nullptr;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (backward workspace)"));
+    T *wsign = reinterpret_cast<T *>(ws);
+    T *xsign = reinterpret_cast<T *>(ws + up(ws_w));
+    float *g = reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x));
+    double *row_dot = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g));
+    double *col_part = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r));
+    float *amax = reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c));
+
+    bie_status s = BIE_OK;
+    float *zero = nullptr;
+    cublasHandle_t h = nullptr;
+    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK) goto done;
+    if ((s = blas_handle(&h)) != BIE_OK) goto done;
+    signs_of_bits<T><<<(unsigned)n, 256, 0, st>>>(a.wbits, a.ld, k, wsign);
+    signs_of_bits<T><<<(unsigned)m, 256, 0, st>>>(a.signs, a.ld, k, xsign);
+    // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1,
+                                wsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F,
+                                (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (grad_x)");
+    if (s != BIE_OK) goto done;
+    // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
+                                xsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
+                                CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (grad_w)");
+    if (s != BIE_OK) goto done;
+    mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.ld, a.mask, a.signs, static_cast<T *>(a.grad_x), row_dot);
+    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, st>>>(g, m, k, col_part);
+    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, k, a.grad_bias);
+    scale_grad<<<1, 256, 0, st>>>(row_dot, m, std::sqrt((double)m * (double)k), a.grad_scale_a);
+    if (a.grad_w_i8) {
+        amax_partial<<<kAmaxBlocks, 256, 0, st>>>(a.grad_w, n * k, amax);
+        quantize_i8<<<grid_for(n * k), 256, 0, st>>>(a.grad_w, n * k, amax, a.grad_w_i8);
+    }
+    s = check(cudaGetLastError(), "binary linear backward kernels");
+done:
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" bie_status bie_cuda_binary_linear_backward(const bie_cuda_bl_backward_args *args) {
+    switch (args->dtype) {
+    case BIE_F32: return backward_typed<float>(*args, CUDA_R_32F);
+    case BIE_BF16: return backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
+    case BIE_F16: return backward_typed<__half>(*args, CUDA_R_16F);
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda backward: dtype %s", bie_dtype_name(args->dtype));
+    }
+}

@@ -1,0 +1,250 @@
+// Packing on the device: float activations (+ bias_a) into sign bits and clip-mask bits,
+// int8/float weights into sign bits, user-format packed rows into the GEMM layout; plus the
+// deterministic |x| sum that initialises scale_a.
+//
+// GEMM layout (see cuda_internal.h): rows of `ld` bytes (a multiple of kRowAlign), bit j of
+// a row at byte j / 8, bit j % 8 (the bit stream of SPEC §1 with W = 8), zero past k; the
+// row's popcount stored as `parts` partial counts, one per 8192-bit slice.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(int8_t v) { return (float)v; }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
+
+// Adds the warps' counts of a 256-thread block; thread 0 gets the total.
+__device__ __forceinline__ int block_sum_256(int v) {
+    __shared__ int partial[8];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int total = 0;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 8; i++) total += partial[i];
+    return total;
+}
+
+// Block (row, slice) packs the slice's 256 words (8192 bits) of one row: warp w takes words
+// w, w + 8, ..., lane l element 32 * word + l, and the ballot is the word. All 32 loads of a
+// lane are issued before the first ballot, so a short row (the inference case, m = 1) costs
+// about one memory latency.
+// Activations: v = x + bias; sign bit v >= 0; mask bit -1 <= v / scale_a <= 1 (exactly the
+// CPU's arithmetic). Block (0, 0) also snapshots the scales used into saved_scales.
+template <typename T, bool ACT>
+__global__ void __launch_bounds__(256)
+    pack_rows(const T *__restrict__ x, int64_t k, const float *__restrict__ bias,
+              const float *__restrict__ scale_a, const float *__restrict__ scale_w,
+              float *saved_scales, int64_t ld, unsigned *__restrict__ bits,
+              unsigned *__restrict__ mask, int *__restrict__ popc) {
+    const int64_t row = blockIdx.x;
+    const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * 256;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const T *xr = x + row * k;
+    const float sa = (ACT && mask) ? *scale_a : 1.0f;
+    float v[32];
+    bool valid[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int64_t c = (w0 + warp + 8 * i) * 32 + lane;
+        valid[i] = c < k;
+        v[i] = valid[i] ? to_f32(xr[c]) : 0.0f;
+        if (ACT && bias && valid[i]) v[i] += bias[c];
+    }
+    int count = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int64_t w = w0 + warp + 8 * i;
+        if (w >= words) break;  // uniform across the warp
+        unsigned sb = __ballot_sync(0xffffffffu, valid[i] && v[i] >= 0.0f);
+        if (ACT && mask) {
+            float q = v[i] / sa;
+            unsigned mb = __ballot_sync(0xffffffffu, valid[i] && q >= -1.0f && q <= 1.0f);
+            if (lane == 0) mask[row * words + w] = mb;
+        }
+        if (lane == 0) {
+            bits[row * words + w] = sb;
+            count += __popc(sb);
+        }
+    }
+    int total = block_sum_256(count);
+    if (threadIdx.x == 0) popc[row * gridDim.y + blockIdx.y] = total;
+    if (ACT && saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        saved_scales[0] = *scale_a;
+        saved_scales[1] = *scale_w;
+    }
+}
+
+// User-format rows (src_stride bytes, k valid bits, garbage past k) into the GEMM layout.
+__global__ void __launch_bounds__(256)
+    repack_user_rows(const uint8_t *__restrict__ src, int64_t src_stride, int64_t k, int64_t ld,
+                     unsigned *__restrict__ dst, int *__restrict__ popc) {
+    const int64_t row = blockIdx.x, words = ld / 4, w0 = (int64_t)blockIdx.y * 256;
+    const int64_t nbytes = (k + 7) >> 3;
+    const uint8_t *s = src + row * src_stride;
+    int count = 0;
+    for (int64_t w = w0 + threadIdx.x; w < w0 + 256 && w < words; w += 256) {
+        unsigned v = 0;
+        for (int b = 0; b < 4; b++) {
+            int64_t idx = w * 4 + b;
+            if (idx < nbytes) v |= (unsigned)s[idx] << (8 * b);
+        }
+        int64_t valid = k - w * 32;  // bits of this word inside the row
+        if (valid < 32) v &= valid > 0 ? (1u << valid) - 1u : 0u;
+        dst[row * words + w] = v;
+        count += __popc(v);
+    }
+    int total = block_sum_256(count);
+    if (threadIdx.x == 0) popc[row * gridDim.y + blockIdx.y] = total;
+}
+
+// Deterministic sum of |x|: a fixed grid of partial sums in double, then one block adds them
+// in a fixed order.
+constexpr int kSumBlocks = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(256) abs_sum_partial(const T *__restrict__ x, int64_t n, double *part) {
+    double s = 0;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)kSumBlocks * 256)
+        s += fabs((double)to_f32(x[i]));
+    __shared__ double sh[256];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+__global__ void sum_partials(const double *part, int n, double *out) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += part[i];
+        *out = s;
+    }
+}
+
+template <typename T, bool ACT>
+void launch_pack(const void *x, int64_t rows, int64_t k, const float *bias, const float *scale_a,
+                 const float *scale_w, float *saved_scales, int64_t ld, uint8_t *bits,
+                 uint8_t *mask, int *popc) {
+    dim3 grid((unsigned)rows, (unsigned)bie_cuda_popc_parts(ld));
+    pack_rows<T, ACT><<<grid, 256, 0, current_stream>>>(
+        static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
+        reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
+}
+
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" {
+
+int64_t bie_cuda_row_stride(int64_t k) {
+    return ((k + 7) / 8 + BIE_CUDA_ROW_ALIGN - 1) / BIE_CUDA_ROW_ALIGN * BIE_CUDA_ROW_ALIGN;
+}
+
+int bie_cuda_popc_parts(int64_t ld) { return (int)((ld + 1023) / 1024); }
+
+bie_status bie_cuda_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                             const float *bias, const float *scale_a, const float *scale_w,
+                             float *saved_scales, int64_t ld, uint8_t *bits, uint8_t *mask,
+                             int *popc) {
+    switch (dtype) {
+    case BIE_F32:
+        launch_pack<float, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        break;
+    case BIE_BF16:
+        launch_pack<__nv_bfloat16, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        break;
+    case BIE_F16:
+        launch_pack<__half, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        break;
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda pack: dtype %s", bie_dtype_name(dtype));
+    }
+    return check(cudaGetLastError(), "cuda pack activations");
+}
+
+bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64_t k, int64_t ld,
+                                uint8_t *bits, int *popc) {
+    if (dtype == BIE_I8)
+        launch_pack<int8_t, false>(w, n, k, NULL, NULL, NULL, NULL, ld, bits, NULL, popc);
+    else if (dtype == BIE_F32)
+        launch_pack<float, false>(w, n, k, NULL, NULL, NULL, NULL, ld, bits, NULL, popc);
+    else
+        return bie_fail(BIE_ERR_DTYPE, "cuda pack: weight dtype %s", bie_dtype_name(dtype));
+    return check(cudaGetLastError(), "cuda pack weight");
+}
+
+bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,
+                                int64_t ld, uint8_t *dst, int *popc) {
+    dim3 grid((unsigned)rows, (unsigned)bie_cuda_popc_parts(ld));
+    repack_user_rows<<<grid, 256, 0, current_stream>>>(static_cast<const uint8_t *>(src), src_stride,
+                                                         k, ld, reinterpret_cast<unsigned *>(dst), popc);
+    return check(cudaGetLastError(), "cuda repack rows");
+}
+
+bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result) {
+    cudaStream_t st = current_stream;
+    double *ws = NULL;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (kSumBlocks + 1) * sizeof(double), st), "cudaMallocAsync"));
+    switch (dtype) {
+    case BIE_F32: abs_sum_partial<float><<<kSumBlocks, 256, 0, st>>>(static_cast<const float *>(x), n, ws); break;
+    case BIE_BF16:
+        abs_sum_partial<__nv_bfloat16><<<kSumBlocks, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), n, ws);
+        break;
+    case BIE_F16: abs_sum_partial<__half><<<kSumBlocks, 256, 0, st>>>(static_cast<const __half *>(x), n, ws); break;
+    default: break;
+    }
+    sum_partials<<<1, 32, 0, st>>>(ws, kSumBlocks, ws + kSumBlocks);
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(result, ws + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, st);
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(st);
+    BIE_CUDA_TRY(check(err, "cuda |x| sum"));
+    return check(free_err, "cudaFreeAsync");
+}
+
+}  // extern "C"
+
+namespace bie_cuda {
+template <typename T>
+__global__ void add_bias_rows(const T *x, int64_t m, int64_t k, const float *bias, T *out) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m * k;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = from_f32<T>(to_f32(x[i]) + bias[i % k]);
+}
+}  // namespace bie_cuda
+
+extern "C" bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                                        const float *bias, void *out) {
+    int64_t blocks = (m * k + 255) / 256;
+    unsigned grid = (unsigned)(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+    cudaStream_t st = current_stream;
+    switch (dtype) {
+    case BIE_F32:
+        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const float *>(x), m, k, bias, static_cast<float *>(out));
+        break;
+    case BIE_BF16:
+        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), m, k, bias,
+                                            static_cast<__nv_bfloat16 *>(out));
+        break;
+    case BIE_F16:
+        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), m, k, bias, static_cast<__half *>(out));
+        break;
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda add bias: dtype %s", bie_dtype_name(dtype));
+    }
+    return check(cudaGetLastError(), "cuda add bias");
+}

@@ -1,0 +1,133 @@
+/* Softmax cross-entropy, argmax and accuracy on [N, C] logits. */
+#include <math.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+bie_status bie_train_check_f32(const bie_tensor *t, const char *what, const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor", who, what);
+    if (t->dtype != BIE_F32)
+        return bie_fail(BIE_ERR_DTYPE, "%s: %s must be F32, not %s", who, what,
+                        bie_dtype_name(t->dtype));
+    if (t->ndim < 1 || t->ndim > BIE_MAX_DIMS || bie_tensor_numel(t) < 1)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s must be a non-empty tensor of rank 1..%d", who,
+                        what, BIE_MAX_DIMS);
+    if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    return BIE_OK;
+}
+
+bool bie_train_same_shape(const bie_tensor *a, const bie_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+/* logits [N, C] F32 and, when given, labels [N] I32 with values in [0, C). */
+static bie_status check_logits(const bie_tensor *logits, const bie_tensor *labels,
+                               const char *who) {
+    BIE_TRY(bie_train_check_f32(logits, "logits", who));
+    if (logits->ndim != 2)
+        return bie_fail(BIE_ERR_SHAPE, "%s: logits must be [N, C], got rank %d", who, logits->ndim);
+    if (labels == NULL) return BIE_OK;
+    if (labels->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: labels must be a CPU tensor", who);
+    if (labels->dtype != BIE_I32)
+        return bie_fail(BIE_ERR_DTYPE, "%s: labels must be I32, not %s", who,
+                        bie_dtype_name(labels->dtype));
+    if (labels->ndim != 1 || labels->shape[0] != logits->shape[0])
+        return bie_fail(BIE_ERR_SHAPE, "%s: labels must be [%lld] (one per logits row)", who,
+                        (long long)logits->shape[0]);
+    if (labels->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: labels has no data", who);
+    const int32_t *lab = labels->data;
+    for (int64_t i = 0; i < labels->shape[0]; i++)
+        if (lab[i] < 0 || lab[i] >= logits->shape[1])
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: label %lld is %d, outside [0, %lld)",
+                            who, (long long)i, lab[i], (long long)logits->shape[1]);
+    return BIE_OK;
+}
+
+bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor *labels,
+                                     float *loss, bie_tensor *grad_logits) {
+    static const char *who = "softmax_cross_entropy";
+    BIE_CHECK_NULL(labels);
+    BIE_CHECK_NULL(loss);
+    BIE_TRY(check_logits(logits, labels, who));
+    if (grad_logits) {
+        BIE_TRY(bie_train_check_f32(grad_logits, "grad_logits", who));
+        if (!bie_train_same_shape(grad_logits, logits))
+            return bie_fail(BIE_ERR_SHAPE, "%s: grad_logits must have the logits' shape", who);
+    }
+    const int64_t n = logits->shape[0], c = logits->shape[1];
+    const float *z = logits->data;
+    const int32_t *lab = labels->data;
+    for (int64_t i = 0; i < n * c; i++)
+        if (!isfinite(z[i]))
+            return bie_fail(BIE_ERR_NOT_FINITE, "%s: logits hold a non-finite value", who);
+    /* Sequential over rows: the loss sum has one order; N * C is small next to the network. */
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *zi = z + i * c;
+        double mx = zi[0];
+        for (int64_t j = 1; j < c; j++) mx = zi[j] > mx ? zi[j] : mx;
+        double se = 0;
+        for (int64_t j = 0; j < c; j++) se += exp((double)zi[j] - mx);
+        const double lse = mx + log(se);
+        total += lse - zi[lab[i]];
+        if (grad_logits) { /* may alias the logits: each entry is read before it is written */
+            float *gi = (float *)grad_logits->data + i * c;
+            for (int64_t j = 0; j < c; j++) {
+                double p = exp((double)zi[j] - lse);
+                gi[j] = (float)((p - (j == lab[i] ? 1.0 : 0.0)) / (double)n);
+            }
+        }
+    }
+    *loss = (float)(total / (double)n);
+    return BIE_OK;
+}
+
+static void row_argmax(const float *z, int64_t n, int64_t c, int32_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < c; j++)
+            if (z[i * c + j] > z[i * c + best]) best = j;
+        out[i] = (int32_t)best;
+    }
+}
+
+bie_status bie_argmax(const bie_tensor *logits, bie_tensor *predictions) {
+    static const char *who = "argmax";
+    BIE_CHECK_NULL(predictions);
+    BIE_TRY(check_logits(logits, NULL, who));
+    if (predictions->device.type != BIE_DEVICE_CPU || predictions->dtype != BIE_I32 ||
+        predictions->ndim != 1 || predictions->shape[0] != logits->shape[0] ||
+        predictions->data == NULL)
+        return bie_fail(BIE_ERR_SHAPE, "%s: predictions must be an I32 CPU tensor [%lld]", who,
+                        (long long)logits->shape[0]);
+    if (logits->shape[1] > INT32_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: too many classes for I32 predictions", who);
+    row_argmax(logits->data, logits->shape[0], logits->shape[1], predictions->data);
+    return BIE_OK;
+}
+
+bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor *labels,
+                             int64_t *correct) {
+    static const char *who = "count_correct";
+    BIE_CHECK_NULL(labels);
+    BIE_CHECK_NULL(correct);
+    BIE_TRY(check_logits(logits, labels, who));
+    const int64_t n = logits->shape[0], c = logits->shape[1];
+    const float *z = logits->data;
+    const int32_t *lab = labels->data;
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < c; j++)
+            if (z[i * c + j] > z[i * c + best]) best = j;
+        hits += best == lab[i];
+    }
+    *correct = hits;
+    return BIE_OK;
+}

@@ -1,0 +1,581 @@
+/* The sequential model: building layers, their initialisation, mode switches, packing and
+ * the architecture description. Forward / backward are in model_run.c, parameters in
+ * model_params.c. */
+#include <math.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+#define CHECK_MODEL(m)                                                                         \
+    do {                                                                                       \
+        if ((m) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", __func__); \
+    } while (0)
+
+static const char *const kTypeNames[] = {
+    "linear", "batchnorm1d", "batchnorm2d", "relu", "prelu", "maxpool2d", "flatten",
+    "binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d",
+};
+#define TYPE_COUNT ((int)(sizeof kTypeNames / sizeof kTypeNames[0]))
+
+const char *bie_layer_type_name(bie_layer_type type) {
+    return (int)type >= 0 && (int)type < TYPE_COUNT ? kTypeNames[type] : NULL;
+}
+
+bie_status bie_layer_type_from_name(const char *name, bie_layer_type *type) {
+    BIE_CHECK_NULL(name);
+    BIE_CHECK_NULL(type);
+    for (int t = 0; t < TYPE_COUNT; t++)
+        if (strcmp(name, kTypeNames[t]) == 0) {
+            *type = (bie_layer_type)t;
+            return BIE_OK;
+        }
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "layer_type_from_name: unknown layer type '%s'", name);
+}
+
+bie_status bie_model_create(bie_model **out) {
+    BIE_CHECK_NULL(out);
+    bie_model *m = calloc(1, sizeof *m);
+    if (m == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "model_create: model");
+    m->training = true;
+    m->generation = 1;
+    *out = m;
+    return BIE_OK;
+}
+
+void bie_model_layer_release(bie_model_layer *l) {
+    bie_free_aligned(l->weight);
+    bie_free_aligned(l->bias);
+    bie_free_aligned(l->grad_weight);
+    bie_free_aligned(l->grad_bias);
+    bie_free_aligned(l->running_mean);
+    bie_free_aligned(l->running_var);
+    bie_free_aligned(l->saved_xhat);
+    bie_free_aligned(l->saved_invstd);
+    bie_free_aligned(l->batch_mean);
+    bie_free_aligned(l->batch_var);
+    bie_free_aligned(l->saved_argmax);
+    bie_binary_linear_free(l->binary_linear);
+    bie_binary_conv2d_free(l->binary_conv2d);
+    bie_q4_linear_free(l->q4_linear);
+    bie_q4_conv2d_free(l->q4_conv2d);
+    memset(l, 0, sizeof *l);
+}
+
+void bie_model_free(bie_model *m) {
+    if (m == NULL) return;
+    for (int i = 0; i < m->count; i++) bie_model_layer_release(&m->layers[i]);
+    free(m->layers);
+    if (m->acts)
+        for (int i = 0; i <= m->count; i++) bie_free_aligned(m->acts[i]);
+    free(m->acts);
+    free(m->act_cap);
+    bie_free_aligned(m->grad_buf[0]);
+    bie_free_aligned(m->grad_buf[1]);
+    free(m->params);
+    free(m);
+}
+
+/* The hyper-parameters that apply to info->type, checked, with every other field zero. */
+static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, const char *who) {
+    bie_layer_info c;
+    memset(&c, 0, sizeof c);
+    c.type = in->type;
+    const int64_t kMax = INT32_MAX;
+    switch (in->type) {
+    case BIE_LAYER_LINEAR:
+    case BIE_LAYER_BINARY_LINEAR:
+    case BIE_LAYER_Q4_LINEAR:
+    case BIE_LAYER_BINARY_CONV2D:
+    case BIE_LAYER_Q4_CONV2D:
+        if (in->in < 1 || in->out < 1 || in->in > kMax || in->out > kMax)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: %s sizes (%lld, %lld) must be in "
+                            "[1, 2^31 - 1]", who, kTypeNames[in->type], (long long)in->in,
+                            (long long)in->out);
+        c.in = in->in;
+        c.out = in->out;
+        c.bias = in->type == BIE_LAYER_LINEAR && in->bias;
+        if (in->type == BIE_LAYER_BINARY_CONV2D || in->type == BIE_LAYER_Q4_CONV2D) {
+            if (in->kernel_size < 1 || in->stride < 1 || in->padding < 0 || in->dilation < 1)
+                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: conv needs kernel_size >= 1, "
+                                "stride >= 1, padding >= 0, dilation >= 1 (got %d, %d, %d, %d)",
+                                who, in->kernel_size, in->stride, in->padding, in->dilation);
+            c.kernel_size = in->kernel_size;
+            c.stride = in->stride;
+            c.padding = in->padding;
+            c.dilation = in->dilation;
+        }
+        if (in->type == BIE_LAYER_BINARY_LINEAR || in->type == BIE_LAYER_BINARY_CONV2D) {
+            if (in->bits_binary_word != 8 && in->bits_binary_word != 32 && in->bits_binary_word != 64)
+                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: bits_binary_word = %d must be 8, "
+                                "32 or 64", who, in->bits_binary_word);
+            c.symmetric = in->symmetric;
+            c.bits_binary_word = in->bits_binary_word;
+        }
+        break;
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D:
+        if (in->in < 1 || in->in > kMax)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: batch norm needs 1..2^31-1 features, "
+                            "got %lld", who, (long long)in->in);
+        if (!isfinite(in->eps) || in->eps <= 0 || !isfinite(in->momentum) || in->momentum < 0 ||
+            in->momentum > 1)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: batch norm needs eps > 0 and momentum "
+                            "in [0, 1] (got %g, %g)", who, (double)in->eps, (double)in->momentum);
+        c.in = in->in;
+        c.eps = in->eps;
+        c.momentum = in->momentum;
+        break;
+    case BIE_LAYER_PRELU:
+        if (in->in < 1 || in->in > kMax)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: PReLU needs 1..2^31-1 slopes, got %lld",
+                            who, (long long)in->in);
+        c.in = in->in;
+        break;
+    case BIE_LAYER_MAXPOOL2D:
+        if (in->kernel_size < 1 || in->stride < 0)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: max-pool needs kernel_size >= 1 and "
+                            "stride >= 0 (got %d, %d)", who, in->kernel_size, in->stride);
+        c.kernel_size = in->kernel_size;
+        c.stride = in->stride == 0 ? in->kernel_size : in->stride;
+        break;
+    case BIE_LAYER_RELU:
+    case BIE_LAYER_FLATTEN:
+        break;
+    default:
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: unknown layer type %d", who, (int)in->type);
+    }
+    *out = c;
+    return BIE_OK;
+}
+
+static float *alloc_floats(int64_t n) { return bie_alloc_aligned((size_t)n * sizeof(float)); }
+
+/* Storage and the low-bit object of a new layer; nothing is initialised yet. */
+static bie_status build_layer(const bie_layer_info *info, bie_model_layer *l, const char *who) {
+    memset(l, 0, sizeof *l);
+    l->info = *info;
+    bie_status st = BIE_OK;
+    const int64_t in = info->in, out = info->out;
+    switch (info->type) {
+    case BIE_LAYER_LINEAR: {
+        int64_t n;
+        if (!bie_mul_ok(in, out, &n) || n > ((int64_t)1 << 40))
+            return bie_fail(BIE_ERR_OVERFLOW, "%s: linear %lld x %lld is too large", who,
+                            (long long)out, (long long)in);
+        l->weight = alloc_floats(n);
+        l->grad_weight = alloc_floats(n);
+        if (info->bias) {
+            l->bias = alloc_floats(out);
+            l->grad_bias = alloc_floats(out);
+        }
+        if (!l->weight || !l->grad_weight || (info->bias && (!l->bias || !l->grad_bias)))
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: linear parameters", who);
+        break;
+    }
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D:
+        l->weight = alloc_floats(in);
+        l->bias = alloc_floats(in);
+        l->grad_weight = alloc_floats(in);
+        l->grad_bias = alloc_floats(in);
+        l->running_mean = alloc_floats(in);
+        l->running_var = alloc_floats(in);
+        l->saved_invstd = alloc_floats(in);
+        l->batch_mean = alloc_floats(in);
+        l->batch_var = alloc_floats(in);
+        if (!l->weight || !l->bias || !l->grad_weight || !l->grad_bias || !l->running_mean ||
+            !l->running_var || !l->saved_invstd || !l->batch_mean || !l->batch_var)
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm parameters", who);
+        break;
+    case BIE_LAYER_PRELU:
+        l->weight = alloc_floats(in);
+        l->grad_weight = alloc_floats(in);
+        if (!l->weight || !l->grad_weight)
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: PReLU slopes", who);
+        break;
+    case BIE_LAYER_BINARY_LINEAR:
+        st = bie_binary_linear_create(&l->binary_linear, in, out, bie_cpu(), BIE_F32,
+                                      info->symmetric);
+        if (st == BIE_OK)
+            st = bie_binary_linear_set_bits_binary_word(l->binary_linear, info->bits_binary_word);
+        break;
+    case BIE_LAYER_BINARY_CONV2D:
+        st = bie_binary_conv2d_create(&l->binary_conv2d, in, out, info->kernel_size, info->stride,
+                                      info->padding, info->dilation, bie_cpu(), BIE_F32,
+                                      info->symmetric);
+        if (st == BIE_OK)
+            st = bie_binary_conv2d_set_bits_binary_word(l->binary_conv2d, info->bits_binary_word);
+        break;
+    case BIE_LAYER_Q4_LINEAR:
+        st = bie_q4_linear_create(&l->q4_linear, in, out, bie_cpu(), BIE_F32);
+        break;
+    case BIE_LAYER_Q4_CONV2D:
+        st = bie_q4_conv2d_create(&l->q4_conv2d, in, out, info->kernel_size, info->stride,
+                                  info->padding, info->dilation, bie_cpu(), BIE_F32);
+        break;
+    default:
+        break;
+    }
+    if (st != BIE_OK) bie_model_layer_release(l);
+    return st;
+}
+
+/* A layer's generator seed: a mix of the model seed and the layer index. */
+static uint64_t layer_seed(uint64_t seed, int index) {
+    uint64_t s = seed ^ ((uint64_t)(index + 1) * 0xD1B54A32D192ED69ull);
+    return bie_train_splitmix64(&s);
+}
+
+/* Zero a low-bit layer's bias_a and scale_a, which reset_parameters leaves alone. */
+static bie_status clear_activation_params(bie_model_layer *l) {
+    bie_tensor bias;
+    bie_status st;
+    if (l->binary_linear) {
+        BIE_TRY(bie_binary_linear_param(l->binary_linear, BIE_PARAM_BIAS_A, &bias));
+        st = bie_binary_linear_set_scale_a(l->binary_linear, 0.0f);
+    } else if (l->binary_conv2d) {
+        BIE_TRY(bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_BIAS_A, &bias));
+        st = bie_binary_conv2d_set_scale_a(l->binary_conv2d, 0.0f);
+    } else if (l->q4_linear) {
+        BIE_TRY(bie_q4_linear_param(l->q4_linear, BIE_PARAM_BIAS_A, &bias));
+        st = bie_q4_linear_set_scale_a(l->q4_linear, 0.0f);
+    } else {
+        BIE_TRY(bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_BIAS_A, &bias));
+        st = bie_q4_conv2d_set_scale_a(l->q4_conv2d, 0.0f);
+    }
+    memset(bias.data, 0, (size_t)bie_tensor_numel(&bias) * sizeof(float));
+    return st;
+}
+
+bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
+    bie_model_layer *l = &m->layers[index];
+    uint64_t s = layer_seed(seed, index);
+    const int64_t in = l->info.in, out = l->info.out;
+    l->has_grad = false;
+    l->prepared = false;
+    switch (l->info.type) {
+    case BIE_LAYER_LINEAR: { /* PyTorch: kaiming_uniform(a = sqrt(5)) = U(±1/sqrt(in)) */
+        const double bound = 1.0 / sqrt((double)in);
+        bie_train_fill_uniform(l->weight, in * out, bound, &s);
+        if (l->bias) bie_train_fill_uniform(l->bias, out, bound, &s);
+        return BIE_OK;
+    }
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D:
+        for (int64_t c = 0; c < in; c++) {
+            l->weight[c] = 1.0f;
+            l->bias[c] = 0.0f;
+            l->running_mean[c] = 0.0f;
+            l->running_var[c] = 1.0f;
+        }
+        return BIE_OK;
+    case BIE_LAYER_PRELU:
+        for (int64_t c = 0; c < in; c++) l->weight[c] = 0.25f;
+        return BIE_OK;
+    case BIE_LAYER_BINARY_LINEAR:
+        BIE_TRY(bie_binary_linear_reset_parameters(l->binary_linear, s));
+        return clear_activation_params(l);
+    case BIE_LAYER_BINARY_CONV2D:
+        BIE_TRY(bie_binary_conv2d_reset_parameters(l->binary_conv2d, s));
+        return clear_activation_params(l);
+    case BIE_LAYER_Q4_LINEAR:
+        BIE_TRY(bie_q4_linear_reset_parameters(l->q4_linear, s));
+        return clear_activation_params(l);
+    case BIE_LAYER_Q4_CONV2D:
+        BIE_TRY(bie_q4_conv2d_reset_parameters(l->q4_conv2d, s));
+        return clear_activation_params(l);
+    default:
+        return BIE_OK;
+    }
+}
+
+/* A structural change: parameters and their storage may differ, saved activations are
+ * stale. */
+static void changed(bie_model *m) {
+    m->generation++;
+    m->can_backward = false;
+    m->qweight_stale = true;
+}
+
+bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
+    static const char *who = "model_add_layer";
+    CHECK_MODEL(m);
+    BIE_CHECK_NULL(info);
+    if (m->packed)
+        return bie_fail(BIE_ERR_STATE, "%s: a packed (inference-only) model can't grow", who);
+    bie_layer_info c;
+    BIE_TRY(canonical_info(info, &c, who));
+    if (m->count == INT32_MAX / 2) return bie_fail(BIE_ERR_OVERFLOW, "%s: too many layers", who);
+    /* Grow every per-layer array first, so a failure leaves the model as it was. */
+    if (m->count == m->capacity) {
+        const int cap = m->capacity ? 2 * m->capacity : 8;
+        bie_model_layer *layers = realloc(m->layers, (size_t)cap * sizeof *layers);
+        if (layers == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+        m->layers = layers;
+        float **acts = realloc(m->acts, (size_t)(cap + 1) * sizeof *acts);
+        if (acts == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+        m->acts = acts;
+        int64_t *act_cap = realloc(m->act_cap, (size_t)(cap + 1) * sizeof *act_cap);
+        if (act_cap == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+        m->act_cap = act_cap;
+        for (int i = m->count + (m->count ? 1 : 0); i <= cap; i++) {
+            m->acts[i] = NULL;
+            m->act_cap[i] = 0;
+        }
+        m->capacity = cap;
+    }
+    bie_model_layer l;
+    BIE_TRY(build_layer(&c, &l, who));
+    m->layers[m->count] = l;
+    bie_status st = bie_model_layer_reset(m, m->count, 0);
+    if (st != BIE_OK) {
+        bie_model_layer_release(&m->layers[m->count]);
+        return st;
+    }
+    if (!m->training) { /* the new layer follows the model's mode */
+        bie_model_layer *nl = &m->layers[m->count];
+        if (nl->binary_linear) st = bie_binary_linear_set_training(nl->binary_linear, false);
+        if (nl->binary_conv2d) st = bie_binary_conv2d_set_training(nl->binary_conv2d, false);
+        if (nl->q4_linear) st = bie_q4_linear_set_training(nl->q4_linear, false);
+        if (nl->q4_conv2d) st = bie_q4_conv2d_set_training(nl->q4_conv2d, false);
+        if (st != BIE_OK) {
+            bie_model_layer_release(nl);
+            return st;
+        }
+    }
+    m->count++;
+    changed(m);
+    return BIE_OK;
+}
+
+static bie_layer_info base_info(bie_layer_type type, int64_t in, int64_t out) {
+    bie_layer_info i;
+    memset(&i, 0, sizeof i);
+    i.type = type;
+    i.in = in;
+    i.out = out;
+    i.symmetric = true;
+    i.bits_binary_word = 8;
+    i.eps = 1e-5f;
+    i.momentum = 0.1f;
+    return i;
+}
+
+bie_status bie_model_add_linear(bie_model *m, int64_t in, int64_t out, bool bias) {
+    bie_layer_info i = base_info(BIE_LAYER_LINEAR, in, out);
+    i.bias = bias;
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_batchnorm1d(bie_model *m, int64_t num_features) {
+    bie_layer_info i = base_info(BIE_LAYER_BATCHNORM1D, num_features, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_batchnorm2d(bie_model *m, int64_t num_channels) {
+    bie_layer_info i = base_info(BIE_LAYER_BATCHNORM2D, num_channels, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_relu(bie_model *m) {
+    bie_layer_info i = base_info(BIE_LAYER_RELU, 0, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_prelu(bie_model *m, int64_t num_parameters) {
+    bie_layer_info i = base_info(BIE_LAYER_PRELU, num_parameters, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_maxpool2d(bie_model *m, int kernel_size, int stride) {
+    bie_layer_info i = base_info(BIE_LAYER_MAXPOOL2D, 0, 0);
+    i.kernel_size = kernel_size;
+    i.stride = stride;
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_flatten(bie_model *m) {
+    bie_layer_info i = base_info(BIE_LAYER_FLATTEN, 0, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_binary_linear(bie_model *m, int64_t in, int64_t out) {
+    bie_layer_info i = base_info(BIE_LAYER_BINARY_LINEAR, in, out);
+    return bie_model_add_layer(m, &i);
+}
+
+static bie_layer_info conv_info(bie_layer_type type, int64_t in_c, int64_t out_c, int k, int s,
+                                int p, int d) {
+    bie_layer_info i = base_info(type, in_c, out_c);
+    i.kernel_size = k;
+    i.stride = s;
+    i.padding = p;
+    i.dilation = d;
+    return i;
+}
+
+bie_status bie_model_add_binary_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k, int s,
+                                       int p, int d) {
+    bie_layer_info i = conv_info(BIE_LAYER_BINARY_CONV2D, in_c, out_c, k, s, p, d);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_q4_linear(bie_model *m, int64_t in, int64_t out) {
+    bie_layer_info i = base_info(BIE_LAYER_Q4_LINEAR, in, out);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_q4_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k, int s,
+                                   int p, int d) {
+    bie_layer_info i = conv_info(BIE_LAYER_Q4_CONV2D, in_c, out_c, k, s, p, d);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_reset_parameters(bie_model *m, uint64_t seed) {
+    CHECK_MODEL(m);
+    if (m->packed)
+        return bie_fail(BIE_ERR_STATE, "model_reset_parameters: the model is packed (inference-only)");
+    for (int i = 0; i < m->count; i++) BIE_TRY(bie_model_layer_reset(m, i, seed));
+    changed(m);
+    return BIE_OK;
+}
+
+bie_status bie_model_prepare_params(bie_model *m) {
+    CHECK_MODEL(m);
+    if (m->packed)
+        return bie_fail(BIE_ERR_STATE, "model_prepare_params: the model is packed (inference-only)");
+    bool any = false;
+    for (int i = 0; i < m->count; i++) {
+        bie_model_layer *l = &m->layers[i];
+        bie_tensor w;
+        if (l->binary_linear || l->binary_conv2d) { /* a no-op once the weight is int8 */
+            BIE_TRY(l->binary_linear ? bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w)
+                                     : bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w));
+            if (w.dtype != BIE_I8) {
+                BIE_TRY(l->binary_linear ? bie_binary_linear_prepare_params(l->binary_linear)
+                                         : bie_binary_conv2d_prepare_params(l->binary_conv2d));
+                any = true;
+            }
+        } else if ((l->q4_linear || l->q4_conv2d) && !l->prepared) {
+            /* scale_w stays fixed once set (here or loaded) while the float weight trains */
+            BIE_TRY(l->q4_linear ? bie_q4_linear_prepare_params(l->q4_linear)
+                                 : bie_q4_conv2d_prepare_params(l->q4_conv2d));
+            any = true;
+        }
+        l->prepared = true;
+    }
+    if (any) changed(m);
+    return BIE_OK;
+}
+
+static bie_status layer_set_training(bie_model_layer *l, bool training) {
+    if (l->binary_linear) return bie_binary_linear_set_training(l->binary_linear, training);
+    if (l->binary_conv2d) return bie_binary_conv2d_set_training(l->binary_conv2d, training);
+    if (l->q4_linear) return bie_q4_linear_set_training(l->q4_linear, training);
+    if (l->q4_conv2d) return bie_q4_conv2d_set_training(l->q4_conv2d, training);
+    return BIE_OK;
+}
+
+bie_status bie_model_set_training(bie_model *m, bool training) {
+    CHECK_MODEL(m);
+    if (m->packed && training)
+        return bie_fail(BIE_ERR_STATE, "model_set_training: a packed model is inference-only");
+    for (int i = 0; i < m->count; i++) BIE_TRY(layer_set_training(&m->layers[i], training));
+    m->training = training;
+    m->can_backward = false;
+    /* Weights may have been written through parameter views: the next evaluation forward
+     * packs them again. */
+    m->qweight_stale = true;
+    return BIE_OK;
+}
+
+bool bie_model_training(const bie_model *m) { return m && m->training; }
+bool bie_model_packed(const bie_model *m) { return m && m->packed; }
+
+bie_status bie_model_pack(bie_model *m) {
+    CHECK_MODEL(m);
+    if (m->packed) return BIE_OK;
+    /* Check first that every low-bit layer still has a weight to pack. */
+    for (int i = 0; i < m->count; i++) {
+        bie_model_layer *l = &m->layers[i];
+        bie_tensor w;
+        bie_status st = BIE_OK;
+        if (l->binary_linear) st = bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w);
+        if (l->binary_conv2d) st = bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w);
+        if (l->q4_linear) st = bie_q4_linear_param(l->q4_linear, BIE_PARAM_WEIGHT, &w);
+        if (l->q4_conv2d) st = bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_WEIGHT, &w);
+        if (st != BIE_OK) return st;
+    }
+    for (int i = 0; i < m->count; i++) {
+        bie_model_layer *l = &m->layers[i];
+        if (l->binary_linear)
+            BIE_TRY(bie_binary_linear_generate_quantized_weight(l->binary_linear, true));
+        if (l->binary_conv2d)
+            BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l->binary_conv2d, true));
+        if (l->q4_linear) BIE_TRY(bie_q4_linear_generate_quantized_weight(l->q4_linear, true));
+        if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l->q4_conv2d, true));
+        BIE_TRY(layer_set_training(l, false));
+        l->has_grad = false;
+    }
+    m->packed = true;
+    m->training = false;
+    changed(m);
+    m->qweight_stale = false;
+    return BIE_OK;
+}
+
+int bie_model_layer_count(const bie_model *m) { return m ? m->count : 0; }
+
+bie_status bie_model_layer_info(const bie_model *m, int index, bie_layer_info *info) {
+    CHECK_MODEL(m);
+    BIE_CHECK_NULL(info);
+    if (index < 0 || index >= m->count)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "model_layer_info: index %d outside [0, %d)",
+                        index, m->count);
+    *info = m->layers[index].info;
+    return BIE_OK;
+}
+
+static bie_status layer_of_type(bie_model *m, int index, bie_layer_type type, const char *who,
+                                bie_model_layer **out) {
+    CHECK_MODEL(m);
+    if (index < 0 || index >= m->count)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: index %d outside [0, %d)", who, index, m->count);
+    if (m->layers[index].info.type != type)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: layer %d is a %s, not a %s", who, index,
+                        kTypeNames[m->layers[index].info.type], kTypeNames[type]);
+    *out = &m->layers[index];
+    return BIE_OK;
+}
+
+bie_status bie_model_binary_linear(bie_model *m, int index, bie_binary_linear **layer) {
+    BIE_CHECK_NULL(layer);
+    bie_model_layer *l = NULL;
+    BIE_TRY(layer_of_type(m, index, BIE_LAYER_BINARY_LINEAR, "model_binary_linear", &l));
+    *layer = l->binary_linear;
+    return BIE_OK;
+}
+
+bie_status bie_model_binary_conv2d(bie_model *m, int index, bie_binary_conv2d **layer) {
+    BIE_CHECK_NULL(layer);
+    bie_model_layer *l = NULL;
+    BIE_TRY(layer_of_type(m, index, BIE_LAYER_BINARY_CONV2D, "model_binary_conv2d", &l));
+    *layer = l->binary_conv2d;
+    return BIE_OK;
+}
+
+bie_status bie_model_q4_linear(bie_model *m, int index, bie_q4_linear **layer) {
+    BIE_CHECK_NULL(layer);
+    bie_model_layer *l = NULL;
+    BIE_TRY(layer_of_type(m, index, BIE_LAYER_Q4_LINEAR, "model_q4_linear", &l));
+    *layer = l->q4_linear;
+    return BIE_OK;
+}
+
+bie_status bie_model_q4_conv2d(bie_model *m, int index, bie_q4_conv2d **layer) {
+    BIE_CHECK_NULL(layer);
+    bie_model_layer *l = NULL;
+    BIE_TRY(layer_of_type(m, index, BIE_LAYER_Q4_CONV2D, "model_q4_conv2d", &l));
+    *layer = l->q4_conv2d;
+    return BIE_OK;
+}

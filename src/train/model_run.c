@@ -1,0 +1,418 @@
+/* The model's forward and backward passes: shape propagation, activation buffers, and the
+ * dispatch of each layer to its float kernel or its bie.h layer object. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train_internal.h"
+
+static int64_t numel_of(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        if (!bie_mul_ok(n, shape[d], &n)) return -1;
+    return n;
+}
+
+static bie_status shape_error(int index, const bie_model_layer *l, const char *what) {
+    return bie_fail(BIE_ERR_SHAPE, "model: layer %d (%s): %s", index,
+                    bie_layer_type_name(l->info.type), what);
+}
+
+/* floor((size + 2p - d(k - 1) - 1) / s) + 1, or 0 when the dilated kernel does not fit. */
+static int64_t conv_extent(int64_t size, const bie_layer_info *c) {
+    const int64_t span = (int64_t)c->dilation * (c->kernel_size - 1) + 1;
+    if (size + 2 * (int64_t)c->padding < span) return 0;
+    return (size + 2 * (int64_t)c->padding - span) / c->stride + 1;
+}
+
+bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
+                                     const int64_t *shape, int *out_ndim, int64_t *out) {
+    const bie_model_layer *l = &m->layers[index];
+    const bie_layer_info *c = &l->info;
+    char msg[160];
+    *out_ndim = ndim;
+    memcpy(out, shape, (size_t)ndim * sizeof *out);
+    switch (c->type) {
+    case BIE_LAYER_LINEAR:
+    case BIE_LAYER_BINARY_LINEAR:
+    case BIE_LAYER_Q4_LINEAR:
+        if (shape[ndim - 1] != c->in) {
+            snprintf(msg, sizeof msg, "the input's last extent is %lld, expected in_features = %lld",
+                     (long long)shape[ndim - 1], (long long)c->in);
+            return shape_error(index, l, msg);
+        }
+        out[ndim - 1] = c->out;
+        return BIE_OK;
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D: {
+        const int want = c->type == BIE_LAYER_BATCHNORM1D ? 2 : 4;
+        if (ndim != want || shape[1] != c->in) {
+            snprintf(msg, sizeof msg, "expects input [N, %lld%s], got rank %d with dim 1 = %lld",
+                     (long long)c->in, want == 4 ? ", H, W" : "", ndim,
+                     (long long)(ndim > 1 ? shape[1] : 0));
+            return shape_error(index, l, msg);
+        }
+        return BIE_OK;
+    }
+    case BIE_LAYER_RELU:
+        return BIE_OK;
+    case BIE_LAYER_PRELU:
+        if (c->in > 1 && (ndim < 2 || shape[1] != c->in)) {
+            snprintf(msg, sizeof msg, "has %lld slopes: the input's dim 1 must have that size",
+                     (long long)c->in);
+            return shape_error(index, l, msg);
+        }
+        return BIE_OK;
+    case BIE_LAYER_MAXPOOL2D:
+        if (ndim != 4 || shape[2] < c->kernel_size || shape[3] < c->kernel_size) {
+            snprintf(msg, sizeof msg, "expects NCHW input of at least %d x %d", c->kernel_size,
+                     c->kernel_size);
+            return shape_error(index, l, msg);
+        }
+        out[2] = (shape[2] - c->kernel_size) / c->stride + 1;
+        out[3] = (shape[3] - c->kernel_size) / c->stride + 1;
+        return BIE_OK;
+    case BIE_LAYER_FLATTEN:
+        if (ndim < 2) return shape_error(index, l, "expects an input of rank >= 2");
+        *out_ndim = 2;
+        out[1] = numel_of(ndim - 1, shape + 1);
+        return BIE_OK;
+    case BIE_LAYER_BINARY_CONV2D:
+    case BIE_LAYER_Q4_CONV2D:
+        if (ndim != 4 || shape[1] != c->in) {
+            snprintf(msg, sizeof msg, "expects NCHW input with %lld channels", (long long)c->in);
+            return shape_error(index, l, msg);
+        }
+        out[1] = c->out;
+        out[2] = conv_extent(shape[2], c);
+        out[3] = conv_extent(shape[3], c);
+        if (out[2] < 1 || out[3] < 1) {
+            snprintf(msg, sizeof msg, "input %lld x %lld is smaller than the dilated kernel",
+                     (long long)shape[2], (long long)shape[3]);
+            return shape_error(index, l, msg);
+        }
+        return BIE_OK;
+    }
+    return shape_error(index, l, "unknown layer type");
+}
+
+bie_status bie_model_output_shape(const bie_model *m, int in_ndim, const int64_t *in_shape,
+                                  int *out_ndim, int64_t *out_shape) {
+    static const char *who = "model_output_shape";
+    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
+    BIE_CHECK_NULL(in_shape);
+    BIE_CHECK_NULL(out_ndim);
+    BIE_CHECK_NULL(out_shape);
+    if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
+    if (in_ndim < 1 || in_ndim > BIE_MAX_DIMS)
+        return bie_fail(BIE_ERR_SHAPE, "%s: input rank %d outside 1..%d", who, in_ndim, BIE_MAX_DIMS);
+    int nd = in_ndim;
+    int64_t cur[BIE_MAX_DIMS], next[BIE_MAX_DIMS];
+    memcpy(cur, in_shape, (size_t)in_ndim * sizeof *cur);
+    for (int d = 0; d < nd; d++)
+        if (cur[d] < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", who);
+    if (numel_of(nd, cur) < 0 || numel_of(nd, cur) > (int64_t)1 << 40)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    for (int i = 0; i < m->count; i++) {
+        int nn;
+        BIE_TRY(bie_model_layer_out_shape(m, i, nd, cur, &nn, next));
+        const int64_t n = numel_of(nn, next);
+        if (n < 0 || n > (int64_t)1 << 40)
+            return bie_fail(BIE_ERR_OVERFLOW, "%s: layer %d's output is too large", who, i);
+        nd = nn;
+        memcpy(cur, next, sizeof cur);
+    }
+    *out_ndim = nd;
+    memcpy(out_shape, cur, (size_t)nd * sizeof *out_shape);
+    return BIE_OK;
+}
+
+/* Grow an aligned float buffer to hold n elements (contents are not kept). */
+static bool ensure(float **buf, int64_t *cap, int64_t n) {
+    if (*cap >= n && *buf) return true;
+    float *p = bie_alloc_aligned((size_t)n * sizeof(float));
+    if (p == NULL) return false;
+    bie_free_aligned(*buf);
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
+/* Shapes of every layer for this input, and every buffer the pass needs. */
+static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
+    static const char *who = "model_forward";
+    int nd = x->ndim;
+    int64_t shape[BIE_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    for (int d = 0; d < nd; d++)
+        if (shape[d] < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", who);
+    int64_t dummy_out[BIE_MAX_DIMS];
+    int dummy_nd;
+    BIE_TRY(bie_model_output_shape(m, nd, shape, &dummy_nd, dummy_out));
+    if (!ensure(&m->acts[0], &m->act_cap[0], numel_of(nd, shape)))
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: input copy", who);
+    /* Copied before any other buffer moves: x may be a view of the previous output. */
+    memcpy(m->acts[0], x->data, (size_t)numel_of(nd, shape) * sizeof(float));
+    for (int i = 0; i < m->count; i++) {
+        bie_model_layer *l = &m->layers[i];
+        int on;
+        int64_t os[BIE_MAX_DIMS];
+        BIE_TRY(bie_model_layer_out_shape(m, i, nd, shape, &on, os));
+        const int64_t in_n = numel_of(nd, shape), out_n = numel_of(on, os);
+        if (!ensure(&m->acts[i + 1], &m->act_cap[i + 1], out_n))
+            return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: activations of layer %d", who, i);
+        const bie_layer_type t = l->info.type;
+        if (m->training && (t == BIE_LAYER_BATCHNORM1D || t == BIE_LAYER_BATCHNORM2D)) {
+            const int64_t per_channel = in_n / shape[1];
+            if (per_channel < 2)
+                return bie_fail(BIE_ERR_SHAPE, "%s: layer %d (batch norm) needs more than one "
+                                "value per channel in training mode", who, i);
+            if (!ensure(&l->saved_xhat, &l->saved_cap, in_n))
+                return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm of layer %d", who, i);
+        }
+        if (m->training && t == BIE_LAYER_MAXPOOL2D && l->saved_cap < out_n) {
+            int32_t *idx = bie_alloc_aligned((size_t)out_n * sizeof(int32_t));
+            if (idx == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
+            bie_free_aligned(l->saved_argmax);
+            l->saved_argmax = idx;
+            l->saved_cap = out_n;
+        }
+        if (m->training && (t == BIE_LAYER_BINARY_LINEAR || t == BIE_LAYER_BINARY_CONV2D)) {
+            bie_tensor w;
+            bie_status st = t == BIE_LAYER_BINARY_LINEAR
+                                ? bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w)
+                                : bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w);
+            if (st != BIE_OK || w.dtype != BIE_I8)
+                return bie_fail(BIE_ERR_STATE, "%s: layer %d's binary weight is not int8: call "
+                                "bie_model_prepare_params before training", who, i);
+        }
+        l->in_ndim = nd;
+        memcpy(l->in_shape, shape, sizeof shape);
+        l->out_ndim = on;
+        memcpy(l->out_shape, os, sizeof os);
+        nd = on;
+        memcpy(shape, os, sizeof shape);
+    }
+    return BIE_OK;
+}
+
+static bie_tensor view(float *data, int ndim, const int64_t *shape) {
+    bie_tensor t;
+    bie_tensor_view(&t, data, BIE_F32, ndim, shape);
+    return t;
+}
+
+static float scale_a_of(bie_model_layer *l) {
+    bie_tensor s = {0};
+    if (l->binary_linear) bie_binary_linear_param(l->binary_linear, BIE_PARAM_SCALE_A, &s);
+    if (l->binary_conv2d) bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_SCALE_A, &s);
+    if (l->q4_linear) bie_q4_linear_param(l->q4_linear, BIE_PARAM_SCALE_A, &s);
+    if (l->q4_conv2d) bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_SCALE_A, &s);
+    return s.data ? *(float *)s.data : 0.0f;
+}
+
+static void set_scale_a(bie_model_layer *l, float v) {
+    if (l->binary_linear) bie_binary_linear_set_scale_a(l->binary_linear, v);
+    if (l->binary_conv2d) bie_binary_conv2d_set_scale_a(l->binary_conv2d, v);
+    if (l->q4_linear) bie_q4_linear_set_scale_a(l->q4_linear, v);
+    if (l->q4_conv2d) bie_q4_conv2d_set_scale_a(l->q4_conv2d, v);
+}
+
+/* Evaluation packs low-bit weights once; they are packed again after they changed. */
+static bie_status refresh_qweights(bie_model *m) {
+    if (m->packed || !m->qweight_stale) return BIE_OK;
+    for (int i = 0; i < m->count; i++) {
+        bie_model_layer *l = &m->layers[i];
+        if (l->binary_linear)
+            BIE_TRY(bie_binary_linear_generate_quantized_weight(l->binary_linear, false));
+        if (l->binary_conv2d)
+            BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l->binary_conv2d, false));
+        if (l->q4_linear) BIE_TRY(bie_q4_linear_generate_quantized_weight(l->q4_linear, false));
+        if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l->q4_conv2d, false));
+    }
+    m->qweight_stale = false;
+    return BIE_OK;
+}
+
+static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
+    bie_model_layer *l = &m->layers[i];
+    const bie_layer_info *c = &l->info;
+    const int64_t *s = l->in_shape;
+    const int64_t n = numel_of(l->in_ndim, s);
+    bie_tensor tx = view((float *)x, l->in_ndim, s), ty = view(y, l->out_ndim, l->out_shape);
+    switch (c->type) {
+    case BIE_LAYER_LINEAR:
+        bie_linear_forward(x, n / c->in, c->in, c->out, l->weight, l->bias, y);
+        return BIE_OK;
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D: {
+        const int64_t inner = n / (s[0] * s[1]);
+        if (m->training)
+            bie_batchnorm_forward_train(x, s[0], s[1], inner, l->weight, l->bias, c->eps, y,
+                                        l->saved_xhat, l->saved_invstd, l->batch_mean, l->batch_var);
+        else
+            bie_batchnorm_forward_eval(x, s[0], s[1], inner, l->weight, l->bias, c->eps,
+                                       l->running_mean, l->running_var, y);
+        return BIE_OK;
+    }
+    case BIE_LAYER_RELU:
+        bie_relu_forward(x, n, y);
+        return BIE_OK;
+    case BIE_LAYER_PRELU: {
+        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
+        bie_prelu_forward(x, n / (ch * inner), ch, inner, l->weight, c->in, y);
+        return BIE_OK;
+    }
+    case BIE_LAYER_MAXPOOL2D:
+        bie_maxpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride, l->out_shape[2],
+                            l->out_shape[3], y, m->training ? l->saved_argmax : NULL);
+        return BIE_OK;
+    case BIE_LAYER_FLATTEN:
+        memcpy(y, x, (size_t)n * sizeof(float));
+        return BIE_OK;
+    case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_forward(l->binary_linear, &tx, &ty);
+    case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_forward(l->binary_conv2d, &tx, &ty);
+    case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_forward(l->q4_linear, &tx, &ty);
+    case BIE_LAYER_Q4_CONV2D: return bie_q4_conv2d_forward(l->q4_conv2d, &tx, &ty);
+    }
+    return bie_fail(BIE_ERR_INTERNAL, "model_forward: unknown layer type");
+}
+
+bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out) {
+    static const char *who = "model_forward";
+    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
+    BIE_CHECK_NULL(out);
+    BIE_TRY(bie_train_check_f32(x, "x", who));
+    if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
+    /* The layers' recorded shapes change below: only a complete training forward allows a
+     * backward again. */
+    m->can_backward = false;
+    BIE_TRY(plan_forward(m, x));
+    if (!m->training) BIE_TRY(refresh_qweights(m));
+
+    /* A failing layer (e.g. an all-zero input where scale_a is still to be measured) must
+     * not leave scale_a initialised in the layers before it. */
+    float *scale_before = NULL;
+    if (m->training) {
+        scale_before = malloc((size_t)m->count * sizeof(float));
+        if (scale_before == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+        for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(&m->layers[i]);
+    }
+    bie_status st = BIE_OK;
+    for (int i = 0; i < m->count && st == BIE_OK; i++)
+        st = layer_forward(m, i, m->acts[i], m->acts[i + 1]);
+    if (st != BIE_OK) {
+        if (scale_before)
+            for (int i = 0; i < m->count; i++)
+                if (scale_a_of(&m->layers[i]) != scale_before[i]) set_scale_a(&m->layers[i], scale_before[i]);
+        free(scale_before);
+        return st;
+    }
+    free(scale_before);
+    if (m->training) {
+        for (int i = 0; i < m->count; i++) {
+            bie_model_layer *l = &m->layers[i];
+            if (l->info.type == BIE_LAYER_BATCHNORM1D || l->info.type == BIE_LAYER_BATCHNORM2D)
+                bie_batchnorm_update_running(l->info.in, l->info.momentum, l->batch_mean,
+                                             l->batch_var, l->running_mean, l->running_var);
+        }
+        m->can_backward = true;
+    }
+    const bie_model_layer *last = &m->layers[m->count - 1];
+    *out = view(m->acts[m->count], last->out_ndim, last->out_shape);
+    return BIE_OK;
+}
+
+static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx) {
+    bie_model_layer *l = &m->layers[i];
+    const bie_layer_info *c = &l->info;
+    const int64_t *s = l->in_shape;
+    const int64_t n = numel_of(l->in_ndim, s);
+    const float *x = m->acts[i];
+    bie_tensor tdy = view((float *)dy, l->out_ndim, l->out_shape);
+    bie_tensor tdx = view(dx, l->in_ndim, s);
+    bie_tensor *pdx = dx ? &tdx : NULL;
+    l->has_grad = true;
+    switch (c->type) {
+    case BIE_LAYER_LINEAR:
+        bie_linear_backward(x, dy, n / c->in, c->in, c->out, l->weight, dx, l->grad_weight, l->grad_bias);
+        return BIE_OK;
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D:
+        bie_batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, s[0], s[1], n / (s[0] * s[1]),
+                               l->weight, dx, l->grad_weight, l->grad_bias);
+        return BIE_OK;
+    case BIE_LAYER_RELU:
+        if (dx) bie_relu_backward(m->acts[i + 1], dy, n, dx);
+        return BIE_OK;
+    case BIE_LAYER_PRELU: {
+        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
+        bie_prelu_backward(x, dy, n / (ch * inner), ch, inner, l->weight, c->in, dx, l->grad_weight);
+        return BIE_OK;
+    }
+    case BIE_LAYER_MAXPOOL2D:
+        if (dx)
+            bie_maxpool_backward(dy, l->saved_argmax, s[0] * s[1], s[2], s[3], l->out_shape[2],
+                                 l->out_shape[3], dx);
+        return BIE_OK;
+    case BIE_LAYER_FLATTEN:
+        if (dx) memcpy(dx, dy, (size_t)n * sizeof(float));
+        return BIE_OK;
+    case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_backward(l->binary_linear, &tdy, pdx);
+    case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_backward(l->binary_conv2d, &tdy, pdx);
+    case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_backward(l->q4_linear, &tdy, pdx);
+    case BIE_LAYER_Q4_CONV2D: return bie_q4_conv2d_backward(l->q4_conv2d, &tdy, pdx);
+    }
+    return bie_fail(BIE_ERR_INTERNAL, "model_backward: unknown layer type");
+}
+
+/* Two buffers of n floats: layer i writes its input gradient into one while reading its
+ * output gradient from the other. */
+static bool ensure_grad_buffers(bie_model *m, int64_t n) {
+    if (m->grad_cap >= n && m->grad_buf[0] && m->grad_buf[1]) return true;
+    float *a = bie_alloc_aligned((size_t)n * sizeof(float));
+    float *b = bie_alloc_aligned((size_t)n * sizeof(float));
+    if (a == NULL || b == NULL) {
+        bie_free_aligned(a);
+        bie_free_aligned(b);
+        return false;
+    }
+    bie_free_aligned(m->grad_buf[0]);
+    bie_free_aligned(m->grad_buf[1]);
+    m->grad_buf[0] = a;
+    m->grad_buf[1] = b;
+    m->grad_cap = n;
+    return true;
+}
+
+bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tensor *grad_x) {
+    static const char *who = "model_backward";
+    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
+    BIE_TRY(bie_train_check_f32(grad_out, "grad_out", who));
+    if (!m->can_backward || !m->training)
+        return bie_fail(BIE_ERR_STATE, "%s: no training forward since the model last changed", who);
+    const bie_model_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
+    bie_tensor like = view(NULL, last->out_ndim, last->out_shape);
+    if (!bie_train_same_shape(grad_out, &like))
+        return bie_fail(BIE_ERR_SHAPE, "%s: grad_out must have the shape of the last output", who);
+    if (grad_x) {
+        BIE_TRY(bie_train_check_f32(grad_x, "grad_x", who));
+        bie_tensor in_like = view(NULL, first->in_ndim, first->in_shape);
+        if (!bie_train_same_shape(grad_x, &in_like))
+            return bie_fail(BIE_ERR_SHAPE, "%s: grad_x must have the shape of the last input", who);
+    }
+    int64_t most = 1;
+    for (int i = 0; i < m->count - 1; i++) {
+        const int64_t n = numel_of(m->layers[i].out_ndim, m->layers[i].out_shape);
+        most = n > most ? n : most;
+    }
+    if (!ensure_grad_buffers(m, most))
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+    const float *dy = grad_out->data;
+    for (int i = m->count - 1; i >= 0; i--) {
+        float *dx = i == 0 ? (grad_x ? grad_x->data : NULL) : m->grad_buf[i % 2];
+        BIE_TRY(layer_backward(m, i, dy, dx));
+        dy = dx;
+    }
+    m->backward_count++;
+    return BIE_OK;
+}

@@ -1,0 +1,114 @@
+/* Optimizer steps on plain tensors: sign-flip for int8 binary weights (SPEC §5) and
+ * Adam / AdamW with bias correction. Element-wise, so parallel loops stay deterministic;
+ * the flip count is summed per thread and combined in a fixed order by OpenMP's integer
+ * reduction (exact for integers). */
+#include <math.h>
+
+#include "train_internal.h"
+
+static bie_status check_state(const bie_tensor *t, const bie_tensor *like, bie_dtype dtype,
+                              const char *what, const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor", who, what);
+    if (t->dtype != dtype)
+        return bie_fail(BIE_ERR_DTYPE, "%s: %s must be %s, not %s", who, what,
+                        bie_dtype_name(dtype), bie_dtype_name(t->dtype));
+    if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    if (like && !bie_train_same_shape(t, like))
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s must have the parameter's shape", who, what);
+    return BIE_OK;
+}
+
+static bool beta_ok(float b) { return isfinite(b) && b >= 0.0f && b < 1.0f; }
+
+bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
+                             bie_tensor *v, float lr, float beta1, float beta2,
+                             int64_t *flipped) {
+    static const char *who = "signflip_step";
+    BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
+    if (weight->ndim < 1 || bie_tensor_numel(weight) < 0)
+        return bie_fail(BIE_ERR_SHAPE, "%s: weight has no valid shape", who);
+    BIE_CHECK_NULL(grad);
+    BIE_TRY(check_state(grad, weight, grad->dtype == BIE_I8 ? BIE_I8 : BIE_F32, "grad", who));
+    BIE_TRY(check_state(m, weight, BIE_F32, "m", who));
+    BIE_TRY(check_state(v, weight, BIE_F32, "v", who));
+    if (!isfinite(lr) || lr <= 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: lr = %g must be finite and > 0", who, (double)lr);
+    if (!beta_ok(beta1) || !beta_ok(beta2))
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: betas (%g, %g) must be in [0, 1)", who,
+                        (double)beta1, (double)beta2);
+    const int64_t n = bie_tensor_numel(weight);
+    int8_t *w = weight->data;
+    float *mm = m->data, *vv = v->data;
+    const int8_t *g8 = grad->dtype == BIE_I8 ? grad->data : NULL;
+    const float *gf = grad->dtype == BIE_F32 ? grad->data : NULL;
+    const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+    int64_t flips = 0;
+#pragma omp parallel for schedule(static) reduction(+ : flips) num_threads(bie_threads()) \
+    if (n > BIE_TRAIN_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float g = g8 ? (float)g8[i] : gf[i];
+        const float mi = mm[i] + a1 * (g - mm[i]); /* lerp(m, g, 1 - beta1) */
+        const float target = mi >= 0 ? lr : -lr;   /* sign(m) * lr, sign(0) = +1 */
+        const float vi = vv[i] + a2 * (target - vv[i]);
+        mm[i] = mi;
+        vv[i] = vi;
+        const bool want_negative = vi >= 0; /* u = -sign(v) with sign(0) = +1 */
+        if ((w[i] < 0) != want_negative) {
+            /* -(-128) does not fit: it becomes 127 */
+            w[i] = w[i] == 0 ? (int8_t)-1 : w[i] == INT8_MIN ? INT8_MAX : (int8_t)-w[i];
+            flips++;
+        }
+    }
+    if (flipped) *flipped = flips;
+    return BIE_OK;
+}
+
+bie_adam_options bie_adam_defaults(void) {
+    bie_adam_options o = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, false};
+    return o;
+}
+
+bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m,
+                         bie_tensor *v, int64_t step, const bie_adam_options *options) {
+    static const char *who = "adam_step";
+    BIE_CHECK_NULL(options);
+    BIE_TRY(check_state(param, NULL, BIE_F32, "param", who));
+    if (param->ndim < 1 || bie_tensor_numel(param) < 0)
+        return bie_fail(BIE_ERR_SHAPE, "%s: param has no valid shape", who);
+    BIE_TRY(check_state(grad, param, BIE_F32, "grad", who));
+    BIE_TRY(check_state(m, param, BIE_F32, "m", who));
+    BIE_TRY(check_state(v, param, BIE_F32, "v", who));
+    const bie_adam_options o = *options;
+    if (step < 1) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: step must be >= 1", who);
+    if (!isfinite(o.lr) || o.lr <= 0 || !isfinite(o.eps) || o.eps <= 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: lr = %g and eps = %g must be finite and > 0",
+                        who, (double)o.lr, (double)o.eps);
+    if (!beta_ok(o.beta1) || !beta_ok(o.beta2))
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: betas (%g, %g) must be in [0, 1)", who,
+                        (double)o.beta1, (double)o.beta2);
+    if (!isfinite(o.weight_decay) || o.weight_decay < 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: weight_decay = %g must be finite and >= 0",
+                        who, (double)o.weight_decay);
+    const int64_t n = bie_tensor_numel(param);
+    float *p = param->data, *mm = m->data, *vv = v->data;
+    const float *g = grad->data;
+    const double bc1 = 1.0 - pow((double)o.beta1, (double)step);
+    const double bc2 = 1.0 - pow((double)o.beta2, (double)step);
+    const float step_size = (float)((double)o.lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+    const float decay = o.decoupled ? 1.0f - o.lr * o.weight_decay : 1.0f;
+    const float l2 = o.decoupled ? 0.0f : o.weight_decay;
+#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
+    if (n > BIE_TRAIN_PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = g[i] + l2 * p[i];
+        const float mi = o.beta1 * mm[i] + (1.0f - o.beta1) * gi;
+        const float vi = o.beta2 * vv[i] + (1.0f - o.beta2) * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + o.eps);
+    }
+    return BIE_OK;
+}

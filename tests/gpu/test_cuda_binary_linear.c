@@ -1,0 +1,358 @@
+/* The binary linear layer on CUDA against the CPU layer: forward bit for bit (float32,
+ * bfloat16 and float16 outputs equal the CPU's float32 result rounded once to that dtype), in
+ * training and inference modes, from float and pre-packed input, with every CUDA kernel;
+ * backward within float tolerance (int8 weight gradients within one step); bad input rejected
+ * with outputs untouched. Random shapes include m = 1, odd k and n, and k over 8192 bits.
+ * Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_linear [--small] */
+#include <math.h>
+
+#include "../test_util.h"
+#include "bie_cuda.h"
+
+static const bie_dtype kDtypes[] = {BIE_F32, BIE_BF16, BIE_F16};
+
+/* ---- host conversions (the values the tests use are exact in every dtype) */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint16_t to_f16(float f) {
+    _Float16 h = (_Float16)f; /* round to nearest even */
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+static float from_f16(uint16_t u) {
+    _Float16 h;
+    memcpy(&h, &u, 2);
+    return (float)h;
+}
+/* A float32 value as the dtype rounds it. */
+static float round_to(bie_dtype dt, float f) {
+    return dt == BIE_BF16 ? from_bf16(to_bf16(f)) : dt == BIE_F16 ? from_f16(to_f16(f)) : f;
+}
+
+/* Device tensor of dtype dt holding the float values v (already representable). */
+static bie_tensor upload_as(bie_dtype dt, const float *v, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols}, n = rows * cols;
+    bie_tensor d;
+    CHECK_OK(bie_cuda_tensor_alloc(&d, dt, 2, shape, 0));
+    void *host = tu_alloc((size_t)n * 4);
+    if (dt == BIE_F32) memcpy(host, v, (size_t)n * 4);
+    for (int64_t i = 0; dt != BIE_F32 && i < n; i++)
+        ((uint16_t *)host)[i] = dt == BIE_BF16 ? to_bf16(v[i]) : to_f16(v[i]);
+    bie_tensor h = tu_view(host, dt, 2, rows, cols, 0, 0);
+    CHECK_OK(bie_tensor_copy(&d, &h));
+    free(host);
+    return d;
+}
+
+/* Device tensor -> host floats. */
+static void download_as(const bie_tensor *d, float *out) {
+    int64_t n = bie_tensor_numel(d);
+    void *host = tu_alloc((size_t)n * 4);
+    bie_tensor h = *d;
+    h.data = host;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(&h, d));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = d->dtype == BIE_F32   ? ((float *)host)[i]
+                 : d->dtype == BIE_BF16 ? from_bf16(((uint16_t *)host)[i])
+                 : d->dtype == BIE_I8   ? (float)((int8_t *)host)[i]
+                                        : from_f16(((uint16_t *)host)[i]);
+    free(host);
+}
+
+static bie_tensor device_empty(bie_dtype dt, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    bie_tensor d;
+    CHECK_OK(bie_cuda_tensor_alloc(&d, dt, 2, shape, 0));
+    return d;
+}
+
+/* Fill a device tensor with NaN-looking bytes, so an unwritten element fails a comparison. */
+static void poison_device(bie_tensor *d) {
+    size_t bytes = (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype);
+    uint8_t *p = tu_alloc(bytes);
+    memset(p, 0xff, bytes);
+    bie_tensor h = *d;
+    h.data = p;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(d, &h));
+    free(p);
+}
+
+static int compare_exact(const char *what, const float *got, const float *expect, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &expect[i], 4) != 0) {
+            fprintf(stderr, "  %s: element %lld differs: %.9g vs %.9g\n", what, (long long)i,
+                    (double)got[i], (double)expect[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* |got - ref| <= tol * max|ref| + 1e-6 everywhere. */
+static int compare_close(const char *what, const float *got, const float *ref, int64_t n, double tol) {
+    double amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - ref[i]) <= tol * amax + 1e-6)) {
+            fprintf(stderr, "  %s: element %lld: %.7g vs %.7g (max|ref| %.4g)\n", what, (long long)i,
+                    (double)got[i], (double)ref[i], amax);
+            return 0;
+        }
+    return 1;
+}
+
+typedef struct pair {
+    bie_binary_linear *cpu, *gpu;
+    bie_dtype dt;
+    int64_t k, n;
+} pair;
+
+static pair make_pair(bie_dtype dt, int64_t k, int64_t n, uint64_t seed) {
+    pair p = {NULL, NULL, dt, k, n};
+    bie_device cuda = {BIE_DEVICE_CUDA, 0};
+    CHECK_OK(bie_binary_linear_create(&p.cpu, k, n, bie_cpu(), BIE_F32, true));
+    CHECK_OK(bie_binary_linear_create(&p.gpu, k, n, cuda, dt, true));
+    CHECK_OK(bie_binary_linear_reset_parameters(p.cpu, seed));
+    CHECK_OK(bie_binary_linear_reset_parameters(p.gpu, seed));
+    CHECK_OK(bie_binary_linear_prepare_params(p.cpu));
+    CHECK_OK(bie_binary_linear_prepare_params(p.gpu));
+    /* The same random bias_a on both. */
+    float *bias = tu_alloc((size_t)k * 4);
+    tu_fill(bias, k, -0.3f, 0.3f);
+    bie_tensor cb, gb;
+    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    memcpy(cb.data, bias, (size_t)k * 4);
+    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    bie_tensor hb = tu_view(bias, BIE_F32, 1, k, 0, 0, 0);
+    CHECK(gb.device.type == BIE_DEVICE_CUDA);
+    CHECK_OK(bie_tensor_copy(&gb, &hb));
+    free(bias);
+    /* The int8 weights must agree after prepare_params. */
+    bie_tensor cw, gw;
+    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
+    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
+    CHECK(cw.dtype == BIE_I8 && gw.dtype == BIE_I8);
+    float *w_host = tu_alloc((size_t)(k * n) * 4), *w_cpu = tu_alloc((size_t)(k * n) * 4);
+    download_as(&gw, w_host);
+    for (int64_t i = 0; i < k * n; i++) w_cpu[i] = (float)((int8_t *)cw.data)[i];
+    CHECK(compare_exact("int8 weight", w_host, w_cpu, k * n));
+    free(w_host);
+    free(w_cpu);
+    return p;
+}
+
+static void free_pair(pair *p) {
+    bie_binary_linear_free(p->cpu);
+    bie_binary_linear_free(p->gpu);
+}
+
+/* x with values r / 64, |r| < 256: exact in bfloat16 and float16; some exact zeros. */
+static void fill_input(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;
+}
+
+/* GPU forward (output poisoned first) vs the CPU's float32 forward rounded to the dtype. */
+static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m,
+                            const char *what) {
+    bie_tensor gout = device_empty(p->dt, m, p->n);
+    poison_device(&gout);
+    float *cout = tu_alloc((size_t)(m * p->n) * 4), *got = tu_alloc((size_t)(m * p->n) * 4);
+    tu_poison(cout, m * p->n);
+    bie_tensor ch = tu_view(cout, BIE_F32, 2, m, p->n, 0, 0);
+    bie_status st = bie_binary_linear_forward(p->gpu, gx, &gout);
+    CHECK(st == BIE_OK);
+    if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
+    CHECK_OK(bie_binary_linear_forward(p->cpu, cx, &ch));
+    download_as(&gout, got);
+    for (int64_t i = 0; i < m * p->n; i++) cout[i] = round_to(p->dt, cout[i]);
+    if (!compare_exact(what, got, cout, m * p->n))
+        fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld kernel %d)\n", bie_dtype_name(p->dt),
+                (long long)m, (long long)p->k, (long long)p->n, bie_binary_linear_gemm_kernel(p->gpu));
+    CHECK(compare_exact(what, got, cout, m * p->n));
+    bie_tensor_free(&gout);
+    free(cout);
+    free(got);
+}
+
+static void backward_matches(pair *p, int64_t m) {
+    const int64_t k = p->k, n = p->n;
+    float *g = tu_alloc((size_t)(m * n) * 4);
+    fill_input(g, m * n); /* exact in every dtype */
+    bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(g, BIE_F32, 2, m, n, 0, 0);
+    bie_tensor ggx = device_empty(p->dt, m, k);
+    poison_device(&ggx);
+    float *cgx = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
+    bie_tensor cgxv = tu_view(cgx, BIE_F32, 2, m, k, 0, 0);
+    bie_status st = bie_binary_linear_backward(p->gpu, &gg, &ggx);
+    CHECK(st == BIE_OK);
+    if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
+    CHECK_OK(bie_binary_linear_backward(p->cpu, &cg, &cgxv));
+    const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
+    download_as(&ggx, got);
+    CHECK(compare_close("grad_x", got, cgx, m * k, tol));
+    bie_tensor a, b;
+    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
+    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
+    download_as(&a, got);
+    CHECK(compare_close("grad_w", got, b.data, n * k, 1e-5));
+    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
+    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
+    CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
+    download_as(&a, got);
+    int64_t off = 0;
+    for (int64_t i = 0; i < n * k; i++) off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
+    CHECK(off == 0);
+    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    download_as(&a, got);
+    CHECK(compare_close("grad_bias_a", got, b.data, k, tol));
+    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    download_as(&a, got);
+    float ref = *(float *)b.data;
+    CHECK(fabs(got[0] - ref) <= tol * 10 * fabs(ref) + 1e-5);
+    bie_tensor_free(&gg);
+    bie_tensor_free(&ggx);
+    free(g);
+    free(cgx);
+    free(got);
+}
+
+static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_kernels) {
+    pair p = make_pair(dt, k, n, 1000 + (uint64_t)(m * 31 + k * 7 + n));
+    float *x = tu_alloc((size_t)(m * k) * 4);
+    fill_input(x, m * k);
+    bie_tensor gx = upload_as(dt, x, m, k), cx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
+
+    /* scale_a measured on the device, then the same value on the CPU layer. */
+    CHECK_OK(bie_binary_linear_set_activation(p.gpu, &gx, NULL));
+    bie_tensor sa;
+    float measured = 0;
+    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_SCALE_A, &sa));
+    download_as(&sa, &measured);
+    double s = 0;
+    for (int64_t i = 0; i < m * k; i++) s += fabs(x[i]);
+    float expect = (float)(2.0 * s / (double)(m * k));
+    CHECK(fabsf(measured - expect) <= 1e-6f * expect);
+    CHECK_OK(bie_binary_linear_set_scale_a(p.cpu, measured));
+
+    forward_matches(&p, &gx, &cx, m, "training forward");
+    backward_matches(&p, m);
+
+    if (all_kernels) {
+        for (int i = 0; i < bie_kernel_count(); i++) {
+            bie_kernel_info info;
+            CHECK_OK(bie_kernel_get(i, &info));
+            if (info.device != BIE_DEVICE_CUDA || bie_binary_linear_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
+                continue;
+            forward_matches(&p, &gx, &cx, m, info.name);
+        }
+        CHECK_OK(bie_binary_linear_select_gemm_kernel(p.gpu, &gx));
+        bie_kernel_info info;
+        CHECK_OK(bie_kernel_find(bie_binary_linear_gemm_kernel(p.gpu), &info));
+        CHECK(info.device == BIE_DEVICE_CUDA);
+        forward_matches(&p, &gx, &cx, m, "selected kernel");
+        CHECK_OK(bie_binary_linear_set_gemm_kernel(p.gpu, -1));
+    }
+
+    /* Inference: packed weights only, then pre-packed input. */
+    CHECK_OK(bie_binary_linear_set_training(p.cpu, false));
+    CHECK_OK(bie_binary_linear_set_training(p.gpu, false));
+    CHECK_OK(bie_binary_linear_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_binary_linear_generate_quantized_weight(p.gpu, true));
+    bie_tensor q, cq;
+    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
+    uint8_t *qh = tu_alloc((size_t)bie_tensor_numel(&q));
+    bie_tensor qhv = q;
+    qhv.data = qh;
+    qhv.device = bie_cpu();
+    CHECK_OK(bie_tensor_copy(&qhv, &q));
+    CHECK(memcmp(qh, cq.data, (size_t)bie_tensor_numel(&q)) == 0);
+    free(qh);
+    forward_matches(&p, &gx, &cx, m, "inference forward");
+
+    const int64_t words = bie_packed_words(k, 8);
+    uint8_t *packed = tu_alloc((size_t)(m * words));
+    bie_tensor pv = tu_view(packed, BIE_U8, 2, m, words, 0, 0);
+    CHECK_OK(bie_pack_signs(&cx, 8, &pv));
+    int64_t shape[2] = {m, words};
+    bie_tensor gp;
+    CHECK_OK(bie_cuda_tensor_alloc(&gp, BIE_U8, 2, shape, 0));
+    CHECK_OK(bie_tensor_copy(&gp, &pv));
+    forward_matches(&p, &gp, &pv, m, "packed-input forward");
+    bie_tensor_free(&gp);
+    free(packed);
+
+    bie_tensor_free(&gx);
+    free(x);
+    free_pair(&p);
+}
+
+/* Bad input: clear errors, outputs and state untouched. */
+static void bad_input(void) {
+    pair p = make_pair(BIE_BF16, 40, 24, 5);
+    float x[3 * 40];
+    fill_input(x, 3 * 40);
+    bie_tensor gx = upload_as(BIE_BF16, x, 3, 40), hx = tu_view(x, BIE_F32, 2, 3, 40, 0, 0);
+    bie_tensor out = device_empty(BIE_BF16, 3, 24), gx32 = upload_as(BIE_F32, x, 3, 40);
+    poison_device(&out);
+    CHECK(bie_binary_linear_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);      /* host input */
+    CHECK(bie_binary_linear_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);     /* wrong dtype */
+    bie_tensor wrong = device_empty(BIE_BF16, 3, 23);
+    CHECK(bie_binary_linear_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
+    bie_tensor g = device_empty(BIE_BF16, 3, 24);
+    CHECK(bie_binary_linear_backward(p.gpu, &g, NULL) == BIE_ERR_STATE);       /* no forward yet */
+    CHECK(bie_binary_linear_set_gemm_kernel(p.gpu, 1) != BIE_OK);               /* a CPU kernel */
+    CHECK(bie_binary_linear_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_linear_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
+    bie_device cuda = {BIE_DEVICE_CUDA, 0};
+    bie_binary_linear *l = NULL;
+    CHECK(bie_binary_linear_create(&l, 4, 4, cuda, BIE_I8, true) == BIE_ERR_DTYPE && l == NULL);
+    bie_device nodev = {BIE_DEVICE_CUDA, 999};
+    CHECK(bie_binary_linear_create(&l, 4, 4, nodev, BIE_F32, true) == BIE_ERR_DEVICE && l == NULL);
+    float o[3 * 24];
+    download_as(&out, o);
+    int still = 1;
+    for (int i = 0; i < 3 * 24; i++) still &= isnan(o[i]);
+    CHECK(still); /* failed calls wrote nothing */
+    bie_tensor_free(&gx);
+    bie_tensor_free(&gx32);
+    bie_tensor_free(&out);
+    bie_tensor_free(&wrong);
+    bie_tensor_free(&g);
+    free_pair(&p);
+}
+
+int main(int argc, char **argv) {
+    const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+    if (bie_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
+        return TU_SKIP;
+    }
+    tu_seed(91);
+    static const int64_t shapes[][3] = {/* m, k, n */
+                                        {1, 1, 1},      {1, 300, 77},    {3, 63, 5},     {16, 256, 8},
+                                        {17, 257, 9},   {5, 1000, 300},  {64, 512, 64},  {33, 4099, 200},
+                                        {130, 513, 129}, {1, 8192, 64},  {16, 20000, 40}, {257, 1536, 96}};
+    const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < count; i++)
+            check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2], d == 0 && (i % 3 == 1));
+    bad_input();
+    return tu_finish();
+}
