@@ -52,7 +52,7 @@ template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
     bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts, Scale sc, int out_type, void *out) {
+             const int *__restrict__ pb, int parts_a, int parts_b, Scale sc, int out_type, void *out) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     constexpr int kSmemRow = BKB + 16, kStages = STAGES, CHUNKS = BKB / 16;
     const int kblocks = (int)(ld / BKB);
@@ -139,14 +139,14 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
-            prow[i][h] = row < m ? row_popc(pa, row, parts) : 0;
+            prow[i][h] = row < m ? row_popc(pa, row, parts_a) : 0;
         }
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int col = bn0 + wn * WTN + j * 8 + 2 * t4 + h;
-            pcol[j][h] = col < n ? row_popc(pb, col, parts) : 0;
+            pcol[j][h] = col < n ? row_popc(pb, col, parts_b) : 0;
         }
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -172,7 +172,7 @@ template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS)
     bgemv_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts, Scale sc, int out_type, void *out) {
+             const int *__restrict__ pb, int parts_a, int parts_b, Scale sc, int out_type, void *out) {
     extern __shared__ uint4 sA[];  // 16 rows of ld + 16 bytes (the pad spreads rows over banks)
     const int chunks = (int)(ld / 16), srow = chunks + 1;  // ld <= 227 KB / 16 here
     const int m0 = blockIdx.y * 16, rows = min(16, m - m0);
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     const uint4 *a_lo = sA + g * srow + t, *a_hi = sA + (g + 8) * srow + t;
     const int steps = chunks / 4;
     int acc[4] = {0, 0, 0, 0};
-    constexpr int U = 8;
+    constexpr int U = 16;  // k = 8192: every weight load of the warp in flight at once
     auto consume = [&](uint4 b, int s) {
         uint4 lo = a_lo[s * 4], hi = a_hi[s * 4];
         unsigned f0[4] = {lo.x, hi.x, lo.y, hi.y}, f1[4] = {lo.z, hi.z, lo.w, hi.w};
@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(32 * WARPS)
     int prow[2], pcol[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        prow[h] = m0 + g + 8 * h < m ? row_popc(pa, m0 + g + 8 * h, parts) : 0;
-        pcol[h] = n0 + 2 * t + h < n ? row_popc(pb, n0 + 2 * t + h, parts) : 0;
+        prow[h] = m0 + g + 8 * h < m ? row_popc(pa, m0 + g + 8 * h, parts_a) : 0;
+        pcol[h] = n0 + 2 * t + h < n ? row_popc(pb, n0 + 2 * t + h, parts_b) : 0;
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(32 * WARPS)
 constexpr int kGemvWarps = 4;
 
 typedef void (*KernelFn)(int, int, int64_t, const uint8_t *, const uint8_t *, int64_t, const int *,
-                         const int *, int, Scale, int, void *);
+                         const int *, int, int, Scale, int, void *);
 
 struct CudaKernel {
     int id;
@@ -309,9 +309,9 @@ bool bie_cuda_kernel_fits(int id, int64_t k) {
 }
 
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
-                                 const uint8_t *b, int64_t ld, const int *pa, const int *pb,
-                                 float scale, const float *scale_a, const float *scale_w,
-                                 bie_dtype out_dtype, void *out) {
+                                 const uint8_t *b, int64_t ld, const int *pa, int parts_a,
+                                 const int *pb, float scale, const float *scale_a,
+                                 const float *scale_w, bie_dtype out_dtype, void *out) {
     static const char *who = "cuda binary gemm";
     const CudaKernel *kern = default_kernel(m, n, ld);
     if (kernel_id >= 0) {
@@ -328,7 +328,7 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     Scale sc = {scale, scale_a, scale_w};
     KernelFn fn = kern->fn;
     cudaStream_t st = current_stream;
-    const int parts = bie_cuda_popc_parts(ld);
+    const int parts_b = bie_cuda_popc_parts(ld);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));
@@ -337,7 +337,8 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
         grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)), (unsigned)((m + 15) / 16));
     else
         grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts, sc, which, out);
+    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts_a, parts_b, sc, which,
+                                          out);
     return check(cudaGetLastError(), "binary gemm launch");
 }
 
@@ -371,7 +372,7 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     bie_status s = bie_cuda_repack_rows(a, a_row_bytes, m, k, ld, ap, pa);
     if (s == BIE_OK) s = bie_cuda_repack_rows(b, b_row_bytes, n, k, ld, bp, pb);
     if (s == BIE_OK)
-        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, pb, scale, NULL, NULL, BIE_F32, out);
+        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, parts, pb, scale, NULL, NULL, BIE_F32, out);
     cudaError_t free_err = cudaFreeAsync(ws, st);
     BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");

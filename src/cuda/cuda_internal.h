@@ -20,12 +20,15 @@ void bie_cuda_free_ptr(void *p);
 
 /* ---- The device GEMM layout of packed binary rows: rows of bie_cuda_row_stride(k) bytes
  * (a multiple of BIE_CUDA_ROW_ALIGN, so every kernel's k block divides it), bit j of a row at
- * byte j / 8, bit j % 8, zero past k; each row's popcount kept as bie_cuda_popc_parts(ld)
- * partial counts (one per 8192-bit slice, [rows][parts]). Every launcher below runs
- * asynchronously on the calling thread's current stream. */
+ * byte j / 8, bit j % 8, zero past k; each row's popcount kept as partial counts
+ * [rows][parts]: bie_cuda_popc_parts(ld) of them (one per 8192-bit slice), or for the
+ * activations packed by bie_cuda_pack_act, bie_cuda_act_popc_parts(m, ld) (one per 1024-bit
+ * slice when m <= 16, so that short inputs are packed by many blocks). Every launcher below
+ * runs asynchronously on the calling thread's current stream. */
 #define BIE_CUDA_ROW_ALIGN 256
 int64_t bie_cuda_row_stride(int64_t k);
 int bie_cuda_popc_parts(int64_t ld);
+int bie_cuda_act_popc_parts(int64_t m, int64_t ld);
 
 /* x (f32/bf16/f16, [m, k]) + bias (f32 [k]) into sign bits, and clip-mask bits
  * (-1 <= v / *scale_a <= 1) when mask is not NULL; saved_scales (when not NULL) receives
@@ -46,12 +49,13 @@ bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t 
 /* sum |x| over n elements, deterministic; waits for the result. */
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result);
 
-/* out[m, n] (f32/bf16/f16) = (float)dot * scale, with scale = *scale_a * *scale_w when
+/* out[m, n] (f32/bf16/f16) = (float)dot * scale (pa has parts_a counts per row, pb
+ * bie_cuda_popc_parts(ld)), with scale = *scale_a * *scale_w when
  * scale_a is not NULL, else `scale`. kernel_id < 0: the default for the shape. */
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
-                                 const uint8_t *b, int64_t ld, const int *pa, const int *pb,
-                                 float scale, const float *scale_a, const float *scale_w,
-                                 bie_dtype out_dtype, void *out);
+                                 const uint8_t *b, int64_t ld, const int *pa, int parts_a,
+                                 const int *pb, float scale, const float *scale_a,
+                                 const float *scale_w, bie_dtype out_dtype, void *out);
 /* Whether kernel `id` can run rows of k bits (shared-memory limits). */
 bool bie_cuda_kernel_fits(int id, int64_t k);
 

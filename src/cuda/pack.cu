@@ -4,7 +4,7 @@
 //
 // GEMM layout (see cuda_internal.h): rows of `ld` bytes (a multiple of kRowAlign), bit j of
 // a row at byte j / 8, bit j % 8 (the bit stream of SPEC §1 with W = 8), zero past k; the
-// row's popcount stored as `parts` partial counts, one per 8192-bit slice.
+// row's popcount stored as partial counts, one per slice of the row (cuda_internal.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -35,27 +35,29 @@ __device__ __forceinline__ int block_sum_256(int v) {
     return total;
 }
 
-// Block (row, slice) packs the slice's 256 words (8192 bits) of one row: warp w takes words
-// w, w + 8, ..., lane l element 32 * word + l, and the ballot is the word. All 32 loads of a
-// lane are issued before the first ballot, so a short row (the inference case, m = 1) costs
-// about one memory latency.
+// Block (row, slice) packs the slice's SLICE words of one row: warp w takes words w, w + 8,
+// ..., lane l element 32 * word + l, and the ballot is the word. All loads of a lane are
+// issued before the first ballot. Long inputs use slices of 256 words (8192 bits); short
+// ones (m <= 16, the inference case) slices of 32 words, so that a single row is packed by
+// many blocks at once.
 // Activations: v = x + bias; sign bit v >= 0; mask bit -1 <= v / scale_a <= 1 (exactly the
 // CPU's arithmetic). Block (0, 0) also snapshots the scales used into saved_scales.
-template <typename T, bool ACT>
+template <typename T, bool ACT, int SLICE>
 __global__ void __launch_bounds__(256)
     pack_rows(const T *__restrict__ x, int64_t k, const float *__restrict__ bias,
               const float *__restrict__ scale_a, const float *__restrict__ scale_w,
               float *saved_scales, int64_t ld, unsigned *__restrict__ bits,
               unsigned *__restrict__ mask, int *__restrict__ popc) {
     const int64_t row = blockIdx.x;
-    const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * 256;
+    constexpr int PER_WARP = SLICE / 8;
+    const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * SLICE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const T *xr = x + row * k;
     const float sa = (ACT && mask) ? *scale_a : 1.0f;
-    float v[32];
-    bool valid[32];
+    float v[PER_WARP];
+    bool valid[PER_WARP];
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < PER_WARP; i++) {
         const int64_t c = (w0 + warp + 8 * i) * 32 + lane;
         valid[i] = c < k;
         v[i] = valid[i] ? to_f32(xr[c]) : 0.0f;
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(256)
     }
     int count = 0;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < PER_WARP; i++) {
         const int64_t w = w0 + warp + 8 * i;
         if (w >= words) break;  // uniform across the warp
         unsigned sb = __ballot_sync(0xffffffffu, valid[i] && v[i] >= 0.0f);
@@ -139,10 +141,12 @@ template <typename T, bool ACT>
 void launch_pack(const void *x, int64_t rows, int64_t k, const float *bias, const float *scale_a,
                  const float *scale_w, float *saved_scales, int64_t ld, uint8_t *bits,
                  uint8_t *mask, int *popc) {
-    dim3 grid((unsigned)rows, (unsigned)bie_cuda_popc_parts(ld));
-    pack_rows<T, ACT><<<grid, 256, 0, current_stream>>>(
-        static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
-        reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
+    const int parts = ACT ? bie_cuda_act_popc_parts(rows, ld) : bie_cuda_popc_parts(ld);
+    dim3 grid((unsigned)rows, (unsigned)parts);
+    auto kernel = parts == bie_cuda_popc_parts(ld) ? pack_rows<T, ACT, 256> : pack_rows<T, ACT, 32>;
+    kernel<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), k, bias, scale_a, scale_w,
+                                             saved_scales, ld, reinterpret_cast<unsigned *>(bits),
+                                             reinterpret_cast<unsigned *>(mask), popc);
 }
 
 }  // namespace bie_cuda
@@ -156,6 +160,10 @@ int64_t bie_cuda_row_stride(int64_t k) {
 }
 
 int bie_cuda_popc_parts(int64_t ld) { return (int)((ld + 1023) / 1024); }
+
+int bie_cuda_act_popc_parts(int64_t m, int64_t ld) {
+    return m <= 16 ? (int)(ld / 128) : bie_cuda_popc_parts(ld);
+}
 
 bie_status bie_cuda_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                              const float *bias, const float *scale_a, const float *scale_w,

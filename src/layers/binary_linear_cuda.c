@@ -453,7 +453,9 @@ static bie_status reserve_activations(bie_binary_linear *l, int64_t m) {
     free_activations(c);
     BIE_TRY(dev_alloc((void **)&c->abits, (size_t)(m * c->ld), "packed activations"));
     BIE_TRY(dev_alloc((void **)&c->amask, (size_t)(m * c->ld), "activation mask"));
-    BIE_TRY(dev_alloc((void **)&c->apopc, (size_t)(m * c->parts) * sizeof(int), "activation counts"));
+    /* Popcount slices: c->parts per row, or finer ones for up to 16 rows (see pack_act). */
+    const size_t counts = (size_t)(m * c->parts + 16 * bie_cuda_act_popc_parts(1, c->ld));
+    BIE_TRY(dev_alloc((void **)&c->apopc, counts * sizeof(int), "activation counts"));
     c->a_cap = m;
     return BIE_OK;
 }
@@ -515,8 +517,10 @@ bie_status bie_blc_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor
     const uint8_t *wbits = NULL;
     const int *wpopc = NULL;
     BIE_TRY(forward_weight(l, &wbits, &wpopc));
-    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->ld, c->apopc, wpopc,
-                                  0.0f, c->scalars + SCALE_A, c->scalars + SCALE_W, l->dtype, out->data));
+    const int parts_a = packed_input ? c->parts : bie_cuda_act_popc_parts(m, c->ld);
+    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->ld, c->apopc, parts_a,
+                                  wpopc, 0.0f, c->scalars + SCALE_A, c->scalars + SCALE_W, l->dtype,
+                                  out->data));
     if (keep) {
         l->saved_m = m;
         l->saved_ndim = x->ndim;
@@ -618,7 +622,8 @@ bie_status bie_blc_select_kernel(bie_binary_linear *l, const bie_tensor *x) {
         float t_best = 1e30f;
         for (int rep = 0; rep < 4 && st == BIE_OK; rep++) { /* rep 0 warms up */
             cudaEventRecord(e0, stream);
-            st = bie_cuda_bgemm_launch(info.id, m, n, k, a, b, ld, pa, pb, 1.0f, NULL, NULL, BIE_F32, out);
+            st = bie_cuda_bgemm_launch(info.id, m, n, k, a, b, ld, pa, (int)parts, pb, 1.0f, NULL, NULL,
+                                       BIE_F32, out);
             cudaEventRecord(e1, stream);
             if (st == BIE_OK) st = cuda_ok(cudaEventSynchronize(e1), "select_gemm_kernel");
             float ms = 0;

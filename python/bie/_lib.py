@@ -1,0 +1,360 @@
+"""The shared library behind the package: loading, C prototypes, errors and tensor descriptors.
+
+Everything here is private. The rest of the package talks to libbie only through
+``call(function, *args)`` (which turns a failing status into :class:`BieError`) and through
+descriptors made by :func:`describe` from torch tensors.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+import threading
+
+import torch
+
+# ------------------------------------------------------------------ errors
+
+
+class BieError(RuntimeError):
+    """A call into bie failed.
+
+    ``status`` is the numeric ``bie_status`` (see ``bie.h``), ``status_name`` its constant name
+    (``"BIE_ERR_SHAPE"``) and the message is ``bie_last_error()`` of the failing call, prefixed
+    with what the package was doing when it is not obvious from the message itself.
+    """
+
+    def __init__(self, status, status_name, message):
+        super().__init__(f"{message} [{status_name}]")
+        self.status = status
+        self.status_name = status_name
+        self.message = message
+
+
+# Status codes the package raises itself (values of bie_status in bie.h).
+ERR_SHAPE = 3
+ERR_DTYPE = 4
+ERR_DEVICE = 5
+ERR_UNSUPPORTED = 6
+ERR_STATE = 7
+
+_STATUS_NAMES = {
+    1: "BIE_ERR_NULL_POINTER", 2: "BIE_ERR_INVALID_ARGUMENT", 3: "BIE_ERR_SHAPE",
+    4: "BIE_ERR_DTYPE", 5: "BIE_ERR_DEVICE", 6: "BIE_ERR_UNSUPPORTED", 7: "BIE_ERR_STATE",
+    8: "BIE_ERR_OUT_OF_MEMORY", 9: "BIE_ERR_OVERFLOW", 10: "BIE_ERR_NOT_FINITE",
+    11: "BIE_ERR_IO", 12: "BIE_ERR_CUDA", 13: "BIE_ERR_INTERNAL",
+}
+
+
+def fail(status, message):
+    """Raise a BieError the package detected itself (no C call involved)."""
+    raise BieError(status, _STATUS_NAMES.get(status, str(status)), message)
+
+
+# ------------------------------------------------------------------ descriptors
+
+MAX_DIMS = 4
+
+F32, BF16, F16, I8, U8, U32, U64, I32 = range(8)
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("index", ctypes.c_int)]
+
+
+class Tensor(ctypes.Structure):
+    """ctypes mirror of ``bie_tensor`` (bie.h)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("device", Device),
+        ("owns_data", ctypes.c_bool),
+    ]
+
+
+# torch dtype -> bie dtype. Packed words of 32 and 64 bits travel in torch.int32 / torch.int64
+# (torch 1.13 has no uint32 / uint64); ``describe(..., packed=True)`` selects that reading.
+_TO_BIE = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: F16, torch.int8: I8,
+           torch.uint8: U8, torch.int32: I32}
+_TO_BIE_PACKED = {torch.uint8: U8, torch.int32: U32, torch.int64: U64}
+_TO_TORCH = {F32: torch.float32, BF16: torch.bfloat16, F16: torch.float16, I8: torch.int8,
+             U8: torch.uint8, U32: torch.int32, U64: torch.int64, I32: torch.int32}
+_CTYPE = {F32: ctypes.c_float, I8: ctypes.c_int8, U8: ctypes.c_uint8, U32: ctypes.c_uint32,
+          U64: ctypes.c_uint64, I32: ctypes.c_int32, BF16: ctypes.c_uint16, F16: ctypes.c_uint16}
+
+# Words of bits_binary_word bits as torch dtypes (packed inputs and qweight).
+WORD_DTYPE = {8: torch.uint8, 32: torch.int32, 64: torch.int64}
+
+
+def bie_device(device):
+    """bie's Device for a torch.device (CUDA index resolved to the current device)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cpu":
+        return Device(DEVICE_CPU, 0)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return Device(DEVICE_CUDA, index)
+    fail(ERR_DEVICE, f"bie has no backend for torch device '{device}'")
+
+
+def torch_dtype(code):
+    """The torch dtype that holds elements of bie dtype ``code``."""
+    return _TO_TORCH[code]
+
+
+def float_dtype(dtype):
+    """bie's code for a layer's float dtype (the library decides which it accepts)."""
+    code = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: F16}.get(dtype)
+    if code is None:
+        fail(ERR_DTYPE, f"bie layers have a float dtype (float32, bfloat16, float16), not {dtype}")
+    return code
+
+
+def describe(t, packed=False, what="tensor"):
+    """A bie_tensor describing the memory of the contiguous tensor ``t`` (no copy).
+
+    The caller keeps ``t`` alive while the descriptor is in use. Tensors bie cannot describe
+    (rank 0 or above 4, a dtype bie does not know, non-contiguous) raise BieError.
+    """
+    table = _TO_BIE_PACKED if packed else _TO_BIE
+    dtype = table.get(t.dtype)
+    if dtype is None:
+        expected = "uint8/int32/int64 packed words" if packed else "float32"
+        fail(ERR_DTYPE, f"{what} has dtype {t.dtype}; bie expects {expected}")
+    ndim = t.dim()
+    if ndim < 1 or ndim > MAX_DIMS:
+        fail(ERR_SHAPE, f"{what} has rank {ndim}; bie tensors have rank 1..{MAX_DIMS}")
+    if not t.is_contiguous():
+        fail(ERR_SHAPE, f"{what} is not contiguous")
+    d = Tensor()
+    d.data = t.data_ptr()
+    d.dtype = dtype
+    d.ndim = ndim
+    for i, extent in enumerate(t.shape):
+        d.shape[i] = extent
+    if t.is_cuda:
+        d.device.type = DEVICE_CUDA
+        d.device.index = t.device.index
+    return d
+
+
+class _CudaArray:
+    """Device memory owned by bie, shown to torch through ``__cuda_array_interface__``."""
+
+    def __init__(self, ptr, shape, typestr, owner):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
+                                         "data": (ptr, False), "version": 2, "strides": None}
+        self._owner = owner
+
+
+_TYPESTR = {F32: "<f4", BF16: "<u2", F16: "<f2", I8: "|i1", U8: "|u1", U32: "<i4",
+            U64: "<i8", I32: "<i4"}
+
+
+def wrap(desc, owner):
+    """A torch tensor over the memory a bie descriptor points at (no copy).
+
+    ``owner`` (the layer) is referenced by the tensor's storage, so the memory outlives every
+    torch tensor viewing it as long as bie does not replace the buffer itself; the modules
+    detach their parameters before calls that do (see modules._sync).
+    """
+    shape = [desc.shape[i] for i in range(desc.ndim)]
+    numel = 1
+    for extent in shape:
+        numel *= extent
+    if desc.device.type == DEVICE_CUDA:
+        array = _CudaArray(desc.data, shape, _TYPESTR[desc.dtype], owner)
+        t = torch.as_tensor(array, device=torch.device("cuda", desc.device.index))
+        return t.view(_TO_TORCH[desc.dtype])
+    buffer = (_CTYPE[desc.dtype] * numel).from_address(desc.data)
+    buffer._bie_owner = owner  # keeps the layer (and so this memory) alive
+    return torch.frombuffer(buffer, dtype=_TO_TORCH[desc.dtype]).view(shape)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _repo_root():
+    # python/bie/_lib.py -> the repository root when used in place.
+    return pathlib.Path(__file__).resolve().parents[2]
+
+
+def _sanitized(build_dir):
+    cache = build_dir / "CMakeCache.txt"
+    try:
+        return "BIE_SANITIZE:BOOL=ON" in cache.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _candidates():
+    """Where libbie may be, in order: BIE_LIBRARY, the repository's build trees, installed."""
+    explicit = os.environ.get("BIE_LIBRARY")
+    if explicit:
+        return [explicit], True
+    found = []
+    root = _repo_root()
+    if (root / "include" / "bie.h").is_file():
+        # build/ (the README's) first, then the newest other build tree. Sanitizer builds
+        # cannot be loaded into an uninstrumented python.
+        builds = [p for p in root.glob("build*/libbie.so") if not _sanitized(p.parent)]
+        builds.sort(key=lambda p: (p.parent.name != "build", -p.stat().st_mtime))
+        found += [str(p) for p in builds]
+    system = ctypes.util.find_library("bie")
+    if system:
+        found.append(system)
+    found += ["libbie.so.0", "libbie.so"]
+    return found, False
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def lib():
+    """The loaded libbie (loaded and prototyped on first use)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = _load()
+    return _lib
+
+
+def library_path():
+    """File name of the libbie this process uses."""
+    return lib()._name
+
+
+def _load():
+    paths, explicit = _candidates()
+    errors = []
+    for path in paths:
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        _prototype(handle)
+        return handle
+    hint = ("BIE_LIBRARY names a library that cannot be loaded" if explicit else
+            "build it (cmake -S . -B build && cmake --build build) or set BIE_LIBRARY "
+            "to the path of libbie.so")
+    raise ImportError("bie: cannot load libbie: " + hint + "\n  " + "\n  ".join(errors))
+
+
+_P = ctypes.c_void_p
+_T = ctypes.POINTER(Tensor)
+_I64 = ctypes.c_int64
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_B = ctypes.c_bool
+_I = ctypes.c_int
+
+# Per layer function suffix: (argtypes after the handle, restype). Status functions return int.
+_LAYER_OPS = {
+    "free": ((), None),
+    "reset_parameters": ((ctypes.c_uint64,), _I),
+    "set_weight_data": ((_T,), _I),
+    "prepare_params": ((), _I),
+    "generate_quantized_weight": ((_B,), _I),
+    "set_quantized_weight_data": ((_T,), _I),
+    "set_bits_binary_word": ((_I,), _I),
+    "bits_binary_word": ((), _I),
+    "opt_weight": ((_T,), _I),
+    "check_forward": ((_T,), _I),
+    "output_size": ((_I64, _I64, _I64P, _I64P), _I),
+    "set_activation": ((_T, _T), _I),
+    "select_gemm_kernel": ((_T,), _I),
+    "set_gemm_kernel": ((_I,), _I),
+    "gemm_kernel": ((), _I),
+    "set_training": ((_B,), _I),
+    "training": ((), _B),
+    "forward": ((_T, _T), _I),
+    "backward": ((_T, _T), _I),
+    "param": ((_I, _T), _I),
+    "grad": ((_I, _T), _I),
+    "set_scale_a": ((ctypes.c_float,), _I),
+    "in_features": ((), _I64),
+    "out_features": ((), _I64),
+}
+
+LAYER_KINDS = ("binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d")
+
+_CREATE = {
+    # (out, in, out_features, device, dtype[, symmetric])
+    "binary_linear": (ctypes.POINTER(_P), _I64, _I64, Device, _I, _B),
+    "q4_linear": (ctypes.POINTER(_P), _I64, _I64, Device, _I),
+    # (out, in_c, out_c, kernel_size, stride, padding, dilation, device, dtype[, symmetric])
+    "binary_conv2d": (ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I, _B),
+    "q4_conv2d": (ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I),
+}
+
+
+def _declare(handle, name, argtypes, restype):
+    fn = getattr(handle, name, None)
+    if fn is None:
+        return
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+
+
+def _prototype(h):
+    _declare(h, "bie_status_name", (_I,), ctypes.c_char_p)
+    _declare(h, "bie_last_error", (), ctypes.c_char_p)
+    _declare(h, "bie_version_string", (), ctypes.c_char_p)
+    _declare(h, "bie_set_num_threads", (_I,), _I)
+    _declare(h, "bie_get_num_threads", (), _I)
+    _declare(h, "bie_cpu_kernel_set", (), ctypes.c_char_p)
+    _declare(h, "bie_kernel_count", (), _I)
+    _declare(h, "bie_kernel_get", (_I, _P), _I)
+    _declare(h, "bie_cuda_built", (), _B)
+    _declare(h, "bie_cuda_device_count", (), _I)
+    _declare(h, "bie_cuda_set_stream", (_P,), _I)
+    _declare(h, "bie_cuda_tensor_alloc", (_T, _I, _I, _I64P, _I), _I)
+    _declare(h, "bie_tensor_free", (_T,), None)
+    _declare(h, "bie_pack_signs", (_T, _I, _T), _I)
+    _declare(h, "bie_signflip_step", (_T, _T, _T, _T, ctypes.c_float, ctypes.c_float,
+                                      ctypes.c_float, _I64P), _I)
+    for kind in LAYER_KINDS:
+        _declare(h, f"bie_{kind}_create", _CREATE[kind], _I)
+        for op, (args, restype) in _LAYER_OPS.items():
+            _declare(h, f"bie_{kind}_{op}", (_P,) + args, restype)
+
+
+def check(status, context=None):
+    """Raise BieError for a failing status, with bie_last_error() of this thread."""
+    if status == 0:
+        return
+    h = lib()
+    message = h.bie_last_error().decode(errors="replace")
+    name = h.bie_status_name(status).decode()
+    if context:
+        message = f"{context}: {message}"
+    raise BieError(status, name, message)
+
+
+def call(name, *args, context=None):
+    """Call bie function ``name`` and check its status."""
+    check(getattr(lib(), name)(*args), context)
+
+
+def function(name):
+    """The prototyped C function ``name``; BieError if this libbie lacks it."""
+    fn = getattr(lib(), name, None)
+    if fn is None:
+        fail(ERR_UNSUPPORTED, f"this libbie ({library_path()}) has no function {name}")
+    return fn
+
+
+# ------------------------------------------------------------------ CUDA streams
+
+
+def enter_stream(device):
+    """Make bie launch on torch's current stream of ``device`` (a CUDA torch.device)."""
+    stream = torch.cuda.current_stream(device)
+    check(lib().bie_cuda_set_stream(ctypes.c_void_p(stream.cuda_stream)))

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Train the binary Fashion-MNIST CNN in PyTorch with bie's layers.
+
+The network is the `bie train` tool's "cnn" preset, written as a torch.nn.Sequential: a 4-bit
+first convolution (it sees raw pixels), binary convolutions and a binary dense layer in the
+middle (each binarises its own input: sign(x + bias_a), so no activation function is needed
+in front of it), batch norm before each binary layer, and a float classifier. Binary weights
+are trained by sign flips, everything else by Adam (bie.SignFlip).
+
+    /usr/bin/python3 python/examples/train_fashion_mnist.py --epochs 1
+    /usr/bin/python3 python/examples/train_fashion_mnist.py --limit 6000   # a quick run
+
+Data: Debian's dataset-fashion-mnist (IDX files in /usr/share/datasets/fashion-mnist).
+"""
+
+import argparse
+import gzip
+import pathlib
+import struct
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # in-place use
+import bie  # noqa: E402
+
+DATA = pathlib.Path("/usr/share/datasets/fashion-mnist")
+
+
+def read_idx(path):
+    """An IDX file (gzip-compressed) as a uint8 tensor of its declared shape."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    zero, dtype, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype != 0x08:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    shape = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    return torch.frombuffer(bytearray(raw[4 + 4 * ndim:]), dtype=torch.uint8).view(shape)
+
+
+def load(split, limit, data=DATA):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(data / f"{prefix}-images-idx3-ubyte.gz")[:limit]
+    labels = read_idx(data / f"{prefix}-labels-idx1-ubyte.gz")[:limit]
+    x = images.float().div_(255).sub_(0.2860).div_(0.3530).unsqueeze(1)  # the set's mean/std
+    return x, labels.long()
+
+
+def binary_cnn(width=32, dense=256):
+    c = width
+    return nn.Sequential(
+        bie.Q4Conv2dCutlass(1, c, 3, padding=1), nn.BatchNorm2d(c),
+        bie.BinaryConv2dCutlass(c, c, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(c),
+        bie.BinaryConv2dCutlass(c, 2 * c, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(2 * c),
+        bie.BinaryConv2dCutlass(2 * c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c),
+        nn.Flatten(),
+        bie.BinaryLinearCutlass(2 * c * 7 * 7, dense), nn.BatchNorm1d(dense), nn.PReLU(dense),
+        nn.Linear(dense, 10))
+
+
+def evaluate(model, x, y, batch_size):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            correct += int((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum())
+    model.train()
+    return correct / len(x)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--limit", type=int, default=60000, help="training images used")
+    parser.add_argument("--width", type=int, default=32, help="channels of the first convs")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's rate (float params)")
+    parser.add_argument("--threads", type=int, default=0, help="bie and torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=pathlib.Path, default=DATA, help="folder of the IDX files")
+    args = parser.parse_args()
+    if args.threads:
+        bie.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    x_train, y_train = load("train", args.limit, args.data)
+    x_test, y_test = load("test", 10000, args.data)
+    model = binary_cnn(args.width)
+    for module in model.modules():  # bie's own generator, seeded from torch's
+        if hasattr(module, "prepare_params"):
+            module.reset_parameters()
+    bie.prepare_bie_layers(model)  # binary weights become int8, before the optimizer
+    optimizer = bie.SignFlip(model.parameters(), float_lr=args.lr)
+    steps = args.epochs * ((len(x_train) + args.batch_size - 1) // args.batch_size)
+    print(f"libbie {bie.version()} ({bie.library_path()}), CPU kernels {bie.cpu_kernel_set()}, "
+          f"{len(x_train)} training images, {steps} steps")
+    step = 0
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(x_train))
+        start, total, flips = time.perf_counter(), 0.0, 0
+        for i in range(0, len(x_train), args.batch_size):
+            idx = order[i:i + args.batch_size]
+            if len(idx) < 2:  # batch norm needs two samples
+                continue
+            for group in optimizer.param_groups:  # cosine decay of the float rate
+                group["float_lr"] = args.lr * 0.5 * (1 + torch.cos(torch.tensor(
+                    torch.pi * step / steps)).item())
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * len(idx)
+            flips += optimizer.flipped
+            step += 1
+        seconds = time.perf_counter() - start
+        accuracy = evaluate(model, x_test, y_test, 500)
+        print(f"epoch {epoch + 1}: loss {total / len(x_train):.4f}, test accuracy "
+              f"{100 * accuracy:.2f}%, {flips} sign flips, {seconds:.1f} s "
+              f"({len(x_train) / seconds:.0f} images/s)")
+
+
+if __name__ == "__main__":
+    main()
