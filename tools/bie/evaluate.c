@@ -1,0 +1,69 @@
+/* What the subcommands share: failure reports, device and thread setup, evaluation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bie_cuda.h"
+#include "commands.h"
+#include "errors.h"
+
+int report_failure(const char *command) {
+    fprintf(stderr, "bie %s: error: %s\n", command, tool_error());
+    return 1;
+}
+
+int setup_device(const char *device, int64_t threads) {
+    if (strcmp(device, "cuda") == 0) {
+        /* The model container (bie_train.h) builds its layers on the CPU only. */
+        return tool_fail("--device cuda: the CUDA layers are not available in this build yet "
+                         "(CUDA backend %s, %d device(s) visible); use --device cpu",
+                         bie_cuda_built() ? "built" : "not built", bie_cuda_device_count());
+    }
+    if (strcmp(device, "cpu") != 0)
+        return tool_fail("--device must be cpu or cuda, got '%s'", device);
+    TOOL_TRY_BIE(bie_set_num_threads((int)threads));
+    return 0;
+}
+
+int evaluate_model(bie_model *model, const fmnist_set *set, int64_t batch, double *accuracy,
+                   double *loss, int32_t *predictions) {
+    if (set->count < 1) return tool_fail("no examples to evaluate");
+    if (batch > set->count) batch = set->count;
+    float *x = malloc((size_t)batch * FMNIST_PIXELS * sizeof(float));
+    int32_t *labels = malloc((size_t)batch * sizeof(int32_t));
+    int32_t *pred = malloc((size_t)batch * sizeof(int32_t));
+    int status = x && labels && pred ? 0 : tool_fail("out of memory");
+    if (status == 0 && bie_model_set_training(model, false) != BIE_OK)
+        status = tool_fail_status(BIE_ERR_STATE, "bie_model_set_training");
+    int64_t correct = 0;
+    double loss_sum = 0;
+    for (int64_t first = 0; status == 0 && first < set->count; first += batch) {
+        int64_t n = set->count - first < batch ? set->count - first : batch;
+        fmnist_gather(set, NULL, first, n, x, labels);
+        int64_t xs[4] = {n, 1, FMNIST_SIDE, FMNIST_SIDE}, ls[1] = {n};
+        bie_tensor tx, tl, tp, logits;
+        int64_t batch_correct = 0;
+        float batch_loss = 0;
+        bie_status s = bie_tensor_view(&tx, x, BIE_F32, 4, xs);
+        if (s == BIE_OK) s = bie_tensor_view(&tl, labels, BIE_I32, 1, ls);
+        if (s == BIE_OK) s = bie_tensor_view(&tp, pred, BIE_I32, 1, ls);
+        if (s == BIE_OK) s = bie_model_forward(model, &tx, &logits);
+        if (s == BIE_OK) s = bie_softmax_cross_entropy(&logits, &tl, &batch_loss, NULL);
+        if (s == BIE_OK) s = bie_count_correct(&logits, &tl, &batch_correct);
+        if (s == BIE_OK && predictions) s = bie_argmax(&logits, &tp);
+        if (s != BIE_OK) {
+            status = tool_fail("evaluation: %s", bie_last_error());
+            break;
+        }
+        if (predictions) memcpy(predictions + first, pred, (size_t)n * sizeof(int32_t));
+        correct += batch_correct;
+        loss_sum += (double)batch_loss * (double)n;
+    }
+    free(x);
+    free(labels);
+    free(pred);
+    if (status != 0) return -1;
+    *accuracy = (double)correct / (double)set->count;
+    *loss = loss_sum / (double)set->count;
+    return 0;
+}
