@@ -80,15 +80,6 @@ static size_t qweight_bytes(const bie_binary_linear *l) {
 
 /* ---------------------------------------------------------------- host staging */
 
-static void host_free_weight(bie_binary_weight *w) {
-    bie_free_aligned(w->f32);
-    bie_free_aligned(w->i8);
-    bie_free_aligned(w->qweight);
-    w->f32 = NULL;
-    w->i8 = NULL;
-    w->qweight = NULL;
-}
-
 /* Copy the device weight buffers into l->w's host buffers. */
 static bie_status stage_down(bie_binary_linear *l) {
     struct bie_bl_cuda *c = l->cuda;
@@ -106,7 +97,7 @@ static bie_status stage_down(bie_binary_linear *l) {
 oom:
     st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging of the weight", MODULE);
 fail:
-    host_free_weight(w);
+    bie_bw_free(w);
     return st;
 }
 
@@ -149,7 +140,7 @@ static bie_status stage_up(bie_binary_linear *l) {
     c->qweight = q;
     c->qbits = qbits;
     c->qpopc = qpopc;
-    host_free_weight(w);
+    bie_bw_free(w);
     return BIE_OK;
 fail:
     dev_free(f32);
@@ -157,7 +148,7 @@ fail:
     dev_free(q);
     dev_free(qbits);
     dev_free(qpopc);
-    host_free_weight(w);
+    bie_bw_free(w);
     return st;
 }
 
@@ -232,7 +223,7 @@ bie_status bie_blc_prepare(bie_binary_linear *l) {
     BIE_TRY(stage_down(l));
     bie_status st = bie_bw_prepare(&l->w, "binary_linear_prepare_params");
     if (st != BIE_OK) {
-        host_free_weight(&l->w);
+        bie_bw_free(&l->w);
         return st;
     }
     BIE_TRY(stage_up(l));
@@ -303,7 +294,7 @@ bie_status bie_blc_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
     if (st == BIE_OK) {
         st = bie_bw_set_data(&l->w, host, who);
         if (st == BIE_OK) st = stage_up(l);
-        else host_free_weight(&l->w);
+        else bie_bw_free(&l->w);
     }
     bie_free_aligned(host);
     if (st == BIE_OK) l->has_saved = false;
@@ -313,7 +304,7 @@ bie_status bie_blc_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
 /* Stage down, run a host weight operation, stage up. */
 static bie_status staged(bie_binary_linear *l, bie_status st) {
     if (st != BIE_OK) {
-        host_free_weight(&l->w);
+        bie_bw_free(&l->w);
         return st;
     }
     return stage_up(l);
