@@ -9,26 +9,10 @@
 #include "bie_cuda.h"
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "epilogue.cuh"
 #include "mma.cuh"
 
 namespace bie_cuda {
-
-// The epilogue's scale: scale_a * scale_w read on the device (layers, whose scales live in
-// device memory), else a constant.
-struct Scale {
-    float value;
-    const float *a, *w;
-    __device__ __forceinline__ float get() const { return a ? a[0] * w[0] : value; }
-};
-
-// Output dtypes, chosen at run time (one kernel per tile shape, not three).
-enum OutType { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2 };
-
-__device__ __forceinline__ void store_out(void *out, int64_t i, float v, int type) {
-    if (type == kOutF32) static_cast<float *>(out)[i] = v;
-    else if (type == kOutBF16) static_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16(v);
-    else static_cast<__half *>(out)[i] = __float2half(v);
-}
 
 // popc(row) from its partial counts.
 __device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
@@ -37,11 +21,10 @@ __device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
     return s;
 }
 
-// AND-form back-transform and one float multiply, as every backend does.
-__device__ __forceinline__ void store_dot(void *out, int type, int64_t row, int64_t col, int64_t n,
+// AND-form back-transform, then the shared epilogue (one float multiply, as every backend).
+__device__ __forceinline__ void store_dot(const Epilogue &ep, const OutRow &row, int64_t col,
                                           int64_t k, int pa, int pb, int acc, float scale) {
-    long long dot = k - 2LL * pa - 2LL * pb + 4LL * acc;
-    store_out(out, row * n + col, (float)dot * scale, type);
+    ep.store(row, col, k - 2LL * pa - 2LL * pb + 4LL * acc, scale);
 }
 
 // BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
@@ -52,7 +35,7 @@ template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
     bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts_a, int parts_b, Scale sc, int out_type, void *out) {
+             const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     constexpr int kSmemRow = BKB + 16, kStages = STAGES, CHUNKS = BKB / 16;
     const int kblocks = (int)(ld / BKB);
@@ -131,15 +114,17 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
 
     // Epilogue. The row and column popcounts are read once, before any store: the compiler
     // cannot prove that the output does not alias them, and would reload them per element.
-    const float scale = sc.get();
+    const float scale = ep.scale();
     const int g = lane >> 2, t4 = lane & 3;
     int prow[MT][2], pcol[NT][2];
+    OutRow orow[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
             prow[i][h] = row < m ? row_popc(pa, row, parts_a) : 0;
+            orow[i][h] = ep.row(row < m ? row : 0);
         }
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -157,7 +142,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
                 int row = bm0 + wm * WTM + i * 16 + g + 8 * (e >> 1);
                 int col = bn0 + wn * WTN + j * 8 + 2 * t4 + (e & 1);
                 if (row < m && col < n)
-                    store_dot(out, out_type, row, col, n, k, prow[i][e >> 1], pcol[j][e & 1],
+                    store_dot(ep, orow[i][e >> 1], col, k, prow[i][e >> 1], pcol[j][e & 1],
                               acc[i][j][e], scale);
             }
 }
@@ -172,7 +157,7 @@ template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS)
     bgemv_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts_a, int parts_b, Scale sc, int out_type, void *out) {
+             const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
     extern __shared__ uint4 sA[];  // 16 rows of ld + 16 bytes (the pad spreads rows over banks)
     const int chunks = (int)(ld / 16), srow = chunks + 1;  // ld <= 227 KB / 16 here
     const int m0 = blockIdx.y * 16, rows = min(16, m - m0);
@@ -206,23 +191,26 @@ __global__ void __launch_bounds__(32 * WARPS)
         for (int u = 0; u < U; u++) consume(b[u], s + u);
     }
     for (; s < steps; s++) consume(__ldg(bp + s * 4), s);
-    const float scale = sc.get();
+    const float scale = ep.scale();
     int prow[2], pcol[2];
+    OutRow orow[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        prow[h] = m0 + g + 8 * h < m ? row_popc(pa, m0 + g + 8 * h, parts_a) : 0;
+        const int row = m0 + g + 8 * h;
+        prow[h] = row < m ? row_popc(pa, row, parts_a) : 0;
+        orow[h] = ep.row(row < m ? row : 0);
         pcol[h] = n0 + 2 * t + h < n ? row_popc(pb, n0 + 2 * t + h, parts_b) : 0;
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         int row = m0 + g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
-        if (row < m && col < n) store_dot(out, out_type, row, col, n, k, prow[e >> 1], pcol[e & 1], acc[e], scale);
+        if (row < m && col < n) store_dot(ep, orow[e >> 1], col, k, prow[e >> 1], pcol[e & 1], acc[e], scale);
     }
 }
 constexpr int kGemvWarps = 4;
 
 typedef void (*KernelFn)(int, int, int64_t, const uint8_t *, const uint8_t *, int64_t, const int *,
-                         const int *, int, int, Scale, int, void *);
+                         const int *, int, int, Epilogue);
 
 struct CudaKernel {
     int id;
@@ -311,7 +299,8 @@ bool bie_cuda_kernel_fits(int id, int64_t k) {
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
                                  const uint8_t *b, int64_t ld, const int *pa, int parts_a,
                                  const int *pb, float scale, const float *scale_a,
-                                 const float *scale_w, bie_dtype out_dtype, void *out) {
+                                 const float *scale_w, bie_dtype out_dtype, void *out,
+                                 const bie_cuda_conv_out *conv) {
     static const char *who = "cuda binary gemm";
     const CudaKernel *kern = default_kernel(m, n, ld);
     if (kernel_id >= 0) {
@@ -319,13 +308,13 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
         if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
         kern = &kernels[idx];
     }
-    int which = out_dtype == BIE_F32 ? kOutF32 : out_dtype == BIE_BF16 ? kOutBF16 : out_dtype == BIE_F16 ? kOutF16 : -1;
+    const int which = out_type_of(out_dtype);
     if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
     size_t smem = smem_bytes(*kern, ld);
     if (smem > max_smem())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run k = %lld (needs %zu bytes of "
                         "shared memory)", who, kern->name, (long long)k, smem);
-    Scale sc = {scale, scale_a, scale_w};
+    const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
     KernelFn fn = kern->fn;
     cudaStream_t st = current_stream;
     const int parts_b = bie_cuda_popc_parts(ld);
@@ -337,8 +326,7 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
         grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)), (unsigned)((m + 15) / 16));
     else
         grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts_a, parts_b, sc, which,
-                                          out);
+    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts_a, parts_b, ep);
     return check(cudaGetLastError(), "binary gemm launch");
 }
 
@@ -372,7 +360,7 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     bie_status s = bie_cuda_repack_rows(a, a_row_bytes, m, k, ld, ap, pa);
     if (s == BIE_OK) s = bie_cuda_repack_rows(b, b_row_bytes, n, k, ld, bp, pb);
     if (s == BIE_OK)
-        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, parts, pb, scale, NULL, NULL, BIE_F32, out);
+        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, parts, pb, scale, NULL, NULL, BIE_F32, out, NULL);
     cudaError_t free_err = cudaFreeAsync(ws, st);
     BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");

@@ -49,13 +49,27 @@ bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t 
 /* sum |x| over n elements, deterministic; waits for the result. */
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result);
 
+/* Where a GEMM's [m, n] result goes when it is a convolution's output: row r is pixel
+ * r % plane of image r / plane, column c is output channel c, stored NCHW; when corr is not
+ * NULL, the integer dot of a pixel of class pix_class[pixel] gets corr[class * n + c] added
+ * first (class 0: nothing; the binary convolution's zero-padding correction). */
+typedef struct bie_cuda_conv_out {
+    int64_t plane;        /* output pixels per image (OH * OW) */
+    const int *pix_class; /* [plane] */
+    const int *corr;      /* [classes, n] */
+} bie_cuda_conv_out;
+
 /* out[m, n] (f32/bf16/f16) = (float)dot * scale (pa has parts_a counts per row, pb
- * bie_cuda_popc_parts(ld)), with scale = *scale_a * *scale_w when
- * scale_a is not NULL, else `scale`. kernel_id < 0: the default for the shape. */
+ * bie_cuda_popc_parts(ld)), with scale = *scale_a * *scale_w when scale_a is not NULL, else
+ * `scale`; row-major, or a convolution's output when conv is not NULL. k is the number of
+ * valid bit positions (the AND form's k); the kernels run over the whole ld bytes of every
+ * row, whose bits past the valid ones are zero in both operands. kernel_id < 0: the default
+ * for the shape. */
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
                                  const uint8_t *b, int64_t ld, const int *pa, int parts_a,
                                  const int *pb, float scale, const float *scale_a,
-                                 const float *scale_w, bie_dtype out_dtype, void *out);
+                                 const float *scale_w, bie_dtype out_dtype, void *out,
+                                 const bie_cuda_conv_out *conv);
 /* Whether kernel `id` can run rows of k bits (shared-memory limits). */
 bool bie_cuda_kernel_fits(int id, int64_t k);
 

@@ -1,0 +1,76 @@
+// The GEMM epilogue shared by the CUDA integer kernels (binary and 4-bit): an exact integer
+// dot product becomes (float)dot * scale in the output dtype, stored either row-major
+// [m, n] (linear layers) or as an NCHW convolution output.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+
+// Output dtypes, chosen at run time (one kernel per tile shape, not three).
+enum OutType { kOutF32 = 0, kOutBF16 = 1, kOutF16 = 2 };
+
+// -1 for a dtype the epilogue cannot write.
+inline int out_type_of(bie_dtype dt) {
+    return dt == BIE_F32 ? kOutF32 : dt == BIE_BF16 ? kOutBF16 : dt == BIE_F16 ? kOutF16 : -1;
+}
+
+__device__ __forceinline__ void store_out(void *out, int64_t i, float v, int type) {
+    if (type == kOutF32) static_cast<float *>(out)[i] = v;
+    else if (type == kOutBF16) static_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16(v);
+    else static_cast<__half *>(out)[i] = __float2half(v);
+}
+
+// Where one output row goes: its first element's index, the step between columns, and the
+// padding class of a convolution pixel (0: no correction).
+struct OutRow {
+    int64_t base;
+    int cls;
+};
+
+// out_type and out as above; n output columns. The scale is scale_a * scale_w read on the
+// device (layers, whose scales live in device memory) or a constant. A convolution
+// (conv.plane > 0) maps row r to image r / plane, pixel r % plane, and column c to channel c:
+// out[(image * n + c) * plane + pixel]; with conv.corr, dot += corr[class(pixel) * n + c]
+// first (the binary kernels' zero-padding correction).
+struct Epilogue {
+    int out_type;
+    void *out;
+    int64_t n;
+    float scale_value;
+    const float *scale_a, *scale_w;
+    bie_cuda_conv_out conv;
+
+    __device__ __forceinline__ float scale() const {
+        return scale_a ? scale_a[0] * scale_w[0] : scale_value;
+    }
+    __device__ __forceinline__ OutRow row(int64_t r) const {
+        if (conv.plane == 0) return {r * n, 0};
+        const int64_t img = r / conv.plane, pix = r - img * conv.plane;
+        return {img * n * conv.plane + pix, conv.corr ? conv.pix_class[pix] : 0};
+    }
+    __device__ __forceinline__ void store(const OutRow &r, int64_t col, long long dot, float s) const {
+        if (r.cls) dot += conv.corr[(int64_t)r.cls * n + col];
+        store_out(out, r.base + col * (conv.plane ? conv.plane : 1), (float)dot * s, out_type);
+    }
+};
+
+// The epilogue for a launcher's arguments (conv may be NULL: row-major output).
+inline Epilogue make_epilogue(int out_type, void *out, int64_t n, float scale, const float *scale_a,
+                              const float *scale_w, const bie_cuda_conv_out *conv) {
+    Epilogue e;
+    e.out_type = out_type;
+    e.out = out;
+    e.n = n;
+    e.scale_value = scale;
+    e.scale_a = scale_a;
+    e.scale_w = scale_w;
+    e.conv = conv ? *conv : bie_cuda_conv_out{0, nullptr, nullptr};
+    return e;
+}
+
+}  // namespace bie_cuda
