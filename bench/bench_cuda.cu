@@ -1,5 +1,6 @@
-// GPU benchmark: bie's binary GEMM on tensor cores against cuBLAS bf16 GEMM on the same
-// shapes, in one run, timed with CUDA events over many launches (median of repeats).
+// GPU benchmark: bie's binary GEMM on tensor cores against cuBLAS bf16, and its 4-bit GEMM against
+// cuBLAS int8 and bf16, on the same shapes, in one run, timed with CUDA events over many launches
+// (median of repeats).
 // Prints one JSON line per case: name, ours_s, baseline_s, ratio, ours_tops, baseline_tflops.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -9,10 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "bie.h"
 #include "bie_cuda.h"
+#include "cuda/cuda_internal.h"
 
 #define CK(x)                                                                                  \
     do {                                                                                       \
@@ -118,6 +121,105 @@ static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n,
            work / t_ours / 1e12, work / t_base / 1e12);
     fflush(stdout);
     cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(fa), cudaFree(fb), cudaFree(fc);
+}
+
+static void bie_ok(bie_status s, const char *what);
+
+// bie's 4-bit GEMM against cuBLAS int8 (int8 operands, int32 output) and bf16 on the same
+// shape. ours_s: the GEMM kernel alone on operands already in the device nibble layout (as a
+// layer with packed weights runs it), f32 output; ours_api_s: bie_cuda_q4_gemm from int8
+// codes, i.e. packing both operands on every call, like cuBLAS int8 gets them. "correct"
+// compares our first rows with cuBLAS int8's.
+static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id) {
+    const int64_t ld = bie_cuda_q4_row_stride(k);
+    int8_t *a, *b;
+    uint8_t *pa, *pb;
+    void *out, *c32, *fa, *fb, *fc;
+    CK(cudaMalloc(&a, m * k));
+    CK(cudaMalloc(&b, n * k));
+    CK(cudaMalloc(&pa, m * ld));
+    CK(cudaMalloc(&pb, n * ld));
+    CK(cudaMalloc(&out, m * n * 4));
+    CK(cudaMalloc(&c32, m * n * 4));
+    CK(cudaMalloc(&fa, m * k * 2));
+    CK(cudaMalloc(&fb, n * k * 2));
+    CK(cudaMalloc(&fc, m * n * 2));
+    {
+        std::vector<int8_t> hc(std::max(m, n) * k);
+        unsigned s = 12345;
+        for (auto &v : hc) v = (int8_t)((int)((s = s * 1664525u + 1013904223u) >> 28) - 8);
+        CK(cudaMemcpy(a, hc.data(), m * k, cudaMemcpyHostToDevice));
+        for (auto &v : hc) v = (int8_t)((int)((s = s * 1664525u + 1013904223u) >> 28) - 8);
+        CK(cudaMemcpy(b, hc.data(), n * k, cudaMemcpyHostToDevice));
+    }
+    fill_random(fa, m * k * 2, 3);
+    fill_random(fb, n * k * 2, 4);
+    {   // small finite bf16 values: random mantissa and sign, exponent of 1
+        std::vector<uint16_t> fix(std::max(m, n) * k);
+        for (size_t i = 0; i < fix.size(); i++) fix[i] = (uint16_t)(0x3f80 | ((i * 2654435761u) >> 20 & 0x7f) | ((i & 1) << 15));
+        CK(cudaMemcpy(fa, fix.data(), m * k * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(fb, fix.data(), n * k * 2, cudaMemcpyHostToDevice));
+    }
+    bie_ok(bie_cuda_q4_pack_codes(a, k, m, k, ld, pa), "pack");
+    bie_ok(bie_cuda_q4_pack_codes(b, k, n, k, ld, pb), "pack");
+    const double work = 2.0 * m * n * k;
+    const int inner = work > 1e12 ? 5 : work > 1e10 ? 20 : 200;
+    auto ours = [&] {
+        bie_ok(bie_cuda_q4gemm_launch(kernel_id, m, n, k, pa, pb, ld, 1.0f, NULL, NULL, BIE_F32, out, NULL), "q4 gemm");
+    };
+    auto ours_api = [&] { bie_ok(bie_cuda_q4_gemm(kernel_id, m, n, k, a, k, b, k, 1.0f, (float *)out), "q4 gemm"); };
+    auto int8 = [&] {
+        // C[m, n] (row-major) = A[m, k] B[n, k]^T  ==  column-major C^T = B A^T
+        int one = 1, zero = 0;
+        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b, CUDA_R_8I,
+                                        (int)k, a, CUDA_R_8I, (int)k, &zero, c32, CUDA_R_32I, (int)n,
+                                        CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx int8 failed: %d\n", (int)s);
+            exit(1);
+        }
+    };
+    auto bf16 = [&] {
+        float one = 1.0f, zero = 0.0f;
+        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb, CUDA_R_16BF,
+                                        (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc, CUDA_R_16BF, (int)n,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx bf16 failed: %d\n", (int)s);
+            exit(1);
+        }
+    };
+    double t_ours = 0, t_api = 0, t_i8 = 0, t_bf = 0;
+    for (int round = 0; round < 2; round++) {  // interleave, keep the better round
+        double o = time_it(ours, inner, 7), p = time_it(ours_api, inner, 7);
+        double i8 = time_it(int8, inner, 7), bb = time_it(bf16, inner, 7);
+        t_ours = round ? std::min(t_ours, o) : o;
+        t_api = round ? std::min(t_api, p) : p;
+        t_i8 = round ? std::min(t_i8, i8) : i8;
+        t_bf = round ? std::min(t_bf, bb) : bb;
+    }
+    ours();
+    int8();
+    const int64_t check = std::min<int64_t>(m * n, 1 << 20);
+    std::vector<float> ho(check);
+    std::vector<int> hi(check);
+    CK(cudaMemcpy(ho.data(), out, check * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hi.data(), c32, check * 4, cudaMemcpyDeviceToHost));
+    bool correct = true;
+    for (int64_t i = 0; i < check; i++) correct = correct && ho[i] == (float)hi[i];
+    bie_kernel_info info;
+    const char *kname = "default";
+    if (kernel_id >= 0 && bie_kernel_find(kernel_id, &info) == BIE_OK) kname = info.name;
+    printf("{\"name\":\"%s\",\"kernel\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
+           "\"ours_api_s\":%.6e,\"int8_s\":%.6e,\"bf16_s\":%.6e,\"ours_tops\":%.1f,\"ours_api_tops\":%.1f,"
+           "\"int8_tops\":%.1f,\"bf16_tflops\":%.1f,\"ratio_int8\":%.3f,\"ratio_bf16\":%.3f,"
+           "\"api_ratio_int8\":%.3f,\"correct\":%s,\"baseline\":\"cublasGemmEx int8 (32I) and bf16\"}\n",
+           name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_api, t_i8, t_bf, work / t_ours / 1e12,
+           work / t_api / 1e12, work / t_i8 / 1e12, work / t_bf / 1e12, t_i8 / t_ours, t_bf / t_ours, t_i8 / t_api,
+           correct ? "true" : "false");
+    fflush(stdout);
+    cudaFree(a), cudaFree(b), cudaFree(pa), cudaFree(pb), cudaFree(out), cudaFree(c32);
+    cudaFree(fa), cudaFree(fb), cudaFree(fc);
 }
 
 static void bie_ok(bie_status s, const char *what) {
@@ -285,6 +387,22 @@ int main(int argc, char **argv) {
     };
     for (auto &c : cases)
         if (wanted(argc, argv, c.name)) bgemm_case(h, c.name, c.m, c.n, c.k, c.id);
+    std::remove_reference_t<decltype(cases[0])> q4_cases[] = {
+        {"cuda_q4gemm_8192", 8192, 8192, 8192, -1},
+        {"cuda_q4gemm_8192/200", 8192, 8192, 8192, 200},
+        {"cuda_q4gemm_8192/202", 8192, 8192, 8192, 202},
+        {"cuda_q4gemm_8192/203", 8192, 8192, 8192, 203},
+        {"cuda_q4gemm_8192/204", 8192, 8192, 8192, 204},
+        {"cuda_q4gemm_8192/205", 8192, 8192, 8192, 205},
+        {"cuda_q4gemm_4096", 4096, 4096, 4096, -1},
+        {"cuda_q4gemm_4096/200", 4096, 4096, 4096, 200},
+        {"cuda_q4gemm_4096/201", 4096, 4096, 4096, 201},
+        {"cuda_q4gemm_m16", 16, 8192, 8192, -1},
+        {"cuda_q4gemm_m16/201", 16, 8192, 8192, 201},
+        {"cuda_q4gemm_m1", 1, 8192, 8192, -1},
+    };
+    for (auto &c : q4_cases)
+        if (wanted(argc, argv, c.name)) q4gemm_case(h, c.name, c.m, c.n, c.k, c.id);
     if (wanted(argc, argv, "cuda_linear_fwd_m1")) layer_forward_case(h, "cuda_linear_fwd_m1", 1, 8192);
     if (wanted(argc, argv, "cuda_linear_fwd_m16")) layer_forward_case(h, "cuda_linear_fwd_m16", 16, 8192);
     if (wanted(argc, argv, "cuda_linear_train_4096")) layer_train_case(h, "cuda_linear_train_4096", 4096, 4096);

@@ -39,6 +39,15 @@ BIE_API bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int
                                         const void *a, int64_t a_row_bytes, const void *b,
                                         int64_t b_row_bytes, float scale, float *out);
 
+/* 4-bit GEMM on tensor cores, on device memory (see bie_q4_gemm for the meaning):
+ * out[i * n + j] = (float)dot(a_i, b_j) * scale, a and b rows of k int8 codes in [-8, 7]
+ * (other values count by their low 4 bits) with the given row strides in elements, the dot
+ * product exact. kernel_id < 0 picks the default. Asynchronous on the current stream.
+ * Errors: as bie_q4_gemm, plus pointers that are not device memory. */
+BIE_API bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k,
+                                    const int8_t *a, int64_t lda, const int8_t *b, int64_t ldb,
+                                    float scale, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -58,3 +58,10 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     (void)b_row_bytes, (void)scale, (void)out;
     return not_built("bie_cuda_binary_gemm");
 }
+
+bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
+                            int64_t lda, const int8_t *b, int64_t ldb, float scale, float *out) {
+    (void)kernel_id, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
+    (void)scale, (void)out;
+    return not_built("bie_cuda_q4_gemm");
+}

@@ -136,7 +136,7 @@ bie_status blas_handle(cublasHandle_t *out) {
     return BIE_OK;
 }
 
-unsigned grid_for(int64_t count) {
+static unsigned grid_for(int64_t count) {
     int64_t b = (count + 255) / 256;
     return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
@@ -195,9 +195,186 @@ done:
     return check(free_err, "cudaFreeAsync");
 }
 
+// ---- Binary conv2d backward (SPEC §3): conv2d_weight and conv2d_input as two GEMMs over the
+// im2col of the saved signs, then a gather col2im that applies the clip mask and reduces.
+
+__device__ __forceinline__ bool word_bit(const uint32_t *w, int64_t bit) { return (w[bit >> 5] >> (bit & 31)) & 1; }
+
+// ±1 weight [o][c k k] from the forward's tap-layout rows.
+template <typename T>
+__global__ void conv_weight_signs(const uint32_t *bits, bie_cuda_conv_shape g, int64_t cw, int64_t words, T *dst) {
+    const int64_t kk = g.k * g.k, K = g.c * kk;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * K;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = idx / K, e = idx % K, c = e / kk, t = e % kk;
+        dst[idx] = from_f32<T>(word_bit(bits + o * words + t * cw, c) ? 1.0f : -1.0f);
+    }
+}
+
+// S [n oh ow][c k k]: sign(x') at each tap, 0 outside the input.
+template <typename T>
+__global__ void conv_sign_cols(const uint32_t *signs, bie_cuda_conv_shape g, int64_t cw, T *dst) {
+    const int64_t kk = g.k * g.k, K = g.c * kk, plane = g.oh * g.ow, rows = g.n * plane;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * K;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = idx / K, e = idx % K, c = e / kk, t = e % kk;
+        const int64_t n = r / plane, pix = r % plane;
+        const int64_t iy = (pix / g.ow) * g.s - g.p + (t / g.k) * g.d, ix = (pix % g.ow) * g.s - g.p + (t % g.k) * g.d;
+        float v = 0.0f;
+        if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+            v = word_bit(signs + ((n * g.h + iy) * g.w + ix) * cw, c) ? 1.0f : -1.0f;
+        dst[idx] = from_f32<T>(v);
+    }
+}
+
+// G [o][n oh ow] from grad_out [n][o][oh ow].
+template <typename T>
+__global__ void conv_grad_rows(const T *grad_out, bie_cuda_conv_shape g, T *dst) {
+    const int64_t plane = g.oh * g.ow, rows = g.n * plane;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * rows;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = idx / rows, r = idx % rows, n = r / plane, pix = r % plane;
+        dst[idx] = grad_out[(n * g.o + o) * plane + pix];
+    }
+}
+
+// Block per (n, c): grad_x of the plane = sum over the taps that read each input pixel of
+// cols [n oh ow][c k k] (tap order, as the CPU's col2im), times the clip bit; the plane's sum
+// and its dot with sign(x') in double.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    conv_col2im_mask(const float *cols, const uint32_t *signs, const uint32_t *mask, bie_cuda_conv_shape g,
+                     int64_t cw, T *grad_x, double *plane_sum, double *plane_dot) {
+    const int64_t nc = blockIdx.x, n = nc / g.c, c = nc % g.c, hw = g.h * g.w, kk = g.k * g.k, K = g.c * kk;
+    double sum = 0, dot = 0;
+    for (int64_t pix = threadIdx.x; pix < hw; pix += 256) {
+        const int64_t y = pix / g.w, x = pix % g.w;
+        float v = 0.0f;
+        for (int64_t i = 0; i < g.k; i++) {
+            const int64_t ty = y + g.p - i * g.d;
+            if (ty < 0 || ty % g.s) continue;
+            const int64_t oy = ty / g.s;
+            if (oy >= g.oh) continue;
+            for (int64_t j = 0; j < g.k; j++) {
+                const int64_t tx = x + g.p - j * g.d;
+                if (tx < 0 || tx % g.s) continue;
+                const int64_t ox = tx / g.s;
+                if (ox >= g.ow) continue;
+                v += cols[((n * g.oh + oy) * g.ow + ox) * K + c * kk + i * g.k + j];
+            }
+        }
+        const int64_t px = (n * hw + pix) * cw;
+        if (!word_bit(mask + px, c)) v = 0.0f;
+        if (grad_x) grad_x[nc * hw + pix] = from_f32<T>(v);
+        sum += v;
+        dot += word_bit(signs + px, c) ? v : -v;
+    }
+    __shared__ double sh[2][256];
+    sh[0][threadIdx.x] = sum;
+    sh[1][threadIdx.x] = dot;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) {
+            sh[0][threadIdx.x] += sh[0][threadIdx.x + o];
+            sh[1][threadIdx.x] += sh[1][threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        plane_sum[nc] = sh[0][0];
+        plane_dot[nc] = sh[1][0];
+    }
+}
+
+// grad_bias[c] = sum_n plane_sum[n][c]; grad_scale_a = sum plane_dot / denom (fixed order).
+__global__ void conv_bias_scale(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
+                                double denom, float *grad_bias, float *grad_scale) {
+    for (int64_t ch = threadIdx.x; ch < c; ch += 256) {
+        double s = 0;
+        for (int64_t i = 0; i < n; i++) s += plane_sum[i * c + ch];
+        grad_bias[ch] = (float)s;
+    }
+    __shared__ double sh[256];
+    double d = 0;
+    for (int64_t i = threadIdx.x; i < n * c; i += 256) d += plane_dot[i];
+    sh[threadIdx.x] = d;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *grad_scale = (float)(sh[0] / denom);
+}
+
+template <typename T>
+bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataType_t ctype) {
+    cudaStream_t st = current_stream;
+    const bie_cuda_conv_shape &g = a.g;
+    const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
+    // Workspace: ±1 weight [o, K], sign columns [rows, K] and gradient rows [o, rows] (T),
+    // grad columns [rows, K] (f32), per-plane sums and dots, amax partials.
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t sz[6] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
+                          up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
+                          up((size_t)(2 * g.n * g.c) * sizeof(double)), up(kAmaxBlocks * sizeof(float))};
+    size_t off[6], total = 0;
+    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
+    uint8_t *ws = nullptr;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (conv backward workspace)"));
+    T *wsign = reinterpret_cast<T *>(ws + off[0]), *scols = reinterpret_cast<T *>(ws + off[1]);
+    T *grows = reinterpret_cast<T *>(ws + off[2]);
+    float *gcols = reinterpret_cast<float *>(ws + off[3]), *amax = reinterpret_cast<float *>(ws + off[5]);
+    double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + g.n * g.c;
+    const uint32_t *wbits = reinterpret_cast<const uint32_t *>(a.wbits);
+
+    bie_status s = BIE_OK;
+    float *zero = nullptr;
+    cublasHandle_t h = nullptr;
+    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK) goto done;
+    if ((s = blas_handle(&h)) != BIE_OK) goto done;
+    conv_weight_signs<T><<<grid_for(g.o * K), 256, 0, st>>>(wbits, g, cw, a.ld / 4, wsign);
+    conv_sign_cols<T><<<grid_for(rows * K), 256, 0, st>>>(a.signs, g, cw, scols);
+    conv_grad_rows<T><<<grid_for(g.o * rows), 256, 0, st>>>(static_cast<const T *>(a.grad_out), g, grows);
+    // grad_w, row-major [o, K] = G [o, rows] @ S [rows, K] * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
+                                scols, ctype, (int)K, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
+                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (conv grad_w)");
+    if (s != BIE_OK) goto done;
+    // grad columns, row-major [rows, K] = G^T [rows, o] @ sign(w) [o, K] * scale_w
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)K, (int)rows, (int)g.o, a.saved_scales + 1,
+                                wsign, ctype, (int)K, grows, ctype, (int)rows, zero, gcols, CUDA_R_32F,
+                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (conv grad_x)");
+    if (s != BIE_OK) goto done;
+    conv_col2im_mask<T><<<(unsigned)(g.n * g.c), 256, 0, st>>>(gcols, a.signs, a.mask, g, cw,
+                                                             static_cast<T *>(a.grad_x), plane_sum, plane_dot);
+    conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,
+                                       std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
+                                       a.grad_bias, a.grad_scale_a);
+    if (a.grad_w_i8) {
+        amax_partial<<<kAmaxBlocks, 256, 0, st>>>(a.grad_w, g.o * K, amax);
+        quantize_i8<<<grid_for(g.o * K), 256, 0, st>>>(a.grad_w, g.o * K, amax, a.grad_w_i8);
+    }
+    s = check(cudaGetLastError(), "binary conv2d backward kernels");
+done:
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
 }  // namespace bie_cuda
 
 using namespace bie_cuda;
+
+extern "C" bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args) {
+    switch (args->dtype) {
+    case BIE_F32: return conv_backward_typed<float>(*args, CUDA_R_32F);
+    case BIE_BF16: return conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
+    case BIE_F16: return conv_backward_typed<__half>(*args, CUDA_R_16F);
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda conv backward: dtype %s", bie_dtype_name(args->dtype));
+    }
+}
 
 extern "C" bie_status bie_cuda_binary_linear_backward(const bie_cuda_bl_backward_args *args) {
     switch (args->dtype) {

@@ -272,9 +272,14 @@ using namespace bie_cuda;
 
 extern "C" {
 
-int bie_cuda_kernel_count_internal(void) { return kNumKernels; }
+// The public list: the binary kernels (indices 0..kNumKernels-1), then the 4-bit ones.
+int bie_cuda_kernel_count_internal(void) { return kNumKernels + bie_cuda_q4_kernel_count(); }
 
 void bie_cuda_kernel_describe(int index, bie_kernel_info *info) {
+    if (index >= kNumKernels) {
+        bie_cuda_q4_kernel_describe(index - kNumKernels, info);
+        return;
+    }
     const CudaKernel &kern = kernels[index];
     info->id = kern.id;
     info->name = kern.name;
@@ -285,15 +290,24 @@ void bie_cuda_kernel_describe(int index, bie_kernel_info *info) {
     info->available = bie_cuda_device_count() > 0;
 }
 
-int bie_cuda_kernel_index(int id) {
+// Index of the binary kernel with this id, or -1.
+static int binary_index(int id) {
     for (int i = 0; i < kNumKernels; i++)
         if (kernels[i].id == id) return i;
     return -1;
 }
 
+int bie_cuda_kernel_index(int id) {
+    int idx = binary_index(id);
+    if (idx >= 0) return idx;
+    idx = bie_cuda_q4_kernel_index(id);
+    return idx >= 0 ? kNumKernels + idx : -1;
+}
+
 bool bie_cuda_kernel_fits(int id, int64_t k) {
-    int idx = bie_cuda_kernel_index(id);
-    return idx >= 0 && smem_bytes(kernels[idx], bie_cuda_row_stride(k)) <= max_smem();
+    int idx = binary_index(id);
+    if (idx < 0) return bie_cuda_q4_kernel_fits(id, k);
+    return smem_bytes(kernels[idx], bie_cuda_row_stride(k)) <= max_smem();
 }
 
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -304,8 +318,8 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     static const char *who = "cuda binary gemm";
     const CudaKernel *kern = default_kernel(m, n, ld);
     if (kernel_id >= 0) {
-        int idx = bie_cuda_kernel_index(kernel_id);
-        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
+        int idx = binary_index(kernel_id);
+        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who, kernel_id);
         kern = &kernels[idx];
     }
     const int which = out_type_of(out_dtype);
@@ -343,8 +357,8 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     if (a_row_bytes < (k + 7) / 8 || b_row_bytes < (k + 7) / 8)
         return bie_fail(BIE_ERR_SHAPE, "%s: row strides must be >= ceil(k / 8) bytes", who);
     if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
-    if (kernel_id >= 0 && bie_cuda_kernel_index(kernel_id) < 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA kernel with id %d", who, kernel_id);
+    if (kernel_id >= 0 && binary_index(kernel_id) < 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who, kernel_id);
     BIE_CUDA_TRY(require_device());
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
         return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);

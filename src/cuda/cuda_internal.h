@@ -46,6 +46,9 @@ bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t row
 /* out[m, k] = x + bias (broadcast over rows), in x's dtype. */
 bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                              const float *bias, void *out);
+/* out[n, c, hw] = x + bias[c] (NCHW planes), in x's dtype. */
+bie_status bie_cuda_add_bias_planes(bie_dtype dtype, const void *x, int64_t n, int64_t c, int64_t hw,
+                                    const float *bias, void *out);
 /* sum |x| over n elements, deterministic; waits for the result. */
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result);
 
@@ -72,6 +75,89 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
                                  const bie_cuda_conv_out *conv);
 /* Whether kernel `id` can run rows of k bits (shared-memory limits). */
 bool bie_cuda_kernel_fits(int id, int64_t k);
+
+/* ---- The device layout of 4-bit rows (q4gemm.cu, q4pack.cu): rows of
+ * bie_cuda_q4_row_stride(k) bytes (a multiple of BIE_CUDA_Q4_ROW_ALIGN), k two's-complement
+ * codes, code j in byte j / 2 (even j in the low nibble, SPEC §1), zero past k. */
+#define BIE_CUDA_Q4_ROW_ALIGN 128
+int64_t bie_cuda_q4_row_stride(int64_t k);
+/* The 4-bit kernels, indexed 0..bie_cuda_q4_kernel_count()-1 (the registry functions above
+ * list them after the binary ones). */
+int bie_cuda_q4_kernel_count(void);
+void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info);
+int bie_cuda_q4_kernel_index(int id);
+bool bie_cuda_q4_kernel_fits(int id, int64_t k);
+/* codes = q4(x + bias, *scale_a) of x (f32/bf16/f16, [m, k]; bias f32 [k] or NULL), computed
+ * exactly as the CPU layer does. When mask is not NULL, also the backward's state in the CPU
+ * layer's flat layout over the m * k inputs: clip bit i = 1{-8 <= v_i / s <= 7} at byte i / 8,
+ * bit i % 8 (ceil(m k / 8) bytes) and resid[i] = rint((rint(v_i / s) - v_i / s) * 254) inside
+ * the clip range, else 0 ([m * k] int8). */
+bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                                const float *bias, const float *scale_a, int64_t ld, uint8_t *codes,
+                                uint8_t *mask, int8_t *resid);
+/* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4). */
+bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
+                                   int64_t ld, uint8_t *codes);
+/* int8 codes in [-8, 7] (rows of `stride` elements; other values count modulo 16). */
+bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,
+                                  int64_t ld, uint8_t *codes);
+/* The user's nibble rows (ceil(k / 2) bytes each; the last high nibble of odd k ignored). */
+bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst);
+/* out[m, n] = (float)dot * scale over 4-bit layout rows, exact in int32 for k <= 2^24;
+ * otherwise as bie_cuda_bgemm_launch (scale_a/scale_w, output dtype, conv, kernel_id < 0). */
+bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                                  const uint8_t *b, int64_t ld, float scale, const float *scale_a,
+                                  const float *scale_w, bie_dtype out_dtype, void *out,
+                                  const bie_cuda_conv_out *conv);
+
+/* ---- Binary conv2d on the device (SPEC §3). Input signs (and clip-mask bits) are kept NHWC:
+ * one row of cw = ceil(C / 32) 32-bit words per input pixel, channel c at word c / 32, bit
+ * c % 32. GEMM rows (weights: one per output channel; im2col: one per output pixel) hold the
+ * k * k taps in [i, j] order, each tap as the cw words of its pixel (channel bits past C are
+ * zero in both operands, so the AND form's k is C k k). Taps outside the input are zero bits
+ * (-1) in the im2col rows, and the epilogue adds back, per output channel, the sum over those
+ * taps of sum_c sign(w) (class corrections, see bie_cuda_conv_out). */
+typedef struct bie_cuda_conv_shape {
+    int64_t n, c, h, w; /* input */
+    int64_t o, oh, ow;  /* output */
+    int64_t k, s, p, d;
+} bie_cuda_conv_shape;
+static inline int64_t bie_cuda_conv_cw(const bie_cuda_conv_shape *g) { return (g->c + 31) / 32; }
+
+/* signs (and mask when not NULL) [n h w][cw] of x (NCHW, f32/bf16/f16) + bias[c]; the mask
+ * bit is -1 <= v / *scale_a <= 1; saved_scales as bie_cuda_pack_act. */
+bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+                                    const float *bias, const float *scale_a, const float *scale_w,
+                                    float *saved_scales, uint32_t *signs, uint32_t *mask);
+/* Weight rows [o][ld] in the tap layout with bie_cuda_popc_parts(ld) counts per row, and
+ * tapsum [o][k k] = sum_c sign(w[o, c, tap]). src: int8 or f32 [o, c k k] (sign: >= 0), or
+ * (dtype U8) rows of src_row_bytes bytes of packed bits in [c, i, j] order (the user format). */
+bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
+                                     const bie_cuda_conv_shape *g, int64_t ld, uint8_t *bits,
+                                     int *popc, int *tapsum);
+/* Bit im2col: row r = output pixel r (over all images) [n oh ow][ld], one popcount per row. */
+bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape *g, int64_t ld,
+                                uint8_t *cols, int *popc);
+/* corr [ny nx][o]: class cy * nx + cx has valid taps i in [ylim[2 cy], ylim[2 cy + 1]) and
+ * j in [xlim[2 cx], xlim[2 cx + 1]); corr = sum of tapsum over the other taps. */
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shape *g,
+                                     const int *ylim, int ny, const int *xlim, int nx, int *corr);
+
+typedef struct bie_cuda_bconv_backward_args {
+    bie_dtype dtype;             /* of grad_out and grad_x */
+    bie_cuda_conv_shape g;
+    const void *grad_out;        /* [n, o, oh, ow] */
+    void *grad_x;                /* [n, c, h, w] or NULL */
+    const uint8_t *wbits;        /* the forward's weight rows (tap layout) */
+    int64_t ld;
+    const uint32_t *signs, *mask; /* the forward's NHWC bits */
+    const float *saved_scales;   /* {scale_a, scale_w} of the forward */
+    float *grad_w;               /* [o, c k k] f32 */
+    int8_t *grad_w_i8;           /* or NULL */
+    float *grad_bias;            /* [c] */
+    float *grad_scale_a;         /* [1] */
+} bie_cuda_bconv_backward_args;
+bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args);
 
 /* ---- Binary linear backward on the device (SPEC §2); see backward.cu. */
 typedef struct bie_cuda_bl_backward_args {

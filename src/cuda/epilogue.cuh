@@ -57,6 +57,33 @@ struct Epilogue {
         if (r.cls) dot += conv.corr[(int64_t)r.cls * n + col];
         store_out(out, r.base + col * (conv.plane ? conv.plane : 1), (float)dot * s, out_type);
     }
+    // Columns col and col + 1 (< n) of one row: a single vector store when they are adjacent
+    // and aligned in memory (row-major output), else two stores; the same values either way.
+    __device__ __forceinline__ void store2(const OutRow &r, int64_t col, long long d0, long long d1,
+                                           float s) const {
+        if (conv.plane == 0) {
+            const int64_t i = r.base + col;
+            const float v0 = (float)d0 * s, v1 = (float)d1 * s;
+            if (out_type == kOutF32) {
+                float *p = static_cast<float *>(out) + i;
+                if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+                    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
+                    return;
+                }
+            } else {
+                uint16_t *p = static_cast<uint16_t *>(out) + i;
+                if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
+                    if (out_type == kOutBF16)
+                        *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v0, v1);
+                    else
+                        *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(v0, v1);
+                    return;
+                }
+            }
+        }
+        store(r, col, d0, s);
+        store(r, col + 1, d1, s);
+    }
 };
 
 // The epilogue for a launcher's arguments (conv may be NULL: row-major output).

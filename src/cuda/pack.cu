@@ -228,31 +228,44 @@ bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *r
 }  // extern "C"
 
 namespace bie_cuda {
+// out = x + bias[(i / run) % len]: linear rows (run 1, len k) or NCHW planes (run H W, len C).
 template <typename T>
-__global__ void add_bias_rows(const T *x, int64_t m, int64_t k, const float *bias, T *out) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m * k;
+__global__ void add_bias_runs(const T *x, int64_t total, int64_t run, int64_t len, const float *bias, T *out) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = from_f32<T>(to_f32(x[i]) + bias[i % k]);
+        out[i] = from_f32<T>(to_f32(x[i]) + bias[(i / run) % len]);
+}
+
+bie_status add_bias(bie_dtype dtype, const void *x, int64_t total, int64_t run, int64_t len,
+                    const float *bias, void *out) {
+    int64_t blocks = (total + 255) / 256;
+    unsigned grid = (unsigned)(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+    cudaStream_t st = current_stream;
+    switch (dtype) {
+    case BIE_F32:
+        add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const float *>(x), total, run, len, bias,
+                                            static_cast<float *>(out));
+        break;
+    case BIE_BF16:
+        add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), total, run, len, bias,
+                                            static_cast<__nv_bfloat16 *>(out));
+        break;
+    case BIE_F16:
+        add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), total, run, len, bias,
+                                            static_cast<__half *>(out));
+        break;
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda add bias: dtype %s", bie_dtype_name(dtype));
+    }
+    return check(cudaGetLastError(), "cuda add bias");
 }
 }  // namespace bie_cuda
 
 extern "C" bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                                         const float *bias, void *out) {
-    int64_t blocks = (m * k + 255) / 256;
-    unsigned grid = (unsigned)(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
-    cudaStream_t st = current_stream;
-    switch (dtype) {
-    case BIE_F32:
-        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const float *>(x), m, k, bias, static_cast<float *>(out));
-        break;
-    case BIE_BF16:
-        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), m, k, bias,
-                                            static_cast<__nv_bfloat16 *>(out));
-        break;
-    case BIE_F16:
-        add_bias_rows<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), m, k, bias, static_cast<__half *>(out));
-        break;
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda add bias: dtype %s", bie_dtype_name(dtype));
-    }
-    return check(cudaGetLastError(), "cuda add bias");
+    return add_bias(dtype, x, m * k, 1, k, bias, out);
+}
+
+extern "C" bie_status bie_cuda_add_bias_planes(bie_dtype dtype, const void *x, int64_t n, int64_t c,
+                                               int64_t hw, const float *bias, void *out) {
+    return add_bias(dtype, x, n * c * hw, hw, c, bias, out);
 }

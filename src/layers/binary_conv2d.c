@@ -8,6 +8,7 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
+#include "binary_conv2d_cuda.h"
 #include "binary_conv2d_impl.h"
 #include "binary_linear_impl.h"
 #include "conv_common.h"
@@ -35,11 +36,7 @@ bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels
     BIE_CHECK_NULL(out);
     BIE_TRY(bie_conv_check_params(in_channels, out_channels, kernel_size, stride, padding, dilation, MODULE));
     const int64_t k2c = in_channels * kernel_size * (int64_t)kernel_size;
-    if (device.type != BIE_DEVICE_CPU)
-        return bie_fail(BIE_ERR_DEVICE, "%s: only the CPU backend runs binary conv2d so far", MODULE);
-    if (dtype != BIE_F32)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
-                        MODULE, bie_dtype_name(dtype));
+    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
     bie_binary_conv2d *l = calloc(1, sizeof *l);
     if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->in_c = in_channels;
@@ -56,6 +53,10 @@ bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels
     bie_bw_init(&l->w, out_channels, k2c);
     l->bias_a = bie_layer_bias_alloc(in_channels);
     bie_status st = l->bias_a ? bie_bw_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+#ifdef BIE_HAVE_CUDA
+    if (st == BIE_OK && device.type == BIE_DEVICE_CUDA && (st = bie_bcc_create(l)) == BIE_OK)
+        st = bie_bcc_reset(l, 0);
+#endif
     if (st != BIE_OK) {
         bie_binary_conv2d_free(l);
         return st;
@@ -66,6 +67,9 @@ bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels
 
 void bie_binary_conv2d_free(bie_binary_conv2d *l) {
     if (l == NULL) return;
+#ifdef BIE_HAVE_CUDA
+    bie_bcc_free(l);
+#endif
     drop_saved(l);
     bie_bw_free(&l->w);
     bie_free_aligned(l->bias_a);
@@ -75,6 +79,7 @@ void bie_binary_conv2d_free(bie_binary_conv2d *l) {
 
 bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *l, uint64_t seed) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_reset(l, seed));
     BIE_TRY(bie_bw_reset(&l->w, seed));
     drop_saved(l);
     return BIE_OK;
@@ -82,6 +87,7 @@ bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *l, uint64_t see
 
 bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *l) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_prepare(l));
     bool was_float = l->w.f32 != NULL;
     BIE_TRY(bie_bw_prepare(&l->w, "binary_conv2d_prepare_params"));
     if (was_float) drop_saved(l);
@@ -90,6 +96,7 @@ bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *l) {
 
 bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_weight_data(l, w));
     static const char *who = "binary_conv2d_set_weight_data";
     BIE_TRY(bie_check_rows_tensor(w, "weight", l->dtype, l->k, NULL, who));
     if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
@@ -102,6 +109,7 @@ bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *l, const bie_ten
 
 bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_generate_quantized_weight(l, qweight_only));
     BIE_TRY(bie_bw_generate_qweight(&l->w, qweight_only, "binary_conv2d_generate_quantized_weight"));
     if (qweight_only) drop_saved(l);
     return BIE_OK;
@@ -109,6 +117,7 @@ bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *l, boo
 
 bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_quantized_weight_data(l, q));
     static const char *who = "binary_conv2d_set_quantized_weight_data";
     int64_t words = bie_packed_words(fan_in(l), l->w.word_bits);
     BIE_TRY(bie_check_rows_tensor(q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
@@ -120,6 +129,7 @@ bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *l, con
 
 bie_status bie_binary_conv2d_set_bits_binary_word(bie_binary_conv2d *l, int bits) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_bits(l, bits));
     return bie_bw_set_word_bits(&l->w, bits, MODULE);
 }
 
@@ -136,6 +146,7 @@ bool bie_binary_conv2d_training(const bie_binary_conv2d *l) { return l && l->tra
 
 bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *l, float scale_a) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_scale_a(l, scale_a));
     BIE_TRY(bie_check_scale_a(scale_a, MODULE));
     l->scale_a = scale_a;
     return BIE_OK;
@@ -144,6 +155,7 @@ bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *l, float scale_a) {
 bie_status bie_binary_conv2d_param(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
+    BIE_ON_CUDA(l, bie_bcc_param(l, which, v));
     int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
     switch (which) {
     case BIE_PARAM_WEIGHT:
@@ -168,7 +180,12 @@ bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *l, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
     if (l->training) return bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, v);
-    if (l->w.qweight == NULL) BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l, false));
+#ifdef BIE_HAVE_CUDA
+    const bool has_q = l->cuda ? bie_bcc_has_qweight(l) : l->w.qweight != NULL;
+#else
+    const bool has_q = l->w.qweight != NULL;
+#endif
+    if (!has_q) BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l, false));
     return bie_binary_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
 }
 
@@ -191,6 +208,7 @@ bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *l, int64_t h, 
 
 bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_check_forward(l, x));
     return bie_conv_check_input(x, l->in_c, l->k, l->stride, l->padding, l->dilation,
                                 "binary_conv2d_check_forward");
 }
@@ -212,6 +230,8 @@ static bie_status activation_scale(const bie_binary_conv2d *l, const bie_tensor 
 bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tensor *x,
                                             bie_tensor *x_out) {
     static const char *who = "binary_conv2d_set_activation";
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_activation(l, x, x_out));
     BIE_TRY(bie_binary_conv2d_check_forward(l, x));
     if (x_out) {
         BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, x->shape[3], x, who));
@@ -371,6 +391,8 @@ static const bie_cpu_kernel *forward_kernel(const bie_binary_conv2d *l, int64_t 
 
 bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_forward(l, x, out));
     BIE_TRY(bie_binary_conv2d_check_forward(l, x));
     const bie_conv_geom g = geometry(l, x);
     BIE_TRY(check_output(&g, out, "output", who));
@@ -456,6 +478,7 @@ done:
 
 bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *l, int id) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_bcc_set_kernel(l, id));
     if (id != -1) {
         const bie_cpu_kernel *kern;
         BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_BINARY_GEMM, id, 1, "binary_conv2d_set_gemm_kernel", &kern));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../cpu/frame/pack.h"
+#include "binary_conv2d_cuda.h"
 #include "conv_common.h"
 
 /* cols [C k k, OH OW] = im2col of sign(x') * scale_a for image n, 0 outside the input. */
@@ -33,6 +34,7 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
                                       bie_tensor *grad_x) {
     static const char *who = "binary_conv2d_backward";
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
+    BIE_ON_CUDA(l, bie_bcc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
@@ -119,6 +121,7 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
 
 bie_status bie_binary_conv2d_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_conv2d_grad: layer is NULL");
+    BIE_ON_CUDA(l, bie_bcc_grad(l, which, v));
     const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
     return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "binary_conv2d_grad");
 }

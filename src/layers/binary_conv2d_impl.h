@@ -30,6 +30,9 @@ struct bie_binary_conv2d {
     float saved_scale_a, saved_scale_w;
 
     bie_layer_grads grads;
+
+    /* Device state of a layer on CUDA (binary_conv2d_cuda.c), NULL on the CPU. */
+    struct bie_bc_cuda *cuda;
 };
 
 /* Input row index of output row `o` and tap `i` (may be outside 0..h-1). */

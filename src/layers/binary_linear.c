@@ -41,18 +41,7 @@ bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features
     if (!bie_mul_ok(in_features, out_features, &numel) || numel > (INT64_MAX / 8))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: weight of %lld x %lld elements is too large", MODULE,
                         (long long)out_features, (long long)in_features);
-#ifndef BIE_HAVE_CUDA
-    if (device.type == BIE_DEVICE_CUDA)
-        return bie_fail(BIE_ERR_DEVICE, "%s: this build has no CUDA backend", MODULE);
-#endif
-    if (device.type != BIE_DEVICE_CPU && device.type != BIE_DEVICE_CUDA)
-        return bie_fail(BIE_ERR_DEVICE, "%s: unknown device type %d", MODULE, (int)device.type);
-    if (device.type == BIE_DEVICE_CPU && dtype != BIE_F32)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
-                        MODULE, bie_dtype_name(dtype));
-    if (dtype != BIE_F32 && dtype != BIE_BF16 && dtype != BIE_F16)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not a float type (float32, bfloat16, "
-                        "float16 on CUDA)", MODULE, bie_dtype_name(dtype));
+    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
     bie_binary_linear *l = calloc(1, sizeof *l);
     if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->in = in_features;

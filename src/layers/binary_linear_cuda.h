@@ -26,13 +26,6 @@ bie_status bie_blc_backward(bie_binary_linear *l, const bie_tensor *grad_out, bi
 bie_status bie_blc_select_kernel(bie_binary_linear *l, const bie_tensor *x);
 bie_status bie_blc_set_kernel(bie_binary_linear *l, int id);
 bool bie_blc_has_qweight(const bie_binary_linear *l);
-/* Delegate a public call to the CUDA implementation for CUDA layers. */
-#define BIE_ON_CUDA(l, call)                                                                   \
-    do {                                                                                       \
-        if ((l)->cuda) return call;                                                            \
-    } while (0)
-#else
-#define BIE_ON_CUDA(l, call) ((void)0)
 #endif
 
 #endif

@@ -284,3 +284,19 @@ bie_status bie_grads_view(bie_layer_grads *g, bie_param which, int wndim, const 
     }
     return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", who, (int)which);
 }
+
+bie_status bie_layer_check_device(bie_device device, bie_dtype dtype, const char *who) {
+#ifndef BIE_HAVE_CUDA
+    if (device.type == BIE_DEVICE_CUDA)
+        return bie_fail(BIE_ERR_DEVICE, "%s: this build has no CUDA backend", who);
+#endif
+    if (device.type != BIE_DEVICE_CPU && device.type != BIE_DEVICE_CUDA)
+        return bie_fail(BIE_ERR_DEVICE, "%s: unknown device type %d", who, (int)device.type);
+    if (device.type == BIE_DEVICE_CPU && dtype != BIE_F32)
+        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
+                        who, bie_dtype_name(dtype));
+    if (dtype != BIE_F32 && dtype != BIE_BF16 && dtype != BIE_F16)
+        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not a float type (float32, bfloat16, "
+                        "float16 on CUDA)", who, bie_dtype_name(dtype));
+    return BIE_OK;
+}

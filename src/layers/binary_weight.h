@@ -74,4 +74,19 @@ void bie_quantize_i8(const float *x, int64_t n, int8_t *q);
 bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtype dtype,
                                  int64_t last, const bie_tensor *like, const char *who);
 
+/* The device and dtype a binary layer may be created with: CPU float32, or CUDA (in a build
+ * with the backend) float32 / bfloat16 / float16. */
+bie_status bie_layer_check_device(bie_device device, bie_dtype dtype, const char *who);
+
+/* Delegate a public call of a layer to its CUDA implementation when the layer lives on a
+ * CUDA device (l->cuda set). */
+#ifdef BIE_HAVE_CUDA
+#define BIE_ON_CUDA(l, call)                                                                   \
+    do {                                                                                       \
+        if ((l)->cuda) return call;                                                            \
+    } while (0)
+#else
+#define BIE_ON_CUDA(l, call) ((void)0)
+#endif
+
 #endif

@@ -23,10 +23,15 @@ int64_t bie_conv_out_extent(int64_t in, int64_t k, int64_t s, int64_t p, int64_t
 
 bie_status bie_conv_check_input(const bie_tensor *x, int64_t in_c, int64_t k, int64_t s,
                                 int64_t p, int64_t d, const char *who) {
+    return bie_conv_check_input_as(x, BIE_F32, in_c, k, s, p, d, who);
+}
+
+bie_status bie_conv_check_input_as(const bie_tensor *x, bie_dtype dtype, int64_t in_c, int64_t k,
+                                   int64_t s, int64_t p, int64_t d, const char *who) {
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->ndim != 4)
         return bie_fail(BIE_ERR_SHAPE, "%s: input must be NCHW (rank 4), got rank %d", who, x->ndim);
-    BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, x->shape[3], NULL, who));
+    BIE_TRY(bie_check_rows_tensor(x, "input", dtype, x->shape[3], NULL, who));
     if (x->shape[1] != in_c)
         return bie_fail(BIE_ERR_SHAPE, "%s: input has %lld channels, the layer %lld", who,
                         (long long)x->shape[1], (long long)in_c);
@@ -47,7 +52,12 @@ bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, i
 
 bie_status bie_conv_check_shape4(const bie_tensor *t, const int64_t *shape, const char *what,
                                  const char *who) {
-    BIE_TRY(bie_check_rows_tensor(t, what, BIE_F32, shape[3], NULL, who));
+    return bie_conv_check_shape4_as(t, BIE_F32, shape, what, who);
+}
+
+bie_status bie_conv_check_shape4_as(const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
+                                    const char *what, const char *who) {
+    BIE_TRY(bie_check_rows_tensor(t, what, dtype, shape[3], NULL, who));
     if (t->ndim != 4 || memcmp(t->shape, shape, 4 * sizeof(int64_t)) != 0)
         return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, what,
                         (long long)shape[0], (long long)shape[1], (long long)shape[2], (long long)shape[3]);

@@ -3,6 +3,7 @@
 
 #include "../cpu/dispatch.h"
 #include "binary_conv2d_impl.h"
+#include "binary_conv2d_cuda.h"
 #include "binary_linear_cuda.h"
 #include "binary_linear_impl.h"
 
@@ -76,6 +77,7 @@ bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_
 
 bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *l, const bie_tensor *x) {
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
+    BIE_ON_CUDA(l, bie_bcc_select_kernel(l, x));
     BIE_TRY(bie_binary_conv2d_check_forward(l, x));
     int64_t oh, ow;
     BIE_TRY(bie_binary_conv2d_output_size(l, x->shape[2], x->shape[3], &oh, &ow));

@@ -54,6 +54,10 @@ if [[ $mode == usage ]]; then
   expect 2 "needs a value" "$bie" train --lr
   expect 2 "must be positive" "$bie" train --lr 0
   expect 2 "unexpected argument" "$bie" train extra
+  expect 0 "--augment none|shift|flip|shift-flip" "$bie" train --help
+  expect 2 "must be one of none|shift|flip|shift-flip" "$bie" train --augment rotate
+  expect 2 "out of range" "$bie" train --augment shift --augment-shift 9
+  expect 2 "out of range" "$bie" train --augment-shift 0
   expect 1 "CUDA layers are not available" "$bie" train --device cuda
   expect 1 "CUDA layers are not available" "$bie" eval x.safetensors --device cuda
   expect 2 "missing MODEL" "$bie" eval
@@ -124,6 +128,18 @@ expect 0 "smaller than float32" "$bie" export "$work/cnn/model.safetensors" "$wo
 q1=$("$bie" predict "$work/cnn/model.safetensors" --first 17 --count 50)
 q2=$("$bie" predict "$work/cnnp.safetensors" --first 17 --count 50)
 [[ -n $q1 && $q1 == "$q2" && $q1 == *"test[17]"* ]] && ok || bad "cnn packed predictions differ"
+
+# Augmentation: the same seed reproduces an augmented run bit for bit; it is not the plain run.
+cnn_aug=("$bie" train --model cnn --width 4 --epochs 2 --train-limit 640 --test-limit 200
+         --threads 2 --progress none --augment shift-flip --augment-shift 3)
+"${cnn_aug[@]}" --out "$work/aug1" >"$work/aug1.log" 2>&1 && ok || bad "augment: $(cat "$work/aug1.log")"
+grep -q "augmentation of the training images: shift 3 + flip" "$work/aug1.log" && ok ||
+  bad "augmentation not reported: $(cat "$work/aug1.log")"
+"${cnn_aug[@]}" --out "$work/aug2" >/dev/null 2>&1
+cmp -s "$work/aug1/model.safetensors" "$work/aug2/model.safetensors" && ok || bad "augmented run not reproduced"
+"${cnn_aug[@]}" --augment none --out "$work/aug3" >/dev/null 2>&1
+[[ -f $work/aug3/metrics.csv ]] && ! cmp -s "$work/aug1/metrics.csv" "$work/aug3/metrics.csv" && ok ||
+  bad "augmentation changed nothing"
 
 # Broken model files are rejected with a reason, never a crash.
 size=$(stat -c %s "$work/packed.safetensors")

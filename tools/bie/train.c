@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "augment.h"
 #include "commands.h"
 #include "errors.h"
 #include "metrics.h"
@@ -19,7 +20,9 @@
 
 typedef struct train_options {
     const char *preset, *first_last, *schedule, *device, *data_dir, *out_dir, *progress;
+    const char *augment;
     int64_t width, epochs, batch, seed, threads, train_limit, test_limit, eval_batch;
+    int64_t augment_shift;
     double lr, binary_lr, binary_beta1, binary_beta2, weight_decay;
     bool help;
 } train_options;
@@ -101,6 +104,8 @@ typedef struct trainer {
     float *x, *grad;
     int32_t *labels;
     tool_rng rng;
+    augment_config augment;
+    tool_rng augment_rng; /* a stream of its own: augmentation leaves the shuffling as it was */
     int64_t steps_per_epoch, total_steps;
     char model_path[4096], csv_path[4096], svg_path[4096];
     float scale_floor[MAX_SCALES]; /* 0 until the first step has initialised the scales */
@@ -136,6 +141,7 @@ static int train_step(trainer *t, int64_t first, int64_t step, float *loss, int6
     double f = schedule_factor(o->schedule, step, t->total_steps);
     TOOL_TRY_BIE(bie_optimizer_set_lr(t->optimizer, (float)(o->lr * f), (float)(o->binary_lr * f)));
     fmnist_gather(&t->train, t->order, first, o->batch, t->x, t->labels);
+    augment_batch(&t->augment, t->x, o->batch, &t->augment_rng);
     int64_t xs[4] = {o->batch, 1, FMNIST_SIDE, FMNIST_SIDE}, ls[1] = {o->batch};
     int64_t gs[2] = {o->batch, FMNIST_CLASSES};
     bie_tensor tx, tl, tg, logits;
@@ -188,9 +194,18 @@ static int train_epoch(trainer *t, int epoch, epoch_metrics *row, double *second
     return 0;
 }
 
+/* "none", "shift 2", "flip", "shift 2 + flip": for the header line and the model file. */
+static void describe_augment(const augment_config *a, char *buf, size_t cap) {
+    if (a->max_shift > 0)
+        snprintf(buf, cap, "shift %d%s", a->max_shift, a->flip ? " + flip" : "");
+    else
+        snprintf(buf, cap, "%s", a->flip ? "flip" : "none");
+}
+
 static int save_model(trainer *t, double test_acc) {
     const train_options *o = t->opt;
     char width[32], epochs[32], batch[32], lr[32], blr[32], seed[32], threads[32], acc[32];
+    char wd[32], augment[48];
     snprintf(width, sizeof width, "%lld", (long long)o->width);
     snprintf(epochs, sizeof epochs, "%lld", (long long)o->epochs);
     snprintf(batch, sizeof batch, "%lld", (long long)o->batch);
@@ -199,11 +214,14 @@ static int save_model(trainer *t, double test_acc) {
     snprintf(seed, sizeof seed, "%lld", (long long)o->seed);
     snprintf(threads, sizeof threads, "%d", bie_get_num_threads());
     snprintf(acc, sizeof acc, "%.4f", test_acc);
+    snprintf(wd, sizeof wd, "%g", o->weight_decay);
+    describe_augment(&t->augment, augment, sizeof augment);
     const model_note notes[] = {
         {"preset", o->preset},      {"first_last", o->first_last}, {"width", width},
         {"epochs", epochs},         {"batch_size", batch},         {"lr", lr},
         {"binary_lr", blr},         {"schedule", o->schedule},     {"seed", seed},
-        {"threads", threads},       {"test_accuracy", acc},
+        {"threads", threads},       {"weight_decay", wd},          {"augment", augment},
+        {"test_accuracy", acc},
     };
     return model_save(t->model, t->model_path, notes, sizeof notes / sizeof notes[0]);
 }
@@ -266,6 +284,7 @@ static int setup_trainer(trainer *t) {
     t->labels = malloc((size_t)o->batch * sizeof(int32_t));
     if (!t->order || !t->x || !t->grad || !t->labels) return tool_fail("out of memory");
     t->rng.state = (uint64_t)o->seed * 0x2545f4914f6cdd1dull + 1;
+    t->augment_rng.state = ((uint64_t)o->seed ^ 0xa0761d6478bd642full) * 0xe7037ed1a0b428dbull;
     TOOL_TRY(make_dirs(o->out_dir));
     snprintf(t->model_path, sizeof t->model_path, "%s/model.safetensors", o->out_dir);
     snprintf(t->csv_path, sizeof t->csv_path, "%s/metrics.csv", o->out_dir);
@@ -278,6 +297,11 @@ static int setup_trainer(trainer *t) {
            "weight decay %g, seed %lld, %d threads, kernels %s\n", (long long)o->epochs,
            (long long)o->batch, (long long)t->steps_per_epoch, o->lr, o->binary_lr, o->schedule,
            o->weight_decay, (long long)o->seed, bie_get_num_threads(), bie_cpu_kernel_set());
+    if (augment_active(&t->augment)) { /* the default run's output stays as documented */
+        char augment[48];
+        describe_augment(&t->augment, augment, sizeof augment);
+        printf("augmentation of the training images: %s\n", augment);
+    }
     fflush(stdout);
     return 0;
 }
@@ -299,7 +323,7 @@ int cmd_train(int argc, char **argv) {
                        .epochs = -1, .batch = -1, .seed = DEFAULT_SEED,
                        .threads = DEFAULT_THREADS, .eval_batch = 1000, .lr = -1,
                        .binary_lr = -1, .binary_beta1 = 0.99, .binary_beta2 = 0.9999,
-                       .weight_decay = 0};
+                       .weight_decay = 0, .augment = "none", .augment_shift = 2};
     const opt_spec specs[] = {
         {"model", OPT_STRING, &o.preset, 0, 0, "mlp|cnn", NULL, "model preset"},
         {"first-last", OPT_STRING, &o.first_last, 0, 0, "float|q4", NULL,
@@ -316,6 +340,11 @@ int cmd_train(int argc, char **argv) {
         {"binary-beta2", OPT_DOUBLE, &o.binary_beta2, 0, 0.999999, NULL, "B",
          "sign-flip optimizer: decay of the flip vote's moving average"},
         {"weight-decay", OPT_DOUBLE, &o.weight_decay, 0, 1, NULL, "WD", "AdamW weight decay"},
+        {"augment", OPT_STRING, &o.augment, 0, 0, AUGMENT_CHOICES, NULL,
+         "random changes of each training image: shift by up to --augment-shift pixels, "
+         "mirror left-right"},
+        {"augment-shift", OPT_INT, &o.augment_shift, 1, AUGMENT_MAX_SHIFT, NULL, "N",
+         "largest shift of --augment shift (pixels, each axis)"},
         {"schedule", OPT_STRING, &o.schedule, 0, 0, "cosine|constant", NULL,
          "learning-rate schedule over all steps"},
         {"seed", OPT_INT, &o.seed, 0, 9e15, NULL, "N",
@@ -357,8 +386,12 @@ int cmd_train(int argc, char **argv) {
         snprintf(default_out, sizeof default_out, "runs/%s", o.preset);
         o.out_dir = default_out;
     }
-    if (setup_device(o.device, o.threads) != 0) return report_failure("train");
     trainer t = {.opt = &o};
+    if (augment_parse(o.augment, o.augment_shift, &t.augment) != 0) {
+        fprintf(stderr, "bie train: %s\n", tool_error());
+        return EXIT_USAGE;
+    }
+    if (setup_device(o.device, o.threads) != 0) return report_failure("train");
     epoch_metrics *rows = calloc((size_t)o.epochs, sizeof *rows);
     int status = rows ? setup_trainer(&t) : tool_fail("out of memory");
     if (status == 0) status = run_epochs(&t, rows);

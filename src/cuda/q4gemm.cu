@@ -1,0 +1,322 @@
+// 4-bit GEMM on tensor cores. Hopper has no fast 4-bit mma (SPEC §6), so the operands stay
+// nibbles in device memory (half the bytes of int8 to move) and become int8 on chip, in
+// registers, right before mma.m16n8k32.s8.s8.s32.
+//
+// Device layout (cuda_internal.h): rows of ld = bie_cuda_q4_row_stride(k) bytes, code j of a
+// row in byte j / 2 (even j in the low nibble, SPEC §1), zero past k; ld is a multiple of
+// BIE_CUDA_Q4_ROW_ALIGN, which every kernel's k block divides, so main loops have no k tail.
+//
+// Unpacking. A lane's ldmatrix word holds 8 codes c0..c7 (c0 in the low nibble). It becomes
+// two int8x4 fragment registers, the even codes (c0 c2 c4 c6) for the first k half of an mma
+// and the odd ones for the second; A and B are unpacked alike, so this permutation of k
+// leaves the dot product unchanged. Two ways:
+//  - narrow (k < 2^17): each code is left in the high nibble of its byte, i.e. the int8 value
+//    16 c with its sign for free: odd = w & 0xf0f0f0f0, even = (w << 4) & 0xf0f0f0f0, three
+//    instructions per word. The mma then sums 256 a.b; |a.b| <= 64 k < 2^23 keeps every
+//    partial sum inside int32, and the epilogue shifts the 8 bits back out, exactly.
+//  - wide (2^17 <= k <= 2^24): true sign extension of each nibble (a few more instructions),
+//    for products whose 256-fold sum could overflow.
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include "bie_cuda.h"
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+#include "epilogue.cuh"
+#include "mma.cuh"
+
+namespace bie_cuda {
+
+size_t max_smem();  // bgemm.cu
+
+// c += a . b over a 16x8x32 tile of signed bytes.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Codes of k at or above this take the wide unpacking (see the top of the file).
+constexpr int64_t kWideK = 1 << 17;
+
+template <bool WIDE>
+__device__ __forceinline__ void unpack(unsigned w, unsigned &even, unsigned &odd) {
+    if (WIDE) {
+        // Per byte: nibble x -> (x ^ 8) + 0x78 stays below 0x100 (no carry into the next
+        // byte); flipping bit 7 then leaves x - 16 [x >= 8], the sign-extended code.
+        even = (((w & 0x0f0f0f0fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u;
+        odd = ((((w >> 4) & 0x0f0f0f0fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u;
+    } else {
+        even = (w << 4) & 0xf0f0f0f0u;
+        odd = w & 0xf0f0f0f0u;
+    }
+}
+
+// BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
+// (BN / WARPS_N) sub-tile of 16x8 mma tiles; a STAGES-deep cp.async pipeline over k blocks of
+// BKB bytes (2 BKB codes). Shared rows are BKB + 16 bytes, so that the 8 rows one ldmatrix
+// reads fall in distinct banks. Blocks are numbered along n within groups of 8 tile rows, so
+// that blocks running at the same time share their A and B tiles in L2.
+// Rows past m (n) load row m - 1 (n - 1) instead: they only feed outputs that are not stored.
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES, int MINB, bool WIDE>
+__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
+    q4gemm_s8(int m, int n, const uint8_t *__restrict__ A, const uint8_t *__restrict__ B,
+              int64_t ld64, int tiles_m, int tiles_n, Epilogue ep) {
+    constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+    constexpr int kSmemRow = BKB + 16, CHUNKS = BKB / 16;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+    constexpr int MT = WTM / 16, NT = WTN / 8;
+    // Each thread copies the same 16-byte column of rows r0, r0 + ROWSTEP, ... of a stage.
+    constexpr int ROWSTEP = THREADS / CHUNKS, A_ITERS = BM / ROWSTEP, B_ITERS = BN / ROWSTEP;
+    constexpr int STAGE_A = BM * kSmemRow, STAGE_B = BN * kSmemRow;
+    static_assert(NT % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+    static_assert(BKB % 32 == 0, "an ldmatrix step covers 32 bytes (64 codes)");
+    static_assert(THREADS % CHUNKS == 0 && BM % ROWSTEP == 0 && BN % ROWSTEP == 0, "copy split");
+    extern __shared__ __align__(16) uint8_t smem[];
+    const unsigned sA = smem_u32(smem), sB = sA + STAGES * STAGE_A;
+
+    const unsigned ld = (unsigned)ld64;  // <= 2^23 (k <= 2^24)
+    const int kblocks = (int)(ld / BKB);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    int tm, tn;
+    {
+        constexpr int G = 8;
+        const int per_group = G * tiles_n, pid = blockIdx.x;
+        const int first = pid / per_group * G, size = min(tiles_m - first, G);
+        tm = first + (pid % per_group) % size;
+        tn = (pid % per_group) / size;
+    }
+    const int bm0 = tm * BM, bn0 = tn * BN;
+
+    const int r0 = tid / CHUNKS, c16 = (tid % CHUNKS) * 16;
+    const uint8_t *a_col = A + c16, *b_col = B + c16;  // advanced by BKB per k block
+    const unsigned a_dst = sA + r0 * kSmemRow + c16, b_dst = sB + r0 * kSmemRow + c16;
+    auto load_stage = [&](int stage) {
+#pragma unroll
+        for (int i = 0; i < A_ITERS; i++) {
+            const unsigned row = (unsigned)min(bm0 + r0 + i * ROWSTEP, m - 1);
+            cp_async16(a_dst + stage * STAGE_A + i * ROWSTEP * kSmemRow, a_col + (size_t)row * ld, true);
+        }
+#pragma unroll
+        for (int i = 0; i < B_ITERS; i++) {
+            const unsigned row = (unsigned)min(bn0 + r0 + i * ROWSTEP, n - 1);
+            cp_async16(b_dst + stage * STAGE_B + i * ROWSTEP * kSmemRow, b_col + (size_t)row * ld, true);
+        }
+        a_col += BKB;
+        b_col += BKB;
+    };
+
+    int acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < kblocks) load_stage(s);
+        cp_async_commit();
+    }
+    const int q = lane >> 3, r8 = lane & 7;
+    // This lane's ldmatrix row addresses in stage 0 (A: matrices (rows 0-7 | 8-15) x (bytes
+    // 0-15 | 16-31) of an m16 tile; B: (bytes 0-15 | 16-31) x (n8 tile j | j + 1)).
+    const unsigned a_frag = sA + (wm * WTM + r8 + 8 * (q & 1)) * kSmemRow + 16 * (q >> 1);
+    const unsigned b_frag = sB + (wn * WTN + r8 + 8 * (q >> 1)) * kSmemRow + 16 * (q & 1);
+    int read_stage = 0, write_stage = STAGES - 1;
+    for (int kb = 0; kb < kblocks; kb++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (kb + STAGES - 1 < kblocks) load_stage(write_stage);
+        cp_async_commit();
+        write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+        const unsigned a_s = a_frag + read_stage * STAGE_A, b_s = b_frag + read_stage * STAGE_B;
+        read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+#pragma unroll
+        for (int kc = 0; kc < BKB / 32; kc++) {  // 64 codes: two mma k steps
+            // A: lane word t of rows g and g + 8 for both k steps.
+            unsigned af[MT][2][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                unsigned w[4];
+                ldmatrix_x4(w, a_s + i * 16 * kSmemRow + kc * 32);
+                unpack<WIDE>(w[0], af[i][0][0], af[i][0][2]);
+                unpack<WIDE>(w[1], af[i][0][1], af[i][0][3]);
+                unpack<WIDE>(w[2], af[i][1][0], af[i][1][2]);
+                unpack<WIDE>(w[3], af[i][1][1], af[i][1][3]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                unsigned w[4], b[4][2];
+                ldmatrix_x4(w, b_s + j * 8 * kSmemRow + kc * 32);
+#pragma unroll
+                for (int u = 0; u < 4; u++) unpack<WIDE>(w[u], b[u][0], b[u][1]);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    mma_s8(acc[i][j], af[i][0], b[0][0], b[0][1]);
+                    mma_s8(acc[i][j], af[i][1], b[1][0], b[1][1]);
+                    mma_s8(acc[i][j + 1], af[i][0], b[2][0], b[2][1]);
+                    mma_s8(acc[i][j + 1], af[i][1], b[3][0], b[3][1]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    const float scale = ep.scale();
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
+            if (row >= m) continue;
+            const OutRow orow = ep.row(row);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int col = bn0 + wn * WTN + j * 8 + 2 * t4;
+                const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                const long long d0 = WIDE ? v0 : v0 >> 8, d1 = WIDE ? v1 : v1 >> 8;
+                if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
+                else if (col < n) ep.store(orow, col, d0, scale);
+            }
+        }
+}
+
+typedef void (*Q4KernelFn)(int, int, const uint8_t *, const uint8_t *, int64_t, int, int, Epilogue);
+
+struct Q4Kernel {
+    int id;
+    const char *name;
+    int bm, bn, bkb, stages, threads;
+    int64_t preferred_max_m;
+    Q4KernelFn narrow, wide;
+};
+
+#define BIE_Q4_KERNEL(id, BM, BN, WM, WN, BKB, ST, MINB, MAXM)                                  \
+    {id, "cuda.mma_s8.q4gemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST, \
+     32 * WM * WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false>,                      \
+     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, true>}
+
+const Q4Kernel q4_kernels[] = {
+    BIE_Q4_KERNEL(200, 128, 128, 2, 2, 128, 3, 2, INT64_MAX),
+    BIE_Q4_KERNEL(201, 64, 64, 2, 2, 64, 4, 4, INT64_MAX),
+    BIE_Q4_KERNEL(202, 128, 256, 2, 4, 64, 3, 1, INT64_MAX),
+    BIE_Q4_KERNEL(203, 256, 128, 4, 2, 64, 3, 1, INT64_MAX),
+    BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, INT64_MAX),
+    BIE_Q4_KERNEL(205, 256, 128, 4, 2, 128, 3, 1, INT64_MAX),
+    BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, 16),
+};
+constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
+
+size_t q4_smem_bytes(const Q4Kernel &kern) {
+    return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+}
+
+const Q4Kernel *q4_default_kernel(int64_t m, int64_t n) {
+    if (m <= 16) return &q4_kernels[6];
+    // Small problems need more blocks than 128x128 tiles give to fill the GPU.
+    return (m * n < (int64_t)4096 * 4096) ? &q4_kernels[1] : &q4_kernels[0];
+}
+
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" {
+
+int64_t bie_cuda_q4_row_stride(int64_t k) {
+    const int64_t bytes = (k + 1) / 2;
+    return (bytes + BIE_CUDA_Q4_ROW_ALIGN - 1) / BIE_CUDA_Q4_ROW_ALIGN * BIE_CUDA_Q4_ROW_ALIGN;
+}
+
+int bie_cuda_q4_kernel_count(void) { return kNumQ4; }
+
+void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info) {
+    const Q4Kernel &kern = q4_kernels[index];
+    info->id = kern.id;
+    info->name = kern.name;
+    info->isa = "sm_80";
+    info->op = BIE_OP_Q4_GEMM;
+    info->device = BIE_DEVICE_CUDA;
+    info->preferred_max_m = kern.preferred_max_m;
+    info->available = bie_cuda_device_count() > 0;
+}
+
+int bie_cuda_q4_kernel_index(int id) {
+    for (int i = 0; i < kNumQ4; i++)
+        if (q4_kernels[i].id == id) return i;
+    return -1;
+}
+
+bool bie_cuda_q4_kernel_fits(int id, int64_t k) {
+    (void)k;  // the tiles stream k; shared memory does not depend on it
+    const int idx = bie_cuda_q4_kernel_index(id);
+    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem();
+}
+
+bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                                  const uint8_t *b, int64_t ld, float scale, const float *scale_a,
+                                  const float *scale_w, bie_dtype out_dtype, void *out,
+                                  const bie_cuda_conv_out *conv) {
+    static const char *who = "cuda 4-bit gemm";
+    const Q4Kernel *kern = q4_default_kernel(m, n);
+    if (kernel_id >= 0) {
+        const int idx = bie_cuda_q4_kernel_index(kernel_id);
+        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who, kernel_id);
+        kern = &q4_kernels[idx];
+    }
+    const int which = out_type_of(out_dtype);
+    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    const int64_t tiles_m = (m + kern->bm - 1) / kern->bm, tiles_n = (n + kern->bn - 1) / kern->bn;
+    if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m, (long long)n);
+    const size_t smem = q4_smem_bytes(*kern);
+    if (smem > max_smem())
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs %zu bytes of shared memory", who,
+                        kern->name, smem);
+    const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
+    const Q4KernelFn fn = k >= kWideK ? kern->wide : kern->narrow;
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute"));
+    fn<<<(unsigned)(tiles_m * tiles_n), kern->threads, smem, current_stream>>>(
+        (int)m, (int)n, a, b, ld, (int)tiles_m, (int)tiles_n, ep);
+    return check(cudaGetLastError(), "4-bit gemm launch");
+}
+
+bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
+                            int64_t lda, const int8_t *b, int64_t ldb, float scale, float *out) {
+    static const char *who = "bie_cuda_q4_gemm";
+    if (a == NULL || b == NULL || out == NULL)
+        return bie_fail(BIE_ERR_NULL_POINTER, "%s: a, b and out must not be NULL", who);
+    if (m < 1 || n < 1 || k < 1) return bie_fail(BIE_ERR_SHAPE, "%s: m, n, k must be >= 1", who);
+    if (k > (1 << 24)) return bie_fail(BIE_ERR_OVERFLOW, "%s: k = %lld exceeds 2^24", who, (long long)k);
+    if (m > INT_MAX || n > INT_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: m and n must be < 2^31", who);
+    if (lda < k || ldb < k) return bie_fail(BIE_ERR_SHAPE, "%s: row strides must be >= k", who);
+    if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
+    if (kernel_id >= 0 && bie_cuda_q4_kernel_index(kernel_id) < 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who, kernel_id);
+    BIE_CUDA_TRY(require_device());
+    if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
+        return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);
+
+    const int64_t ld = bie_cuda_q4_row_stride(k);
+    cudaStream_t st = current_stream;
+    uint8_t *ws = NULL;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (size_t)(m + n) * (size_t)ld, st), "cudaMallocAsync"));
+    bie_status s = bie_cuda_q4_pack_codes(a, lda, m, k, ld, ws);
+    if (s == BIE_OK) s = bie_cuda_q4_pack_codes(b, ldb, n, k, ld, ws + m * ld);
+    if (s == BIE_OK)
+        s = bie_cuda_q4gemm_launch(kernel_id, m, n, k, ws, ws + m * ld, ld, scale, NULL, NULL, BIE_F32, out, NULL);
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
+}  // extern "C"

@@ -1,0 +1,174 @@
+// Packing for the 4-bit GEMM (q4gemm.cu): float activations (+ bias_a) and float weights
+// quantized to 4-bit codes, int8 codes and the user's nibble rows, all into the device
+// layout of cuda_internal.h (rows of ld bytes, even code in the low nibble, zero past k);
+// plus, for the backward, the activations' clip bits and rounding residuals.
+//
+// The quantization is the CPU's, operation for operation (q4_weight.c: v = x + bias in
+// float, q = v / s with an IEEE division, round half to even, NaN to 0, clamp to [-8, 7]),
+// so a layer gives bit-identical codes on either device.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+
+__device__ __forceinline__ float q4_to_f32(float v) { return v; }
+__device__ __forceinline__ float q4_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float q4_to_f32(__half v) { return __half2float(v); }
+
+// q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0, as bie_q4 in src/core/formats.h.
+__device__ __forceinline__ int q4_code(float v, float s) {
+    const float q = rintf(__fdiv_rn(v, s));
+    if (!(q == q)) return 0;
+    return (int)fminf(fmaxf(q, -8.0f), 7.0f);
+}
+
+// One thread per 32-bit word of the layout (8 codes): word w of row r holds codes
+// 8 (w % words) .. + 7 of row w / words, each taken from Src(row, col) for col < k.
+template <class Src>
+__global__ void __launch_bounds__(256) pack_q4_words(Src src, int64_t rows, int64_t k, int64_t ld,
+                                                    unsigned *__restrict__ dst) {
+    const int64_t words = ld / 4, total = rows * words;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / words, c0 = (i - row * words) * 8;
+        unsigned w = 0;
+        if (c0 < k) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (c0 + j < k) w |= (unsigned)(src(row, c0 + j) & 15) << (4 * j);
+        }
+        dst[i] = w;
+    }
+}
+
+// Sources of codes.
+template <typename T> struct ActCodes {  // q4(x + bias, *scale)
+    const T *x;
+    int64_t k;
+    const float *bias, *scale;
+    __device__ int operator()(int64_t row, int64_t col) const {
+        float v = q4_to_f32(x[row * k + col]);
+        if (bias) v = __fadd_rn(v, bias[col]);
+        return q4_code(v, *scale);
+    }
+};
+struct WeightCodes {  // q4(w, *scale)
+    const float *w;
+    int64_t k;
+    const float *scale;
+    __device__ int operator()(int64_t row, int64_t col) const { return q4_code(w[row * k + col], *scale); }
+};
+struct Int8Codes {  // int8 codes, taken modulo 16
+    const int8_t *c;
+    int64_t stride;
+    __device__ int operator()(int64_t row, int64_t col) const { return c[row * stride + col]; }
+};
+
+// The user's nibble rows (ceil(k / 2) bytes, the odd k's last high nibble ignored).
+__global__ void __launch_bounds__(256) repack_q4_rows(const uint8_t *__restrict__ src, int64_t rows,
+                                                     int64_t k, int64_t ld, unsigned *__restrict__ dst) {
+    const int64_t words = ld / 4, total = rows * words, rb = (k + 1) / 2;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / words, b0 = (i - row * words) * 4;
+        const uint8_t *s = src + row * rb;
+        unsigned w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t b = b0 + j;
+            if (b < rb) {
+                unsigned v = s[b];
+                if (b == rb - 1 && (k & 1)) v &= 15u;
+                w |= v << (8 * j);
+            }
+        }
+        dst[i] = w;
+    }
+}
+
+// The backward's saved state, in the CPU layer's layout (flat over the [m, k] input): clip
+// bit i (1{-8 <= v / s <= 7}) at byte i / 8, bit i % 8, and resid[i] = (rint(q) - q) * 254
+// rounded (0 outside the clip range). One thread per mask byte.
+template <typename T>
+__global__ void __launch_bounds__(256) q4_act_mask(const T *__restrict__ x, int64_t m, int64_t k,
+                                                  const float *__restrict__ bias,
+                                                  const float *__restrict__ scale,
+                                                  uint8_t *__restrict__ mask, int8_t *__restrict__ resid) {
+    const int64_t n = m * k, nbytes = (n + 7) / 8;
+    const float s = *scale;
+    for (int64_t byte = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; byte < nbytes;
+         byte += (int64_t)gridDim.x * blockDim.x) {
+        unsigned bits = 0;
+        for (int64_t i = byte * 8; i < byte * 8 + 8 && i < n; i++) {
+            float v = q4_to_f32(x[i]);
+            if (bias) v = __fadd_rn(v, bias[i % k]);
+            const float q = __fdiv_rn(v, s);
+            const bool inr = q >= -8.0f && q <= 7.0f;
+            bits |= (unsigned)inr << (i & 7);
+            resid[i] = inr ? (int8_t)rintf(__fmul_rn(__fsub_rn(rintf(q), q), 254.0f)) : (int8_t)0;
+        }
+        mask[byte] = (uint8_t)bits;
+    }
+}
+
+unsigned grid_for(int64_t items) {
+    const int64_t blocks = (items + 255) / 256;
+    return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
+}
+
+template <class Src> void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
+    pack_q4_words<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(src, rows, k, ld,
+                                                                          reinterpret_cast<unsigned *>(dst));
+}
+
+template <typename T>
+void launch_act(const void *x, int64_t m, int64_t k, const float *bias, const float *scale_a,
+                int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
+    const T *xt = static_cast<const T *>(x);
+    launch_pack(ActCodes<T>{xt, k, bias, scale_a}, m, k, ld, codes);
+    if (mask)
+        q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(xt, m, k, bias, scale_a,
+                                                                              mask, resid);
+}
+
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" {
+
+bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                                const float *bias, const float *scale_a, int64_t ld, uint8_t *codes,
+                                uint8_t *mask, int8_t *resid) {
+    switch (dtype) {
+    case BIE_F32: launch_act<float>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    case BIE_BF16: launch_act<__nv_bfloat16>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    case BIE_F16: launch_act<__half>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit pack: dtype %s", bie_dtype_name(dtype));
+    }
+    return check(cudaGetLastError(), "cuda 4-bit pack activations");
+}
+
+bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
+                                   int64_t ld, uint8_t *codes) {
+    launch_pack(WeightCodes{w, k, scale_w}, n, k, ld, codes);
+    return check(cudaGetLastError(), "cuda 4-bit pack weight");
+}
+
+bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,
+                                  int64_t ld, uint8_t *codes) {
+    launch_pack(Int8Codes{src, stride}, rows, k, ld, codes);
+    return check(cudaGetLastError(), "cuda 4-bit pack codes");
+}
+
+bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
+    repack_q4_rows<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(
+        static_cast<const uint8_t *>(src), rows, k, ld, reinterpret_cast<unsigned *>(dst));
+    return check(cudaGetLastError(), "cuda 4-bit repack rows");
+}
+
+}  // extern "C"

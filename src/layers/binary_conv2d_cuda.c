@@ -1,0 +1,384 @@
+/* The binary conv2d layer on CUDA (SPEC §3). The forward packs the input's signs per pixel
+ * (NHWC bits), builds the bit im2col of every output pixel and runs the binary GEMM against
+ * the weight rows (both in tap order, see cuda_internal.h), whose epilogue adds the
+ * zero-padding correction of each pixel's class and writes NCHW. The sign and clip bits stay
+ * on the device for the backward (two bits per input element). */
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "../cuda/cuda_internal.h"
+#include "bie_cuda.h"
+#include "binary_conv2d_cuda.h"
+#include "binary_weight_cuda.h"
+#include "conv_common.h"
+
+struct bie_bc_cuda {
+    bie_cuda_bw d;           /* weight, bias_a, scalars, gradients */
+    bie_cuda_conv_shape g;   /* of the last forward */
+    int64_t ld;              /* GEMM row bytes: k k taps of cw words */
+    /* Weight rows in the GEMM layout with popcounts and per-tap sums: packed by every
+     * training forward (the optimizer may have changed the weight), or kept for inference
+     * while wversion == d.version. */
+    uint8_t *wbits;
+    int *wpopc, *tapsum;
+    bool w_inference;
+    unsigned wversion;
+    /* Padding classes of the last geometry: pix_class [plane], ylim, xlim, corr. */
+    int64_t geo_h, geo_w;
+    int *geo;    /* pix_class, then ylim [2 ny], then xlim [2 nx] */
+    int ny, nx;
+    int *corr;   /* [ny nx][o] */
+    /* The forward's NHWC sign and mask words (kept for the backward). */
+    uint32_t *signs, *mask;
+    int64_t act_cap; /* words allocated */
+};
+
+static const char *const MODULE = "binary_conv2d (cuda)";
+
+#define DEV_FREE(p)                                                                            \
+    do {                                                                                       \
+        bie_cbw_free_ptr(p);                                                                   \
+        (p) = NULL;                                                                            \
+    } while (0)
+
+static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
+    return bie_cbw_alloc(p, bytes, MODULE, what);
+}
+
+static int64_t fan_in(const bie_binary_conv2d *l) { return l->in_c * l->k * l->k; }
+
+/* ---------------------------------------------------------------- life cycle */
+
+bie_status bie_bcc_create(bie_binary_conv2d *l) {
+    struct bie_bc_cuda *c = calloc(1, sizeof *c);
+    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    l->cuda = c;
+    const int64_t cw = (l->in_c + 31) / 32;
+    c->ld = bie_cuda_row_stride(l->k * l->k * cw * 32);
+    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out_c, fan_in(l), l->in_c, MODULE);
+    if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out_c * c->ld), "weight bits");
+    if (st == BIE_OK)
+        st = dev_alloc((void **)&c->wpopc, (size_t)(l->out_c * bie_cuda_popc_parts(c->ld)) * sizeof(int), "weight bits");
+    if (st == BIE_OK) st = dev_alloc((void **)&c->tapsum, (size_t)(l->out_c * l->k * l->k) * sizeof(int), "weight bits");
+    if (st != BIE_OK) bie_bcc_free(l);
+    return st;
+}
+
+void bie_bcc_free(bie_binary_conv2d *l) {
+    struct bie_bc_cuda *c = l->cuda;
+    if (c == NULL) return;
+    bie_cbw_free(&c->d);
+    bie_cbw_free_ptr(c->wbits);
+    bie_cbw_free_ptr(c->wpopc);
+    bie_cbw_free_ptr(c->tapsum);
+    bie_cbw_free_ptr(c->geo);
+    bie_cbw_free_ptr(c->corr);
+    bie_cbw_free_ptr(c->signs);
+    bie_cbw_free_ptr(c->mask);
+    free(c);
+    l->cuda = NULL;
+}
+
+static bie_status weight_changed(bie_binary_conv2d *l, bie_status st) {
+    if (st == BIE_OK) l->has_saved = false;
+    return st;
+}
+
+bie_status bie_bcc_reset(bie_binary_conv2d *l, uint64_t seed) {
+    return weight_changed(l, bie_cbw_reset(&l->cuda->d, &l->w, seed));
+}
+
+bie_status bie_bcc_prepare(bie_binary_conv2d *l) {
+    return weight_changed(l, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_conv2d_prepare_params"));
+}
+
+bie_status bie_bcc_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
+    static const char *who = "binary_conv2d_set_weight_data";
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->k, NULL, who));
+    if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
+        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld, %lld, %lld]", who,
+                        (long long)l->out_c, (long long)l->in_c, (long long)l->k, (long long)l->k);
+    return weight_changed(l, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+}
+
+bie_status bie_bcc_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
+    bie_status st = bie_cbw_generate_qweight(&l->cuda->d, &l->w, qweight_only,
+                                             "binary_conv2d_generate_quantized_weight");
+    return qweight_only ? weight_changed(l, st) : st;
+}
+
+bie_status bie_bcc_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
+    static const char *who = "binary_conv2d_set_quantized_weight_data";
+    const int64_t words = bie_packed_words(fan_in(l), l->w.word_bits);
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", bie_bw_word_dtype(l->w.word_bits), words,
+                                 NULL, who));
+    if (q->ndim != 2 || q->shape[0] != l->out_c)
+        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c,
+                        (long long)words);
+    return bie_cbw_set_qweight(&l->cuda->d, &l->w, q, who);
+}
+
+bie_status bie_bcc_set_bits(bie_binary_conv2d *l, int bits) { return bie_cbw_set_bits(&l->cuda->d, &l->w, bits); }
+
+bie_status bie_bcc_param(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_cbw_param(&l->cuda->d, &l->w, which, 4, wshape, v);
+}
+
+bie_status bie_bcc_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_cbw_grad(&l->cuda->d, which, 4, wshape, v);
+}
+
+bie_status bie_bcc_set_scale_a(bie_binary_conv2d *l, float scale_a) {
+    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
+}
+
+bool bie_bcc_has_qweight(const bie_binary_conv2d *l) { return l->cuda->d.qweight != NULL; }
+
+/* ---------------------------------------------------------------- forward */
+
+/* A device tensor checked as the CPU checks a host one. */
+static bie_status on_device(const bie_binary_conv2d *l, const bie_tensor *t, const char *what,
+                            const char *who, bie_tensor *host) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->device.type != BIE_DEVICE_CUDA || t->device.index != l->device.index)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
+                        what, l->device.index);
+    *host = *t;
+    host->device = bie_cpu();
+    return BIE_OK;
+}
+
+bie_status bie_bcc_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
+    static const char *who = "binary_conv2d_check_forward";
+    bie_tensor h;
+    BIE_TRY(on_device(l, x, "input", who, &h));
+    return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
+}
+
+static bie_status check_shape4(const bie_binary_conv2d *l, const bie_tensor *t, const int64_t *shape,
+                               const char *what, const char *who) {
+    bie_tensor h;
+    BIE_TRY(on_device(l, t, what, who, &h));
+    return bie_conv_check_shape4_as(&h, l->dtype, shape, what, who);
+}
+
+static bie_status ensure_scale_a(bie_binary_conv2d *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x),
+                                  l->symmetric ? 2.0 : 4.0, who);
+}
+
+bie_status bie_bcc_set_activation(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
+    static const char *who = "binary_conv2d_set_activation";
+    BIE_TRY(bie_bcc_check_forward(l, x));
+    if (x_out) BIE_TRY(check_shape4(l, x_out, x->shape, "output", who));
+    BIE_TRY(ensure_scale_a(l, x, who));
+    if (x_out == NULL) return BIE_OK;
+    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
+                                    l->cuda->d.bias_a, x_out->data);
+}
+
+static bie_cuda_conv_shape shape_of(const bie_binary_conv2d *l, const bie_tensor *x) {
+    bie_cuda_conv_shape g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
+                             bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
+                             bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
+                             l->k, l->stride, l->padding, l->dilation};
+    return g;
+}
+
+/* Valid taps [lo, hi) along one axis for each output position, grouped into classes with
+ * class 0 = all taps valid; cls[o] receives each position's class, lim the classes' ranges. */
+static int axis_classes(int64_t out, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, int *cls,
+                        int *lim) {
+    int count = 1;
+    lim[0] = 0;
+    lim[1] = (int)k;
+    for (int64_t o = 0; o < out; o++) {
+        int64_t lo = 0, hi = k;
+        while (lo < k && o * s - p + lo * d < 0) lo++;
+        while (hi > lo && o * s - p + (hi - 1) * d >= in) hi--;
+        int c = 0;
+        while (c < count && !(lim[2 * c] == lo && lim[2 * c + 1] == hi)) c++;
+        if (c == count) {
+            lim[2 * c] = (int)lo;
+            lim[2 * c + 1] = (int)hi;
+            count++;
+        }
+        cls[o] = c;
+    }
+    return count;
+}
+
+/* The padding classes of the geometry (host computation, uploaded once per input size). */
+static bie_status ensure_geometry(bie_binary_conv2d *l, const bie_cuda_conv_shape *g) {
+    struct bie_bc_cuda *c = l->cuda;
+    if (c->geo && c->geo_h == g->h && c->geo_w == g->w) return BIE_OK;
+    const int64_t plane = g->oh * g->ow;
+    int *ycls = malloc((size_t)g->oh * sizeof(int)), *xcls = malloc((size_t)g->ow * sizeof(int));
+    int *ylim = malloc((size_t)(2 * (g->oh + 1)) * sizeof(int)), *xlim = malloc((size_t)(2 * (g->ow + 1)) * sizeof(int));
+    int *host = NULL, *geo = NULL;
+    bie_status st = BIE_OK;
+    if (!ycls || !xcls || !ylim || !xlim) {
+        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: padding classes", MODULE);
+        goto done;
+    }
+    const int ny = axis_classes(g->oh, g->h, g->k, g->s, g->p, g->d, ycls, ylim);
+    const int nx = axis_classes(g->ow, g->w, g->k, g->s, g->p, g->d, xcls, xlim);
+    const size_t count = (size_t)(plane + 2 * ny + 2 * nx);
+    if ((host = malloc(count * sizeof(int))) == NULL) {
+        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: padding classes", MODULE);
+        goto done;
+    }
+    for (int64_t oy = 0; oy < g->oh; oy++)
+        for (int64_t ox = 0; ox < g->ow; ox++) host[oy * g->ow + ox] = ycls[oy] * nx + xcls[ox];
+    memcpy(host + plane, ylim, (size_t)(2 * ny) * sizeof(int));
+    memcpy(host + plane + 2 * ny, xlim, (size_t)(2 * nx) * sizeof(int));
+    if ((st = dev_alloc((void **)&geo, count * sizeof(int), "padding classes")) != BIE_OK ||
+        (st = bie_cbw_copy_sync(geo, host, count * sizeof(int), MODULE, "padding classes")) != BIE_OK)
+        goto done;
+    int *corr = NULL;
+    if ((st = dev_alloc((void **)&corr, (size_t)(ny * nx) * (size_t)g->o * sizeof(int), "padding corrections")) != BIE_OK)
+        goto done;
+    bie_cbw_free_ptr(c->geo);
+    bie_cbw_free_ptr(c->corr);
+    c->geo = geo;
+    c->corr = corr;
+    geo = NULL;
+    c->ny = ny;
+    c->nx = nx;
+    c->geo_h = g->h;
+    c->geo_w = g->w;
+done:
+    bie_cbw_free_ptr(geo);
+    free(host);
+    free(ycls);
+    free(xcls);
+    free(ylim);
+    free(xlim);
+    return st;
+}
+
+/* The weight rows the forward multiplies with (see struct bie_bc_cuda). */
+static bie_status forward_weight(bie_binary_conv2d *l, const bie_cuda_conv_shape *g) {
+    struct bie_bc_cuda *c = l->cuda;
+    if (!l->training && c->w_inference && c->wversion == c->d.version) return BIE_OK;
+    c->w_inference = false;
+    if (!l->training && c->d.qweight)
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(fan_in(l), l->w.word_bits),
+                                          g, c->ld, c->wbits, c->wpopc, c->tapsum));
+    else if (c->d.w_i8)
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->ld, c->wbits, c->wpopc, c->tapsum));
+    else
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->ld, c->wbits, c->wpopc, c->tapsum));
+    c->w_inference = !l->training;
+    c->wversion = c->d.version;
+    return BIE_OK;
+}
+
+static bie_status reserve_activations(bie_binary_conv2d *l, int64_t words) {
+    struct bie_bc_cuda *c = l->cuda;
+    if (words <= c->act_cap) return BIE_OK;
+    l->has_saved = false;
+    DEV_FREE(c->signs);
+    DEV_FREE(c->mask);
+    c->act_cap = 0;
+    BIE_TRY(dev_alloc((void **)&c->signs, (size_t)words * 4, "input signs"));
+    BIE_TRY(dev_alloc((void **)&c->mask, (size_t)words * 4, "input mask"));
+    c->act_cap = words;
+    return BIE_OK;
+}
+
+bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+    static const char *who = "binary_conv2d_forward";
+    struct bie_bc_cuda *c = l->cuda;
+    BIE_TRY(bie_bcc_check_forward(l, x));
+    const bie_cuda_conv_shape g = shape_of(l, x);
+    const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
+    BIE_TRY(check_shape4(l, out, oshape, "output", who));
+    const bool has_weight = c->d.w_i8 || c->d.w_f32;
+    if (!has_weight && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
+    const int64_t rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
+    int64_t words, cols_bytes;
+    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->ld, &cols_bytes) || rows > INT32_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    BIE_TRY(ensure_scale_a(l, x, who));
+    BIE_TRY(ensure_geometry(l, &g));
+    BIE_TRY(reserve_activations(l, words));
+    l->has_saved = false;
+    BIE_TRY(forward_weight(l, &g));
+    float *scalars = c->d.scalars;
+    const bool keep = l->training;
+    BIE_TRY(bie_cuda_conv_pack_input(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
+                                     scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
+                                     c->signs, keep ? c->mask : NULL));
+    const int64_t plane = g.oh * g.ow;
+    const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
+    BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+    /* The bit im2col lives only for this call: stream-ordered allocation. */
+    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    uint8_t *cols = NULL;
+    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
+                            MODULE, "im2col workspace"));
+    int *cpopc = (int *)(cols + cols_bytes);
+    bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->ld, cols, cpopc);
+    const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
+    if (st == BIE_OK)
+        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, fan_in(l), cols, c->wbits, c->ld, cpopc, 1, c->wpopc,
+                                   0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
+                                   out->data, &conv);
+    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+    BIE_TRY(st);
+    BIE_TRY(fst);
+    c->g = g;
+    if (keep) {
+        bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};
+        l->saved_geom = sg;
+        l->has_saved = true;
+    }
+    return BIE_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+bie_status bie_bcc_backward(bie_binary_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+    static const char *who = "binary_conv2d_backward";
+    struct bie_bc_cuda *c = l->cuda;
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+    const bie_cuda_conv_shape g = c->g;
+    const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
+    BIE_TRY(check_shape4(l, grad_out, gshape, "grad_out", who));
+    if (grad_x) BIE_TRY(check_shape4(l, grad_x, xshape, "grad_x", who));
+    const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
+    int64_t cells;
+    if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || K > INT32_MAX || cells > ((int64_t)1 << 40))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
+    BIE_TRY(bie_cbw_reserve_grads(&c->d));
+    bie_cuda_bconv_backward_args a = {
+        .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
+        .wbits = c->wbits, .ld = c->ld, .signs = c->signs, .mask = c->mask,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_w_i8 = c->d.g_w_i8,
+        .grad_bias = c->d.g_bias, .grad_scale_a = c->d.g_scale,
+    };
+    BIE_TRY(bie_cuda_binary_conv2d_backward(&a));
+    c->d.has_grads = true;
+    return BIE_OK;
+}
+
+/* ---------------------------------------------------------------- kernel selection */
+
+bie_status bie_bcc_set_kernel(bie_binary_conv2d *l, int id) {
+    BIE_TRY(bie_cbw_check_kernel(id, l->cuda->ld, "set_gemm_kernel"));
+    l->kernel_id = id;
+    return BIE_OK;
+}
+
+bie_status bie_bcc_select_kernel(bie_binary_conv2d *l, const bie_tensor *x) {
+    BIE_TRY(bie_bcc_check_forward(l, x));
+    const bie_cuda_conv_shape g = shape_of(l, x);
+    int id = -1;
+    BIE_TRY(bie_cbw_select_bgemm(g.n * g.oh * g.ow, l->out_c, fan_in(l), l->cuda->ld, &id));
+    l->kernel_id = id;
+    return BIE_OK;
+}

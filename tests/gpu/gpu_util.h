@@ -1,0 +1,126 @@
+/* Helpers of the GPU tests: dtype conversions on the host, device upload/download of float
+ * values in any float dtype, poisoning and comparisons. */
+#ifndef BIE_TEST_GPU_UTIL_H
+#define BIE_TEST_GPU_UTIL_H
+
+#include <math.h>
+
+#include "../test_util.h"
+#include "bie_cuda.h"
+
+static const bie_dtype kDtypes[] = {BIE_F32, BIE_BF16, BIE_F16};
+
+/* ---- host conversions (the values the tests use are exact in every dtype) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t to_f16(float f) {
+    _Float16 h = (_Float16)f; /* round to nearest even */
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+static inline float from_f16(uint16_t u) {
+    _Float16 h;
+    memcpy(&h, &u, 2);
+    return (float)h;
+}
+/* A float32 value as the dtype rounds it. */
+static inline float round_to(bie_dtype dt, float f) {
+    return dt == BIE_BF16 ? from_bf16(to_bf16(f)) : dt == BIE_F16 ? from_f16(to_f16(f)) : f;
+}
+
+/* Device tensor of dtype dt holding the float values v (already representable). */
+static inline bie_tensor upload_as(bie_dtype dt, const float *v, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols}, n = rows * cols;
+    bie_tensor d;
+    CHECK_OK(bie_cuda_tensor_alloc(&d, dt, 2, shape, 0));
+    void *host = tu_alloc((size_t)n * 4);
+    if (dt == BIE_F32) memcpy(host, v, (size_t)n * 4);
+    for (int64_t i = 0; dt != BIE_F32 && i < n; i++)
+        ((uint16_t *)host)[i] = dt == BIE_BF16 ? to_bf16(v[i]) : to_f16(v[i]);
+    bie_tensor h = tu_view(host, dt, 2, rows, cols, 0, 0);
+    CHECK_OK(bie_tensor_copy(&d, &h));
+    free(host);
+    return d;
+}
+
+/* Device tensor -> host floats. */
+static inline void download_as(const bie_tensor *d, float *out) {
+    int64_t n = bie_tensor_numel(d);
+    void *host = tu_alloc((size_t)n * 4);
+    bie_tensor h = *d;
+    h.data = host;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(&h, d));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = d->dtype == BIE_F32   ? ((float *)host)[i]
+                 : d->dtype == BIE_BF16 ? from_bf16(((uint16_t *)host)[i])
+                 : d->dtype == BIE_I8   ? (float)((int8_t *)host)[i]
+                                        : from_f16(((uint16_t *)host)[i]);
+    free(host);
+}
+
+static inline bie_tensor device_empty(bie_dtype dt, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    bie_tensor d;
+    CHECK_OK(bie_cuda_tensor_alloc(&d, dt, 2, shape, 0));
+    return d;
+}
+
+/* Fill a device tensor with NaN-looking bytes, so an unwritten element fails a comparison. */
+static inline void poison_device(bie_tensor *d) {
+    size_t bytes = (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype);
+    uint8_t *p = tu_alloc(bytes);
+    memset(p, 0xff, bytes);
+    bie_tensor h = *d;
+    h.data = p;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(d, &h));
+    free(p);
+}
+
+static inline int compare_exact(const char *what, const float *got, const float *expect, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &expect[i], 4) != 0) {
+            fprintf(stderr, "  %s: element %lld differs: %.9g vs %.9g\n", what, (long long)i,
+                    (double)got[i], (double)expect[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* |got - ref| <= tol * max|ref| + 1e-6 everywhere. */
+static inline int compare_close(const char *what, const float *got, const float *ref, int64_t n, double tol) {
+    double amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - ref[i]) <= tol * amax + 1e-6)) {
+            fprintf(stderr, "  %s: element %lld: %.7g vs %.7g (max|ref| %.4g)\n", what, (long long)i,
+                    (double)got[i], (double)ref[i], amax);
+            return 0;
+        }
+    return 1;
+}
+
+/* View a contiguous tensor with another shape of the same element count. */
+static inline void reshape4(bie_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
+    t->ndim = 4;
+    t->shape[0] = a;
+    t->shape[1] = b;
+    t->shape[2] = c;
+    t->shape[3] = d;
+}
+
+#endif
