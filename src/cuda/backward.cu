@@ -211,13 +211,14 @@ __global__ void conv_weight_signs(const uint32_t *bits, bie_cuda_conv_shape g, i
     }
 }
 
-// S [n oh ow][c k k]: sign(x') at each tap, 0 outside the input.
+// S [c k k][n oh ow]: sign(x') at each tap, 0 outside the input (pixels fastest, so that
+// neighbouring threads read neighbouring pixels' sign words and write contiguously).
 template <typename T>
 __global__ void conv_sign_cols(const uint32_t *signs, bie_cuda_conv_shape g, int64_t cw, T *dst) {
     const int64_t kk = g.k * g.k, K = g.c * kk, plane = g.oh * g.ow, rows = g.n * plane;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * K;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx / K, e = idx % K, c = e / kk, t = e % kk;
+        const int64_t r = idx % rows, e = idx / rows, c = e / kk, t = e % kk;
         const int64_t n = r / plane, pix = r % plane;
         const int64_t iy = (pix / g.ow) * g.s - g.p + (t / g.k) * g.d, ix = (pix % g.ow) * g.s - g.p + (t % g.k) * g.d;
         float v = 0.0f;
@@ -239,13 +240,14 @@ __global__ void conv_grad_rows(const T *grad_out, bie_cuda_conv_shape g, T *dst)
 }
 
 // Block per (n, c): grad_x of the plane = sum over the taps that read each input pixel of
-// cols [n oh ow][c k k] (tap order, as the CPU's col2im), times the clip bit; the plane's sum
+// cols [c k k][n oh ow] (tap order, as the CPU's col2im), times the clip bit; the plane's sum
 // and its dot with sign(x') in double.
 template <typename T>
 __global__ void __launch_bounds__(256)
     conv_col2im_mask(const float *cols, const uint32_t *signs, const uint32_t *mask, bie_cuda_conv_shape g,
                      int64_t cw, T *grad_x, double *plane_sum, double *plane_dot) {
-    const int64_t nc = blockIdx.x, n = nc / g.c, c = nc % g.c, hw = g.h * g.w, kk = g.k * g.k, K = g.c * kk;
+    const int64_t nc = blockIdx.x, n = nc / g.c, c = nc % g.c, hw = g.h * g.w, kk = g.k * g.k;
+    const int64_t rows = g.n * g.oh * g.ow;
     double sum = 0, dot = 0;
     for (int64_t pix = threadIdx.x; pix < hw; pix += 256) {
         const int64_t y = pix / g.w, x = pix % g.w;
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(256)
                 if (tx < 0 || tx % g.s) continue;
                 const int64_t ox = tx / g.s;
                 if (ox >= g.ow) continue;
-                v += cols[((n * g.oh + oy) * g.ow + ox) * K + c * kk + i * g.k + j];
+                v += cols[(c * kk + i * g.k + j) * rows + (n * g.oh + oy) * g.ow + ox];
             }
         }
         const int64_t px = (n * hw + pix) * cw;
@@ -311,8 +313,8 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     cudaStream_t st = current_stream;
     const bie_cuda_conv_shape &g = a.g;
     const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
-    // Workspace: ±1 weight [o, K], sign columns [rows, K] and gradient rows [o, rows] (T),
-    // grad columns [rows, K] (f32), per-plane sums and dots, amax partials.
+    // Workspace: ±1 weight [o, K], sign columns [K, rows] and gradient rows [o, rows] (T),
+    // grad columns [K, rows] (f32), per-plane sums and dots, amax partials.
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
     const size_t sz[6] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
                           up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
@@ -335,16 +337,16 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     conv_weight_signs<T><<<grid_for(g.o * K), 256, 0, st>>>(wbits, g, cw, a.ld / 4, wsign);
     conv_sign_cols<T><<<grid_for(rows * K), 256, 0, st>>>(a.signs, g, cw, scols);
     conv_grad_rows<T><<<grid_for(g.o * rows), 256, 0, st>>>(static_cast<const T *>(a.grad_out), g, grows);
-    // grad_w, row-major [o, K] = G [o, rows] @ S [rows, K] * scale_a
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
-                                scols, ctype, (int)K, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
+    // grad_w, row-major [o, K] = G [o, rows] @ S^T (S row-major [K, rows]) * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
+                                scols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
                                 (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (conv grad_w)");
     if (s != BIE_OK) goto done;
-    // grad columns, row-major [rows, K] = G^T [rows, o] @ sign(w) [o, K] * scale_w
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)K, (int)rows, (int)g.o, a.saved_scales + 1,
-                                wsign, ctype, (int)K, grows, ctype, (int)rows, zero, gcols, CUDA_R_32F,
-                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    // grad columns, row-major [K, rows] = sign(w)^T [K, o] @ G [o, rows] * scale_w
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
+                                grows, ctype, (int)rows, wsign, ctype, (int)K, zero, gcols, CUDA_R_32F,
+                                (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (conv grad_x)");
     if (s != BIE_OK) goto done;
     conv_col2im_mask<T><<<(unsigned)(g.n * g.c), 256, 0, st>>>(gcols, a.signs, a.mask, g, cw,

@@ -258,12 +258,19 @@ size_t max_smem() {
     return (size_t)v;
 }
 
+// Whether the kernel's k block divides the row stride (the main loops have no k tail). The
+// streaming kernel steps 64 bytes at a time.
+bool stride_ok(const CudaKernel &kern, int64_t ld) { return ld % (kern.bm == 0 ? 64 : kern.bkb) == 0; }
+
 const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
-    if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem()) return &kernels[kStreamIndex];
+    if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem() && stride_ok(kernels[kStreamIndex], ld))
+        return &kernels[kStreamIndex];
     // Small problems need more blocks than 128x128 tiles give to fill the GPU.
     // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
-    // fastest at 8192^3.
-    return (m * n < (int64_t)4096 * 4096) ? &kernels[1] : &kernels[2];
+    // fastest at 8192^3; rows that are not a multiple of 128 bytes (convolutions) take the
+    // 64-byte stages.
+    if (m * n < (int64_t)4096 * 4096 || !stride_ok(kernels[2], ld)) return &kernels[1];
+    return &kernels[2];
 }
 
 }  // namespace bie_cuda
@@ -304,6 +311,11 @@ int bie_cuda_kernel_index(int id) {
     return idx >= 0 ? kNumKernels + idx : -1;
 }
 
+bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld) {
+    int idx = binary_index(id);
+    return idx >= 0 && smem_bytes(kernels[idx], ld) <= max_smem() && stride_ok(kernels[idx], ld);
+}
+
 bool bie_cuda_kernel_fits(int id, int64_t k) {
     int idx = binary_index(id);
     if (idx < 0) return bie_cuda_q4_kernel_fits(id, k);
@@ -324,6 +336,9 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     }
     const int which = out_type_of(out_dtype);
     if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    if (!stride_ok(*kern, ld))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run rows of %lld bytes (its k block "
+                        "must divide them)", who, kern->name, (long long)ld);
     size_t smem = smem_bytes(*kern, ld);
     if (smem > max_smem())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run k = %lld (needs %zu bytes of "

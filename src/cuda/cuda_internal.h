@@ -75,6 +75,9 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
                                  const bie_cuda_conv_out *conv);
 /* Whether kernel `id` can run rows of k bits (shared-memory limits). */
 bool bie_cuda_kernel_fits(int id, int64_t k);
+/* Whether binary kernel `id` can run rows of ld bytes (a multiple of 64): shared memory, and
+ * its k block dividing ld. */
+bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld);
 
 /* ---- The device layout of 4-bit rows (q4gemm.cu, q4pack.cu): rows of
  * bie_cuda_q4_row_stride(k) bytes (a multiple of BIE_CUDA_Q4_ROW_ALIGN), k two's-complement

@@ -210,6 +210,7 @@ const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, INT64_MAX),
     BIE_Q4_KERNEL(205, 256, 128, 4, 2, 128, 3, 1, INT64_MAX),
     BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, 16),
+    BIE_Q4_KERNEL(207, 128, 256, 2, 4, 128, 3, 1, INT64_MAX),
 };
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 

@@ -15,7 +15,7 @@
 struct bie_bc_cuda {
     bie_cuda_bw d;           /* weight, bias_a, scalars, gradients */
     bie_cuda_conv_shape g;   /* of the last forward */
-    int64_t ld;              /* GEMM row bytes: k k taps of cw words */
+    int64_t ld;              /* GEMM row bytes: k k taps of cw words, padded to 64 bytes */
     /* Weight rows in the GEMM layout with popcounts and per-tap sums: packed by every
      * training forward (the optimizer may have changed the weight), or kept for inference
      * while wversion == d.version. */
@@ -54,7 +54,9 @@ bie_status bie_bcc_create(bie_binary_conv2d *l) {
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->cuda = c;
     const int64_t cw = (l->in_c + 31) / 32;
-    c->ld = bie_cuda_row_stride(l->k * l->k * cw * 32);
+    /* Rows padded to 64 bytes only (not BIE_CUDA_ROW_ALIGN): for 256 channels and 3x3 taps
+     * that is 320 bytes instead of 512, and the kernels with 64-byte k blocks run them. */
+    c->ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
     bie_status st = bie_cbw_create(&c->d, l->device.index, l->out_c, fan_in(l), l->in_c, MODULE);
     if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out_c * c->ld), "weight bits");
     if (st == BIE_OK)

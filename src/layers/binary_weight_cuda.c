@@ -323,7 +323,7 @@ bie_status bie_cbw_check_kernel(int id, int64_t ld, const char *who) {
     if (info.device != BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: kernel %d (%s) runs on the CPU; this layer is on CUDA",
                         who, id, info.name);
-    if (!bie_cuda_kernel_fits(id, ld * 8))
+    if (!bie_cuda_bgemm_kernel_fits_ld(id, ld))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) cannot run rows of %lld bytes", who,
                         id, info.name, (long long)ld);
     return BIE_OK;
@@ -351,7 +351,7 @@ bie_status bie_cbw_select_bgemm(int64_t m, int64_t n, int64_t k, int64_t ld, int
     for (int i = 0; i < count && st == BIE_OK; i++) {
         bie_kernel_info info;
         if (bie_kernel_get(i, &info) != BIE_OK || info.device != BIE_DEVICE_CUDA ||
-            info.op != BIE_OP_BINARY_GEMM || !bie_cuda_kernel_fits(info.id, ld * 8))
+            info.op != BIE_OP_BINARY_GEMM || !bie_cuda_bgemm_kernel_fits_ld(info.id, ld))
             continue;
         const uint8_t *a = ws, *b = ws + m * ld;
         const int *pa = (const int *)(ws + bits), *pb = pa + m * parts;
