@@ -127,10 +127,11 @@ static void bie_ok(bie_status s, const char *what);
 
 // bie's 4-bit GEMM against cuBLAS int8 (int8 operands, int32 output) and bf16 on the same
 // shape. ours_s: the GEMM kernel alone on operands already in the device nibble layout (as a
-// layer with packed weights runs it), f32 output; ours_api_s: bie_cuda_q4_gemm from int8
-// codes, i.e. packing both operands on every call, like cuBLAS int8 gets them. "correct"
-// compares our first rows with cuBLAS int8's.
-static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id) {
+// layer with packed weights runs it), f32 output (bf16 in the bf16_out case); ours_api_s:
+// bie_cuda_q4_gemm from int8 codes, i.e. packing both operands on every call, like cuBLAS
+// int8 gets them. "correct" compares the API's first outputs with cuBLAS int8's.
+static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id,
+                        bie_dtype out_dtype) {
     const int64_t ld = bie_cuda_q4_row_stride(k);
     int8_t *a, *b;
     uint8_t *pa, *pb;
@@ -165,7 +166,7 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
     const double work = 2.0 * m * n * k;
     const int inner = work > 1e12 ? 5 : work > 1e10 ? 20 : 200;
     auto ours = [&] {
-        bie_ok(bie_cuda_q4gemm_launch(kernel_id, m, n, k, pa, pb, ld, 1.0f, NULL, NULL, BIE_F32, out, NULL), "q4 gemm");
+        bie_ok(bie_cuda_q4gemm_launch(kernel_id, m, n, k, pa, pb, ld, 1.0f, NULL, NULL, out_dtype, out, NULL), "q4 gemm");
     };
     auto ours_api = [&] { bie_ok(bie_cuda_q4_gemm(kernel_id, m, n, k, a, k, b, k, 1.0f, (float *)out), "q4 gemm"); };
     auto int8 = [&] {
@@ -198,7 +199,7 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
         t_i8 = round ? std::min(t_i8, i8) : i8;
         t_bf = round ? std::min(t_bf, bb) : bb;
     }
-    ours();
+    ours_api();
     int8();
     const int64_t check = std::min<int64_t>(m * n, 1 << 20);
     std::vector<float> ho(check);
@@ -391,18 +392,20 @@ int main(int argc, char **argv) {
         {"cuda_q4gemm_8192", 8192, 8192, 8192, -1},
         {"cuda_q4gemm_8192/200", 8192, 8192, 8192, 200},
         {"cuda_q4gemm_8192/202", 8192, 8192, 8192, 202},
-        {"cuda_q4gemm_8192/203", 8192, 8192, 8192, 203},
         {"cuda_q4gemm_8192/204", 8192, 8192, 8192, 204},
         {"cuda_q4gemm_8192/205", 8192, 8192, 8192, 205},
+        {"cuda_q4gemm_8192/bf16_out", 8192, 8192, 8192, -1},
         {"cuda_q4gemm_4096", 4096, 4096, 4096, -1},
         {"cuda_q4gemm_4096/200", 4096, 4096, 4096, 200},
         {"cuda_q4gemm_4096/201", 4096, 4096, 4096, 201},
+        {"cuda_q4gemm_4096/202", 4096, 4096, 4096, 202},
+        {"cuda_q4gemm_4096/205", 4096, 4096, 4096, 205},
         {"cuda_q4gemm_m16", 16, 8192, 8192, -1},
-        {"cuda_q4gemm_m16/201", 16, 8192, 8192, 201},
         {"cuda_q4gemm_m1", 1, 8192, 8192, -1},
     };
     for (auto &c : q4_cases)
-        if (wanted(argc, argv, c.name)) q4gemm_case(h, c.name, c.m, c.n, c.k, c.id);
+        if (wanted(argc, argv, c.name))
+            q4gemm_case(h, c.name, c.m, c.n, c.k, c.id, strstr(c.name, "bf16_out") ? BIE_BF16 : BIE_F32);
     if (wanted(argc, argv, "cuda_linear_fwd_m1")) layer_forward_case(h, "cuda_linear_fwd_m1", 1, 8192);
     if (wanted(argc, argv, "cuda_linear_fwd_m16")) layer_forward_case(h, "cuda_linear_fwd_m16", 16, 8192);
     if (wanted(argc, argv, "cuda_linear_train_4096")) layer_train_case(h, "cuda_linear_train_4096", 4096, 4096);

@@ -167,13 +167,25 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     ok(bie_binary_conv2d_prepare_params(infer), "prepare");
     ok(bie_binary_conv2d_set_training(infer, false), "eval");
     ok(bie_binary_conv2d_generate_quantized_weight(infer, true), "pack");
-    ok(bie_binary_conv2d_select_gemm_kernel(infer, &x), "select");
-    ok(bie_binary_conv2d_select_gemm_kernel(train, &x), "select");
+    const bool profile = getenv("BIE_BENCH_PROFILE") != nullptr;  // ours only, few launches
+    if (!profile) {
+        ok(bie_binary_conv2d_select_gemm_kernel(infer, &x), "select");
+        ok(bie_binary_conv2d_select_gemm_kernel(train, &x), "select");
+    }
     auto ours_fwd = [&] { ok(bie_binary_conv2d_forward(infer, &x, &y), "forward"); };
     auto ours_train = [&] {
         ok(bie_binary_conv2d_forward(train, &x, &y), "forward");
         ok(bie_binary_conv2d_backward(train, &gy, &gx), "backward");
     };
+    if (profile) {
+        for (int i = 0; i < 3; i++) ours_fwd();
+        for (int i = 0; i < 3; i++) ours_train();
+        CK(cudaDeviceSynchronize());
+        fprintf(stderr, "%s: profile mode (3 forwards, 3 training steps)\n", name);
+        bie_binary_conv2d_free(train);
+        bie_binary_conv2d_free(infer);
+        return;
+    }
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
     auto base_fwd = [&](Dnn &d) { return [&] { d.forward(x.data, w.data, y.data); }; };
     auto base_train = [&](Dnn &d) {

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_common.cuh"
@@ -200,91 +201,114 @@ done:
 
 __device__ __forceinline__ bool word_bit(const uint32_t *w, int64_t bit) { return (w[bit >> 5] >> (bit & 31)) & 1; }
 
-// ±1 weight [o][c k k] from the forward's tap-layout rows.
+// ±1 weight [o][c k k] from the forward's tap-layout rows: block (element block, rows).
 template <typename T>
-__global__ void conv_weight_signs(const uint32_t *bits, bie_cuda_conv_shape g, int64_t cw, int64_t words, T *dst) {
-    const int64_t kk = g.k * g.k, K = g.c * kk;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * K;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = idx / K, e = idx % K, c = e / kk, t = e % kk;
-        dst[idx] = from_f32<T>(word_bit(bits + o * words + t * cw, c) ? 1.0f : -1.0f);
+__global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, bie_cuda_conv_shape g64, int words, T *dst) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k), K = C * kk, O = (int)g64.o;
+    const int e = blockIdx.x * 256 + threadIdx.x;
+    if (e >= K) return;
+    const int c = e / kk, t = e - c * kk;
+    for (int o = blockIdx.y; o < O; o += gridDim.y)
+        dst[(int64_t)o * K + e] = from_f32<T>(word_bit(bits + (int64_t)o * words + t * cw, c) ? 1.0f : -1.0f);
+}
+
+// S [c k k][n oh ow]: sign(x') at each tap, 0 outside the input. Block (pixel block, sign
+// word): each thread owns one output pixel and one word of 32 channels; for every tap it
+// loads that word once and writes its 32 elements, neighbouring threads writing neighbouring
+// pixels. No division in the inner loops (this kernel writes the largest buffer).
+template <typename T>
+__global__ void __launch_bounds__(256) conv_sign_cols(const uint32_t *signs, bie_cuda_conv_shape g64, T *dst) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k;
+    const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow);
+    const int rows = (int)g64.n * plane, r = blockIdx.x * 256 + threadIdx.x, word = blockIdx.y;
+    if (r >= rows) return;
+    const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
+    const int y0 = oy * (int)g64.s - (int)g64.p, x0 = ox * (int)g64.s - (int)g64.p, d = (int)g64.d;
+    const uint32_t *img = signs + (int64_t)n * h * w * cw + word;
+    const int c0 = word * 32, cn = C - c0 < 32 ? C - c0 : 32;
+    const T plus = from_f32<T>(1.0f), minus = from_f32<T>(-1.0f), zero = from_f32<T>(0.0f);
+    for (int i = 0, t = 0; i < k; i++) {
+        const int iy = y0 + i * d;
+        for (int j = 0; j < k; j++, t++) {
+            const int ix = x0 + j * d;
+            const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+            const uint32_t bits = inside ? img[(iy * w + ix) * cw] : 0u;
+            T *out = dst + ((int64_t)c0 * kk + t) * rows + r;
+            for (int b = 0; b < cn; b++) out[(int64_t)b * kk * rows] = !inside ? zero : (bits >> b) & 1 ? plus : minus;
+        }
     }
 }
 
-// S [c k k][n oh ow]: sign(x') at each tap, 0 outside the input (pixels fastest, so that
-// neighbouring threads read neighbouring pixels' sign words and write contiguously).
+// G [o][n oh ow] from grad_out [n][o][oh ow]: block (pixel block, channels).
 template <typename T>
-__global__ void conv_sign_cols(const uint32_t *signs, bie_cuda_conv_shape g, int64_t cw, T *dst) {
-    const int64_t kk = g.k * g.k, K = g.c * kk, plane = g.oh * g.ow, rows = g.n * plane;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < rows * K;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx % rows, e = idx / rows, c = e / kk, t = e % kk;
-        const int64_t n = r / plane, pix = r % plane;
-        const int64_t iy = (pix / g.ow) * g.s - g.p + (t / g.k) * g.d, ix = (pix % g.ow) * g.s - g.p + (t % g.k) * g.d;
-        float v = 0.0f;
-        if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
-            v = word_bit(signs + ((n * g.h + iy) * g.w + ix) * cw, c) ? 1.0f : -1.0f;
-        dst[idx] = from_f32<T>(v);
-    }
+__global__ void __launch_bounds__(256) conv_grad_rows(const T *grad_out, bie_cuda_conv_shape g64, T *dst) {
+    const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
+    const int r = blockIdx.x * 256 + threadIdx.x;
+    if (r >= rows) return;
+    const int n = r / plane, pix = r - n * plane;
+    for (int o = blockIdx.y; o < O; o += gridDim.y)
+        dst[(int64_t)o * rows + r] = grad_out[((int64_t)n * O + o) * plane + pix];
 }
 
-// G [o][n oh ow] from grad_out [n][o][oh ow].
-template <typename T>
-__global__ void conv_grad_rows(const T *grad_out, bie_cuda_conv_shape g, T *dst) {
-    const int64_t plane = g.oh * g.ow, rows = g.n * plane;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * rows;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = idx / rows, r = idx % rows, n = r / plane, pix = r % plane;
-        dst[idx] = grad_out[(n * g.o + o) * plane + pix];
-    }
-}
-
-// Block per (n, c): grad_x of the plane = sum over the taps that read each input pixel of
-// cols [c k k][n oh ow] (tap order, as the CPU's col2im), times the clip bit; the plane's sum
-// and its dot with sign(x') in double.
-template <typename T>
+// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
+// (tap order, as the CPU's col2im), times the clip bit: one thread per element, block
+// (pixel block, plane); also kept in f32 (g) for the reductions. UNIT: stride 1, where the
+// output position of a tap needs no division.
+template <typename T, bool UNIT>
 __global__ void __launch_bounds__(256)
-    conv_col2im_mask(const float *cols, const uint32_t *signs, const uint32_t *mask, bie_cuda_conv_shape g,
-                     int64_t cw, T *grad_x, double *plane_sum, double *plane_dot) {
-    const int64_t nc = blockIdx.x, n = nc / g.c, c = nc % g.c, hw = g.h * g.w, kk = g.k * g.k;
-    const int64_t rows = g.n * g.oh * g.ow;
-    double sum = 0, dot = 0;
-    for (int64_t pix = threadIdx.x; pix < hw; pix += 256) {
-        const int64_t y = pix / g.w, x = pix % g.w;
+    conv_col2im_mask(const float *cols, const uint32_t *mask, bie_cuda_conv_shape g64, T *grad_x, float *g) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, s = (int)g64.s;
+    const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
+    const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
+    const int pix = blockIdx.x * 256 + threadIdx.x;
+    if (pix >= hw) return;
+    const int y = pix / w, x = pix - y * w;
+    for (int nc = blockIdx.y; nc < (int)g64.n * C; nc += gridDim.y) {
+        const int n = nc / C, c = nc - n * C;
+        const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
         float v = 0.0f;
-        for (int64_t i = 0; i < g.k; i++) {
-            const int64_t ty = y + g.p - i * g.d;
-            if (ty < 0 || ty % g.s) continue;
-            const int64_t oy = ty / g.s;
-            if (oy >= g.oh) continue;
-            for (int64_t j = 0; j < g.k; j++) {
-                const int64_t tx = x + g.p - j * g.d;
-                if (tx < 0 || tx % g.s) continue;
-                const int64_t ox = tx / g.s;
-                if (ox >= g.ow) continue;
-                v += cols[(c * kk + i * g.k + j) * rows + (n * g.oh + oy) * g.ow + ox];
+        for (int i = 0; i < k; i++) {
+            const int ty = y + p - i * d;
+            if (ty < 0 || (!UNIT && ty % s)) continue;
+            const int oy = UNIT ? ty : ty / s;
+            if (oy >= oh) continue;
+            for (int j = 0; j < k; j++) {
+                const int tx = x + p - j * d;
+                if (tx < 0 || (!UNIT && tx % s)) continue;
+                const int ox = UNIT ? tx : tx / s;
+                if (ox >= ow) continue;
+                v += base[(int64_t)(i * k + j) * rows + oy * ow + ox];
             }
         }
-        const int64_t px = (n * hw + pix) * cw;
-        if (!word_bit(mask + px, c)) v = 0.0f;
-        if (grad_x) grad_x[nc * hw + pix] = from_f32<T>(v);
+        if (!word_bit(mask + ((int64_t)n * hw + pix) * cw, c)) v = 0.0f;
+        const int64_t at = (int64_t)nc * hw + pix;
+        if (grad_x) grad_x[at] = from_f32<T>(v);
+        g[at] = v;
+    }
+}
+
+// One warp per (n, c) plane of g: its sum and its dot with sign(x'), in double, fixed order.
+__global__ void __launch_bounds__(256)
+    conv_plane_sums(const float *g, const uint32_t *signs, bie_cuda_conv_shape g64, double *plane_sum,
+                    double *plane_dot) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, hw = (int)(g64.h * g64.w), lane = threadIdx.x & 31;
+    const int nc = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (nc >= (int)g64.n * C) return;
+    const int n = nc / C, c = nc - n * C;
+    const float *row = g + (int64_t)nc * hw;
+    double sum = 0, dot = 0;
+    for (int pix = lane; pix < hw; pix += 32) {
+        const float v = row[pix];
         sum += v;
-        dot += word_bit(signs + px, c) ? v : -v;
+        dot += word_bit(signs + ((int64_t)n * hw + pix) * cw, c) ? v : -v;
     }
-    __shared__ double sh[2][256];
-    sh[0][threadIdx.x] = sum;
-    sh[1][threadIdx.x] = dot;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) {
-            sh[0][threadIdx.x] += sh[0][threadIdx.x + o];
-            sh[1][threadIdx.x] += sh[1][threadIdx.x + o];
-        }
-        __syncthreads();
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_down_sync(0xffffffffu, sum, o);
+        dot += __shfl_down_sync(0xffffffffu, dot, o);
     }
-    if (threadIdx.x == 0) {
-        plane_sum[nc] = sh[0][0];
-        plane_dot[nc] = sh[1][0];
+    if (lane == 0) {
+        plane_sum[nc] = sum;
+        plane_dot[nc] = dot;
     }
 }
 
@@ -312,21 +336,23 @@ template <typename T>
 bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
     const bie_cuda_conv_shape &g = a.g;
-    const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
+    const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow;
     // Workspace: ±1 weight [o, K], sign columns [K, rows] and gradient rows [o, rows] (T),
-    // grad columns [K, rows] (f32), per-plane sums and dots, amax partials.
+    // grad columns [K, rows] (f32), per-plane sums and dots, amax partials, masked grad_x (f32).
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[6] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
+    const size_t sz[7] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
                           up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
-                          up((size_t)(2 * g.n * g.c) * sizeof(double)), up(kAmaxBlocks * sizeof(float))};
-    size_t off[6], total = 0;
-    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
+                          up((size_t)(2 * g.n * g.c) * sizeof(double)), up(kAmaxBlocks * sizeof(float)),
+                          up((size_t)(g.n * g.c * g.h * g.w) * sizeof(float))};
+    size_t off[7], total = 0;
+    for (int i = 0; i < 7; i++) off[i] = total, total += sz[i];
     uint8_t *ws = nullptr;
     BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (conv backward workspace)"));
     T *wsign = reinterpret_cast<T *>(ws + off[0]), *scols = reinterpret_cast<T *>(ws + off[1]);
     T *grows = reinterpret_cast<T *>(ws + off[2]);
     float *gcols = reinterpret_cast<float *>(ws + off[3]), *amax = reinterpret_cast<float *>(ws + off[5]);
     double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + g.n * g.c;
+    float *gmasked = reinterpret_cast<float *>(ws + off[6]);
     const uint32_t *wbits = reinterpret_cast<const uint32_t *>(a.wbits);
 
     bie_status s = BIE_OK;
@@ -334,9 +360,14 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     cublasHandle_t h = nullptr;
     if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    conv_weight_signs<T><<<grid_for(g.o * K), 256, 0, st>>>(wbits, g, cw, a.ld / 4, wsign);
-    conv_sign_cols<T><<<grid_for(rows * K), 256, 0, st>>>(a.signs, g, cw, scols);
-    conv_grad_rows<T><<<grid_for(g.o * rows), 256, 0, st>>>(static_cast<const T *>(a.grad_out), g, grows);
+    conv_weight_signs<T><<<dim3((unsigned)((K + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
+        wbits, g, (int)(a.ld / 4), wsign);
+    {
+        const unsigned pb = (unsigned)((rows + 255) / 256);
+        conv_sign_cols<T><<<dim3(pb, (unsigned)bie_cuda_conv_cw(&g)), 256, 0, st>>>(a.signs, g, scols);
+        conv_grad_rows<T><<<dim3(pb, (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
+            static_cast<const T *>(a.grad_out), g, grows);
+    }
     // grad_w, row-major [o, K] = G [o, rows] @ S^T (S row-major [K, rows]) * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
                                 scols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
@@ -349,8 +380,12 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
                                 (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (conv grad_x)");
     if (s != BIE_OK) goto done;
-    conv_col2im_mask<T><<<(unsigned)(g.n * g.c), 256, 0, st>>>(gcols, a.signs, a.mask, g, cw,
-                                                             static_cast<T *>(a.grad_x), plane_sum, plane_dot);
+    {
+        const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
+        (g.s == 1 ? conv_col2im_mask<T, true> : conv_col2im_mask<T, false>)<<<grid, 256, 0, st>>>(
+            gcols, a.mask, g, static_cast<T *>(a.grad_x), gmasked);
+        conv_plane_sums<<<(unsigned)((g.n * g.c + 7) / 8), 256, 0, st>>>(gmasked, a.signs, g, plane_sum, plane_dot);
+    }
     conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,
                                        std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
                                        a.grad_bias, a.grad_scale_a);

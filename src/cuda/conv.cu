@@ -20,37 +20,38 @@ unsigned blocks_for(int64_t count, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
 
-// Thread (n, word, pixel), pixels fastest so that reads of one channel plane coalesce: 32
-// channels of one pixel into one sign word (and one mask word). v = x + bias and the mask
-// test are the CPU's float arithmetic.
+// Block (pixel block, word, image): thread = one pixel's 32 channels of one sign word (and
+// mask word). Neighbouring threads read neighbouring pixels of a channel plane (coalesced),
+// and the 32 loads of a thread are unrolled so that they are all in flight. v = x + bias and
+// the mask test are the CPU's float arithmetic. Index math in 32 bits (the layer checks the
+// extents).
 template <typename T>
 __global__ void __launch_bounds__(256)
-    pack_input(const T *__restrict__ x, bie_cuda_conv_shape g, int64_t cw, const float *__restrict__ bias,
+    pack_input(const T *__restrict__ x, bie_cuda_conv_shape g64, const float *__restrict__ bias,
                const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
-    const int64_t hw = g.h * g.w, total = g.n * cw * hw;
-    const float sa = mask ? *scale_a : 1.0f;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t pix = idx % hw, word = (idx / hw) % cw, n = idx / (hw * cw);
-        const int64_t c0 = word * 32, cn = g.c - c0 < 32 ? g.c - c0 : 32;
-        const T *xp = x + (n * g.c + c0) * hw + pix;
-        uint32_t sb = 0, mb = 0;
-        for (int64_t c = 0; c < cn; c++) {
-            float v = to_f32(xp[c * hw]) + bias[c0 + c];
-            sb |= (uint32_t)(v >= 0.0f) << c;
-            if (mask) {
-                float q = v / sa;
-                mb |= (uint32_t)(q >= -1.0f && q <= 1.0f) << c;
-            }
-        }
-        const int64_t dst = (n * hw + pix) * cw + word;
-        signs[dst] = sb;
-        if (mask) mask[dst] = mb;
-    }
-    if (saved_scales && blockIdx.x == 0 && threadIdx.x == 0) {
+    const int hw = (int)(g64.h * g64.w), C = (int)g64.c, cw = (C + 31) / 32;
+    const int pix = blockIdx.x * 256 + threadIdx.x, word = blockIdx.y, n = blockIdx.z;
+    if (saved_scales && blockIdx.x == 0 && word == 0 && n == 0 && threadIdx.x == 0) {
         saved_scales[0] = *scale_a;
         saved_scales[1] = *scale_w;
     }
+    if (pix >= hw) return;
+    const int c0 = word * 32, cn = C - c0 < 32 ? C - c0 : 32;
+    const float sa = mask ? *scale_a : 1.0f;
+    const T *xp = x + ((int64_t)n * C + c0) * hw + pix;
+    float v[32];
+#pragma unroll
+    for (int c = 0; c < 32; c++) v[c] = c < cn ? to_f32(xp[(int64_t)c * hw]) + bias[c0 + c] : 0.0f;
+    uint32_t sb = 0, mb = 0;
+#pragma unroll
+    for (int c = 0; c < 32; c++) {
+        sb |= (uint32_t)(c < cn && v[c] >= 0.0f) << c;
+        const float q = v[c] / sa;
+        mb |= (uint32_t)(c < cn && q >= -1.0f && q <= 1.0f) << c;
+    }
+    const int64_t dst = ((int64_t)n * hw + pix) * cw + word;
+    signs[dst] = sb;
+    if (mask) mask[dst] = mb;
 }
 
 // Sign of element idx of weight row `row` ([c, i, j] order) from the source format.
@@ -103,29 +104,30 @@ __global__ void tap_sums(const uint32_t *bits, bie_cuda_conv_shape g, int64_t cw
 }
 
 // One warp per output pixel: its row of k k taps (cw words each, zero outside the input)
-// and the row's popcount.
+// and the row's popcount. 32-bit index math.
 __global__ void __launch_bounds__(256)
-    im2col_bits(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g, int64_t cw, int64_t ld,
-                uint32_t *cols, int *popc) {
-    const int64_t rows = g.n * g.oh * g.ow, words = ld / 4, kk = g.k * g.k;
+    im2col_bits(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, int words, uint32_t *cols, int *popc) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
+    const int h = (int)g64.h, w = (int)g64.w, oh = (int)g64.oh, ow = (int)g64.ow;
+    const int plane = oh * ow, rows = (int)g64.n * plane, used = k * k * cw;
     const int lane = threadIdx.x & 31;
-    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
-         r += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-        const int64_t n = r / (g.oh * g.ow), pix = r % (g.oh * g.ow), oy = pix / g.ow, ox = pix % g.ow;
-        int count = 0;
-        for (int64_t q = lane; q < words; q += 32) {
-            uint32_t v = 0;
-            if (q < kk * cw) {
-                const int64_t t = q / cw, w = q % cw;
-                const int64_t iy = oy * g.s - g.p + (t / g.k) * g.d, ix = ox * g.s - g.p + (t % g.k) * g.d;
-                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) v = signs[((n * g.h + iy) * g.w + ix) * cw + w];
-            }
-            cols[r * words + q] = v;
-            count += __popc(v);
+    const int r = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (r >= rows) return;
+    const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
+    const uint32_t *img = signs + (int64_t)n * h * w * cw;
+    int count = 0;
+    for (int q = lane; q < words; q += 32) {
+        uint32_t v = 0;
+        if (q < used) {
+            const int t = q / cw, wd = q - t * cw, i = t / k, j = t - i * k;
+            const int iy = oy * s - p + i * d, ix = ox * s - p + j * d;
+            if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = img[(iy * w + ix) * cw + wd];
         }
-        for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
-        if (lane == 0) popc[r] = count;
+        cols[(int64_t)r * words + q] = v;
+        count += __popc(v);
     }
+    for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
+    if (lane == 0) popc[r] = count;
 }
 
 __global__ void corrections(const int *tapsum, bie_cuda_conv_shape g, const int *ylim, const int *xlim,
@@ -155,21 +157,20 @@ extern "C" {
 bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask) {
-    const int64_t cw = bie_cuda_conv_cw(g);
-    const unsigned grid = blocks_for(g->n * cw * g->h * g->w, 256);
+    const dim3 grid((unsigned)((g->h * g->w + 255) / 256), (unsigned)bie_cuda_conv_cw(g), (unsigned)g->n);
     cudaStream_t st = current_stream;
     switch (dtype) {
     case BIE_F32:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const float *>(x), *g, cw, bias, scale_a, scale_w,
-                                         saved_scales, signs, mask);
+        pack_input<<<grid, 256, 0, st>>>(static_cast<const float *>(x), *g, bias, scale_a, scale_w, saved_scales,
+                                         signs, mask);
         break;
     case BIE_BF16:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), *g, cw, bias, scale_a,
-                                         scale_w, saved_scales, signs, mask);
+        pack_input<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), *g, bias, scale_a, scale_w,
+                                         saved_scales, signs, mask);
         break;
     case BIE_F16:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), *g, cw, bias, scale_a, scale_w,
-                                         saved_scales, signs, mask);
+        pack_input<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), *g, bias, scale_a, scale_w, saved_scales,
+                                         signs, mask);
         break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: dtype %s", bie_dtype_name(dtype));
     }
@@ -198,8 +199,8 @@ bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t s
 bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape *g, int64_t ld,
                                 uint8_t *cols, int *popc) {
     const int64_t rows = g->n * g->oh * g->ow;
-    im2col_bits<<<blocks_for(rows * 32, 256), 256, 0, current_stream>>>(
-        signs, *g, bie_cuda_conv_cw(g), ld, reinterpret_cast<uint32_t *>(cols), popc);
+    im2col_bits<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, current_stream>>>(
+        signs, *g, (int)(ld / 4), reinterpret_cast<uint32_t *>(cols), popc);
     return check(cudaGetLastError(), "cuda conv im2col");
 }
 

@@ -28,6 +28,7 @@ struct bie_bc_cuda {
     int *geo;    /* pix_class, then ylim [2 ny], then xlim [2 nx] */
     int ny, nx;
     int *corr;   /* [ny nx][o] */
+    bool corr_valid; /* corr matches the geometry and the packed weight */
     /* The forward's NHWC sign and mask words (kept for the backward). */
     uint32_t *signs, *mask;
     int64_t act_cap; /* words allocated */
@@ -246,6 +247,7 @@ static bie_status ensure_geometry(bie_binary_conv2d *l, const bie_cuda_conv_shap
     bie_cbw_free_ptr(c->corr);
     c->geo = geo;
     c->corr = corr;
+    c->corr_valid = false;
     geo = NULL;
     c->ny = ny;
     c->nx = nx;
@@ -266,6 +268,7 @@ static bie_status forward_weight(bie_binary_conv2d *l, const bie_cuda_conv_shape
     struct bie_bc_cuda *c = l->cuda;
     if (!l->training && c->w_inference && c->wversion == c->d.version) return BIE_OK;
     c->w_inference = false;
+    c->corr_valid = false;
     if (!l->training && c->d.qweight)
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(fan_in(l), l->w.word_bits),
                                           g, c->ld, c->wbits, c->wpopc, c->tapsum));
@@ -302,8 +305,10 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     if (!has_weight && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
     int64_t words, cols_bytes;
-    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->ld, &cols_bytes) || rows > INT32_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    /* The kernels index in 32 bits within an image and over rows; grid extents cap n and cw. */
+    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->ld, &cols_bytes) || rows > INT32_MAX ||
+        g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 || g.o * fan_in(l) > INT32_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     BIE_TRY(ensure_scale_a(l, x, who));
     BIE_TRY(ensure_geometry(l, &g));
     BIE_TRY(reserve_activations(l, words));
@@ -316,7 +321,8 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
                                      c->signs, keep ? c->mask : NULL));
     const int64_t plane = g.oh * g.ow;
     const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
-    BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+    if (!c->corr_valid) BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+    c->corr_valid = true;
     /* The bit im2col lives only for this call: stream-ordered allocation. */
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;

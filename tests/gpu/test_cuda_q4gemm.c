@@ -22,11 +22,6 @@ static bie_tensor upload(const void *host, bie_dtype dt, int64_t count) {
     return d;
 }
 
-static void download(void *host, const bie_tensor *d) {
-    bie_tensor h = tu_view(host, d->dtype, 1, d->shape[0], 0, 0, 0);
-    CHECK_OK(bie_tensor_copy(&h, d));
-}
-
 static int kernel_ids[32], nkernels;
 
 /* A code in [-8, 7]; a quarter of them -8 and a quarter 7. */
@@ -132,6 +127,11 @@ static void bad_arguments(void) {
 }
 
 #ifdef BIE_TEST_CUDA_INTERNALS
+static void download(void *host, const bie_tensor *d) {
+    bie_tensor h = tu_view(host, d->dtype, 1, d->shape[0], 0, 0, 0);
+    CHECK_OK(bie_tensor_copy(&h, d));
+}
+
 /* float -> bfloat16 / half bits, round to nearest even (finite values), and back. */
 static uint16_t to_bf16(float f) {
     uint32_t u;
