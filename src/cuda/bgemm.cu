@@ -31,8 +31,8 @@ __device__ __forceinline__ void store_dot(const Epilogue &ep, const OutRow &row,
 // (BN / WARPS_N) sub-tile of 16x8 mma tiles; a STAGES-deep cp.async pipeline over k blocks
 // of BKB bytes. Shared rows are BKB + 16 bytes: the 8 rows an ldmatrix reads then fall in
 // distinct banks.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES>
-__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, 1)
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES, int MINB = 1>
+__global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
     bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
              const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
@@ -234,6 +234,10 @@ const CudaKernel kernels[] = {
     BIE_B1_KERNEL(106, 256, 128, 4, 2, 128, 3),
     BIE_B1_KERNEL(107, 128, 256, 2, 4, 128, 3),
     BIE_B1_KERNEL(108, 256, 128, 4, 2, 64, 4),
+    // Short k (convolutions: 9 taps of a few hundred channels) gives each block little work;
+    // these trade registers for more resident blocks per SM to hide the latency.
+    {110, "cuda.mma_b1.bgemm_64x64_w2x2_k64_s3_b6", 64, 64, 64, 3, bgemm_b1<64, 64, 2, 2, 64, 3, 6>, 128},
+    {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3, bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
     {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0,
      bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
@@ -349,6 +353,10 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     const int parts_b = bie_cuda_popc_parts(ld);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute"));
+    // The largest shared-memory carve-out, so that as many blocks as registers allow fit.
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributePreferredSharedMemoryCarveout, 100),
                        "cudaFuncSetAttribute"));
     dim3 grid;
     if (kern->bm == 0)
