@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda_common.cuh"
+#include "backward_common.cuh"
 #include "cuda_internal.h"
 
 namespace bie_cuda {
@@ -135,6 +135,20 @@ bie_status blas_handle(cublasHandle_t *out) {
     BIE_CUDA_TRY(blas_check(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode"));
     *out = blas;
     return BIE_OK;
+}
+
+bie_status device_zero(float **out) { return check(cudaGetSymbolAddress((void **)out, kZero), "cudaGetSymbolAddress"); }
+
+size_t column_sums_workspace(int64_t k) { return (size_t)kColSplits * (size_t)k * sizeof(double); }
+
+void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *out) {
+    double *part = static_cast<double *>(workspace);
+    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, current_stream>>>(g, m, k, part);
+    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(part, k, out);
+}
+
+void sum_over(const double *parts, int64_t count, double denom, float *out) {
+    scale_grad<<<1, 256, 0, current_stream>>>(parts, count, denom, out);
 }
 
 static unsigned grid_for(int64_t count) {
@@ -398,6 +412,24 @@ done:
     cudaError_t free_err = cudaFreeAsync(ws, st);
     BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");
+}
+
+void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_cuda_conv_shape &g, void *dst) {
+    const dim3 grid((unsigned)((g.n * g.oh * g.ow + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096));
+    if (dtype == BIE_F32)
+        conv_grad_rows<float><<<grid, 256, 0, current_stream>>>(static_cast<const float *>(grad_out), g,
+                                                                static_cast<float *>(dst));
+    else if (dtype == BIE_BF16)
+        conv_grad_rows<__nv_bfloat16><<<grid, 256, 0, current_stream>>>(
+            static_cast<const __nv_bfloat16 *>(grad_out), g, static_cast<__nv_bfloat16 *>(dst));
+    else
+        conv_grad_rows<__half><<<grid, 256, 0, current_stream>>>(static_cast<const __half *>(grad_out), g,
+                                                                 static_cast<__half *>(dst));
+}
+
+void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c, double denom,
+                          float *grad_bias, float *grad_scale) {
+    conv_bias_scale<<<1, 256, 0, current_stream>>>(plane_sum, plane_dot, n, c, denom, grad_bias, grad_scale);
 }
 
 }  // namespace bie_cuda

@@ -7,6 +7,8 @@
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "epilogue.cuh"
+#include "mma.cuh"
 
 namespace bie_cuda {
 namespace {
@@ -147,6 +149,165 @@ __global__ void corrections(const int *tapsum, bie_cuda_conv_shape g, const int 
     }
 }
 
+
+// ---- Implicit-GEMM binary convolution. One block computes a 64-pixel x BN-channel tile over
+// the whole of k at once: the BN weight rows and the 64 pixels' receptive fields (gathered
+// straight from the NHWC sign words with cp.async, zero-filled outside the input: no im2col
+// pass) are staged in shared memory, each row's popcount is taken there, and 8 warps (2 x 4)
+// run the b1 AND-popc mma over k in 256-bit steps. The epilogue is the GEMM's (conv output
+// with the padding-class correction). Rows in shared memory are `ldr` bytes (the taps' cw
+// words, padded with zeros to 32 bytes) plus 16, so ldmatrix rows fall in distinct banks.
+constexpr int kConvBM = 64;
+
+// cp.async of 4, 8 or 16 bytes (pred false: zero-fill).
+__device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int bytes, bool pred) {
+    const int n = pred ? bytes : 0;
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+    else if (bytes == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+template <int BN>
+__global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
+    bconv_implicit(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, const uint8_t *__restrict__ wbits,
+                   int64_t ld, const int *__restrict__ wpopc, int ldr, int unit, Epilogue ep) {
+    constexpr int WN = BN / 4, NT = WN / 8, MT = 2;  // warps 2 (rows) x 4 (channels), 32 x WN each
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int stride = ldr + 16;
+    uint8_t *sA = smem, *sB = smem + kConvBM * stride;
+    int *sPa = reinterpret_cast<int *>(sB + BN * stride);
+
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w;
+    const int ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
+    const int used = kk * cw * 4;  // bytes of taps in a row
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+    const int m0 = blockIdx.x * kConvBM, n0 = blockIdx.y * BN;
+
+    // Weights: BN rows of ldr bytes in 16-byte chunks, 256 / BN threads per row (rows past O
+    // zero-filled). No division: every thread keeps one row.
+    {
+        constexpr int TPR = 256 / BN;
+        const int r = tid / TPR, part = tid % TPR;
+        const bool ok = n0 + r < O;
+        const uint8_t *src = wbits + (int64_t)(ok ? n0 + r : 0) * ld;
+        for (int c = part; c < ldr / 16; c += TPR)
+            cp_async_n(smem_u32(sB + r * stride + c * 16), src + c * 16, 16, ok);
+    }
+    // Receptive fields: 4 threads per pixel row, taps part, part + 4, ...; each tap is cw
+    // words copied in pieces of `unit` words (zero-filled outside the input).
+    {
+        const int r = tid >> 2, part = tid & 3, row = m0 + r, bytes = unit * 4;
+        int n = 0, y0 = 0, x0 = 0;
+        const bool row_ok = row < rows;
+        if (row_ok) {
+            n = row / plane;
+            const int pix = row - n * plane, oy = pix / ow;
+            y0 = oy * (int)g64.s - (int)g64.p;
+            x0 = (pix - oy * ow) * (int)g64.s - (int)g64.p;
+        }
+        const uint32_t *img = signs + (int64_t)n * h * w * cw;
+        const int d = (int)g64.d;
+        for (int t = part; t < kk; t += 4) {
+            const int i = t / k, iy = y0 + i * d, ix = x0 + (t - i * k) * d;
+            const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
+            const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
+            const unsigned dst = smem_u32(sA + r * stride + t * cw * 4);
+            for (int wd = 0; wd < cw; wd += unit) cp_async_n(dst + wd * 4, src + (ok ? wd : 0), bytes, ok);
+        }
+    }
+    // Zero tail of the activation rows (the weights' tail is zero in memory).
+    for (int idx = tid; idx < kConvBM * ((ldr - used) / 4); idx += 256) {
+        const int per = (ldr - used) / 4, r = idx / per, q = idx - r * per;
+        *reinterpret_cast<uint32_t *>(sA + r * stride + used + q * 4) = 0u;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Row popcounts: 4 threads per row.
+    {
+        const int r = tid >> 2, part = tid & 3;
+        int cnt = 0;
+        for (int q = part; q < ldr / 4; q += 4) cnt += __popc(*reinterpret_cast<const uint32_t *>(sA + r * stride + q * 4));
+        cnt += __shfl_xor_sync(0xffffffffu, cnt, 1);
+        cnt += __shfl_xor_sync(0xffffffffu, cnt, 2);
+        if (part == 0) sPa[r] = cnt;
+    }
+
+    int acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+    const int q = lane >> 3, r8 = lane & 7;
+    for (int kc = 0; kc < ldr / 32; kc++) {
+        unsigned af[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int row = wm * 32 + i * 16 + r8 + 8 * (q & 1);
+            ldmatrix_x4(af[i], smem_u32(sA + row * stride + kc * 32 + 16 * (q >> 1)));
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            const int row = wn * WN + j * 8 + r8 + 8 * (q >> 1);
+            unsigned t4[4];
+            ldmatrix_x4(t4, smem_u32(sB + row * stride + kc * 32 + 16 * (q & 1)));
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                mma_b1_and(acc[i][j], af[i], t4[0], t4[1]);
+                mma_b1_and(acc[i][j + 1], af[i], t4[2], t4[3]);
+            }
+        }
+    }
+    __syncthreads();  // sPa complete
+
+    // Epilogue (as the GEMM's, with 32-bit index math): out[(n O + col) plane + pix] =
+    // (float)(dot + padding correction of the pixel's class) * scale.
+    const float scale = ep.scale();
+    const long long K = (long long)C * kk;
+    const int g = lane >> 2, t4 = lane & 3, parts = (int)((ld + 1023) / 1024);
+    int pcol[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int col = n0 + wn * WN + j * 8 + 2 * t4 + e;
+            int sum = 0;
+            if (col < O)
+                for (int part = 0; part < parts; part++) sum += wpopc[(int64_t)col * parts + part];
+            pcol[j][e] = sum;
+        }
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int rl = wm * 32 + i * 16 + g + 8 * hh, row = m0 + rl;
+            if (row >= rows) continue;
+            const int n = row / plane, pix = row - n * plane;
+            const int cls = ep.conv.corr ? ep.conv.pix_class[pix] : 0;
+            const int *corr = cls ? ep.conv.corr + (int64_t)cls * O : nullptr;
+            const int64_t base = (int64_t)n * O * plane + pix;
+            const long long pa = sPa[rl];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int col = n0 + wn * WN + j * 8 + 2 * t4 + e;
+                    if (col >= O) continue;
+                    long long dot = K - 2 * pa - 2LL * pcol[j][e] + 4LL * acc[i][j][hh * 2 + e];
+                    if (corr) dot += corr[col];
+                    store_out(ep.out, base + (int64_t)col * plane, (float)dot * scale, ep.out_type);
+                }
+        }
+}
+
+size_t implicit_smem(int bn, int ldr) { return (size_t)(kConvBM + bn) * (ldr + 16) + kConvBM * sizeof(int); }
+
 }  // namespace
 }  // namespace bie_cuda
 
@@ -209,6 +370,59 @@ bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shap
     corrections<<<blocks_for((int64_t)ny * nx * g->o, 256), 256, 0, current_stream>>>(tapsum, *g, ylim, xlim,
                                                                                      ny, nx, corr);
     return check(cudaGetLastError(), "cuda conv corrections");
+}
+
+
+int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g) {
+    const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
+    int dev = 0, max_smem = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (ldr > 16384) return 0;
+    // The widest channel tile that fits and still gives every SM two blocks (wider tiles
+    // gather each pixel's receptive field fewer times, but a block's latency is only hidden
+    // by others on its SM), no wider than the layer needs; else the narrowest that fits.
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        sms = 1;
+    }
+    const int64_t tiles = (g->n * g->oh * g->ow + kConvBM - 1) / kConvBM;
+    const int widths[3] = {256, 128, 64};
+    int best = 0;
+    for (int i = 0; i < 3; i++) {
+        if (i < 2 && g->o <= widths[i + 1]) continue;
+        if (implicit_smem(widths[i], (int)ldr) > (size_t)max_smem) continue;
+        best = widths[i];
+        if (tiles * ((g->o + best - 1) / best) >= 2 * sms) return best;
+    }
+    return best;
+}
+
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
+                                  int64_t ld, const int *wpopc, int bn, const float *scale_a,
+                                  const float *scale_w, bie_dtype out_dtype, void *out,
+                                  const bie_cuda_conv_out *conv) {
+    const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
+    const int unit = cw % 4 == 0 ? 4 : cw % 2 == 0 ? 2 : 1;
+    const int which = out_type_of(out_dtype);
+    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "cuda conv: output dtype %s", bie_dtype_name(out_dtype));
+    const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
+    const size_t smem = implicit_smem(bn, (int)ldr);
+    const int64_t rows = g->n * g->oh * g->ow;
+    const dim3 grid((unsigned)((rows + kConvBM - 1) / kConvBM), (unsigned)((g->o + bn - 1) / bn));
+    auto fn = bn == 256 ? bconv_implicit<256> : bn == 128 ? bconv_implicit<128> : bconv_implicit<64>;
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute"));
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributePreferredSharedMemoryCarveout, 100),
+                       "cudaFuncSetAttribute"));
+    fn<<<grid, 256, smem, current_stream>>>(signs, *g, wbits, ld, wpopc, (int)ldr, unit, ep);
+    return check(cudaGetLastError(), "cuda conv implicit gemm");
 }
 
 }  // extern "C"

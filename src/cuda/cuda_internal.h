@@ -146,6 +146,16 @@ bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape
 bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shape *g,
                                      const int *ylim, int ny, const int *xlim, int nx, int *corr);
 
+/* The implicit-GEMM forward (no im2col pass): the channel-tile width it runs with for this
+ * shape on the current device (256, 128 or 64), or 0 when the weight rows do not fit in
+ * shared memory (then use bie_cuda_conv_im2col + bie_cuda_bgemm_launch). wbits/wpopc/ld as
+ * bie_cuda_conv_pack_weight wrote them; the output and scales as bie_cuda_bgemm_launch. */
+int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g);
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
+                                  int64_t ld, const int *wpopc, int bn, const float *scale_a,
+                                  const float *scale_w, bie_dtype out_dtype, void *out,
+                                  const bie_cuda_conv_out *conv);
+
 typedef struct bie_cuda_bconv_backward_args {
     bie_dtype dtype;             /* of grad_out and grad_x */
     bie_cuda_conv_shape g;
@@ -177,6 +187,52 @@ typedef struct bie_cuda_bl_backward_args {
     float *grad_scale_a;            /* [1] */
 } bie_cuda_bl_backward_args;
 bie_status bie_cuda_binary_linear_backward(const bie_cuda_bl_backward_args *args);
+
+/* ---- 4-bit linear backward on the device (SPEC §4); see q4backward.cu. */
+typedef struct bie_cuda_q4l_backward_args {
+    bie_dtype dtype;                /* of grad_out and grad_x */
+    int64_t m, n, k, ld;
+    const void *grad_out;           /* [m, n] */
+    void *grad_x;                   /* [m, k] or NULL */
+    const uint8_t *wcodes;          /* the forward's weight codes (4-bit layout rows) */
+    const uint8_t *xcodes;          /* the forward's activation codes (4-bit layout rows) */
+    const uint8_t *mask;            /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
+    const int8_t *resid;            /* rounding residuals * 254, flat over m k */
+    const float *saved_scales;      /* {scale_a, scale_w} of the forward */
+    float *grad_w;                  /* [n, k] f32 */
+    float *grad_bias;               /* [k] */
+    float *grad_scale_a;            /* [1] */
+} bie_cuda_q4l_backward_args;
+bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args);
+
+/* ---- 4-bit conv2d on the device (SPEC §4; q4conv.cu, q4backward.cu). The input's codes are
+ * kept flat over N C H W as nibbles (code i in byte i / 2, even i low; ceil(N C H W / 8) * 4
+ * bytes), with the clip bits and residuals in the layout of bie_cuda_q4_pack_act (flat over
+ * N C H W, bias of channel c on plane c). GEMM rows: one per output pixel, the C k k taps in
+ * [c, i, j] order (the weight's own order), code 0 for taps outside the input. */
+bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+                                   const float *bias, const float *scale_a, uint8_t *codes,
+                                   uint8_t *mask, int8_t *resid);
+/* cols [n oh ow][ld] 4-bit layout rows (ld = bie_cuda_q4_row_stride(C k k)). */
+bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_shape *g, int64_t ld,
+                                   uint8_t *cols);
+
+typedef struct bie_cuda_q4conv_backward_args {
+    bie_dtype dtype;             /* of grad_out and grad_x */
+    bie_cuda_conv_shape g;
+    const void *grad_out;        /* [n, o, oh, ow] */
+    void *grad_x;                /* [n, c, h, w] or NULL */
+    const uint8_t *wcodes;       /* the forward's weight codes (4-bit layout rows [o][ld]) */
+    int64_t ld;
+    const uint8_t *codes;        /* the forward's input codes (see bie_cuda_q4_conv_encode) */
+    const uint8_t *mask;         /* clip bits, flat over n c h w */
+    const int8_t *resid;         /* rounding residuals * 254, flat over n c h w */
+    const float *saved_scales;   /* {scale_a, scale_w} of the forward */
+    float *grad_w;               /* [o, c k k] f32 */
+    float *grad_bias;            /* [c] */
+    float *grad_scale_a;         /* [1] */
+} bie_cuda_q4conv_backward_args;
+bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward_args *args);
 
 #ifdef __cplusplus
 }

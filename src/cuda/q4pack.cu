@@ -3,28 +3,16 @@
 // layout of cuda_internal.h (rows of ld bytes, even code in the low nibble, zero past k);
 // plus, for the backward, the activations' clip bits and rounding residuals.
 //
-// The quantization is the CPU's, operation for operation (q4_weight.c: v = x + bias in
-// float, q = v / s with an IEEE division, round half to even, NaN to 0, clamp to [-8, 7]),
-// so a layer gives bit-identical codes on either device.
+// The quantization is the CPU's, operation for operation (q4_common.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "q4_common.cuh"
 
 namespace bie_cuda {
-
-__device__ __forceinline__ float q4_to_f32(float v) { return v; }
-__device__ __forceinline__ float q4_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float q4_to_f32(__half v) { return __half2float(v); }
-
-// q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0, as bie_q4 in src/core/formats.h.
-__device__ __forceinline__ int q4_code(float v, float s) {
-    const float q = rintf(__fdiv_rn(v, s));
-    if (!(q == q)) return 0;
-    return (int)fminf(fmaxf(q, -8.0f), 7.0f);
-}
 
 // One thread per 32-bit word of the layout (8 codes): word w of row r holds codes
 // 8 (w % words) .. + 7 of row w / words, each taken from Src(row, col) for col < k.
@@ -106,10 +94,7 @@ __global__ void __launch_bounds__(256) q4_act_mask(const T *__restrict__ x, int6
         for (int64_t i = byte * 8; i < byte * 8 + 8 && i < n; i++) {
             float v = q4_to_f32(x[i]);
             if (bias) v = __fadd_rn(v, bias[i % k]);
-            const float q = __fdiv_rn(v, s);
-            const bool inr = q >= -8.0f && q <= 7.0f;
-            bits |= (unsigned)inr << (i & 7);
-            resid[i] = inr ? (int8_t)rintf(__fmul_rn(__fsub_rn(rintf(q), q), 254.0f)) : (int8_t)0;
+            bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << (i & 7);
         }
         mask[byte] = (uint8_t)bits;
     }

@@ -294,6 +294,17 @@ static bie_status reserve_activations(bie_binary_conv2d *l, int64_t words) {
     return BIE_OK;
 }
 
+/* After a forward's launches: what the backward needs. */
+static bie_status finish_forward(bie_binary_conv2d *l, const bie_cuda_conv_shape *g, bool keep) {
+    l->cuda->g = *g;
+    if (keep) {
+        bie_conv_geom sg = {g->n, g->c, g->h, g->w, g->o, g->oh, g->ow, g->k, g->s, g->p, g->d};
+        l->saved_geom = sg;
+        l->has_saved = true;
+    }
+    return BIE_OK;
+}
+
 bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
     struct bie_bc_cuda *c = l->cuda;
@@ -323,6 +334,15 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
     if (!c->corr_valid) BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
     c->corr_valid = true;
+    const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
+    /* Default: the implicit GEMM, reading the sign words in place. A chosen GEMM kernel (or
+     * weights too large for shared memory) takes the im2col path. */
+    const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g) : 0;
+    if (bn > 0) {
+        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->ld, c->wpopc, bn, scalars + BIE_CBW_SCALE_A,
+                                       scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv));
+        return finish_forward(l, &g, keep);
+    }
     /* The bit im2col lives only for this call: stream-ordered allocation. */
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;
@@ -330,7 +350,6 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
                             MODULE, "im2col workspace"));
     int *cpopc = (int *)(cols + cols_bytes);
     bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->ld, cols, cpopc);
-    const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
     if (st == BIE_OK)
         st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, fan_in(l), cols, c->wbits, c->ld, cpopc, 1, c->wpopc,
                                    0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
@@ -338,13 +357,7 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
     BIE_TRY(st);
     BIE_TRY(fst);
-    c->g = g;
-    if (keep) {
-        bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};
-        l->saved_geom = sg;
-        l->has_saved = true;
-    }
-    return BIE_OK;
+    return finish_forward(l, &g, keep);
 }
 
 /* ---------------------------------------------------------------- backward */

@@ -1,32 +1,17 @@
 /* 4-bit conv2d (SPEC §4): per image, the weight's 4-bit codes (out_c x in_c k k) against an
  * int8 im2col of the input's codes (one row per output pixel), exact integer accumulation.
  * Padded taps get code 0, so zero padding needs no correction. Backward through
- * im2col/col2im and OpenBLAS, from the codes, clip bits and residuals kept by the forward. */
+ * im2col/col2im and OpenBLAS, from the codes, clip bits and residuals kept by the forward.
+ * Layers on a CUDA device delegate to q4_conv2d_cuda.c. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
-#include "conv_common.h"
-#include "q4_weight.h"
+#include "q4_conv2d_cuda.h"
 
 static const char *const MODULE = "q4_conv2d";
-
-struct bie_q4_conv2d {
-    int64_t in_c, out_c, k, stride, padding, dilation;
-    bool training;
-    int kernel_id;
-    bie_q4_weight w; /* [out_c, in_c k k] */
-    float *bias_a;
-    float scale_a;
-    bool has_saved;
-    bie_conv_geom saved_geom;
-    uint8_t *saved_codes, *saved_mask; /* flat over N C H W */
-    int8_t *saved_resid, *saved_wcodes;
-    float saved_scale_a, saved_scale_w;
-    bie_layer_grads grads;
-};
 
 #define CHECK_LAYER(l)                                                                         \
     do {                                                                                       \
@@ -50,11 +35,7 @@ bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels, int64_
                                 bie_device device, bie_dtype dtype) {
     BIE_CHECK_NULL(out);
     BIE_TRY(bie_conv_check_params(in_channels, out_channels, kernel_size, stride, padding, dilation, MODULE));
-    if (device.type != BIE_DEVICE_CPU)
-        return bie_fail(BIE_ERR_DEVICE, "%s: only the CPU backend runs 4-bit layers so far", MODULE);
-    if (dtype != BIE_F32)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
-                        MODULE, bie_dtype_name(dtype));
+    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
     bie_q4_conv2d *l = calloc(1, sizeof *l);
     if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->in_c = in_channels;
@@ -63,11 +44,17 @@ bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels, int64_
     l->stride = stride;
     l->padding = padding;
     l->dilation = dilation;
+    l->device = device;
+    l->dtype = dtype;
     l->training = true;
     l->kernel_id = -1;
     bie_q4w_init(&l->w, out_channels, fan_in(l));
     l->bias_a = bie_layer_bias_alloc(in_channels);
-    bie_status st = l->bias_a ? bie_q4w_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+    bie_status st = l->bias_a ? BIE_OK : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+#ifdef BIE_HAVE_CUDA
+    if (st == BIE_OK && device.type == BIE_DEVICE_CUDA) st = bie_q4cc_create(l);
+#endif
+    if (st == BIE_OK) st = bie_q4_conv2d_reset_parameters(l, 0);
     if (st != BIE_OK) {
         bie_q4_conv2d_free(l);
         return st;
@@ -78,6 +65,9 @@ bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels, int64_
 
 void bie_q4_conv2d_free(bie_q4_conv2d *l) {
     if (l == NULL) return;
+#ifdef BIE_HAVE_CUDA
+    bie_q4cc_free(l);
+#endif
     drop_saved(l);
     bie_q4w_free(&l->w);
     bie_free_aligned(l->bias_a);
@@ -87,6 +77,7 @@ void bie_q4_conv2d_free(bie_q4_conv2d *l) {
 
 bie_status bie_q4_conv2d_reset_parameters(bie_q4_conv2d *l, uint64_t seed) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_reset(l, seed));
     BIE_TRY(bie_q4w_reset(&l->w, seed));
     drop_saved(l);
     return BIE_OK;
@@ -94,6 +85,7 @@ bie_status bie_q4_conv2d_reset_parameters(bie_q4_conv2d *l, uint64_t seed) {
 
 bie_status bie_q4_conv2d_prepare_params(bie_q4_conv2d *l) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_prepare(l));
     BIE_TRY(bie_q4w_prepare(&l->w, "q4_conv2d_prepare_params"));
     drop_saved(l);
     return BIE_OK;
@@ -101,6 +93,7 @@ bie_status bie_q4_conv2d_prepare_params(bie_q4_conv2d *l) {
 
 bie_status bie_q4_conv2d_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_set_weight_data(l, w));
     static const char *who = "q4_conv2d_set_weight_data";
     const int64_t shape[4] = {l->out_c, l->in_c, l->k, l->k};
     BIE_TRY(bie_conv_check_shape4(w, shape, "weight", who));
@@ -111,6 +104,7 @@ bie_status bie_q4_conv2d_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) 
 
 bie_status bie_q4_conv2d_generate_quantized_weight(bie_q4_conv2d *l, bool qweight_only) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_generate_quantized_weight(l, qweight_only));
     BIE_TRY(bie_q4w_generate_qweight(&l->w, qweight_only, "q4_conv2d_generate_quantized_weight"));
     if (qweight_only) drop_saved(l);
     return BIE_OK;
@@ -118,6 +112,7 @@ bie_status bie_q4_conv2d_generate_quantized_weight(bie_q4_conv2d *l, bool qweigh
 
 bie_status bie_q4_conv2d_set_quantized_weight_data(bie_q4_conv2d *l, const bie_tensor *q) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_set_quantized_weight_data(l, q));
     static const char *who = "q4_conv2d_set_quantized_weight_data";
     const int64_t rb = bie_nibble_row_bytes(fan_in(l));
     BIE_TRY(bie_check_rows_tensor(q, "qweight", BIE_U8, rb, NULL, who));
@@ -128,13 +123,14 @@ bie_status bie_q4_conv2d_set_quantized_weight_data(bie_q4_conv2d *l, const bie_t
 
 bie_status bie_q4_conv2d_set_training(bie_q4_conv2d *l, bool training) {
     CHECK_LAYER(l);
-    if (!training) drop_saved(l);
+    if (!training) drop_saved(l); /* on CUDA too: has_saved is shared */
     l->training = training;
     return BIE_OK;
 }
 
 bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *l, int id) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_set_kernel(l, id));
     if (id != -1) {
         const bie_cpu_kernel *kern;
         BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, id, 1, "q4_conv2d_set_gemm_kernel", &kern));
@@ -146,6 +142,7 @@ bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *l, int id) {
 bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *l, float scale_a) {
     CHECK_LAYER(l);
     BIE_TRY(bie_check_scale_a(scale_a, MODULE));
+    BIE_ON_CUDA(l, bie_q4cc_set_scale_a(l, scale_a));
     l->scale_a = scale_a;
     return BIE_OK;
 }
@@ -153,6 +150,7 @@ bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *l, float scale_a) {
 bie_status bie_q4_conv2d_param(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
+    BIE_ON_CUDA(l, bie_q4cc_param(l, which, v));
     int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
     int64_t qshape[2] = {l->out_c, bie_nibble_row_bytes(fan_in(l))};
     switch (which) {
@@ -175,12 +173,17 @@ bie_status bie_q4_conv2d_opt_weight(bie_q4_conv2d *l, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
     if (l->training) return bie_q4_conv2d_param(l, BIE_PARAM_WEIGHT, v);
+#ifdef BIE_HAVE_CUDA
+    if (l->cuda && !bie_q4cc_has_qweight(l)) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l, false));
+    if (l->cuda) return bie_q4_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
+#endif
     if (l->w.qweight == NULL) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l, false));
     return bie_q4_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
 }
 
 bie_status bie_q4_conv2d_check_forward(const bie_q4_conv2d *l, const bie_tensor *x) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_check_forward(l, x));
     return bie_conv_check_input(x, l->in_c, l->k, l->stride, l->padding, l->dilation, "q4_conv2d_check_forward");
 }
 
@@ -200,6 +203,8 @@ static bie_status activation_scale(const bie_q4_conv2d *l, const bie_tensor *x, 
 }
 
 bie_status bie_q4_conv2d_set_activation(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_set_activation(l, x, x_out));
     static const char *who = "q4_conv2d_set_activation";
     BIE_TRY(bie_q4_conv2d_check_forward(l, x));
     if (x_out) BIE_TRY(bie_conv_check_shape4(x_out, x->shape, "output", who));
@@ -235,6 +240,8 @@ static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols
 }
 
 bie_status bie_q4_conv2d_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_forward(l, x, out));
     static const char *who = "q4_conv2d_forward";
     BIE_TRY(bie_q4_conv2d_check_forward(l, x));
     const bie_conv_geom g = bie_conv_geometry(x, l->out_c, l->k, l->stride, l->padding, l->dilation);
@@ -296,6 +303,7 @@ done:
 bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_conv2d_backward";
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
@@ -357,6 +365,7 @@ bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, 
 
 bie_status bie_q4_conv2d_grad(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4cc_grad(l, which, v));
     const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
     return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "q4_conv2d_grad");
 }

@@ -1,34 +1,15 @@
 /* 4-bit linear layer (SPEC §4 as a matrix product): life cycle, forward and backward. The
- * codes of x' and w are int8 rows multiplied exactly by the 4-bit GEMM kernels. */
+ * codes of x' and w are int8 rows multiplied exactly by the 4-bit GEMM kernels. Layers on a
+ * CUDA device delegate to q4_linear_cuda.c. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
-#include "q4_weight.h"
+#include "q4_linear_cuda.h"
 
 static const char *const MODULE = "q4_linear";
-
-struct bie_q4_linear {
-    int64_t in, out;
-    bool training;
-    int kernel_id;
-    bie_q4_weight w; /* [out, in] */
-    float *bias_a;
-    float scale_a;
-    /* saved by a training forward (flat over the input's m x in elements) */
-    bool has_saved;
-    int64_t saved_m;
-    int saved_ndim;
-    int64_t saved_shape[BIE_MAX_DIMS];
-    uint8_t *saved_codes; /* q4(x') nibbles */
-    uint8_t *saved_mask;  /* clip bits */
-    int8_t *saved_resid;  /* (rint(v) - v) * 254 */
-    int8_t *saved_wcodes; /* [out, in] q4(w) */
-    float saved_scale_a, saved_scale_w;
-    bie_layer_grads grads;
-};
 
 #define CHECK_LAYER(l)                                                                         \
     do {                                                                                       \
@@ -51,20 +32,22 @@ bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features, int64_
     if (in_features < 1 || out_features < 1 || in_features > (1 << 24) || out_features > INT32_MAX)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: in_features must be in 1..2^24 and out_features "
                         "in 1..2^31-1 (got %lld, %lld)", MODULE, (long long)in_features, (long long)out_features);
-    if (device.type != BIE_DEVICE_CPU)
-        return bie_fail(BIE_ERR_DEVICE, "%s: only the CPU backend runs 4-bit layers so far", MODULE);
-    if (dtype != BIE_F32)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
-                        MODULE, bie_dtype_name(dtype));
+    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
     bie_q4_linear *l = calloc(1, sizeof *l);
     if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     l->in = in_features;
     l->out = out_features;
+    l->device = device;
+    l->dtype = dtype;
     l->training = true;
     l->kernel_id = -1;
     bie_q4w_init(&l->w, out_features, in_features);
     l->bias_a = bie_layer_bias_alloc(in_features);
-    bie_status st = l->bias_a ? bie_q4w_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+    bie_status st = l->bias_a ? BIE_OK : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
+#ifdef BIE_HAVE_CUDA
+    if (st == BIE_OK && device.type == BIE_DEVICE_CUDA) st = bie_q4lc_create(l);
+#endif
+    if (st == BIE_OK) st = bie_q4_linear_reset_parameters(l, 0);
     if (st != BIE_OK) {
         bie_q4_linear_free(l);
         return st;
@@ -75,6 +58,9 @@ bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features, int64_
 
 void bie_q4_linear_free(bie_q4_linear *l) {
     if (l == NULL) return;
+#ifdef BIE_HAVE_CUDA
+    bie_q4lc_free(l);
+#endif
     drop_saved(l);
     bie_q4w_free(&l->w);
     bie_free_aligned(l->bias_a);
@@ -84,6 +70,7 @@ void bie_q4_linear_free(bie_q4_linear *l) {
 
 bie_status bie_q4_linear_reset_parameters(bie_q4_linear *l, uint64_t seed) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_reset(l, seed));
     BIE_TRY(bie_q4w_reset(&l->w, seed));
     drop_saved(l);
     return BIE_OK;
@@ -91,6 +78,7 @@ bie_status bie_q4_linear_reset_parameters(bie_q4_linear *l, uint64_t seed) {
 
 bie_status bie_q4_linear_prepare_params(bie_q4_linear *l) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_prepare(l));
     BIE_TRY(bie_q4w_prepare(&l->w, "q4_linear_prepare_params"));
     drop_saved(l);
     return BIE_OK;
@@ -98,6 +86,7 @@ bie_status bie_q4_linear_prepare_params(bie_q4_linear *l) {
 
 bie_status bie_q4_linear_set_weight_data(bie_q4_linear *l, const bie_tensor *w) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_set_weight_data(l, w));
     static const char *who = "q4_linear_set_weight_data";
     BIE_TRY(bie_check_rows_tensor(w, "weight", BIE_F32, l->in, NULL, who));
     if (w->ndim != 2 || w->shape[0] != l->out)
@@ -109,6 +98,7 @@ bie_status bie_q4_linear_set_weight_data(bie_q4_linear *l, const bie_tensor *w) 
 
 bie_status bie_q4_linear_generate_quantized_weight(bie_q4_linear *l, bool qweight_only) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_generate_quantized_weight(l, qweight_only));
     BIE_TRY(bie_q4w_generate_qweight(&l->w, qweight_only, "q4_linear_generate_quantized_weight"));
     if (qweight_only) drop_saved(l);
     return BIE_OK;
@@ -116,6 +106,7 @@ bie_status bie_q4_linear_generate_quantized_weight(bie_q4_linear *l, bool qweigh
 
 bie_status bie_q4_linear_set_quantized_weight_data(bie_q4_linear *l, const bie_tensor *q) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_set_quantized_weight_data(l, q));
     static const char *who = "q4_linear_set_quantized_weight_data";
     const int64_t rb = bie_nibble_row_bytes(l->in);
     BIE_TRY(bie_check_rows_tensor(q, "qweight", BIE_U8, rb, NULL, who));
@@ -126,13 +117,14 @@ bie_status bie_q4_linear_set_quantized_weight_data(bie_q4_linear *l, const bie_t
 
 bie_status bie_q4_linear_set_training(bie_q4_linear *l, bool training) {
     CHECK_LAYER(l);
-    if (!training) drop_saved(l);
+    if (!training) drop_saved(l); /* on CUDA too: has_saved is shared */
     l->training = training;
     return BIE_OK;
 }
 
 bie_status bie_q4_linear_set_gemm_kernel(bie_q4_linear *l, int id) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_set_kernel(l, id));
     if (id != -1) {
         const bie_cpu_kernel *kern;
         BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, id, 1, "q4_linear_set_gemm_kernel", &kern));
@@ -144,6 +136,7 @@ bie_status bie_q4_linear_set_gemm_kernel(bie_q4_linear *l, int id) {
 bie_status bie_q4_linear_set_scale_a(bie_q4_linear *l, float scale_a) {
     CHECK_LAYER(l);
     BIE_TRY(bie_check_scale_a(scale_a, MODULE));
+    BIE_ON_CUDA(l, bie_q4lc_set_scale_a(l, scale_a));
     l->scale_a = scale_a;
     return BIE_OK;
 }
@@ -151,6 +144,7 @@ bie_status bie_q4_linear_set_scale_a(bie_q4_linear *l, float scale_a) {
 bie_status bie_q4_linear_param(bie_q4_linear *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
+    BIE_ON_CUDA(l, bie_q4lc_param(l, which, v));
     int64_t wshape[2] = {l->out, l->in}, qshape[2] = {l->out, bie_nibble_row_bytes(l->in)}, one = 1;
     switch (which) {
     case BIE_PARAM_WEIGHT:
@@ -172,12 +166,17 @@ bie_status bie_q4_linear_opt_weight(bie_q4_linear *l, bie_tensor *v) {
     CHECK_LAYER(l);
     BIE_CHECK_NULL(v);
     if (l->training) return bie_q4_linear_param(l, BIE_PARAM_WEIGHT, v);
+#ifdef BIE_HAVE_CUDA
+    if (l->cuda && !bie_q4lc_has_qweight(l)) BIE_TRY(bie_q4_linear_generate_quantized_weight(l, false));
+    if (l->cuda) return bie_q4_linear_param(l, BIE_PARAM_QWEIGHT, v);
+#endif
     if (l->w.qweight == NULL) BIE_TRY(bie_q4_linear_generate_quantized_weight(l, false));
     return bie_q4_linear_param(l, BIE_PARAM_QWEIGHT, v);
 }
 
 bie_status bie_q4_linear_check_forward(const bie_q4_linear *l, const bie_tensor *x) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_check_forward(l, x));
     return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, "q4_linear_check_forward");
 }
 
@@ -186,6 +185,8 @@ static bie_status activation_scale(const bie_q4_linear *l, const bie_tensor *x, 
 }
 
 bie_status bie_q4_linear_set_activation(bie_q4_linear *l, const bie_tensor *x, bie_tensor *x_out) {
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_set_activation(l, x, x_out));
     static const char *who = "q4_linear_set_activation";
     BIE_TRY(bie_q4_linear_check_forward(l, x));
     if (x_out) BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, l->in, x, who));
@@ -203,6 +204,8 @@ bie_status bie_q4_linear_set_activation(bie_q4_linear *l, const bie_tensor *x, b
 }
 
 bie_status bie_q4_linear_forward(bie_q4_linear *l, const bie_tensor *x, bie_tensor *out) {
+    CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_forward(l, x, out));
     static const char *who = "q4_linear_forward";
     BIE_TRY(bie_q4_linear_check_forward(l, x));
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));
@@ -265,6 +268,7 @@ done:
 bie_status bie_q4_linear_backward(bie_q4_linear *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_linear_backward";
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     bie_tensor like;
@@ -316,6 +320,7 @@ bie_status bie_q4_linear_backward(bie_q4_linear *l, const bie_tensor *grad_out, 
 
 bie_status bie_q4_linear_grad(bie_q4_linear *l, bie_param which, bie_tensor *v) {
     CHECK_LAYER(l);
+    BIE_ON_CUDA(l, bie_q4lc_grad(l, which, v));
     const int64_t wshape[2] = {l->out, l->in};
     return bie_grads_view(&l->grads, which, 2, wshape, &l->in, v, "q4_linear_grad");
 }

@@ -1,0 +1,32 @@
+// The 4-bit quantization on the device, shared by the packing kernels of the linear
+// (q4pack.cu) and convolution (q4conv.cu) layers: the CPU's arithmetic operation for
+// operation (q4_weight.c: v = x + bias in float, q = v / s with an IEEE division, round half
+// to even, NaN to 0, clamp to [-8, 7]), so that a layer gives bit-identical codes on either
+// device.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace bie_cuda {
+
+__device__ __forceinline__ float q4_to_f32(float v) { return v; }
+__device__ __forceinline__ float q4_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float q4_to_f32(__half v) { return __half2float(v); }
+
+// q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0, as bie_q4 in src/core/formats.h.
+__device__ __forceinline__ int q4_code(float v, float s) {
+    const float q = rintf(__fdiv_rn(v, s));
+    if (!(q == q)) return 0;
+    return (int)fminf(fmaxf(q, -8.0f), 7.0f);
+}
+
+// The backward's state of one input v (SPEC §4): the clip bit 1{-8 <= v / s <= 7}, and the
+// rounding residual (rint(q) - q) * 254 rounded to int8 inside the clip range (else 0).
+__device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
+    const float q = __fdiv_rn(v, s);
+    const bool inr = q >= -8.0f && q <= 7.0f;
+    *resid = inr ? (int8_t)rintf(__fmul_rn(__fsub_rn(rintf(q), q), 254.0f)) : (int8_t)0;
+    return inr;
+}
+
+}  // namespace bie_cuda

@@ -1,0 +1,266 @@
+// 4-bit linear and conv2d backward on the device (SPEC §4), from what the forward kept: the
+// weight and input codes, the clip bits and the rounding residuals. The float GEMMs run in
+// cuBLAS on the codes (exact in every float dtype; the scales enter as alpha, read from
+// device memory); the mask and the reductions in our kernels, each of a fixed shape and
+// order, so results do not vary from run to run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backward_common.cuh"
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+
+template <typename T> __device__ __forceinline__ T q4_from_f32(float v);
+template <> __device__ __forceinline__ float q4_from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 q4_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half q4_from_f32<__half>(float v) { return __float2half(v); }
+
+// Codes of 4-bit layout rows as T: one block per row of dst [rows, k].
+template <typename T>
+__global__ void __launch_bounds__(256) values_of_codes(const uint8_t *codes, int64_t ld, int64_t k, T *dst) {
+    const int64_t r = blockIdx.x;
+    const uint8_t *row = codes + r * ld;
+    T *out = dst + r * k;
+    for (int64_t c = threadIdx.x; c < k; c += 256) {
+        const int nib = (row[c >> 1] >> ((c & 1) * 4)) & 15;
+        out[c] = q4_from_f32<T>((float)(nib - ((nib & 8) << 1)));
+    }
+}
+
+// One block per row: g *= clip bit (kept in place for the column sums), grad_x in its dtype,
+// and the row's sum of g * resid / 254 in double (the CPU layer's terms).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_mask_rows(float *g, int64_t k, const uint8_t *mask, const int8_t *resid, T *grad_x, double *row_dot) {
+    const int64_t row = blockIdx.x;
+    float *gr = g + row * k;
+    double d = 0;
+    for (int64_t c = threadIdx.x; c < k; c += 256) {
+        const int64_t i = row * k + c;
+        const float v = (mask[i >> 3] >> (i & 7)) & 1 ? gr[c] : 0.0f;
+        gr[c] = v;
+        if (grad_x) grad_x[i] = q4_from_f32<T>(v);
+        d += (double)v * (double)resid[i] / 254.0;
+    }
+    __shared__ double sh[256];
+    sh[threadIdx.x] = d;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) row_dot[row] = sh[0];
+}
+
+template <typename T>
+bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
+    cudaStream_t st = current_stream;
+    const int64_t m = a.m, n = a.n, k = a.k;
+    // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask
+    // [m, k] (f32), row sums [m], column partial sums.
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t sz[5] = {up((size_t)(n * k) * sizeof(T)), up((size_t)(m * k) * sizeof(T)),
+                          up((size_t)(m * k) * sizeof(float)), up((size_t)m * sizeof(double)),
+                          up(column_sums_workspace(k))};
+    size_t off[5], total = 0;
+    for (int i = 0; i < 5; i++) off[i] = total, total += sz[i];
+    uint8_t *ws = nullptr;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (4-bit backward workspace)"));
+    T *wval = reinterpret_cast<T *>(ws + off[0]), *xval = reinterpret_cast<T *>(ws + off[1]);
+    float *g = reinterpret_cast<float *>(ws + off[2]);
+    double *row_dot = reinterpret_cast<double *>(ws + off[3]);
+
+    bie_status s = BIE_OK;
+    float *zero = nullptr;
+    cublasHandle_t h = nullptr;
+    if ((s = device_zero(&zero)) != BIE_OK) goto done;
+    if ((s = blas_handle(&h)) != BIE_OK) goto done;
+    values_of_codes<T><<<(unsigned)n, 256, 0, st>>>(a.wcodes, a.ld, k, wval);
+    values_of_codes<T><<<(unsigned)m, 256, 0, st>>>(a.xcodes, a.ld, k, xval);
+    // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1,
+                                wval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F,
+                                (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (4-bit grad_x)");
+    if (s != BIE_OK) goto done;
+    // grad_w, row-major [n, k] = grad_out^T [n, m] @ q4(x') [m, k] * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
+                                xval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
+                                CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (4-bit grad_w)");
+    if (s != BIE_OK) goto done;
+    q4_mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.mask, a.resid, static_cast<T *>(a.grad_x), row_dot);
+    column_sums(g, m, k, ws + off[4], a.grad_bias);
+    sum_over(row_dot, m, std::sqrt((double)m * (double)k * 7.0), a.grad_scale_a);
+    s = check(cudaGetLastError(), "4-bit linear backward kernels");
+done:
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
+// ---- conv2d: conv2d_weight and conv2d_input as two GEMMs over the im2col of the saved
+// codes, then a gather col2im that applies the clip bits, and per-plane reductions.
+
+__device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
+    const int nib = (codes[i >> 1] >> ((i & 1) * 4)) & 15;
+    return nib - ((nib & 8) << 1);
+}
+
+// X [c k k][n oh ow]: the code under each tap of each output pixel, 0 outside the input.
+// Block (pixel block, taps): neighbouring threads write neighbouring pixels.
+template <typename T>
+__global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, bie_cuda_conv_shape g, T *dst) {
+    const int64_t plane = g.oh * g.ow, rows = g.n * plane, kk = g.k * g.k, K = g.c * kk;
+    const int64_t r = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (r >= rows) return;
+    const int64_t n = r / plane, pix = r - n * plane, oy = pix / g.ow, ox = pix - oy * g.ow;
+    const int64_t y0 = oy * g.s - g.p, x0 = ox * g.s - g.p;
+    for (int64_t e = blockIdx.y; e < K; e += gridDim.y) {
+        const int64_t c = e / kk, t = e - c * kk, i = t / g.k, j = t - i * g.k;
+        const int64_t iy = y0 + i * g.d, ix = x0 + j * g.d;
+        float v = 0.0f;
+        if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) v = (float)code_at(codes, ((n * g.c + c) * g.h + iy) * g.w + ix);
+        dst[e * rows + r] = q4_from_f32<T>(v);
+    }
+}
+
+// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
+// (tap order, as the CPU's col2im), times the clip bit: one thread per element, block
+// (pixel block, planes); also kept in f32 (gm) for the reductions.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_conv_col2im_mask(const float *cols, const uint8_t *mask, bie_cuda_conv_shape g, T *grad_x, float *gm) {
+    const int64_t kk = g.k * g.k, hw = g.h * g.w, rows = g.n * g.oh * g.ow;
+    const int64_t pix = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (pix >= hw) return;
+    const int64_t y = pix / g.w, x = pix - y * g.w;
+    for (int64_t nc = blockIdx.y; nc < g.n * g.c; nc += gridDim.y) {
+        const int64_t n = nc / g.c, c = nc - n * g.c;
+        const float *base = cols + c * kk * rows + n * g.oh * g.ow;
+        float v = 0.0f;
+        for (int64_t i = 0; i < g.k; i++) {
+            const int64_t ty = y + g.p - i * g.d;
+            if (ty < 0 || ty % g.s) continue;
+            const int64_t oy = ty / g.s;
+            if (oy >= g.oh) continue;
+            for (int64_t j = 0; j < g.k; j++) {
+                const int64_t tx = x + g.p - j * g.d;
+                if (tx < 0 || tx % g.s) continue;
+                const int64_t ox = tx / g.s;
+                if (ox >= g.ow) continue;
+                v += base[(i * g.k + j) * rows + oy * g.ow + ox];
+            }
+        }
+        const int64_t at = nc * hw + pix;
+        if (!((mask[at >> 3] >> (at & 7)) & 1)) v = 0.0f;
+        if (grad_x) grad_x[at] = q4_from_f32<T>(v);
+        gm[at] = v;
+    }
+}
+
+// One warp per (n, c) plane of gm: its sum and its sum of gm * resid / 254, in double.
+__global__ void __launch_bounds__(256)
+    q4_conv_plane_sums(const float *gm, const int8_t *resid, int64_t planes, int64_t hw, double *plane_sum,
+                       double *plane_dot) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nc = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (nc >= planes) return;
+    double sum = 0, dot = 0;
+    for (int64_t pix = lane; pix < hw; pix += 32) {
+        const float v = gm[nc * hw + pix];
+        sum += v;
+        dot += (double)v * (double)resid[nc * hw + pix] / 254.0;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_down_sync(0xffffffffu, sum, o);
+        dot += __shfl_down_sync(0xffffffffu, dot, o);
+    }
+    if (lane == 0) {
+        plane_sum[nc] = sum;
+        plane_dot[nc] = dot;
+    }
+}
+
+template <typename T>
+bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDataType_t ctype) {
+    cudaStream_t st = current_stream;
+    const bie_cuda_conv_shape &g = a.g;
+    const int64_t K = g.c * g.k * g.k, rows = g.n * g.oh * g.ow, planes = g.n * g.c, hw = g.h * g.w;
+    // Workspace: weight values [o, K], code columns [K, rows] and gradient rows [o, rows] (T),
+    // grad columns [K, rows] (f32), per-plane sums and dots, masked grad_x (f32).
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t sz[6] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
+                          up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
+                          up((size_t)(2 * planes) * sizeof(double)), up((size_t)(planes * hw) * sizeof(float))};
+    size_t off[6], total = 0;
+    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
+    uint8_t *ws = nullptr;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (4-bit conv backward workspace)"));
+    T *wval = reinterpret_cast<T *>(ws + off[0]), *xcols = reinterpret_cast<T *>(ws + off[1]);
+    T *grows = reinterpret_cast<T *>(ws + off[2]);
+    float *gcols = reinterpret_cast<float *>(ws + off[3]), *gm = reinterpret_cast<float *>(ws + off[5]);
+    double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + planes;
+
+    bie_status s = BIE_OK;
+    float *zero = nullptr;
+    cublasHandle_t h = nullptr;
+    if ((s = device_zero(&zero)) != BIE_OK) goto done;
+    if ((s = blas_handle(&h)) != BIE_OK) goto done;
+    values_of_codes<T><<<(unsigned)g.o, 256, 0, st>>>(a.wcodes, a.ld, K, wval);
+    q4_conv_value_cols<T><<<dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(K, 65535)), 256, 0, st>>>(
+        a.codes, g, xcols);
+    conv_grad_rows_any(a.dtype, a.grad_out, g, grows);
+    // grad_w, row-major [o, K] = G [o, rows] @ X^T (X row-major [K, rows]) * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
+                                xcols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
+                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (4-bit conv grad_w)");
+    if (s != BIE_OK) goto done;
+    // grad columns, row-major [K, rows] = q4(w)^T [K, o] @ G [o, rows] * scale_w
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
+                                grows, ctype, (int)rows, wval, ctype, (int)K, zero, gcols, CUDA_R_32F,
+                                (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (4-bit conv grad_x)");
+    if (s != BIE_OK) goto done;
+    {
+        const dim3 grid((unsigned)((hw + 255) / 256), (unsigned)std::min<int64_t>(planes, 65535));
+        q4_conv_col2im_mask<T><<<grid, 256, 0, st>>>(gcols, a.mask, g, static_cast<T *>(a.grad_x), gm);
+        q4_conv_plane_sums<<<(unsigned)((planes + 7) / 8), 256, 0, st>>>(gm, a.resid, planes, hw, plane_sum,
+                                                                          plane_dot);
+    }
+    conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c, std::sqrt((double)planes * (double)hw * 7.0), a.grad_bias,
+                         a.grad_scale_a);
+    s = check(cudaGetLastError(), "4-bit conv2d backward kernels");
+done:
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args) {
+    switch (args->dtype) {
+    case BIE_F32: return q4_backward_typed<float>(*args, CUDA_R_32F);
+    case BIE_BF16: return q4_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
+    case BIE_F16: return q4_backward_typed<__half>(*args, CUDA_R_16F);
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit backward: dtype %s", bie_dtype_name(args->dtype));
+    }
+}
+
+extern "C" bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward_args *args) {
+    switch (args->dtype) {
+    case BIE_F32: return q4_conv_backward_typed<float>(*args, CUDA_R_32F);
+    case BIE_BF16: return q4_conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
+    case BIE_F16: return q4_conv_backward_typed<__half>(*args, CUDA_R_16F);
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv backward: dtype %s", bie_dtype_name(args->dtype));
+    }
+}

@@ -1,0 +1,79 @@
+/* The device state every layer on CUDA shares (binary and 4-bit, linear and conv2d): the
+ * weight in device memory, bias_a, the device scalars the kernels read (scale_a, scale_w, and
+ * the forward's copies of both for the backward) and the last backward's gradients. Tensors
+ * users pass or receive are device tensors; the views and checks below give them the CPU
+ * layers' shapes and errors.
+ *
+ * What the weight is made of depends on the layer (binary_weight_cuda.h: float, int8 and
+ * packed signs; q4_weight_cuda.h: float and nibble rows); life-cycle calls that are rare
+ * and not on the hot path stage it to the host, reuse the CPU weight code and upload the
+ * result. Each successful upload bumps `version`, so that layers can rebuild caches derived
+ * from the weight (its codes in a GEMM layout). */
+#ifndef BIE_CUDA_LAYER_H
+#define BIE_CUDA_LAYER_H
+
+#include "binary_weight.h"
+
+#ifdef BIE_HAVE_CUDA
+
+enum { BIE_CBW_SCALE_A = 0, BIE_CBW_SCALE_W = 1, BIE_CBW_SAVED_SCALES = 2 };
+
+typedef struct bie_cuda_bw {
+    int device;
+    int64_t rows, cols, bias_len;
+    const char *module;
+    float *w_f32;      /* float training weight, or NULL */
+    int8_t *w_i8;      /* int8 training weight (binary layers after prepare_params), or NULL */
+    void *qweight;     /* the user format of the quantized weight [rows, ...], or NULL */
+    float *bias_a;     /* [bias_len] */
+    float *scalars;    /* scale_a, scale_w, saved scale_a, saved scale_w */
+    bool scale_a_known; /* scale_a is non-zero: set by the user or measured */
+    unsigned version;  /* bumped by every successful upload */
+    /* Gradients of the last backward. */
+    bool has_grads;
+    float *g_w, *g_bias, *g_scale;
+    int8_t *g_w_i8;
+} bie_cuda_bw;
+
+/* Status of a CUDA runtime call, with `module` in the message. */
+bie_status bie_cbw_cuda_ok(int cuda_error, const char *module, const char *what);
+bie_status bie_cbw_alloc(void **p, size_t bytes, const char *module, const char *what);
+void bie_cbw_free_ptr(void *p);
+/* Copy (any direction) and wait, on the calling thread's stream. */
+bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module, const char *what);
+/* A new device buffer filled from host memory (*dst NULL when src is NULL). */
+bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes, const char *what);
+/* n elements of a device tensor of float `dtype` (f32/bf16/f16) as host float32. */
+bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n, float *dst);
+
+/* On device `device`: bias_a zeros, scale_a 0, scale_w 1, no weight yet. */
+bie_status bie_cbw_create(bie_cuda_bw *d, int device, int64_t rows, int64_t cols, int64_t bias_len,
+                          const char *module);
+void bie_cbw_free(bie_cuda_bw *d);
+
+/* Parameter views: WEIGHT (the int8 weight when there is one, else the float one;
+ * wndim/wshape), BIAS_A, SCALE_A, SCALE_W. QWEIGHT is the layer's (its format differs). */
+bie_status bie_cbw_param_common(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
+                                bie_tensor *v);
+/* Gradient views of the last backward. */
+bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape, bie_tensor *v);
+/* Room for the gradients (int8 weight gradient only for an int8 weight). */
+bie_status bie_cbw_reserve_grads(bie_cuda_bw *d);
+
+bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a);
+/* scale_a = factor * mean|x| over n elements of x (device, dtype) when still 0. */
+bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n,
+                                  double factor, const char *who);
+/* The saved scales = {scale_a, scale_w}, on the stream (no wait). */
+bie_status bie_cbw_save_scales(bie_cuda_bw *d);
+
+/* A device tensor on CUDA device `device` of `dtype` whose last extent is `last` and whose
+ * leading extents equal those of `like` (any when like is NULL). */
+bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *what, bie_dtype dtype,
+                                int64_t last, const bie_tensor *like, const char *who);
+/* A view of device memory on device `device`. */
+bie_status bie_cbw_view(int device, bie_tensor *v, void *data, bie_dtype dt, int ndim,
+                        const int64_t *shape);
+
+#endif
+#endif

@@ -1,0 +1,290 @@
+/* The 4-bit conv2d layer on CUDA (SPEC §4). The forward quantizes the input (+ bias_a) into
+ * 4-bit codes, builds their im2col (one 4-bit GEMM row per output pixel, code 0 for taps
+ * outside the input: zero padding is exact without corrections) and multiplies it with the
+ * weight's codes in the 4-bit GEMM, whose epilogue writes NCHW. A training forward keeps what
+ * the CPU layer keeps for the backward: the input's codes, clip bits and 8-bit rounding
+ * residuals (13 bits per input element), and the weight codes. */
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "../cuda/cuda_internal.h"
+#include "bie_cuda.h"
+#include "q4_conv2d_cuda.h"
+#include "q4_weight_cuda.h"
+
+struct bie_q4c_cuda {
+    bie_cuda_bw d;         /* weight, bias_a, scalars, gradients */
+    bie_cuda_conv_shape g; /* of the last forward */
+    int64_t ld;            /* GEMM-layout row bytes for in_c k k codes */
+    /* Weight codes in the GEMM layout (rows in the weight's [c, i, j] order): of the last
+     * forward that read the float weight (kept for the backward), and the inference cache
+     * built from qweight, valid while qversion == d.version. */
+    uint8_t *wcodes, *qcodes;
+    unsigned qversion;
+    /* The last forward's input codes (a_cap elements); in training also the clip bits and
+     * residuals (s_cap elements). */
+    uint8_t *codes, *mask;
+    int8_t *resid;
+    int64_t a_cap, s_cap;
+};
+
+static const char *const MODULE = "q4_conv2d (cuda)";
+
+#define DEV_FREE(p)                                                                            \
+    do {                                                                                       \
+        bie_cbw_free_ptr(p);                                                                   \
+        (p) = NULL;                                                                            \
+    } while (0)
+
+static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
+    return bie_cbw_alloc(p, bytes, MODULE, what);
+}
+
+static int64_t fan_in(const bie_q4_conv2d *l) { return l->in_c * l->k * l->k; }
+
+/* ---------------------------------------------------------------- life cycle */
+
+bie_status bie_q4cc_create(bie_q4_conv2d *l) {
+    struct bie_q4c_cuda *c = calloc(1, sizeof *c);
+    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    c->ld = bie_cuda_q4_row_stride(fan_in(l));
+    l->cuda = c;
+    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out_c, fan_in(l), l->in_c, MODULE);
+    if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out_c * c->ld), "weight codes");
+    if (st != BIE_OK) bie_q4cc_free(l);
+    return st;
+}
+
+void bie_q4cc_free(bie_q4_conv2d *l) {
+    struct bie_q4c_cuda *c = l->cuda;
+    if (c == NULL) return;
+    bie_cbw_free(&c->d);
+    bie_cbw_free_ptr(c->wcodes);
+    bie_cbw_free_ptr(c->qcodes);
+    bie_cbw_free_ptr(c->codes);
+    bie_cbw_free_ptr(c->mask);
+    bie_cbw_free_ptr(c->resid);
+    free(c);
+    l->cuda = NULL;
+}
+
+static bie_status weight_changed(bie_q4_conv2d *l, bie_status st) {
+    if (st == BIE_OK) l->has_saved = false;
+    return st;
+}
+
+bie_status bie_q4cc_reset(bie_q4_conv2d *l, uint64_t seed) {
+    return weight_changed(l, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
+}
+
+bie_status bie_q4cc_prepare(bie_q4_conv2d *l) {
+    return weight_changed(l, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_conv2d_prepare_params"));
+}
+
+/* A device tensor checked as the CPU checks a host one. */
+static bie_status on_device(const bie_q4_conv2d *l, const bie_tensor *t, const char *what, const char *who,
+                            bie_tensor *host) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->device.type != BIE_DEVICE_CUDA || t->device.index != l->device.index)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
+                        what, l->device.index);
+    *host = *t;
+    host->device = bie_cpu();
+    return BIE_OK;
+}
+
+static bie_status check_shape4(const bie_q4_conv2d *l, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
+                               const char *what, const char *who) {
+    bie_tensor h;
+    BIE_TRY(on_device(l, t, what, who, &h));
+    return bie_conv_check_shape4_as(&h, dtype, shape, what, who);
+}
+
+bie_status bie_q4cc_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) {
+    static const char *who = "q4_conv2d_set_weight_data";
+    const int64_t shape[4] = {l->out_c, l->in_c, l->k, l->k};
+    BIE_TRY(check_shape4(l, w, l->dtype, shape, "weight", who));
+    return weight_changed(l, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+}
+
+bie_status bie_q4cc_generate_quantized_weight(bie_q4_conv2d *l, bool qweight_only) {
+    bie_status st = bie_cq4w_generate_qweight(&l->cuda->d, &l->w, qweight_only,
+                                              "q4_conv2d_generate_quantized_weight");
+    return qweight_only ? weight_changed(l, st) : st;
+}
+
+bie_status bie_q4cc_set_quantized_weight_data(bie_q4_conv2d *l, const bie_tensor *q) {
+    static const char *who = "q4_conv2d_set_quantized_weight_data";
+    const int64_t rb = bie_nibble_row_bytes(fan_in(l));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", BIE_U8, rb, NULL, who));
+    if (q->ndim != 2 || q->shape[0] != l->out_c)
+        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c, (long long)rb);
+    return bie_cq4w_set_qweight(&l->cuda->d, &l->w, q, who);
+}
+
+bie_status bie_q4cc_param(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_cq4w_param(&l->cuda->d, which, 4, wshape, v);
+}
+
+bie_status bie_q4cc_grad(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
+    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
+    return bie_cbw_grad(&l->cuda->d, which, 4, wshape, v);
+}
+
+bie_status bie_q4cc_set_scale_a(bie_q4_conv2d *l, float scale_a) {
+    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
+}
+
+bool bie_q4cc_has_qweight(const bie_q4_conv2d *l) { return l->cuda->d.qweight != NULL; }
+
+bie_status bie_q4cc_set_kernel(bie_q4_conv2d *l, int id) {
+    BIE_TRY(bie_cq4w_check_kernel(id, fan_in(l), "q4_conv2d_set_gemm_kernel"));
+    l->kernel_id = id;
+    return BIE_OK;
+}
+
+/* ---------------------------------------------------------------- forward */
+
+bie_status bie_q4cc_check_forward(const bie_q4_conv2d *l, const bie_tensor *x) {
+    static const char *who = "q4_conv2d_check_forward";
+    bie_tensor h;
+    BIE_TRY(on_device(l, x, "input", who, &h));
+    return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
+}
+
+static bie_status ensure_scale_a(bie_q4_conv2d *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
+}
+
+bie_status bie_q4cc_set_activation(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
+    static const char *who = "q4_conv2d_set_activation";
+    BIE_TRY(bie_q4cc_check_forward(l, x));
+    if (x_out) BIE_TRY(check_shape4(l, x_out, l->dtype, x->shape, "output", who));
+    BIE_TRY(ensure_scale_a(l, x, who));
+    if (x_out == NULL) return BIE_OK;
+    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
+                                    l->cuda->d.bias_a, x_out->data);
+}
+
+static bie_cuda_conv_shape shape_of(const bie_q4_conv2d *l, const bie_tensor *x) {
+    bie_cuda_conv_shape g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
+                             bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
+                             bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
+                             l->k, l->stride, l->padding, l->dilation};
+    return g;
+}
+
+/* Room for the codes of n_in inputs (contents are not kept); with `keep`, also for the
+ * backward's clip bits and residuals. */
+static bie_status reserve_activations(bie_q4_conv2d *l, int64_t n_in, bool keep) {
+    struct bie_q4c_cuda *c = l->cuda;
+    if (n_in > c->a_cap) {
+        l->has_saved = false;
+        DEV_FREE(c->codes);
+        c->a_cap = 0;
+        BIE_TRY(dev_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), "input codes"));
+        c->a_cap = n_in;
+    }
+    if (keep && n_in > c->s_cap) {
+        l->has_saved = false;
+        DEV_FREE(c->mask);
+        DEV_FREE(c->resid);
+        c->s_cap = 0;
+        BIE_TRY(dev_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), "input clip bits"));
+        BIE_TRY(dev_alloc((void **)&c->resid, (size_t)n_in, "input residuals"));
+        c->s_cap = n_in;
+    }
+    return BIE_OK;
+}
+
+/* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
+ * now (the optimizer may have changed it), or in inference the codes of qweight, unpacked
+ * once after each weight change. */
+static bie_status forward_weight(bie_q4_conv2d *l, const uint8_t **codes) {
+    struct bie_q4c_cuda *c = l->cuda;
+    const int64_t K = fan_in(l);
+    if (l->training || c->d.qweight == NULL) {
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out_c, K, c->d.scalars + BIE_CBW_SCALE_W, c->ld, c->wcodes));
+        *codes = c->wcodes;
+        return BIE_OK;
+    }
+    if (c->qcodes == NULL || c->qversion != c->d.version) {
+        if (c->qcodes == NULL) BIE_TRY(dev_alloc((void **)&c->qcodes, (size_t)(l->out_c * c->ld), "weight codes"));
+        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out_c, K, c->ld, c->qcodes));
+        c->qversion = c->d.version;
+    }
+    *codes = c->qcodes;
+    return BIE_OK;
+}
+
+bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+    static const char *who = "q4_conv2d_forward";
+    struct bie_q4c_cuda *c = l->cuda;
+    BIE_TRY(bie_q4cc_check_forward(l, x));
+    const bie_cuda_conv_shape g = shape_of(l, x);
+    const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
+    BIE_TRY(check_shape4(l, out, l->dtype, oshape, "output", who));
+    if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
+    const int64_t rows = g.n * g.oh * g.ow, n_in = bie_tensor_numel(x);
+    int64_t cols_bytes;
+    /* The GEMM and the backward's BLAS index rows in 32 bits. */
+    if (rows > INT32_MAX || !bie_mul_ok(rows, c->ld, &cols_bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
+    const bool keep = l->training;
+    BIE_TRY(ensure_scale_a(l, x, who));
+    BIE_TRY(reserve_activations(l, n_in, keep));
+    l->has_saved = false;
+    float *scalars = c->d.scalars;
+    BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->codes,
+                                    keep ? c->mask : NULL, keep ? c->resid : NULL));
+    if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
+    const uint8_t *wcodes = NULL;
+    BIE_TRY(forward_weight(l, &wcodes));
+    /* The im2col lives only for this call: stream-ordered allocation. */
+    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    uint8_t *cols = NULL;
+    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
+    bie_status st = bie_cuda_q4_conv_im2col(c->codes, &g, c->ld, cols);
+    const bie_cuda_conv_out conv = {g.oh * g.ow, NULL, NULL};
+    if (st == BIE_OK)
+        st = bie_cuda_q4gemm_launch(l->kernel_id, rows, g.o, fan_in(l), cols, wcodes, c->ld, 0.0f,
+                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
+    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+    BIE_TRY(st);
+    BIE_TRY(fst);
+    if (keep) {
+        c->g = g;
+        bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};
+        l->saved_geom = sg;
+        l->has_saved = true;
+    }
+    return BIE_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+bie_status bie_q4cc_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+    static const char *who = "q4_conv2d_backward";
+    struct bie_q4c_cuda *c = l->cuda;
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+    const bie_cuda_conv_shape g = c->g;
+    const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
+    BIE_TRY(check_shape4(l, grad_out, l->dtype, gshape, "grad_out", who));
+    if (grad_x) BIE_TRY(check_shape4(l, grad_x, l->dtype, xshape, "grad_x", who));
+    const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
+    int64_t cells;
+    if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || cells > ((int64_t)1 << 40))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
+    BIE_TRY(bie_cbw_reserve_grads(&c->d));
+    bie_cuda_q4conv_backward_args a = {
+        .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
+        .wcodes = c->wcodes, .ld = c->ld, .codes = c->codes, .mask = c->mask, .resid = c->resid,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_bias = c->d.g_bias,
+        .grad_scale_a = c->d.g_scale,
+    };
+    BIE_TRY(bie_cuda_q4_conv2d_backward(&a));
+    c->d.has_grads = true;
+    return BIE_OK;
+}
