@@ -173,12 +173,15 @@ __device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int by
 template <int BN>
 __global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
     bconv_implicit(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, const uint8_t *__restrict__ wbits,
-                   int64_t ld, const int *__restrict__ wpopc, int ldr, int unit, Epilogue ep) {
+                   int64_t ld, const int *__restrict__ wpopc, int ldr, int unit, int classes, Epilogue ep) {
     constexpr int WN = BN / 4, NT = WN / 8, MT = 2;  // warps 2 (rows) x 4 (channels), 32 x WN each
     extern __shared__ __align__(16) uint8_t smem[];
     const int stride = ldr + 16;
     uint8_t *sA = smem, *sB = smem + kConvBM * stride;
-    int *sPa = reinterpret_cast<int *>(sB + BN * stride);
+    size_t operands = (size_t)(kConvBM + BN) * stride, tile = (size_t)kConvBM * (BN + 1) * sizeof(int);
+    operands = (operands > tile ? operands : tile);
+    int *sPa = reinterpret_cast<int *>(smem + (operands + 15) / 16 * 16);
+    int *sCorr = sPa + kConvBM;  // [classes][BN]: the block's columns of the correction table
 
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w;
     const int ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
@@ -224,6 +227,12 @@ __global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
         *reinterpret_cast<uint32_t *>(sA + r * stride + used + q * 4) = 0u;
     }
     cp_async_commit();
+    // The correction table's columns of this block, in shared memory: the epilogue then has
+    // no global loads between its stores (which the compiler would have to order).
+    for (int idx = tid; idx < classes * BN; idx += 256) {
+        const int cls = idx / BN, col = n0 + idx - cls * BN;
+        sCorr[idx] = ep.conv.corr && col < O ? ep.conv.corr[(int64_t)cls * O + col] : 0;
+    }
     cp_async_wait<0>();
     __syncthreads();
 
@@ -264,12 +273,17 @@ __global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
             }
         }
     }
-    __syncthreads();  // sPa complete
 
-    // Epilogue (as the GEMM's, with 32-bit index math): out[(n O + col) plane + pix] =
-    // (float)(dot + padding correction of the pixel's class) * scale.
-    const float scale = ep.scale();
-    const long long K = (long long)C * kk;
+    // Epilogue. First every thread turns its fragment sums into the final integer dot
+    // products (AND form plus the padding correction of the pixel's class) in a shared-memory
+    // tile (reusing the operand space); then each thread owns one pixel row of the tile and
+    // walks channels 4 apart, so the NCHW stores of neighbouring threads are contiguous and
+    // the per-element work is a load, a multiply and a store.
+    int *sRowCls = sCorr + classes * BN;  // [64]
+    if (tid < kConvBM) {
+        const int row = m0 + tid, pix = row % plane;
+        sRowCls[tid] = row < rows && ep.conv.corr ? ep.conv.pix_class[pix] : 0;
+    }
     const int g = lane >> 2, t4 = lane & 3, parts = (int)((ld + 1023) / 1024);
     int pcol[NT][2];
 #pragma unroll
@@ -282,31 +296,54 @@ __global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
                 for (int part = 0; part < parts; part++) sum += wpopc[(int64_t)col * parts + part];
             pcol[j][e] = sum;
         }
+    __syncthreads();  // operands no longer needed; sPa and sRowCls complete
+    constexpr int CS = BN + 1;  // odd row stride: conflict-free row reads below
+    int *sC = reinterpret_cast<int *>(smem);
+    const int K = C * kk;  // < 2^24
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int rl = wm * 32 + i * 16 + g + 8 * hh, row = m0 + rl;
-            if (row >= rows) continue;
-            const int n = row / plane, pix = row - n * plane;
-            const int cls = ep.conv.corr ? ep.conv.pix_class[pix] : 0;
-            const int *corr = cls ? ep.conv.corr + (int64_t)cls * O : nullptr;
-            const int64_t base = (int64_t)n * O * plane + pix;
-            const long long pa = sPa[rl];
+            const int rl = wm * 32 + i * 16 + g + 8 * hh;
+            const int rowterm = K - 2 * sPa[rl];
+            const int *corr = sCorr + sRowCls[rl] * BN;
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int col = n0 + wn * WN + j * 8 + 2 * t4 + e;
-                    if (col >= O) continue;
-                    long long dot = K - 2 * pa - 2LL * pcol[j][e] + 4LL * acc[i][j][hh * 2 + e];
-                    if (corr) dot += corr[col];
-                    store_out(ep.out, base + (int64_t)col * plane, (float)dot * scale, ep.out_type);
+                    const int cl = wn * WN + j * 8 + 2 * t4 + e;
+                    sC[rl * CS + cl] = rowterm - 2 * pcol[j][e] + 4 * acc[i][j][hh * 2 + e] + corr[cl];
                 }
         }
+    __syncthreads();
+    const float scale = ep.scale();
+    const int r = tid & (kConvBM - 1), row = m0 + r;
+    if (row >= rows) return;
+    const int n = row / plane, pix = row - n * plane;
+    const int cl0 = tid / kConvBM, cols = O - n0 < BN ? O - n0 : BN;
+    const int64_t step = (int64_t)(256 / kConvBM) * plane;
+    const int64_t first = ((int64_t)n * O + n0 + cl0) * plane + pix;
+    const int *src = sC + r * CS;
+    if (ep.out_type == kOutF32) {
+        float *o = static_cast<float *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = (float)src[cl] * scale;
+    } else if (ep.out_type == kOutBF16) {
+        __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = __float2bfloat16((float)src[cl] * scale);
+    } else {
+        __half *o = static_cast<__half *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = __float2half((float)src[cl] * scale);
+    }
 }
 
-size_t implicit_smem(int bn, int ldr) { return (size_t)(kConvBM + bn) * (ldr + 16) + kConvBM * sizeof(int); }
+// Operand rows (reused for the 64 x (BN + 1) tile of dot products), then the rows'
+// popcounts, the corrections and the rows' classes.
+size_t implicit_smem(int bn, int ldr, int classes) {
+    size_t operands = (size_t)(kConvBM + bn) * (ldr + 16), tile = (size_t)kConvBM * (bn + 1) * sizeof(int);
+    operands = (operands > tile ? operands : tile);
+    operands = (operands + 15) / 16 * 16;
+    return operands + (size_t)(kConvBM + classes * bn + kConvBM) * sizeof(int);
+}
 
 }  // namespace
 }  // namespace bie_cuda
@@ -373,7 +410,7 @@ bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shap
 }
 
 
-int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g) {
+int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     int dev = 0, max_smem = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -395,7 +432,7 @@ int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g) {
     int best = 0;
     for (int i = 0; i < 3; i++) {
         if (i < 2 && g->o <= widths[i + 1]) continue;
-        if (implicit_smem(widths[i], (int)ldr) > (size_t)max_smem) continue;
+        if (implicit_smem(widths[i], (int)ldr, classes) > (size_t)max_smem) continue;
         best = widths[i];
         if (tiles * ((g->o + best - 1) / best) >= 2 * sms) return best;
     }
@@ -403,7 +440,7 @@ int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g) {
 }
 
 bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
-                                  int64_t ld, const int *wpopc, int bn, const float *scale_a,
+                                  int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
@@ -411,7 +448,7 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
     const int which = out_type_of(out_dtype);
     if (which < 0) return bie_fail(BIE_ERR_DTYPE, "cuda conv: output dtype %s", bie_dtype_name(out_dtype));
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
-    const size_t smem = implicit_smem(bn, (int)ldr);
+    const size_t smem = implicit_smem(bn, (int)ldr, classes);
     const int64_t rows = g->n * g->oh * g->ow;
     const dim3 grid((unsigned)((rows + kConvBM - 1) / kConvBM), (unsigned)((g->o + bn - 1) / bn));
     auto fn = bn == 256 ? bconv_implicit<256> : bn == 128 ? bconv_implicit<128> : bconv_implicit<64>;
@@ -421,7 +458,7 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributePreferredSharedMemoryCarveout, 100),
                        "cudaFuncSetAttribute"));
-    fn<<<grid, 256, smem, current_stream>>>(signs, *g, wbits, ld, wpopc, (int)ldr, unit, ep);
+    fn<<<grid, 256, smem, current_stream>>>(signs, *g, wbits, ld, wpopc, (int)ldr, unit, classes, ep);
     return check(cudaGetLastError(), "cuda conv implicit gemm");
 }
 

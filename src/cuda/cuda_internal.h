@@ -147,12 +147,12 @@ bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shap
                                      const int *ylim, int ny, const int *xlim, int nx, int *corr);
 
 /* The implicit-GEMM forward (no im2col pass): the channel-tile width it runs with for this
- * shape on the current device (256, 128 or 64), or 0 when the weight rows do not fit in
- * shared memory (then use bie_cuda_conv_im2col + bie_cuda_bgemm_launch). wbits/wpopc/ld as
+ * shape (with `classes` padding classes) on the current device (256, 128 or 64), or 0 when
+ * the weight rows do not fit in shared memory (then use bie_cuda_conv_im2col + bie_cuda_bgemm_launch). wbits/wpopc/ld as
  * bie_cuda_conv_pack_weight wrote them; the output and scales as bie_cuda_bgemm_launch. */
-int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g);
+int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes);
 bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
-                                  int64_t ld, const int *wpopc, int bn, const float *scale_a,
+                                  int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv);
 

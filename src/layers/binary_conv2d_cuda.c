@@ -337,9 +337,10 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
     /* Default: the implicit GEMM, reading the sign words in place. A chosen GEMM kernel (or
      * weights too large for shared memory) takes the im2col path. */
-    const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g) : 0;
+    const int classes = c->ny * c->nx;
+    const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g, classes) : 0;
     if (bn > 0) {
-        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->ld, c->wpopc, bn, scalars + BIE_CBW_SCALE_A,
+        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->ld, c->wpopc, bn, classes, scalars + BIE_CBW_SCALE_A,
                                        scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv));
         return finish_forward(l, &g, keep);
     }
