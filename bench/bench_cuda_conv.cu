@@ -226,6 +226,55 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     bie_tensor_free(&w), bie_tensor_free(&gw);
 }
 
+// Inference forward and training step of bie's bf16 4-bit conv2d against cuDNN bf16.
+static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
+    bie_device cuda = {BIE_DEVICE_CUDA, 0};
+    bie_tensor x = dev4(g.n, g.c, g.h, g.w), y = dev4(g.n, g.o, g.oh(), g.ow());
+    bie_tensor gx = dev4(g.n, g.c, g.h, g.w), gy = dev4(g.n, g.o, g.oh(), g.ow());
+    bie_tensor w = dev4(g.o, g.c, g.k, g.k), gw = dev4(g.o, g.c, g.k, g.k);
+    fill_bf16(x.data, bie_tensor_numel(&x), 1);
+    fill_bf16(w.data, bie_tensor_numel(&w), 2);
+    fill_bf16(gy.data, bie_tensor_numel(&gy), 3);
+    bie_q4_conv2d *train, *infer;
+    ok(bie_q4_conv2d_create(&train, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16), "create");
+    ok(bie_q4_conv2d_create(&infer, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16), "create");
+    ok(bie_q4_conv2d_prepare_params(train), "prepare");
+    ok(bie_q4_conv2d_prepare_params(infer), "prepare");
+    ok(bie_q4_conv2d_set_training(infer, false), "eval");
+    ok(bie_q4_conv2d_generate_quantized_weight(infer, true), "pack");
+    auto ours_fwd = [&] { ok(bie_q4_conv2d_forward(infer, &x, &y), "forward"); };
+    auto ours_train = [&] {
+        ok(bie_q4_conv2d_forward(train, &x, &y), "forward");
+        ok(bie_q4_conv2d_backward(train, &gy, &gx), "backward");
+    };
+    Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
+    auto base_fwd = [&](Dnn &d) { return [&] { d.forward(x.data, w.data, y.data); }; };
+    auto base_train = [&](Dnn &d) {
+        return [&] {
+            d.forward(x.data, w.data, y.data);
+            d.backward(x.data, w.data, gy.data, gx.data, gw.data);
+        };
+    };
+    double f_ours = 1e30, f_base = 1e30, t_ours = 1e30, t_base = 1e30;
+    for (int round = 0; round < 2; round++) {
+        f_ours = std::min(f_ours, time_it(ours_fwd, 20, 7));
+        f_base = std::min({f_base, time_it(base_fwd(nchw), 20, 7), time_it(base_fwd(nhwc), 20, 7)});
+        t_ours = std::min(t_ours, time_it(ours_train, 20, 7));
+        t_base = std::min({t_base, time_it(base_train(nchw), 20, 7), time_it(base_train(nhwc), 20, 7)});
+    }
+    printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"fwd_ours_s\":%.6e,"
+           "\"fwd_cudnn_s\":%.6e,\"fwd_ratio\":%.3f,\"fwd_ours_tops\":%.1f,\"train_ours_s\":%.6e,"
+           "\"train_cudnn_s\":%.6e,\"train_ratio\":%.3f,\"baseline\":\"cuDNN bf16 convolution, fastest "
+           "algorithm and layout\"}\n",
+           name, g.n, g.c, g.h, g.w, g.o, g.k, f_ours, f_base, f_base / f_ours, g.flops() / f_ours / 1e12, t_ours,
+           t_base, t_base / t_ours);
+    fflush(stdout);
+    bie_q4_conv2d_free(train);
+    bie_q4_conv2d_free(infer);
+    bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&gx), bie_tensor_free(&gy);
+    bie_tensor_free(&w), bie_tensor_free(&gw);
+}
+
 int main(int argc, char **argv) {
     if (bie_cuda_device_count() == 0) {
         fprintf(stderr, "bie_bench_cuda_conv: no CUDA device\n");
@@ -239,6 +288,7 @@ int main(int argc, char **argv) {
     if (wanted(argc, argv, "cuda_bconv_256_14")) conv_case(dnn, "cuda_bconv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
     if (wanted(argc, argv, "cuda_bconv_128_28")) conv_case(dnn, "cuda_bconv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
     if (wanted(argc, argv, "cuda_bconv_512_7")) conv_case(dnn, "cuda_bconv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_256_14")) q4conv_case(dnn, "cuda_q4conv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
     cudnnDestroy(dnn);
     return 0;
 }
