@@ -15,7 +15,8 @@ int report_failure(const char *command) {
 int setup_device(const char *device, int64_t threads) {
     if (strcmp(device, "cuda") == 0) {
         /* The model container (bie_train.h) builds its layers on the CPU only. */
-        return tool_fail("--device cuda: the CUDA layers are not available in this build yet "
+        return tool_fail("--device cuda: the model's float layers (batch norm, pooling, float "
+                         "linear) run only on the CPU so far, so models are not run on CUDA yet "
                          "(CUDA backend %s, %d device(s) visible); use --device cpu",
                          bie_cuda_built() ? "built" : "not built", bie_cuda_device_count());
     }
