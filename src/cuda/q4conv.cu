@@ -27,11 +27,20 @@ __global__ void __launch_bounds__(256)
     const float s = *scale;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups; t += (int64_t)gridDim.x * blockDim.x) {
         unsigned w = 0, bits = 0;
+        // The channel of the group's first element, then stepped along (one division per
+        // group instead of two per element).
+        const int64_t plane0 = t * 8 / hw;
+        int64_t off = t * 8 - plane0 * hw, ch = plane0 % c;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int64_t i = t * 8 + j;
             if (i >= total) break;
-            const float v = __fadd_rn(q4_to_f32(x[i]), bias[(i / hw) % c]);
+            if (off == hw) {
+                off = 0;
+                if (++ch == c) ch = 0;
+            }
+            off++;
+            const float v = __fadd_rn(q4_to_f32(x[i]), bias[ch]);
             w |= (unsigned)(q4_code(v, s) & 15) << (4 * j);
             if (mask) bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << j;
         }
@@ -40,36 +49,37 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// One thread per 32-bit word (8 codes) of the GEMM rows [n oh ow][ld]: the codes of taps
-// e = 8 q .. 8 q + 7 in [c, i, j] order of output pixel r, 0 outside the input and past C k k.
-__global__ void __launch_bounds__(256)
-    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_cuda_conv_shape g, int64_t ld, unsigned *__restrict__ cols) {
-    const int64_t words = ld / 4, plane = g.oh * g.ow, rows = g.n * plane, total = rows * words;
-    const int64_t kk = g.k * g.k, K = g.c * kk, chw = g.c * g.h * g.w;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx / words, e0 = (idx - r * words) * 8;
-        unsigned w = 0;
+// Block per GEMM row [n oh ow][ld] (one output pixel), threads over its 32-bit words (8
+// codes each): the codes of taps e = 8 q .. 8 q + 7 in [c, i, j] order, 0 outside the input
+// and past C k k. 32-bit index math (the layer checks the extents).
+__global__ void __launch_bounds__(128)
+    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_cuda_conv_shape g64, int words, unsigned *__restrict__ cols) {
+    const int r = blockIdx.x, k = (int)g64.k, kk = k * k, C = (int)g64.c, K = C * kk;
+    const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), d = (int)g64.d;
+    const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
+    const int y0 = oy * (int)g64.s - (int)g64.p, x0 = ox * (int)g64.s - (int)g64.p;
+    const int64_t base = (int64_t)n * C * h * w;
+    for (int q = threadIdx.x; q < words; q += 128) {
+        const int e0 = q * 8;
+        unsigned v = 0;
         if (e0 < K) {
-            const int64_t n = r / plane, pix = r - n * plane, oy = pix / g.ow, ox = pix - oy * g.ow;
-            const int64_t y0 = oy * g.s - g.p, x0 = ox * g.s - g.p, base = n * chw;
-            int64_t c = e0 / kk, t = e0 - c * kk, i = t / g.k, j = t - i * g.k;
+            int c = e0 / kk, t = e0 - c * kk, i = t / k, j = t - i * k;
             for (int b = 0; b < 8 && e0 + b < K; b++) {
-                const int64_t iy = y0 + i * g.d, ix = x0 + j * g.d;
-                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) {
-                    const int64_t at = base + (c * g.h + iy) * g.w + ix;
-                    w |= ((unsigned)(codes[at >> 1] >> ((at & 1) * 4)) & 15u) << (4 * b);
+                const int iy = y0 + i * d, ix = x0 + j * d;
+                if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
+                    const int64_t at = base + ((int64_t)c * h + iy) * w + ix;
+                    v |= ((unsigned)(codes[at >> 1] >> ((at & 1) * 4)) & 15u) << (4 * b);
                 }
-                if (++j == g.k) {  // next tap in [c, i, j] order
+                if (++j == k) {  // next tap in [c, i, j] order
                     j = 0;
-                    if (++i == g.k) {
+                    if (++i == k) {
                         i = 0;
                         c++;
                     }
                 }
             }
         }
-        cols[idx] = w;
+        cols[(int64_t)r * words + q] = v;
     }
 }
 
@@ -102,8 +112,8 @@ bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cud
 }
 
 bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_shape *g, int64_t ld, uint8_t *cols) {
-    const int64_t total = g->n * g->oh * g->ow * (ld / 4);
-    q4_conv_im2col<<<blocks_for(total), 256, 0, current_stream>>>(codes, *g, ld, reinterpret_cast<unsigned *>(cols));
+    q4_conv_im2col<<<(unsigned)(g->n * g->oh * g->ow), 128, 0, current_stream>>>(codes, *g, (int)(ld / 4),
+                                                                               reinterpret_cast<unsigned *>(cols));
     return check(cudaGetLastError(), "cuda 4-bit conv im2col");
 }
 

@@ -229,7 +229,8 @@ bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *o
     const int64_t rows = g.n * g.oh * g.ow, n_in = bie_tensor_numel(x);
     int64_t cols_bytes;
     /* The GEMM and the backward's BLAS index rows in 32 bits. */
-    if (rows > INT32_MAX || !bie_mul_ok(rows, c->ld, &cols_bytes))
+    if (rows > INT32_MAX || !bie_mul_ok(rows, c->ld, &cols_bytes) || g.h * g.w > INT32_MAX ||
+        g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     const bool keep = l->training;
     BIE_TRY(ensure_scale_a(l, x, who));
