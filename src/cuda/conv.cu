@@ -44,16 +44,20 @@ __global__ void __launch_bounds__(256)
     float v[32];
 #pragma unroll
     for (int c = 0; c < 32; c++) v[c] = c < cn ? to_f32(xp[(int64_t)c * hw]) + bias[c0 + c] : 0.0f;
-    uint32_t sb = 0, mb = 0;
+    uint32_t sb = 0;
 #pragma unroll
-    for (int c = 0; c < 32; c++) {
-        sb |= (uint32_t)(c < cn && v[c] >= 0.0f) << c;
-        const float q = v[c] / sa;
-        mb |= (uint32_t)(c < cn && q >= -1.0f && q <= 1.0f) << c;
-    }
+    for (int c = 0; c < 32; c++) sb |= (uint32_t)(c < cn && v[c] >= 0.0f) << c;
     const int64_t dst = ((int64_t)n * hw + pix) * cw + word;
     signs[dst] = sb;
-    if (mask) mask[dst] = mb;
+    if (mask) {  // training only: the divisions are skipped in inference
+        uint32_t mb = 0;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const float q = v[c] / sa;
+            mb |= (uint32_t)(c < cn && q >= -1.0f && q <= 1.0f) << c;
+        }
+        mask[dst] = mb;
+    }
 }
 
 // Sign of element idx of weight row `row` ([c, i, j] order) from the source format.
