@@ -55,7 +55,10 @@ BIE_API bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor 
  * weight: I8, any shape; grad: same shape, I8 (the layers' int8-quantized gradient, used as
  * integers) or F32; m, v: same shape F32 optimizer state (zeros at the start), updated.
  * flipped (may be NULL) receives the number of weights that changed sign.
- * Errors: NULL, shapes, dtypes, lr not finite or <= 0, betas outside [0, 1). */
+ * The tensors may all be CPU tensors or all on one CUDA device (CUDA builds; asynchronous
+ * on the current stream, except that a non-NULL flipped waits for the count).
+ * Errors: NULL, shapes, dtypes, lr not finite or <= 0, betas outside [0, 1), tensors on
+ * different devices or on a device this build cannot use. */
 BIE_API bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
                                      bie_tensor *v, float lr, float beta1, float beta2,
                                      int64_t *flipped);
@@ -76,8 +79,11 @@ BIE_API bie_adam_options bie_adam_defaults(void);
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
  *   p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps).
  * param, grad, m, v: F32 of one shape (m, v zeros at the start). step: 1 for the first.
+ * The tensors may all be CPU tensors or all on one CUDA device (CUDA builds; asynchronous on
+ * the current stream).
  * Errors: NULL, shapes, dtypes, step < 1, lr / eps not finite and > 0, betas outside [0, 1),
- * weight_decay negative or not finite. */
+ * weight_decay negative or not finite, tensors on different devices or on a device this
+ * build cannot use. */
 BIE_API bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m,
                                  bie_tensor *v, int64_t step, const bie_adam_options *options);
 
@@ -147,6 +153,19 @@ BIE_API bie_status bie_model_reset_parameters(bie_model *model, uint64_t seed);
  * sign-flip optimizer; 4-bit: scale_w). Needed before training; idempotent.
  * Errors: NULL, a packed model. */
 BIE_API bie_status bie_model_prepare_params(bie_model *model);
+
+/* Move the model to `device` (module.to(device)): every layer, parameter and buffer is
+ * rebuilt there and the old storage freed. A new model is on the CPU. On CUDA (device 0)
+ * every layer runs on the GPU: forward takes its input from the host or the device and
+ * returns a view of device memory; backward takes grad_out from either and writes grad_x
+ * (which may be on either); parameter views (bie_model_param_get) are device tensors, and
+ * bie_model_set_param loads from either. Optimizers made before a move refuse to step
+ * (the parameters changed): make a new one. Errors: device not available (no CUDA
+ * backend, no GPU, an index other than 0); the model is unchanged on error. Packed models
+ * move too. */
+BIE_API bie_status bie_model_to_device(bie_model *model, bie_device device);
+/* The model's device (the CPU for NULL). */
+BIE_API bie_device bie_model_device(const bie_model *model);
 
 /* Training (true, the default) or evaluation mode for every layer (module.train() /
  * .eval()): batch norm switches statistics, low-bit layers their forward path.

@@ -23,6 +23,11 @@ bie_status bie_cbw_stage_down(bie_cuda_bw *d, bie_binary_weight *w) {
     if (d->w_i8 && (st = bie_cbw_copy_sync(w->i8, d->w_i8, n, d->module, "weight to host")) != BIE_OK) goto fail;
     if (d->qweight && (st = bie_cbw_copy_sync(w->qweight, d->qweight, qb, d->module, "qweight to host")) != BIE_OK)
         goto fail;
+    /* scale_w too: users (and optimizers, and model loading) write it through its parameter
+     * view, and stage_up uploads the host's value */
+    if ((st = bie_cbw_copy_sync(&w->scale_w, d->scalars + BIE_CBW_SCALE_W, sizeof(float), d->module,
+                                "scale_w to host")) != BIE_OK)
+        goto fail;
     return BIE_OK;
 oom:
     st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging of the weight", d->module);
@@ -67,7 +72,10 @@ static bie_status staged(bie_cuda_bw *d, bie_binary_weight *w, bie_status st) {
 }
 
 bie_status bie_cbw_reset(bie_cuda_bw *d, bie_binary_weight *w, uint64_t seed) {
-    return staged(d, w, bie_bw_reset(w, seed)); /* a fresh float weight */
+    /* a fresh float weight; scale_w stays (the device's, which its view may have changed) */
+    BIE_TRY(bie_cbw_copy_sync(&w->scale_w, d->scalars + BIE_CBW_SCALE_W, sizeof(float), d->module,
+                              "scale_w to host"));
+    return staged(d, w, bie_bw_reset(w, seed));
 }
 
 bie_status bie_cbw_prepare(bie_cuda_bw *d, bie_binary_weight *w, const char *who) {

@@ -38,22 +38,21 @@ bie_status bie_model_create(bie_model **out) {
     if (m == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "model_create: model");
     m->training = true;
     m->generation = 1;
+    m->device = bie_cpu();
+    m->ops = bie_train_ops_for(m->device);
     *out = m;
     return BIE_OK;
 }
 
 void bie_model_layer_release(bie_model_layer *l) {
-    bie_free_aligned(l->weight);
-    bie_free_aligned(l->bias);
-    bie_free_aligned(l->grad_weight);
-    bie_free_aligned(l->grad_bias);
-    bie_free_aligned(l->running_mean);
-    bie_free_aligned(l->running_var);
-    bie_free_aligned(l->saved_xhat);
-    bie_free_aligned(l->saved_invstd);
-    bie_free_aligned(l->batch_mean);
-    bie_free_aligned(l->batch_var);
-    bie_free_aligned(l->saved_argmax);
+    const bie_train_ops *ops = bie_train_ops_for(l->device);
+    if (ops) {
+        float *const buffers[] = {l->weight,       l->bias,         l->grad_weight,
+                                  l->grad_bias,    l->running_mean, l->running_var,
+                                  l->saved_xhat,   l->saved_invstd, l->batch_mean,
+                                  l->batch_var,    (float *)l->saved_argmax};
+        for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) ops->release(buffers[i]);
+    }
     bie_binary_linear_free(l->binary_linear);
     bie_binary_conv2d_free(l->binary_conv2d);
     bie_q4_linear_free(l->q4_linear);
@@ -66,11 +65,11 @@ void bie_model_free(bie_model *m) {
     for (int i = 0; i < m->count; i++) bie_model_layer_release(&m->layers[i]);
     free(m->layers);
     if (m->acts)
-        for (int i = 0; i <= m->count; i++) bie_free_aligned(m->acts[i]);
+        for (int i = 0; i <= m->count; i++) m->ops->release(m->acts[i]);
     free(m->acts);
     free(m->act_cap);
-    bie_free_aligned(m->grad_buf[0]);
-    bie_free_aligned(m->grad_buf[1]);
+    m->ops->release(m->grad_buf[0]);
+    m->ops->release(m->grad_buf[1]);
     free(m->params);
     free(m);
 }
@@ -148,12 +147,18 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
     return BIE_OK;
 }
 
-static float *alloc_floats(int64_t n) { return bie_alloc_aligned((size_t)n * sizeof(float)); }
 
 /* Storage and the low-bit object of a new layer; nothing is initialised yet. */
-static bie_status build_layer(const bie_layer_info *info, bie_model_layer *l, const char *who) {
+bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
+                                 bie_model_layer *l, const char *who) {
     memset(l, 0, sizeof *l);
     l->info = *info;
+    l->device = device;
+    const bie_train_ops *ops = bie_train_ops_for(device);
+    if (ops == NULL)
+        return bie_fail(BIE_ERR_DEVICE, "%s: no %s device in this build or on this machine", who,
+                        device.type == BIE_DEVICE_CUDA ? "CUDA" : "such");
+#define alloc_floats(n) ((float *)ops->alloc((size_t)(n) * sizeof(float)))
     bie_status st = BIE_OK;
     const int64_t in = info->in, out = info->out;
     switch (info->type) {
@@ -194,28 +199,29 @@ static bie_status build_layer(const bie_layer_info *info, bie_model_layer *l, co
             st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: PReLU slopes", who);
         break;
     case BIE_LAYER_BINARY_LINEAR:
-        st = bie_binary_linear_create(&l->binary_linear, in, out, bie_cpu(), BIE_F32,
+        st = bie_binary_linear_create(&l->binary_linear, in, out, device, BIE_F32,
                                       info->symmetric);
         if (st == BIE_OK)
             st = bie_binary_linear_set_bits_binary_word(l->binary_linear, info->bits_binary_word);
         break;
     case BIE_LAYER_BINARY_CONV2D:
         st = bie_binary_conv2d_create(&l->binary_conv2d, in, out, info->kernel_size, info->stride,
-                                      info->padding, info->dilation, bie_cpu(), BIE_F32,
+                                      info->padding, info->dilation, device, BIE_F32,
                                       info->symmetric);
         if (st == BIE_OK)
             st = bie_binary_conv2d_set_bits_binary_word(l->binary_conv2d, info->bits_binary_word);
         break;
     case BIE_LAYER_Q4_LINEAR:
-        st = bie_q4_linear_create(&l->q4_linear, in, out, bie_cpu(), BIE_F32);
+        st = bie_q4_linear_create(&l->q4_linear, in, out, device, BIE_F32);
         break;
     case BIE_LAYER_Q4_CONV2D:
         st = bie_q4_conv2d_create(&l->q4_conv2d, in, out, info->kernel_size, info->stride,
-                                  info->padding, info->dilation, bie_cpu(), BIE_F32);
+                                  info->padding, info->dilation, device, BIE_F32);
         break;
     default:
         break;
     }
+#undef alloc_floats
     if (st != BIE_OK) bie_model_layer_release(l);
     return st;
 }
@@ -243,7 +249,23 @@ static bie_status clear_activation_params(bie_model_layer *l) {
         BIE_TRY(bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_BIAS_A, &bias));
         st = bie_q4_conv2d_set_scale_a(l->q4_conv2d, 0.0f);
     }
-    memset(bias.data, 0, (size_t)bie_tensor_numel(&bias) * sizeof(float));
+    if (st != BIE_OK) return st;
+    return bie_train_ops_for(l->device)->zero(bias.data,
+                                              (size_t)bie_tensor_numel(&bias) * sizeof(float));
+}
+
+/* Fill `count` floats of layer memory with `value`, or (value NaN) uniformly in ±bound. The
+ * numbers are made on the host, so a layer on any device gets the same ones. */
+static bie_status fill_layer(const bie_model_layer *l, float *dst, int64_t count, float value,
+                             double bound, uint64_t *state) {
+    float *host = malloc((size_t)count * sizeof(float));
+    if (host == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "model: initial values");
+    if (isnan(value))
+        bie_train_fill_uniform(host, count, bound, state);
+    else
+        for (int64_t i = 0; i < count; i++) host[i] = value;
+    bie_status st = bie_train_ops_for(l->device)->copy(dst, host, (size_t)count * sizeof(float));
+    free(host);
     return st;
 }
 
@@ -256,22 +278,18 @@ bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
     switch (l->info.type) {
     case BIE_LAYER_LINEAR: { /* PyTorch: kaiming_uniform(a = sqrt(5)) = U(±1/sqrt(in)) */
         const double bound = 1.0 / sqrt((double)in);
-        bie_train_fill_uniform(l->weight, in * out, bound, &s);
-        if (l->bias) bie_train_fill_uniform(l->bias, out, bound, &s);
+        BIE_TRY(fill_layer(l, l->weight, in * out, NAN, bound, &s));
+        if (l->bias) BIE_TRY(fill_layer(l, l->bias, out, NAN, bound, &s));
         return BIE_OK;
     }
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
-        for (int64_t c = 0; c < in; c++) {
-            l->weight[c] = 1.0f;
-            l->bias[c] = 0.0f;
-            l->running_mean[c] = 0.0f;
-            l->running_var[c] = 1.0f;
-        }
-        return BIE_OK;
+        BIE_TRY(fill_layer(l, l->weight, in, 1.0f, 0, &s));
+        BIE_TRY(fill_layer(l, l->bias, in, 0.0f, 0, &s));
+        BIE_TRY(fill_layer(l, l->running_mean, in, 0.0f, 0, &s));
+        return fill_layer(l, l->running_var, in, 1.0f, 0, &s);
     case BIE_LAYER_PRELU:
-        for (int64_t c = 0; c < in; c++) l->weight[c] = 0.25f;
-        return BIE_OK;
+        return fill_layer(l, l->weight, in, 0.25f, 0, &s);
     case BIE_LAYER_BINARY_LINEAR:
         BIE_TRY(bie_binary_linear_reset_parameters(l->binary_linear, s));
         return clear_activation_params(l);
@@ -325,7 +343,7 @@ bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
         m->capacity = cap;
     }
     bie_model_layer l;
-    BIE_TRY(build_layer(&c, &l, who));
+    BIE_TRY(bie_model_build_layer(&c, m->device, &l, who));
     m->layers[m->count] = l;
     bie_status st = bie_model_layer_reset(m, m->count, 0);
     if (st != BIE_OK) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bie_cuda.h"
 #include "train_internal.h"
 
 /* Parameters of the float layers, in `bie_param_entry.which`. */
@@ -134,8 +135,8 @@ static bie_status fill_param(bie_model *m, const bie_param_entry *e, bie_model_p
     case SLOT_RUNNING_VAR: value = l->running_var; break;
     default: return bie_fail(BIE_ERR_INTERNAL, "model: unknown parameter slot");
     }
-    BIE_TRY(bie_tensor_view(&r.value, value, BIE_F32, ndim, shape));
-    if (grad && l->has_grad) BIE_TRY(bie_tensor_view(&r.grad, grad, BIE_F32, ndim, shape));
+    r.value = bie_model_view(m, value, BIE_F32, ndim, shape);
+    if (grad && l->has_grad) r.grad = bie_model_view(m, grad, BIE_F32, ndim, shape);
     *p = r;
     return BIE_OK;
 }
@@ -179,6 +180,20 @@ static bie_status check_finite(const bie_tensor *src, const char *name, const ch
     return BIE_OK;
 }
 
+/* `src` (host memory) as a tensor on the model's device: itself on the CPU, else a new
+ * device copy that the caller frees (owns_data). */
+static bie_status on_model_device(const bie_model *m, const bie_tensor *src, bie_tensor *out) {
+    if (m->device.type == BIE_DEVICE_CPU) {
+        *out = *src;
+        out->owns_data = false;
+        return BIE_OK;
+    }
+    BIE_TRY(bie_cuda_tensor_alloc(out, src->dtype, src->ndim, src->shape, m->device.index));
+    bie_status st = bie_tensor_copy(out, src);
+    if (st != BIE_OK) bie_tensor_free(out);
+    return st;
+}
+
 /* A binary layer's weight from an F32 or I8 source (see bie_model_set_param). */
 static bie_status set_binary_weight(bie_model *m, bie_model_layer *l, const bie_tensor *src,
                                     const bie_tensor *cur, const char *who) {
@@ -194,30 +209,39 @@ static bie_status set_binary_weight(bie_model *m, bie_model_layer *l, const bie_
         }
         bie_tensor now;
         BIE_TRY(low_bit_param(l, BIE_PARAM_WEIGHT, &now));
-        memcpy(now.data, src->data, (size_t)bie_tensor_numel(src));
+        BIE_TRY(m->ops->copy(now.data, src->data, (size_t)bie_tensor_numel(src)));
         l->prepared = true;
         return BIE_OK;
     }
     if (src->dtype != BIE_F32)
         return bie_fail(BIE_ERR_DTYPE, "%s: a binary weight is loaded from F32 or I8", who);
     BIE_TRY(check_finite(src, "weight", who));
-    if (cur->dtype == BIE_F32) {
-        memcpy(cur->data, src->data, (size_t)bie_tensor_numel(src) * sizeof(float));
-        return BIE_OK;
-    }
-    if (l->binary_linear) BIE_TRY(bie_binary_linear_set_weight_data(l->binary_linear, src));
-    else BIE_TRY(bie_binary_conv2d_set_weight_data(l->binary_conv2d, src));
-    m->generation++; /* the int8 weight was reallocated */
-    return BIE_OK;
+    if (cur->dtype == BIE_F32)
+        return m->ops->copy(cur->data, src->data, (size_t)bie_tensor_numel(src) * sizeof(float));
+    bie_tensor staged;
+    BIE_TRY(on_model_device(m, src, &staged));
+    bie_status st = l->binary_linear ? bie_binary_linear_set_weight_data(l->binary_linear, &staged)
+                                     : bie_binary_conv2d_set_weight_data(l->binary_conv2d, &staged);
+    if (staged.owns_data) bie_tensor_free(&staged);
+    if (st == BIE_OK) m->generation++; /* the int8 weight was reallocated */
+    return st;
 }
 
-bie_status bie_model_set_param(bie_model *m, const char *name, const bie_tensor *src) {
-    static const char *who = "model_set_param";
-    const bie_param_entry *e;
-    BIE_TRY(find_entry(m, name, who, &e));
-    BIE_CHECK_NULL(src);
-    if (src->device.type != BIE_DEVICE_CPU || src->data == NULL)
-        return bie_fail(BIE_ERR_DEVICE, "%s: '%s' must be loaded from CPU data", who, name);
+static bie_status set_packed(bie_model *m, bie_model_layer *l, const bie_tensor *src) {
+    bie_tensor staged;
+    BIE_TRY(on_model_device(m, src, &staged));
+    bie_status st = BIE_OK;
+    if (l->binary_linear) st = bie_binary_linear_set_quantized_weight_data(l->binary_linear, &staged);
+    if (l->binary_conv2d) st = bie_binary_conv2d_set_quantized_weight_data(l->binary_conv2d, &staged);
+    if (l->q4_linear) st = bie_q4_linear_set_quantized_weight_data(l->q4_linear, &staged);
+    if (l->q4_conv2d) st = bie_q4_conv2d_set_quantized_weight_data(l->q4_conv2d, &staged);
+    if (staged.owns_data) bie_tensor_free(&staged);
+    return st;
+}
+
+static bie_status set_from_host(bie_model *m, const bie_param_entry *e, const bie_tensor *src,
+                                const char *who) {
+    const char *name = e->name;
     bie_model_param p;
     BIE_TRY(fill_param(m, e, &p));
     if (!bie_train_same_shape(src, &p.value))
@@ -227,10 +251,7 @@ bie_status bie_model_set_param(bie_model *m, const char *name, const bie_tensor 
     if (e->kind == BIE_PARAM_KIND_BINARY) {
         BIE_TRY(set_binary_weight(m, l, src, &p.value, who));
     } else if (e->kind == BIE_PARAM_KIND_PACKED) {
-        if (l->binary_linear) BIE_TRY(bie_binary_linear_set_quantized_weight_data(l->binary_linear, src));
-        if (l->binary_conv2d) BIE_TRY(bie_binary_conv2d_set_quantized_weight_data(l->binary_conv2d, src));
-        if (l->q4_linear) BIE_TRY(bie_q4_linear_set_quantized_weight_data(l->q4_linear, src));
-        if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_set_quantized_weight_data(l->q4_conv2d, src));
+        BIE_TRY(set_packed(m, l, src));
     } else {
         if (src->dtype != BIE_F32)
             return bie_fail(BIE_ERR_DTYPE, "%s: '%s' is F32, the source is %s", who, name,
@@ -252,9 +273,28 @@ bie_status bie_model_set_param(bie_model *m, const char *name, const bie_tensor 
                     return bie_fail(BIE_ERR_NOT_FINITE, "%s: '%s' must be > 0", who, name);
                 l->prepared = true; /* a loaded scale_w is kept by prepare_params */
             }
-            memcpy(p.value.data, src->data, (size_t)bie_tensor_numel(src) * sizeof(float));
+            BIE_TRY(m->ops->copy(p.value.data, src->data,
+                                 (size_t)bie_tensor_numel(src) * sizeof(float)));
         }
     }
     if (!m->packed) m->qweight_stale = true;
     return BIE_OK;
+}
+
+bie_status bie_model_set_param(bie_model *m, const char *name, const bie_tensor *src) {
+    static const char *who = "model_set_param";
+    const bie_param_entry *e;
+    BIE_TRY(find_entry(m, name, who, &e));
+    BIE_CHECK_NULL(src);
+    if (src->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: '%s' has no data", who, name);
+    if (src->device.type == BIE_DEVICE_CPU) return set_from_host(m, e, src, who);
+    if (src->device.type != BIE_DEVICE_CUDA)
+        return bie_fail(BIE_ERR_DEVICE, "%s: '%s' comes from an unknown device", who, name);
+    /* A device source is checked (finite, in range) on the host like any other. */
+    bie_tensor host;
+    BIE_TRY(bie_tensor_alloc(&host, src->dtype, src->ndim, src->shape));
+    bie_status st = bie_tensor_copy(&host, src);
+    if (st == BIE_OK) st = set_from_host(m, e, &host, who);
+    bie_tensor_free(&host);
+    return st;
 }

@@ -126,15 +126,28 @@ bie_status bie_model_output_shape(const bie_model *m, int in_ndim, const int64_t
     return BIE_OK;
 }
 
-/* Grow an aligned float buffer to hold n elements (contents are not kept). */
-static bool ensure(float **buf, int64_t *cap, int64_t n) {
-    if (*cap >= n && *buf) return true;
-    float *p = bie_alloc_aligned((size_t)n * sizeof(float));
+/* Grow a buffer of the model's device to hold n 4-byte elements (contents are not kept). */
+static bool ensure(const bie_model *m, void *buf, int64_t *cap, int64_t n) {
+    float **b = buf;
+    if (*cap >= n && *b) return true;
+    float *p = m->ops->alloc((size_t)n * sizeof(float));
     if (p == NULL) return false;
-    bie_free_aligned(*buf);
-    *buf = p;
+    m->ops->release(*b);
+    *b = p;
     *cap = n;
     return true;
+}
+
+/* An F32 tensor for the model: on the CPU, or on the model's device. */
+static bie_status check_io(const bie_model *m, const bie_tensor *t, const char *what,
+                           const char *who) {
+    if (t == NULL || t->device.type == BIE_DEVICE_CPU || m->device.type == BIE_DEVICE_CPU)
+        return bie_train_check_f32(t, what, who);
+    if (t->device.type != m->device.type || t->device.index != m->device.index)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on the CPU or on the model's device", who, what);
+    bie_tensor host_like = *t; /* the other checks are the CPU's */
+    host_like.device = bie_cpu();
+    return bie_train_check_f32(&host_like, what, who);
 }
 
 /* Shapes of every layer for this input, and every buffer the pass needs. */
@@ -148,17 +161,17 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
     int64_t dummy_out[BIE_MAX_DIMS];
     int dummy_nd;
     BIE_TRY(bie_model_output_shape(m, nd, shape, &dummy_nd, dummy_out));
-    if (!ensure(&m->acts[0], &m->act_cap[0], numel_of(nd, shape)))
+    if (!ensure(m, &m->acts[0], &m->act_cap[0], numel_of(nd, shape)))
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: input copy", who);
     /* Copied before any other buffer moves: x may be a view of the previous output. */
-    memcpy(m->acts[0], x->data, (size_t)numel_of(nd, shape) * sizeof(float));
+    BIE_TRY(m->ops->copy(m->acts[0], x->data, (size_t)numel_of(nd, shape) * sizeof(float)));
     for (int i = 0; i < m->count; i++) {
         bie_model_layer *l = &m->layers[i];
         int on;
         int64_t os[BIE_MAX_DIMS];
         BIE_TRY(bie_model_layer_out_shape(m, i, nd, shape, &on, os));
         const int64_t in_n = numel_of(nd, shape), out_n = numel_of(on, os);
-        if (!ensure(&m->acts[i + 1], &m->act_cap[i + 1], out_n))
+        if (!ensure(m, &m->acts[i + 1], &m->act_cap[i + 1], out_n))
             return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: activations of layer %d", who, i);
         const bie_layer_type t = l->info.type;
         if (m->training && (t == BIE_LAYER_BATCHNORM1D || t == BIE_LAYER_BATCHNORM2D)) {
@@ -166,16 +179,12 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
             if (per_channel < 2)
                 return bie_fail(BIE_ERR_SHAPE, "%s: layer %d (batch norm) needs more than one "
                                 "value per channel in training mode", who, i);
-            if (!ensure(&l->saved_xhat, &l->saved_cap, in_n))
+            if (!ensure(m, &l->saved_xhat, &l->saved_cap, in_n))
                 return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm of layer %d", who, i);
         }
-        if (m->training && t == BIE_LAYER_MAXPOOL2D && l->saved_cap < out_n) {
-            int32_t *idx = bie_alloc_aligned((size_t)out_n * sizeof(int32_t));
-            if (idx == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
-            bie_free_aligned(l->saved_argmax);
-            l->saved_argmax = idx;
-            l->saved_cap = out_n;
-        }
+        if (m->training && t == BIE_LAYER_MAXPOOL2D &&
+            !ensure(m, &l->saved_argmax, &l->saved_cap, out_n))
+            return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
         if (m->training && (t == BIE_LAYER_BINARY_LINEAR || t == BIE_LAYER_BINARY_CONV2D)) {
             bie_tensor w;
             bie_status st = t == BIE_LAYER_BINARY_LINEAR
@@ -195,19 +204,17 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
     return BIE_OK;
 }
 
-static bie_tensor view(float *data, int ndim, const int64_t *shape) {
-    bie_tensor t;
-    bie_tensor_view(&t, data, BIE_F32, ndim, shape);
-    return t;
-}
+#define view(data, ndim, shape) bie_model_view(m, (data), BIE_F32, (ndim), (shape))
 
-static float scale_a_of(bie_model_layer *l) {
+static float scale_a_of(const bie_model *m, bie_model_layer *l) {
     bie_tensor s = {0};
     if (l->binary_linear) bie_binary_linear_param(l->binary_linear, BIE_PARAM_SCALE_A, &s);
     if (l->binary_conv2d) bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_SCALE_A, &s);
     if (l->q4_linear) bie_q4_linear_param(l->q4_linear, BIE_PARAM_SCALE_A, &s);
     if (l->q4_conv2d) bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_SCALE_A, &s);
-    return s.data ? *(float *)s.data : 0.0f;
+    float v = 0.0f;
+    if (s.data && m->ops->copy(&v, s.data, sizeof v) != BIE_OK) v = 0.0f;
+    return v;
 }
 
 static void set_scale_a(bie_model_layer *l, float v) {
@@ -239,36 +246,32 @@ static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
     const int64_t *s = l->in_shape;
     const int64_t n = numel_of(l->in_ndim, s);
     bie_tensor tx = view((float *)x, l->in_ndim, s), ty = view(y, l->out_ndim, l->out_shape);
+    const bie_train_ops *k = m->ops;
     switch (c->type) {
     case BIE_LAYER_LINEAR:
-        bie_linear_forward(x, n / c->in, c->in, c->out, l->weight, l->bias, y);
-        return BIE_OK;
+        return k->linear_forward(x, n / c->in, c->in, c->out, l->weight, l->bias, y);
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D: {
         const int64_t inner = n / (s[0] * s[1]);
         if (m->training)
-            bie_batchnorm_forward_train(x, s[0], s[1], inner, l->weight, l->bias, c->eps, y,
-                                        l->saved_xhat, l->saved_invstd, l->batch_mean, l->batch_var);
-        else
-            bie_batchnorm_forward_eval(x, s[0], s[1], inner, l->weight, l->bias, c->eps,
-                                       l->running_mean, l->running_var, y);
-        return BIE_OK;
+            return k->batchnorm_forward_train(x, s[0], s[1], inner, l->weight, l->bias, c->eps, y,
+                                              l->saved_xhat, l->saved_invstd, l->batch_mean,
+                                              l->batch_var);
+        return k->batchnorm_forward_eval(x, s[0], s[1], inner, l->weight, l->bias, c->eps,
+                                         l->running_mean, l->running_var, y);
     }
     case BIE_LAYER_RELU:
-        bie_relu_forward(x, n, y);
-        return BIE_OK;
+        return k->relu_forward(x, n, y);
     case BIE_LAYER_PRELU: {
         const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
-        bie_prelu_forward(x, n / (ch * inner), ch, inner, l->weight, c->in, y);
-        return BIE_OK;
+        return k->prelu_forward(x, n / (ch * inner), ch, inner, l->weight, c->in, y);
     }
     case BIE_LAYER_MAXPOOL2D:
-        bie_maxpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride, l->out_shape[2],
-                            l->out_shape[3], y, m->training ? l->saved_argmax : NULL);
-        return BIE_OK;
+        return k->maxpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride,
+                                  l->out_shape[2], l->out_shape[3], y,
+                                  m->training ? l->saved_argmax : NULL);
     case BIE_LAYER_FLATTEN:
-        memcpy(y, x, (size_t)n * sizeof(float));
-        return BIE_OK;
+        return k->copy(y, x, (size_t)n * sizeof(float));
     case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_forward(l->binary_linear, &tx, &ty);
     case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_forward(l->binary_conv2d, &tx, &ty);
     case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_forward(l->q4_linear, &tx, &ty);
@@ -281,7 +284,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     static const char *who = "model_forward";
     if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
     BIE_CHECK_NULL(out);
-    BIE_TRY(bie_train_check_f32(x, "x", who));
+    BIE_TRY(check_io(m, x, "x", who));
     if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
     /* The layers' recorded shapes change below: only a complete training forward allows a
      * backward again. */
@@ -295,7 +298,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     if (m->training) {
         scale_before = malloc((size_t)m->count * sizeof(float));
         if (scale_before == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
-        for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(&m->layers[i]);
+        for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(m, &m->layers[i]);
     }
     bie_status st = BIE_OK;
     for (int i = 0; i < m->count && st == BIE_OK; i++)
@@ -303,7 +306,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     if (st != BIE_OK) {
         if (scale_before)
             for (int i = 0; i < m->count; i++)
-                if (scale_a_of(&m->layers[i]) != scale_before[i]) set_scale_a(&m->layers[i], scale_before[i]);
+                if (scale_a_of(m, &m->layers[i]) != scale_before[i]) set_scale_a(&m->layers[i], scale_before[i]);
         free(scale_before);
         return st;
     }
@@ -312,8 +315,9 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
         for (int i = 0; i < m->count; i++) {
             bie_model_layer *l = &m->layers[i];
             if (l->info.type == BIE_LAYER_BATCHNORM1D || l->info.type == BIE_LAYER_BATCHNORM2D)
-                bie_batchnorm_update_running(l->info.in, l->info.momentum, l->batch_mean,
-                                             l->batch_var, l->running_mean, l->running_var);
+                BIE_TRY(m->ops->batchnorm_update_running(l->info.in, l->info.momentum,
+                                                         l->batch_mean, l->batch_var,
+                                                         l->running_mean, l->running_var));
         }
         m->can_backward = true;
     }
@@ -331,32 +335,29 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
     bie_tensor tdy = view((float *)dy, l->out_ndim, l->out_shape);
     bie_tensor tdx = view(dx, l->in_ndim, s);
     bie_tensor *pdx = dx ? &tdx : NULL;
+    const bie_train_ops *k = m->ops;
     l->has_grad = true;
     switch (c->type) {
     case BIE_LAYER_LINEAR:
-        bie_linear_backward(x, dy, n / c->in, c->in, c->out, l->weight, dx, l->grad_weight, l->grad_bias);
-        return BIE_OK;
+        return k->linear_backward(x, dy, n / c->in, c->in, c->out, l->weight, dx, l->grad_weight,
+                                  l->grad_bias);
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
-        bie_batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, s[0], s[1], n / (s[0] * s[1]),
-                               l->weight, dx, l->grad_weight, l->grad_bias);
-        return BIE_OK;
+        return k->batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, s[0], s[1],
+                                     n / (s[0] * s[1]), l->weight, dx, l->grad_weight, l->grad_bias);
     case BIE_LAYER_RELU:
-        if (dx) bie_relu_backward(m->acts[i + 1], dy, n, dx);
-        return BIE_OK;
+        return dx ? k->relu_backward(m->acts[i + 1], dy, n, dx) : BIE_OK;
     case BIE_LAYER_PRELU: {
         const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
-        bie_prelu_backward(x, dy, n / (ch * inner), ch, inner, l->weight, c->in, dx, l->grad_weight);
-        return BIE_OK;
+        return k->prelu_backward(x, dy, n / (ch * inner), ch, inner, l->weight, c->in, dx,
+                                 l->grad_weight);
     }
     case BIE_LAYER_MAXPOOL2D:
-        if (dx)
-            bie_maxpool_backward(dy, l->saved_argmax, s[0] * s[1], s[2], s[3], l->out_shape[2],
-                                 l->out_shape[3], dx);
-        return BIE_OK;
+        return dx ? k->maxpool_backward(dy, l->saved_argmax, s[0] * s[1], s[2], s[3],
+                                        l->out_shape[2], l->out_shape[3], dx)
+                  : BIE_OK;
     case BIE_LAYER_FLATTEN:
-        if (dx) memcpy(dx, dy, (size_t)n * sizeof(float));
-        return BIE_OK;
+        return dx ? k->copy(dx, dy, (size_t)n * sizeof(float)) : BIE_OK;
     case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_backward(l->binary_linear, &tdy, pdx);
     case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_backward(l->binary_conv2d, &tdy, pdx);
     case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_backward(l->q4_linear, &tdy, pdx);
@@ -365,19 +366,19 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
     return bie_fail(BIE_ERR_INTERNAL, "model_backward: unknown layer type");
 }
 
-/* Two buffers of n floats: layer i writes its input gradient into one while reading its
- * output gradient from the other. */
+/* Two buffers of n floats on the model's device: layer i writes its input gradient into one
+ * while reading its output gradient from the other. */
 static bool ensure_grad_buffers(bie_model *m, int64_t n) {
     if (m->grad_cap >= n && m->grad_buf[0] && m->grad_buf[1]) return true;
-    float *a = bie_alloc_aligned((size_t)n * sizeof(float));
-    float *b = bie_alloc_aligned((size_t)n * sizeof(float));
+    float *a = m->ops->alloc((size_t)n * sizeof(float));
+    float *b = m->ops->alloc((size_t)n * sizeof(float));
     if (a == NULL || b == NULL) {
-        bie_free_aligned(a);
-        bie_free_aligned(b);
+        m->ops->release(a);
+        m->ops->release(b);
         return false;
     }
-    bie_free_aligned(m->grad_buf[0]);
-    bie_free_aligned(m->grad_buf[1]);
+    m->ops->release(m->grad_buf[0]);
+    m->ops->release(m->grad_buf[1]);
     m->grad_buf[0] = a;
     m->grad_buf[1] = b;
     m->grad_cap = n;
@@ -387,7 +388,7 @@ static bool ensure_grad_buffers(bie_model *m, int64_t n) {
 bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "model_backward";
     if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
-    BIE_TRY(bie_train_check_f32(grad_out, "grad_out", who));
+    BIE_TRY(check_io(m, grad_out, "grad_out", who));
     if (!m->can_backward || !m->training)
         return bie_fail(BIE_ERR_STATE, "%s: no training forward since the model last changed", who);
     const bie_model_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
@@ -395,24 +396,38 @@ bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tens
     if (!bie_train_same_shape(grad_out, &like))
         return bie_fail(BIE_ERR_SHAPE, "%s: grad_out must have the shape of the last output", who);
     if (grad_x) {
-        BIE_TRY(bie_train_check_f32(grad_x, "grad_x", who));
+        BIE_TRY(check_io(m, grad_x, "grad_x", who));
         bie_tensor in_like = view(NULL, first->in_ndim, first->in_shape);
         if (!bie_train_same_shape(grad_x, &in_like))
             return bie_fail(BIE_ERR_SHAPE, "%s: grad_x must have the shape of the last input", who);
     }
+    /* Host tensors of a model on another device pass through the gradient buffers: grad_out
+     * is staged where layer count - 1 reads it, grad_x comes from where layer 0 writes. */
+    const bool stage_out = grad_out->device.type != m->device.type;
+    const bool stage_x = grad_x && grad_x->device.type != m->device.type;
+    const int64_t out_n = numel_of(last->out_ndim, last->out_shape);
+    const int64_t in_n = numel_of(first->in_ndim, first->in_shape);
     int64_t most = 1;
     for (int i = 0; i < m->count - 1; i++) {
         const int64_t n = numel_of(m->layers[i].out_ndim, m->layers[i].out_shape);
         most = n > most ? n : most;
     }
+    if (stage_out && out_n > most) most = out_n;
+    if (stage_x && in_n > most) most = in_n;
     if (!ensure_grad_buffers(m, most))
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
     const float *dy = grad_out->data;
+    if (stage_out) {
+        float *staged = m->grad_buf[m->count % 2];
+        BIE_TRY(m->ops->copy(staged, grad_out->data, (size_t)out_n * sizeof(float)));
+        dy = staged;
+    }
     for (int i = m->count - 1; i >= 0; i--) {
-        float *dx = i == 0 ? (grad_x ? grad_x->data : NULL) : m->grad_buf[i % 2];
+        float *dx = i > 0 || stage_x ? m->grad_buf[i % 2] : grad_x ? grad_x->data : NULL;
         BIE_TRY(layer_backward(m, i, dy, dx));
         dy = dx;
     }
+    if (stage_x) BIE_TRY(m->ops->copy(grad_x->data, m->grad_buf[0], (size_t)in_n * sizeof(float)));
     m->backward_count++;
     return BIE_OK;
 }

@@ -1,16 +1,44 @@
 /* Optimizer steps on plain tensors: sign-flip for int8 binary weights (SPEC §5) and
  * Adam / AdamW with bias correction. Element-wise, so parallel loops stay deterministic;
  * the flip count is summed per thread and combined in a fixed order by OpenMP's integer
- * reduction (exact for integers). */
+ * reduction (exact for integers). Tensors on a CUDA device step there (train_cuda.h). */
 #include <math.h>
 
 #include "train_internal.h"
+#ifdef BIE_HAVE_CUDA
+#include "bie_cuda.h"
+#include "train_cuda.h"
+#endif
+
+/* The device every tensor of a step must share: the first tensor's, which must be one this
+ * build can step on. */
+static bie_status check_first_device(const bie_tensor *t, const char *what, const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    if (t->device.type == BIE_DEVICE_CPU) return BIE_OK;
+#ifdef BIE_HAVE_CUDA
+    if (t->device.type == BIE_DEVICE_CUDA) {
+        if (t->device.index < 0 || t->device.index >= bie_cuda_device_count())
+            return bie_fail(BIE_ERR_DEVICE, "%s: %s is on CUDA device %d, which is not available",
+                            who, what, t->device.index);
+        return BIE_OK;
+    }
+    return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU or CUDA tensor", who, what);
+#else
+    return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor", who, what);
+#endif
+}
 
 static bie_status check_state(const bie_tensor *t, const bie_tensor *like, bie_dtype dtype,
                               const char *what, const char *who) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
-    if (t->device.type != BIE_DEVICE_CPU)
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor", who, what);
+    if (like && (t->device.type != like->device.type ||
+                 (t->device.type == BIE_DEVICE_CUDA && t->device.index != like->device.index))) {
+        if (like->device.type == BIE_DEVICE_CPU)
+            return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor, as the parameter is", who,
+                            what);
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d, as the parameter is", who,
+                        what, like->device.index);
+    }
     if (t->dtype != dtype)
         return bie_fail(BIE_ERR_DTYPE, "%s: %s must be %s, not %s", who, what,
                         bie_dtype_name(dtype), bie_dtype_name(t->dtype));
@@ -26,6 +54,7 @@ bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_ten
                              bie_tensor *v, float lr, float beta1, float beta2,
                              int64_t *flipped) {
     static const char *who = "signflip_step";
+    BIE_TRY(check_first_device(weight, "weight", who));
     BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
     if (weight->ndim < 1 || bie_tensor_numel(weight) < 0)
         return bie_fail(BIE_ERR_SHAPE, "%s: weight has no valid shape", who);
@@ -43,6 +72,15 @@ bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_ten
     float *mm = m->data, *vv = v->data;
     const int8_t *g8 = grad->dtype == BIE_I8 ? grad->data : NULL;
     const float *gf = grad->dtype == BIE_F32 ? grad->data : NULL;
+#ifdef BIE_HAVE_CUDA
+    if (weight->device.type == BIE_DEVICE_CUDA) {
+        int previous = 0;
+        BIE_TRY(bie_cuda_train_set_device(weight->device.index, &previous));
+        bie_status st = bie_cuda_signflip_step(w, g8, gf, mm, vv, n, lr, beta1, beta2, flipped);
+        bie_cuda_train_set_device(previous, NULL);
+        return st;
+    }
+#endif
     const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
     int64_t flips = 0;
 #pragma omp parallel for schedule(static) reduction(+ : flips) num_threads(bie_threads()) \
@@ -74,6 +112,7 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
                          bie_tensor *v, int64_t step, const bie_adam_options *options) {
     static const char *who = "adam_step";
     BIE_CHECK_NULL(options);
+    BIE_TRY(check_first_device(param, "param", who));
     BIE_TRY(check_state(param, NULL, BIE_F32, "param", who));
     if (param->ndim < 1 || bie_tensor_numel(param) < 0)
         return bie_fail(BIE_ERR_SHAPE, "%s: param has no valid shape", who);
@@ -94,6 +133,15 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
     const int64_t n = bie_tensor_numel(param);
     float *p = param->data, *mm = m->data, *vv = v->data;
     const float *g = grad->data;
+#ifdef BIE_HAVE_CUDA
+    if (param->device.type == BIE_DEVICE_CUDA) {
+        int previous = 0;
+        BIE_TRY(bie_cuda_train_set_device(param->device.index, &previous));
+        bie_status st = bie_cuda_adam_step(p, g, mm, vv, n, step, &o);
+        bie_cuda_train_set_device(previous, NULL);
+        return st;
+    }
+#endif
     const double bc1 = 1.0 - pow((double)o.beta1, (double)step);
     const double bc2 = 1.0 - pow((double)o.beta2, (double)step);
     const float step_size = (float)((double)o.lr / bc1);

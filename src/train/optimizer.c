@@ -14,6 +14,7 @@ typedef struct param_state {
 
 struct bie_optimizer {
     bie_model *model;
+    const bie_train_ops *ops; /* the memory of the model's device at creation */
     bie_optimizer_options options;
     uint64_t generation;    /* the model's, when created */
     uint64_t last_backward; /* the model's backward count at the last step */
@@ -48,8 +49,8 @@ static bie_status check_options(const bie_optimizer_options *o, const char *who)
 void bie_optimizer_free(bie_optimizer *o) {
     if (o == NULL) return;
     for (int i = 0; i < o->count; i++) {
-        bie_free_aligned(o->states[i].m);
-        bie_free_aligned(o->states[i].v);
+        o->ops->release(o->states[i].m);
+        o->ops->release(o->states[i].v);
     }
     free(o->states);
     free(o);
@@ -76,6 +77,7 @@ bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
     }
     bie_optimizer *o = calloc(1, sizeof *o);
     if (o == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: optimizer", who);
+    o->ops = model->ops;
     o->states = calloc((size_t)(trainable > 0 ? trainable : 1), sizeof *o->states);
     if (o->states == NULL) {
         free(o);
@@ -93,14 +95,20 @@ bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
         s->index = i;
         s->kind = p.kind;
         s->numel = bie_tensor_numel(&p.value);
-        s->m = bie_alloc_aligned((size_t)s->numel * sizeof(float));
-        s->v = bie_alloc_aligned((size_t)s->numel * sizeof(float));
+        const size_t bytes = (size_t)s->numel * sizeof(float);
+        s->m = o->ops->alloc(bytes); /* on the model's device, like the parameters */
+        s->v = o->ops->alloc(bytes);
         if (s->m == NULL || s->v == NULL) {
             bie_optimizer_free(o);
             return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: optimizer state", who);
         }
-        memset(s->m, 0, (size_t)s->numel * sizeof(float)); /* the moments start at 0 */
-        memset(s->v, 0, (size_t)s->numel * sizeof(float));
+        /* the moments start at 0 */
+        st = o->ops->zero(s->m, bytes);
+        if (st == BIE_OK) st = o->ops->zero(s->v, bytes);
+        if (st != BIE_OK) {
+            bie_optimizer_free(o);
+            return st;
+        }
     }
     o->model = model;
     o->options = opts;
@@ -130,9 +138,8 @@ bie_status bie_optimizer_step(bie_optimizer *o, int64_t *flipped) {
         param_state *s = &o->states[i];
         bie_model_param *p = &params[i];
         if (p->grad.data == NULL) continue; /* no gradient reached it (as grad None) */
-        bie_tensor tm, tv;
-        bie_tensor_view(&tm, s->m, BIE_F32, p->value.ndim, p->value.shape);
-        bie_tensor_view(&tv, s->v, BIE_F32, p->value.ndim, p->value.shape);
+        bie_tensor tm = bie_model_view(m, s->m, BIE_F32, p->value.ndim, p->value.shape);
+        bie_tensor tv = bie_model_view(m, s->v, BIE_F32, p->value.ndim, p->value.shape);
         if (s->kind == BIE_PARAM_KIND_BINARY) {
             int64_t f = 0;
             st = bie_signflip_step(&p->value, &p->grad, &tm, &tv, o->options.binary_lr,

@@ -21,6 +21,7 @@ void bie_train_fill_uniform(float *dst, int64_t n, double bound, uint64_t *state
 /* One layer of a model. Float parameters live here; low-bit layers are bie.h objects. */
 typedef struct bie_model_layer {
     bie_layer_info info;
+    bie_device device; /* where its buffers live (the model's device) */
 
     /* Float parameters (NULL when the type has none): linear weight [out, in] / bias [out];
      * batch norm weight (gamma) / bias (beta) [C]; PReLU slopes in `weight`. */
@@ -58,6 +59,8 @@ typedef struct bie_param_entry {
 struct bie_model {
     bie_model_layer *layers;
     int count, capacity;
+    bie_device device;          /* every buffer below and every layer lives there */
+    const struct bie_train_ops *ops; /* the float kernels and memory of that device */
     bool training, packed;
     /* Grows whenever the set of parameters or their storage changes (add, reset, prepare,
      * pack): optimizers and cached parameter lists compare it. */
@@ -117,6 +120,54 @@ void bie_batchnorm_backward(const float *xhat, const float *invstd, const float 
                             int64_t c, int64_t inner, const float *gamma, float *dx,
                             float *dgamma, float *dbeta);
 
+/* --- one device's float kernels and memory (model_device.c): the model's layers are
+ * written once against this table. Kernels take pointers to that device's memory and
+ * have the arguments of the CPU kernels above; on CUDA they are asynchronous on bie's
+ * stream. */
+typedef struct bie_train_ops {
+    bie_status (*linear_forward)(const float *x, int64_t m, int64_t in, int64_t out,
+                                 const float *w, const float *b, float *y);
+    bie_status (*linear_backward)(const float *x, const float *dy, int64_t m, int64_t in,
+                                  int64_t out, const float *w, float *dx, float *dw, float *db);
+    bie_status (*relu_forward)(const float *x, int64_t n, float *y);
+    bie_status (*relu_backward)(const float *y, const float *dy, int64_t n, float *dx);
+    bie_status (*prelu_forward)(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                                const float *slopes, int64_t n_slopes, float *y);
+    bie_status (*prelu_backward)(const float *x, const float *dy, int64_t outer, int64_t channels,
+                                 int64_t inner, const float *slopes, int64_t n_slopes, float *dx,
+                                 float *dslopes);
+    bie_status (*maxpool_forward)(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                  int s, int64_t oh, int64_t ow, float *y, int32_t *argmax);
+    bie_status (*maxpool_backward)(const float *dy, const int32_t *argmax, int64_t planes,
+                                   int64_t h, int64_t w, int64_t oh, int64_t ow, float *dx);
+    bie_status (*batchnorm_forward_train)(const float *x, int64_t n, int64_t c, int64_t inner,
+                                          const float *gamma, const float *beta, float eps,
+                                          float *y, float *xhat, float *invstd,
+                                          float *batch_mean, float *batch_var);
+    bie_status (*batchnorm_update_running)(int64_t c, float momentum, const float *batch_mean,
+                                           const float *batch_var, float *running_mean,
+                                           float *running_var);
+    bie_status (*batchnorm_forward_eval)(const float *x, int64_t n, int64_t c, int64_t inner,
+                                         const float *gamma, const float *beta, float eps,
+                                         const float *running_mean, const float *running_var,
+                                         float *y);
+    bie_status (*batchnorm_backward)(const float *xhat, const float *invstd, const float *dy,
+                                     int64_t n, int64_t c, int64_t inner, const float *gamma,
+                                     float *dx, float *dgamma, float *dbeta);
+    /* Memory: alloc returns NULL when out of memory; copy (between this device and the host,
+     * or within either, and waits) and zero return a status. */
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    bie_status (*copy)(void *dst, const void *src, size_t bytes);
+    bie_status (*zero)(void *p, size_t bytes);
+} bie_train_ops;
+
+/* The table of a device type; NULL where this build or machine has none. */
+const bie_train_ops *bie_train_ops_for(bie_device device);
+/* A view of the model's device memory (a CPU view for a CPU model). */
+bie_tensor bie_model_view(const bie_model *m, void *data, bie_dtype dtype, int ndim,
+                          const int64_t *shape);
+
 /* --- model internals shared between model files */
 
 /* Output shape of layer `index` for an input shape; errors name the layer. */
@@ -128,5 +179,8 @@ bie_status bie_model_refresh_params(bie_model *m);
 bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed);
 /* Free what a layer owns. */
 void bie_model_layer_release(bie_model_layer *layer);
+/* Build the storage and the low-bit object of a layer on `device` (nothing initialised). */
+bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
+                                 bie_model_layer *l, const char *who);
 
 #endif

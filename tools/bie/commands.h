@@ -19,9 +19,16 @@ int cmd_predict(int argc, char **argv);
 /* Print "bie <command>: error: <tool_error()>" to stderr; returns 1. */
 int report_failure(const char *command);
 
-/* Apply --threads (0: library default) and check --device ("cpu" or "cuda"; the model's
- * layers run on the CPU, so "cuda" fails with a clear message). */
-int setup_device(const char *device, int64_t threads);
+/* Apply --threads (0: library default) and check --device ("cpu" or "cuda": CUDA device 0,
+ * which must exist); *out receives the device. */
+int setup_device(const char *device, int64_t threads, bie_device *out);
+
+/* Move the model to `device` (nothing to do for the CPU). */
+int model_to_device(bie_model *model, bie_device device);
+
+/* bie_model_forward with the output on the host: *out views `host` (room for the output)
+ * when the model returned device memory, else the model's own output. */
+int forward_on_host(bie_model *model, const bie_tensor *x, float *host, bie_tensor *out);
 
 /* Run the model (evaluation mode) over `set` in batches: accuracy in [0, 1], mean loss,
  * and each example's predicted class in predictions[0..count) (may be NULL).

@@ -15,6 +15,7 @@ typedef struct infer_options {
     const char *device, *data_dir, *images;
     int64_t threads, limit, batch, first, count;
     bool help;
+    bie_device where; /* from --device */
 } infer_options;
 
 static int check_model_input(const loaded_model *m, const char *path) {
@@ -31,6 +32,7 @@ static int run_eval(const char *path, const infer_options *o) {
     TOOL_TRY(model_load(path, &m));
     fmnist_set test = {0};
     int status = check_model_input(&m, path);
+    if (status == 0) status = model_to_device(m.model, o->where);
     if (status == 0) status = fmnist_load(o->data_dir, FMNIST_TEST, o->limit, &test);
     int32_t *pred = status == 0 ? malloc((size_t)test.count * sizeof(int32_t)) : NULL;
     if (status == 0 && !pred) status = tool_fail("out of memory");
@@ -40,9 +42,14 @@ static int run_eval(const char *path, const infer_options *o) {
         double seconds = progress_now() - start;
         printf("model: %s (%s%s%s)\n", path, m.packed ? "packed inference model" : "trained model",
                *m.preset ? ", preset " : "", m.preset);
-        printf("test accuracy %.2f%% (%lld images), loss %.4f, %.2f s (%.0f images/s, %d "
-               "threads)\n", 100 * acc, (long long)test.count, loss, seconds,
-               (double)test.count / seconds, bie_get_num_threads());
+        char where[32];
+        if (o->where.type == BIE_DEVICE_CUDA)
+            snprintf(where, sizeof where, "CUDA device %d", o->where.index);
+        else
+            snprintf(where, sizeof where, "%d threads", bie_get_num_threads());
+        printf("test accuracy %.2f%% (%lld images), loss %.4f, %.2f s (%.0f images/s, %s)\n",
+               100 * acc, (long long)test.count, loss, seconds, (double)test.count / seconds,
+               where);
         int64_t total[FMNIST_CLASSES] = {0}, right[FMNIST_CLASSES] = {0};
         for (int64_t i = 0; i < test.count; i++) {
             total[test.labels[i]]++;
@@ -109,11 +116,11 @@ static double top_probability(const float *logits, int classes, int top) {
 }
 
 static int predict_batch(bie_model *model, const fmnist_set *set, int64_t first, int64_t n,
-                         bool has_labels, const char *source, int64_t offset) {
+                         bool has_labels, const char *source, int64_t offset, float *host) {
     int64_t xs[4] = {n, 1, FMNIST_SIDE, FMNIST_SIDE};
     bie_tensor tx, logits;
     TOOL_TRY_BIE(bie_tensor_view(&tx, set->images + first * FMNIST_PIXELS, BIE_F32, 4, xs));
-    TOOL_TRY_BIE(bie_model_forward(model, &tx, &logits));
+    TOOL_TRY(forward_on_host(model, &tx, host, &logits));
     const float *l = logits.data;
     for (int64_t i = 0; i < n; i++) {
         int top = 0;
@@ -136,13 +143,17 @@ static int run_predict(const char *path, const infer_options *o) {
     fmnist_set set = {0};
     bool has_labels = false;
     int status = check_model_input(&m, path);
+    if (status == 0) status = model_to_device(m.model, o->where);
     if (status == 0) status = load_inputs(o, &set, &has_labels);
     const char *source = o->images ? o->images : "test";
     int64_t offset = o->images ? 0 : o->first;
+    float *host = status == 0 ? malloc((size_t)o->batch * FMNIST_CLASSES * sizeof(float)) : NULL;
+    if (status == 0 && host == NULL) status = tool_fail("out of memory");
     for (int64_t first = 0; status == 0 && first < set.count; first += o->batch) {
         int64_t n = set.count - first < o->batch ? set.count - first : o->batch;
-        status = predict_batch(m.model, &set, first, n, has_labels, source, offset);
+        status = predict_batch(m.model, &set, first, n, has_labels, source, offset, host);
     }
+    free(host);
     fmnist_free(&set);
     loaded_model_free(&m);
     return status;
@@ -190,7 +201,7 @@ static int run_infer(const char *command, int argc, char **argv, bool predict) {
         fprintf(stderr, "bie %s: missing MODEL; usage: bie %s MODEL [options]\n", command, command);
         return EXIT_USAGE;
     }
-    if (setup_device(o.device, o.threads) != 0) return report_failure(command);
+    if (setup_device(o.device, o.threads, &o.where) != 0) return report_failure(command);
     int status = predict ? run_predict(pos[0], &o) : run_eval(pos[0], &o);
     return status == 0 ? 0 : report_failure(command);
 }

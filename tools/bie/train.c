@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "augment.h"
+#include "bie_cuda.h"
 #include "commands.h"
 #include "errors.h"
 #include "metrics.h"
@@ -110,6 +111,7 @@ typedef struct trainer {
     char model_path[4096], csv_path[4096], svg_path[4096];
     float scale_floor[MAX_SCALES]; /* 0 until the first step has initialised the scales */
     bool floors_set;
+    bie_device where; /* from --device */
 } trainer;
 
 static bool is_scale_a(const char *name) {
@@ -124,11 +126,17 @@ static int keep_scales_positive(trainer *t) {
         bie_model_param p;
         TOOL_TRY_BIE(bie_model_param_get(t->model, i, &p));
         if (!is_scale_a(p.name) || p.value.dtype != BIE_F32) continue;
-        float *scale = p.value.data;
-        if (!t->floors_set)
-            t->scale_floor[k] = SCALE_A_FLOOR_FRACTION * *scale;
-        else if (*scale < t->scale_floor[k])
-            *scale = t->scale_floor[k];
+        /* the scale may live in device memory: read and write it through a host copy */
+        float scale;
+        bie_tensor host;
+        TOOL_TRY_BIE(bie_tensor_view(&host, &scale, BIE_F32, p.value.ndim, p.value.shape));
+        TOOL_TRY_BIE(bie_tensor_copy(&host, &p.value));
+        if (!t->floors_set) {
+            t->scale_floor[k] = SCALE_A_FLOOR_FRACTION * scale;
+        } else if (scale < t->scale_floor[k]) {
+            scale = t->scale_floor[k];
+            TOOL_TRY_BIE(bie_tensor_copy(&p.value, &host));
+        }
         k++;
     }
     t->floors_set = true;
@@ -148,7 +156,9 @@ static int train_step(trainer *t, int64_t first, int64_t step, float *loss, int6
     TOOL_TRY_BIE(bie_tensor_view(&tx, t->x, BIE_F32, 4, xs));
     TOOL_TRY_BIE(bie_tensor_view(&tl, t->labels, BIE_I32, 1, ls));
     TOOL_TRY_BIE(bie_tensor_view(&tg, t->grad, BIE_F32, 2, gs));
-    TOOL_TRY_BIE(bie_model_forward(t->model, &tx, &logits));
+    /* Logits from a GPU land in t->grad, which the loss then overwrites with its gradient
+     * (the two may alias). */
+    TOOL_TRY(forward_on_host(t->model, &tx, t->grad, &logits));
     TOOL_TRY_BIE(bie_count_correct(&logits, &tl, correct));
     TOOL_TRY_BIE(bie_softmax_cross_entropy(&logits, &tl, loss, &tg));
     TOOL_TRY_BIE(bie_model_backward(t->model, &tg, NULL));
@@ -247,6 +257,7 @@ static int run_epochs(trainer *t, epoch_metrics *rows) {
     }
     char elapsed[32];
     progress_format_time(total_s, elapsed, sizeof elapsed);
+    TOOL_TRY(model_to_device(t->model, bie_cpu())); /* model files are written from the host */
     TOOL_TRY(save_model(t, rows[o->epochs - 1].test_acc));
     printf("done: test accuracy %.2f%% after %lld epochs, training time %s (m:ss)\n",
            100 * rows[o->epochs - 1].test_acc, (long long)o->epochs, elapsed);
@@ -270,6 +281,8 @@ static int setup_trainer(trainer *t) {
     TOOL_TRY(preset_build(&pc, &t->model));
     TOOL_TRY_BIE(bie_model_reset_parameters(t->model, (uint64_t)o->seed));
     TOOL_TRY_BIE(bie_model_prepare_params(t->model));
+    /* Built and initialised on the host (the same numbers on any device), then moved. */
+    TOOL_TRY(model_to_device(t->model, t->where));
     bie_optimizer_options oo = bie_optimizer_defaults();
     oo.adam.lr = (float)o->lr;
     oo.adam.weight_decay = (float)o->weight_decay;
@@ -293,10 +306,16 @@ static int setup_trainer(trainer *t) {
            o->preset, o->first_last, (long long)o->width, (long long)trainable_count(t->model));
     printf("data: %lld training / %lld test images from %s\n", (long long)t->train.count,
            (long long)t->test.count, dir);
+    char where[64];
+    if (t->where.type == BIE_DEVICE_CUDA)
+        snprintf(where, sizeof where, "CUDA device %d", t->where.index);
+    else
+        snprintf(where, sizeof where, "%d threads, kernels %s", bie_get_num_threads(),
+                 bie_cpu_kernel_set());
     printf("epochs %lld, batch %lld (%lld steps/epoch), lr %g, binary lr %g, %s schedule, "
-           "weight decay %g, seed %lld, %d threads, kernels %s\n", (long long)o->epochs,
-           (long long)o->batch, (long long)t->steps_per_epoch, o->lr, o->binary_lr, o->schedule,
-           o->weight_decay, (long long)o->seed, bie_get_num_threads(), bie_cpu_kernel_set());
+           "weight decay %g, seed %lld, %s\n", (long long)o->epochs, (long long)o->batch,
+           (long long)t->steps_per_epoch, o->lr, o->binary_lr, o->schedule, o->weight_decay,
+           (long long)o->seed, where);
     if (augment_active(&t->augment)) { /* the default run's output stays as documented */
         char augment[48];
         describe_augment(&t->augment, augment, sizeof augment);
@@ -391,7 +410,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "bie train: %s\n", tool_error());
         return EXIT_USAGE;
     }
-    if (setup_device(o.device, o.threads) != 0) return report_failure("train");
+    if (setup_device(o.device, o.threads, &t.where) != 0) return report_failure("train");
     epoch_metrics *rows = calloc((size_t)o.epochs, sizeof *rows);
     int status = rows ? setup_trainer(&t) : tool_fail("out of memory");
     if (status == 0) status = run_epochs(&t, rows);

@@ -1,0 +1,400 @@
+/* The sequential model on CUDA (bie_model_to_device): every layer type moves to the GPU and
+ * back with its parameters bit for bit; forwards and input gradients match the CPU model's
+ * (float layers within rounding, so the binary layers after them see the same signs);
+ * training on the GPU lowers the loss and reproduces bit for bit; a packed model moves and
+ * predicts as on the CPU; host and device inputs and gradients give the same results; bad
+ * calls are refused and change nothing. Reports itself skipped (77) without a GPU. */
+#include "../train/train_test_util.h"
+#include "gpu_util.h"
+
+#include "bie_train.h"
+
+static const bie_device kCuda = {BIE_DEVICE_CUDA, 0};
+
+typedef struct problem {
+    int64_t shape[4];
+    int64_t classes;
+    float *x;
+    int32_t *labels;
+} problem;
+
+/* Class prototypes plus noise. */
+static problem make_problem(const int64_t *shape, int64_t classes, uint64_t seed) {
+    problem p;
+    memcpy(p.shape, shape, sizeof p.shape);
+    p.classes = classes;
+    tu_seed(seed);
+    const int64_t n = shape[0], per = ttu_numel(4, shape) / n;
+    float *proto = tu_alloc((size_t)(classes * per) * 4);
+    tu_fill(proto, classes * per, -1, 1);
+    p.x = tu_alloc((size_t)(n * per) * 4);
+    p.labels = tu_alloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        p.labels[i] = (int32_t)(i % classes);
+        for (int64_t j = 0; j < per; j++)
+            p.x[i * per + j] = proto[p.labels[i] * per + j] + tu_uniform(-0.5f, 0.5f);
+    }
+    free(proto);
+    return p;
+}
+
+/* Every layer type: 4-bit conv, batch norm 2d, PReLU, binary conv, max-pool (overlapping
+ * windows too), flatten, binary linear, batch norm 1d, 4-bit linear, ReLU, float linear. */
+static void build_all(bie_model *m) {
+    CHECK_OK(bie_model_add_q4_conv2d(m, 3, 8, 3, 1, 1, 1));
+    CHECK_OK(bie_model_add_batchnorm2d(m, 8));
+    CHECK_OK(bie_model_add_prelu(m, 8));
+    CHECK_OK(bie_model_add_binary_conv2d(m, 8, 12, 3, 1, 1, 1));
+    CHECK_OK(bie_model_add_batchnorm2d(m, 12));
+    CHECK_OK(bie_model_add_maxpool2d(m, 3, 2));
+    CHECK_OK(bie_model_add_binary_conv2d(m, 12, 16, 3, 1, 0, 1));
+    CHECK_OK(bie_model_add_batchnorm2d(m, 16));
+    CHECK_OK(bie_model_add_maxpool2d(m, 2, 0));
+    CHECK_OK(bie_model_add_flatten(m));
+    CHECK_OK(bie_model_add_binary_linear(m, 16, 33));
+    CHECK_OK(bie_model_add_batchnorm1d(m, 33));
+    CHECK_OK(bie_model_add_prelu(m, 1));
+    CHECK_OK(bie_model_add_q4_linear(m, 33, 19));
+    CHECK_OK(bie_model_add_relu(m));
+    CHECK_OK(bie_model_add_linear(m, 19, 5, true));
+}
+static const int64_t kShape[4] = {6, 3, 11, 11}; /* 11 -> 11 -> pool 5 -> 3 -> pool 1 */
+
+static bie_model *new_model(uint64_t seed, bie_device where) {
+    bie_model *m = NULL;
+    CHECK_OK(bie_model_create(&m));
+    build_all(m);
+    CHECK_OK(bie_model_reset_parameters(m, seed));
+    CHECK_OK(bie_model_prepare_params(m));
+    CHECK_OK(bie_model_to_device(m, where));
+    return m;
+}
+
+/* A host copy of a tensor on either device (caller frees). */
+static void *host_copy(const bie_tensor *t) {
+    const size_t bytes = (size_t)bie_tensor_numel(t) * bie_dtype_size(t->dtype);
+    void *h = tu_alloc(bytes ? bytes : 1);
+    bie_tensor v = *t;
+    v.data = h;
+    v.device = bie_cpu();
+    v.owns_data = false;
+    CHECK_OK(bie_tensor_copy(&v, t));
+    return h;
+}
+
+/* Every parameter of a and b has the same name, dtype, shape and bits. */
+static int same_params(bie_model *a, bie_model *b) {
+    if (bie_model_param_count(a) != bie_model_param_count(b)) return 0;
+    int same = 1;
+    for (int i = 0; same && i < bie_model_param_count(a); i++) {
+        bie_model_param pa, pb;
+        CHECK_OK(bie_model_param_get(a, i, &pa));
+        CHECK_OK(bie_model_param_get(b, i, &pb));
+        const size_t bytes = (size_t)bie_tensor_numel(&pa.value) * bie_dtype_size(pa.value.dtype);
+        void *ha = host_copy(&pa.value), *hb = host_copy(&pb.value);
+        same = strcmp(pa.name, pb.name) == 0 && pa.value.dtype == pb.value.dtype &&
+               ttu_same_shape(&pa.value, &pb.value) && memcmp(ha, hb, bytes) == 0;
+        if (!same) fprintf(stderr, "parameter %s differs\n", pa.name);
+        free(ha);
+        free(hb);
+    }
+    return same;
+}
+
+/* Forward on the host input; a host copy of the output (caller frees). */
+static float *forward_copy(bie_model *m, const problem *p, int64_t *n) {
+    bie_tensor tx = ttu_view(p->x, 4, p->shape), y;
+    CHECK_OK(bie_model_forward(m, &tx, &y));
+    *n = bie_tensor_numel(&y);
+    CHECK(y.device.type == bie_model_device(m).type);
+    return host_copy(&y);
+}
+
+/* Outputs of the CPU and the CUDA model: equal up to float rounding, i.e. within 1e-4 of
+ * the largest magnitude for all but a few elements (a value that rounds to the other side of
+ * zero before a binary layer changes what follows). */
+static void check_close(const float *got, const float *want, int64_t n, const char *what) {
+    double top = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) top = fmax(top, fabs(want[i]));
+    int64_t off = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) bad++;
+        const double d = fabs((double)got[i] - want[i]);
+        worst = fmax(worst, d);
+        off += d > 1e-4 * top + 1e-6;
+    }
+    if (off || bad)
+        printf("%s: %lld of %lld elements differ (worst %.3g of %.3g)\n", what, (long long)off,
+               (long long)n, worst, top);
+    CHECK(bad == 0);
+    CHECK(off * 50 <= n);
+}
+
+static void test_move_round_trip(void) {
+    bie_model *cpu = new_model(3, bie_cpu());
+    bie_model *gpu = new_model(3, kCuda);
+    CHECK(bie_model_device(gpu).type == BIE_DEVICE_CUDA && bie_model_device(cpu).type == BIE_DEVICE_CPU);
+    for (int i = 0; i < bie_model_param_count(gpu); i++) {
+        bie_model_param p;
+        CHECK_OK(bie_model_param_get(gpu, i, &p));
+        CHECK(p.value.device.type == BIE_DEVICE_CUDA);
+    }
+    CHECK(same_params(cpu, gpu));
+    CHECK_OK(bie_model_to_device(gpu, kCuda)); /* already there: nothing changes */
+    CHECK_OK(bie_model_to_device(gpu, bie_cpu()));
+    CHECK(bie_model_device(gpu).type == BIE_DEVICE_CPU);
+    CHECK(same_params(cpu, gpu));
+    bie_model_free(cpu);
+    bie_model_free(gpu);
+}
+
+/* Training forward, backward (grad_x on the host and on the device) and evaluation forward
+ * of the same model on both devices. */
+static void test_matches_cpu(void) {
+    problem p = make_problem(kShape, 5, 21);
+    bie_model *cpu = new_model(5, bie_cpu()), *gpu = new_model(5, kCuda);
+    int64_t n;
+    float *yc = forward_copy(cpu, &p, &n), *yg = forward_copy(gpu, &p, &n);
+    check_close(yg, yc, n, "training forward");
+
+    float *g = tu_alloc((size_t)n * 4);
+    tu_fill(g, n, -1, 1);
+    const int64_t nx = ttu_numel(4, p.shape);
+    float *dx_cpu = tu_alloc((size_t)nx * 4), *dx_host = tu_alloc((size_t)nx * 4);
+    tu_poison(dx_cpu, nx);
+    tu_poison(dx_host, nx);
+    bie_tensor tg = ttu_view(g, 2, (int64_t[]){p.shape[0], 5});
+    bie_tensor dxc = ttu_view(dx_cpu, 4, p.shape), dxh = ttu_view(dx_host, 4, p.shape);
+    CHECK_OK(bie_model_backward(cpu, &tg, &dxc));
+    CHECK_OK(bie_model_backward(gpu, &tg, &dxh)); /* host grad_out and grad_x */
+    check_close(dx_host, dx_cpu, nx, "input gradient");
+
+    /* device grad_out and grad_x give the same bits as host ones */
+    bie_tensor dg = upload_as(BIE_F32, g, p.shape[0], 5), ddx;
+    dg.ndim = 2;
+    CHECK_OK(bie_cuda_tensor_alloc(&ddx, BIE_F32, 4, p.shape, 0));
+    CHECK_OK(bie_model_backward(gpu, &dg, &ddx));
+    float *dx_dev = host_copy(&ddx);
+    CHECK(tu_same_bits(dx_dev, dx_host, nx));
+    free(dx_dev);
+
+    /* parameter gradients: a float layer's and a binary layer's weight */
+    const char *names[] = {"15.weight", "1.weight", "11.bias"};
+    for (int k = 0; k < 3; k++) {
+        bie_model_param a, b;
+        CHECK_OK(bie_model_param_find(cpu, names[k], &a));
+        CHECK_OK(bie_model_param_find(gpu, names[k], &b));
+        CHECK(a.grad.data != NULL && b.grad.data != NULL && b.grad.device.type == BIE_DEVICE_CUDA);
+        if (a.grad.data && b.grad.data) {
+            float *hb = host_copy(&b.grad);
+            check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
+            free(hb);
+        }
+    }
+
+    /* evaluation: running statistics and packed weights */
+    CHECK_OK(bie_model_set_training(cpu, false));
+    CHECK_OK(bie_model_set_training(gpu, false));
+    free(yc);
+    free(yg);
+    yc = forward_copy(cpu, &p, &n);
+    yg = forward_copy(gpu, &p, &n);
+    check_close(yg, yc, n, "evaluation forward");
+
+    /* a device input gives the same output as the host one */
+    bie_tensor dxin = upload_as(BIE_F32, p.x, p.shape[0], nx / p.shape[0]), y;
+    dxin.ndim = 4;
+    memcpy(dxin.shape, p.shape, sizeof p.shape);
+    CHECK_OK(bie_model_forward(gpu, &dxin, &y));
+    float *yd = host_copy(&y);
+    CHECK(tu_same_bits(yd, yg, n));
+    free(yd);
+
+    bie_tensor_free(&dg);
+    bie_tensor_free(&ddx);
+    bie_tensor_free(&dxin);
+    free(yc);
+    free(yg);
+    free(g);
+    free(dx_cpu);
+    free(dx_host);
+    bie_model_free(cpu);
+    bie_model_free(gpu);
+    free(p.x);
+    free(p.labels);
+}
+
+/* Adam can drive an activation scale through zero in a few large steps; as `bie train`
+ * does, each scale_a is kept at or above half the value its first batch gave it, written
+ * through its parameter view (device memory here). */
+static void keep_scales(bie_model *m, float *floors, bool first) {
+    for (int i = 0, k = 0; i < bie_model_param_count(m); i++) {
+        bie_model_param q;
+        CHECK_OK(bie_model_param_get(m, i, &q));
+        if (strstr(q.name, ".scale_a") == NULL) continue;
+        float v;
+        bie_tensor h;
+        CHECK_OK(bie_tensor_view(&h, &v, BIE_F32, q.value.ndim, q.value.shape));
+        CHECK_OK(bie_tensor_copy(&h, &q.value));
+        if (first) {
+            floors[k] = 0.5f * v;
+        } else if (v < floors[k]) {
+            v = floors[k];
+            CHECK_OK(bie_tensor_copy(&q.value, &h));
+        }
+        k++;
+    }
+}
+
+/* `steps` optimizer steps; losses[s] is the loss before step s. */
+static void train(bie_model *m, const problem *p, int steps, float *losses, int64_t *flips) {
+    float floors[16];
+    bie_optimizer_options o = bie_optimizer_defaults();
+    o.adam.lr = 2e-2f;
+    bie_optimizer *opt = NULL;
+    CHECK_OK(bie_optimizer_create(&opt, m, &o));
+    const int64_t n = p->shape[0] * p->classes;
+    float *g = tu_alloc((size_t)n * 4);
+    bie_tensor tl;
+    CHECK_OK(bie_tensor_view(&tl, p->labels, BIE_I32, 1, p->shape));
+    *flips = 0;
+    for (int s = 0; s < steps; s++) {
+        int64_t got;
+        float *y = forward_copy(m, p, &got);
+        bie_tensor ty = ttu_view(y, 2, (int64_t[]){p->shape[0], p->classes});
+        bie_tensor tg = ttu_view(g, 2, (int64_t[]){p->shape[0], p->classes});
+        losses[s] = NAN;
+        CHECK_OK(bie_softmax_cross_entropy(&ty, &tl, &losses[s], &tg));
+        CHECK_OK(bie_model_backward(m, &tg, NULL));
+        int64_t f = 0;
+        CHECK_OK(bie_optimizer_step(opt, &f));
+        *flips += f;
+        keep_scales(m, floors, s == 0);
+        free(y);
+    }
+    free(g);
+    bie_optimizer_free(opt);
+}
+
+static void test_training(void) {
+    const int64_t shape[4] = {20, 3, 11, 11};
+    problem p = make_problem(shape, 5, 8);
+    enum { STEPS = 40 }; /* on the CPU this run goes from 1.63 to 0.46 */
+    float losses[STEPS], again[STEPS];
+    int64_t flips = 0, flips2 = 0;
+    bie_model *m = new_model(9, kCuda), *m2 = new_model(9, kCuda);
+    train(m, &p, STEPS, losses, &flips);
+    train(m2, &p, STEPS, again, &flips2);
+    const float first = losses[0], last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
+    printf("training on CUDA: loss %.4f -> %.4f, %lld sign flips\n", (double)first, (double)last,
+           (long long)flips);
+    CHECK(isfinite(first) && last < 0.7f * first);
+    CHECK(flips > 0);
+    /* the same seed reproduces the run bit for bit */
+    CHECK(memcmp(losses, again, sizeof losses) == 0 && flips == flips2);
+    CHECK(same_params(m, m2));
+
+    /* a trained model moves back to the CPU and evaluates there as on the GPU */
+    CHECK_OK(bie_model_set_training(m, false));
+    int64_t n;
+    float *yg = forward_copy(m, &p, &n);
+    CHECK_OK(bie_model_to_device(m, bie_cpu()));
+    CHECK(same_params(m, m2)); /* m2 is still on the GPU */
+    float *yc = forward_copy(m, &p, &n);
+    check_close(yg, yc, n, "trained model, evaluation");
+
+    /* packed on the CPU, then moved: the same predictions */
+    CHECK_OK(bie_model_pack(m));
+    free(yc);
+    yc = forward_copy(m, &p, &n);
+    CHECK_OK(bie_model_to_device(m, kCuda));
+    CHECK(bie_model_packed(m));
+    free(yg);
+    yg = forward_copy(m, &p, &n);
+    check_close(yg, yc, n, "packed model");
+    free(yc);
+    free(yg);
+    bie_model_free(m);
+    bie_model_free(m2);
+    free(p.x);
+    free(p.labels);
+}
+
+static void test_bad_input(void) {
+    problem p = make_problem(kShape, 5, 4);
+    bie_model *m = new_model(2, bie_cpu());
+    bie_optimizer *opt = NULL;
+    CHECK_OK(bie_optimizer_create(&opt, m, NULL));
+    CHECK(bie_model_to_device(m, (bie_device){BIE_DEVICE_CUDA, 1}) == BIE_ERR_DEVICE);
+    CHECK(bie_model_device(m).type == BIE_DEVICE_CPU);
+    CHECK(bie_model_to_device(NULL, kCuda) == BIE_ERR_NULL_POINTER);
+
+    /* a device input for a CPU model is refused */
+    const int64_t nx = ttu_numel(4, p.shape);
+    bie_tensor dx = upload_as(BIE_F32, p.x, p.shape[0], nx / p.shape[0]), y;
+    dx.ndim = 4;
+    memcpy(dx.shape, p.shape, sizeof p.shape);
+    CHECK(bie_model_forward(m, &dx, &y) == BIE_ERR_DEVICE);
+
+    /* an optimizer made before a move refuses to step */
+    CHECK_OK(bie_model_to_device(m, kCuda));
+    CHECK_OK(bie_model_forward(m, &dx, &y));
+    float *g = tu_alloc((size_t)bie_tensor_numel(&y) * 4);
+    tu_fill(g, bie_tensor_numel(&y), -1, 1);
+    bie_tensor tg = ttu_view(g, y.ndim, y.shape);
+    CHECK_OK(bie_model_backward(m, &tg, NULL));
+    CHECK(bie_optimizer_step(opt, NULL) == BIE_ERR_STATE);
+    bie_optimizer_free(opt);
+
+    /* set_param from host and device sources, with the CPU's checks */
+    bie_model_param w;
+    CHECK_OK(bie_model_param_find(m, "15.weight", &w));
+    const int64_t nw = bie_tensor_numel(&w.value);
+    float *hw = tu_alloc((size_t)nw * 4), *back;
+    tu_fill(hw, nw, -1, 1);
+    bie_tensor src = ttu_view(hw, 2, w.value.shape);
+    CHECK_OK(bie_model_set_param(m, "15.weight", &src));
+    back = host_copy(&w.value);
+    CHECK(tu_same_bits(back, hw, nw));
+    free(back);
+    hw[3] = NAN;
+    bie_tensor dsrc = upload_as(BIE_F32, hw, w.value.shape[0], w.value.shape[1]);
+    CHECK(bie_model_set_param(m, "15.weight", &dsrc) == BIE_ERR_NOT_FINITE);
+    back = host_copy(&w.value);
+    CHECK(!isnan(back[3]));
+    free(back);
+    /* an int8 binary weight loaded from the device */
+    bie_model_param bw;
+    CHECK_OK(bie_model_param_find(m, "3.weight", &bw));
+    CHECK(bw.value.dtype == BIE_I8 && bw.value.device.type == BIE_DEVICE_CUDA);
+    int8_t *q = host_copy(&bw.value);
+    for (int64_t i = 0; i < bie_tensor_numel(&bw.value); i++) q[i] = (int8_t)(i % 2 ? -3 : 5);
+    bie_tensor qs;
+    CHECK_OK(bie_tensor_view(&qs, q, BIE_I8, bw.value.ndim, bw.value.shape));
+    CHECK_OK(bie_model_set_param(m, "3.weight", &qs));
+    int8_t *q2 = host_copy(&bw.value);
+    CHECK(memcmp(q, q2, (size_t)bie_tensor_numel(&bw.value)) == 0);
+    free(q);
+    free(q2);
+
+    bie_tensor_free(&dsrc);
+    bie_tensor_free(&dx);
+    free(hw);
+    free(g);
+    bie_model_free(m);
+    free(p.x);
+    free(p.labels);
+}
+
+int main(int argc, char **argv) {
+    (void)argc, (void)argv; /* --small: the cases are small already */
+    if (bie_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
+        return TU_SKIP;
+    }
+    test_move_round_trip();
+    test_matches_cpu();
+    test_training();
+    test_bad_input();
+    return tu_finish();
+}
