@@ -22,42 +22,149 @@ unsigned blocks_for(int64_t count, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
 
-// Block (pixel block, word, image): thread = one pixel's 32 channels of one sign word (and
-// mask word). Neighbouring threads read neighbouring pixels of a channel plane (coalesced),
-// and the 32 loads of a thread are unrolled so that they are all in flight. v = x + bias and
-// the mask test are the CPU's float arithmetic. Index math in 32 bits (the layer checks the
-// extents).
-template <typename T>
+// Raw bits of VP consecutive elements of type T (2 or 4 bytes) as 32-bit words, read with one
+// aligned load of sizeof(T) * VP bytes (2, 4 or 8).
+template <int BYTES> struct RawRun;
+template <> struct RawRun<2> {
+    uint32_t w[1];
+    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const unsigned short *>(p); }
+};
+template <> struct RawRun<4> {
+    uint32_t w[1];
+    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const uint32_t *>(p); }
+};
+template <> struct RawRun<8> {
+    uint32_t w[2];
+    __device__ __forceinline__ void load(const void *p) {
+        const uint2 v = *static_cast<const uint2 *>(p);
+        w[0] = v.x;
+        w[1] = v.y;
+    }
+};
+
+// Element j of a run as float (little endian: element 0 in the low bits).
+template <typename T> __device__ __forceinline__ float run_elem(const uint32_t *w, int j);
+template <> __device__ __forceinline__ float run_elem<float>(const uint32_t *w, int j) {
+    return to_f32(__uint_as_float(w[j]));
+}
+template <> __device__ __forceinline__ float run_elem<__nv_bfloat16>(const uint32_t *w, int j) {
+    return to_f32(__ushort_as_bfloat16((unsigned short)(w[j >> 1] >> (16 * (j & 1)))));
+}
+template <> __device__ __forceinline__ float run_elem<__half>(const uint32_t *w, int j) {
+    return to_f32(__ushort_as_half((unsigned short)(w[j >> 1] >> (16 * (j & 1)))));
+}
+
+constexpr int kPackWords = 8;       // sign words per block: a 32 B run of every output row
+constexpr int kPackMinWarps = 2048; // enough warps to fill a large GPU before loads get wider
+
+// Block (pixel tile, word chunk): pg groups of 32 VP pixels, counted over all images in NHW
+// order (no idle lanes at the end of each image), times wc sign words. Warp = one (group,
+// word) cell; lane = VP consecutive pixels of the cell's 32 channel planes, one aligned load
+// per channel, so a warp's load is one coalesced 32 VP element run and a lane forms its
+// pixels' words without exchanging data. The words go through shared memory so that the
+// tile's output rows are written as contiguous runs (the whole tile is one contiguous range
+// when cw <= kPackWords). VP > 1 needs hw % VP == 0 and x aligned to VP elements: then a run
+// never crosses an image or a misaligned address. v = x + bias and the mask test are the
+// CPU's float arithmetic. Pixel indices in 32 bits (the layer caps n h w), element offsets in 64.
+template <typename T, int VP, bool TRAIN>
 __global__ void __launch_bounds__(256)
-    pack_input(const T *__restrict__ x, bie_cuda_conv_shape g64, const float *__restrict__ bias,
+    pack_input(const T *__restrict__ x, bie_cuda_conv_shape g64, int wc, int pg, const float *__restrict__ bias,
                const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
+    extern __shared__ uint32_t pack_tile[];
     const int hw = (int)(g64.h * g64.w), C = (int)g64.c, cw = (C + 31) / 32;
-    const int pix = blockIdx.x * 256 + threadIdx.x, word = blockIdx.y, n = blockIdx.z;
-    if (saved_scales && blockIdx.x == 0 && word == 0 && n == 0 && threadIdx.x == 0) {
+    const int nhw = (int)(g64.n * g64.h * g64.w);
+    const int rows = pg * 32 * VP, ld = wc | 1;  // odd row stride: the lanes' words spread over the banks
+    const int first = (int)blockIdx.x * rows, left = nhw - first;
+    const int w0 = (int)blockIdx.y * wc, words = min(wc, cw - w0);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    uint32_t *tsign = pack_tile, *tmask = pack_tile + rows * ld;
+    if (saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         saved_scales[0] = *scale_a;
         saved_scales[1] = *scale_w;
     }
-    if (pix >= hw) return;
-    const int c0 = word * 32, cn = C - c0 < 32 ? C - c0 : 32;
-    const float sa = mask ? *scale_a : 1.0f;
-    const T *xp = x + ((int64_t)n * C + c0) * hw + pix;
-    float v[32];
-#pragma unroll
-    for (int c = 0; c < 32; c++) v[c] = c < cn ? to_f32(xp[(int64_t)c * hw]) + bias[c0 + c] : 0.0f;
-    uint32_t sb = 0;
-#pragma unroll
-    for (int c = 0; c < 32; c++) sb |= (uint32_t)(c < cn && v[c] >= 0.0f) << c;
-    const int64_t dst = ((int64_t)n * hw + pix) * cw + word;
-    signs[dst] = sb;
-    if (mask) {  // training only: the divisions are skipped in inference
-        uint32_t mb = 0;
+    const int group = warp / wc, wl = warp - group * wc;
+    if (wl < words) {
+        const int off = (group * 32 + lane) * VP;  // the lane's first pixel in the tile
+        const bool live = off < left;
+        const int c0 = (w0 + wl) * 32, cn = min(32, C - c0);
+        const uint32_t valid = live ? (cn == 32 ? 0xffffffffu : (1u << cn) - 1) : 0u;
+        const float lane_bias = lane < cn ? bias[c0 + lane] : 0.0f;
+        int n = 0, pix = 0;
+        if (live) {
+            n = (first + off) / hw;
+            pix = first + off - n * hw;
+        }
+        const T *src = x + ((int64_t)n * C + c0) * hw + pix;
+        RawRun<sizeof(T) * VP> run[32];
 #pragma unroll
         for (int c = 0; c < 32; c++) {
-            const float q = v[c] / sa;
-            mb |= (uint32_t)(c < cn && q >= -1.0f && q <= 1.0f) << c;
+            run[c] = RawRun<sizeof(T) * VP>{};
+            if (live && c < cn) run[c].load(src + (int64_t)c * hw);
         }
-        mask[dst] = mb;
+        uint32_t sb[VP], mb[VP];
+#pragma unroll
+        for (int j = 0; j < VP; j++) sb[j] = mb[j] = 0;
+        const float sa = TRAIN ? *scale_a : 1.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const float b = __shfl_sync(0xffffffffu, lane_bias, c);
+#pragma unroll
+            for (int j = 0; j < VP; j++) {
+                const float v = run_elem<T>(run[c].w, j) + b;
+                sb[j] |= (uint32_t)(v >= 0.0f) << c;
+                if (TRAIN) {  // the divisions only in training
+                    const float q = v / sa;
+                    mb[j] |= (uint32_t)(q >= -1.0f && q <= 1.0f) << c;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < VP; j++) {
+            tsign[(off + j) * ld + wl] = sb[j] & valid;
+            if (TRAIN) tmask[(off + j) * ld + wl] = mb[j] & valid;
+        }
     }
+    __syncthreads();
+    const int count = min(rows, left) * words;
+    for (int i = (int)threadIdx.x; i < count; i += (int)blockDim.x) {
+        const int r = i / words, j = i - r * words;
+        const int64_t dst = (int64_t)(first + r) * cw + w0 + j;
+        signs[dst] = tsign[r * ld + j];
+        if (TRAIN) mask[dst] = tmask[r * ld + j];
+    }
+}
+
+template <typename T, int VP>
+void launch_pack_input(const T *x, const bie_cuda_conv_shape *g, int64_t cw, const float *bias,
+                       const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs,
+                       uint32_t *mask) {
+    const int64_t nhw = g->n * g->h * g->w;
+    const int wc = (int)(cw < kPackWords ? (cw < 1 ? 1 : cw) : kPackWords), pg = kPackWords / wc;
+    const int64_t rows = (int64_t)pg * 32 * VP, tiles = (nhw + rows - 1) / rows;
+    const dim3 grid((unsigned)(tiles < 1 ? 1 : tiles), (unsigned)((cw + wc - 1) / wc < 1 ? 1 : (cw + wc - 1) / wc));
+    const size_t smem = (size_t)rows * (wc | 1) * sizeof(uint32_t) * (mask ? 2 : 1);
+    if (mask)
+        pack_input<T, VP, true><<<grid, 32 * pg * wc, smem, current_stream>>>(x, *g, wc, pg, bias, scale_a,
+                                                                               scale_w, saved_scales, signs, mask);
+    else
+        pack_input<T, VP, false><<<grid, 32 * pg * wc, smem, current_stream>>>(x, *g, wc, pg, bias, scale_a,
+                                                                                scale_w, saved_scales, signs, mask);
+}
+
+// Pixels per lane: the widest aligned run of at most 8 bytes, narrowed while the grid would
+// have too few warps (small inputs gain more from lanes than from wider loads).
+template <typename T>
+void pack_input_any(const void *xv, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
+                    const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
+    const T *x = static_cast<const T *>(xv);
+    const int64_t hw = g->h * g->w, nhw = g->n * hw, cw = bie_cuda_conv_cw(g);
+    int vp = 1;
+    while (vp * 2 * sizeof(T) <= 8 && hw % (vp * 2) == 0 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0) vp *= 2;
+    while (vp > 1 && (nhw + 32 * vp - 1) / (32 * vp) * cw < kPackMinWarps) vp /= 2;
+    constexpr int kWide = 8 / sizeof(T);  // 2 (f32) or 4 (16-bit types)
+    if (vp >= 4) launch_pack_input<T, kWide>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
+    else if (vp == 2) launch_pack_input<T, 2>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
+    else launch_pack_input<T, 1>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
 }
 
 // Sign of element idx of weight row `row` ([c, i, j] order) from the source format.
@@ -359,21 +466,10 @@ extern "C" {
 bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask) {
-    const dim3 grid((unsigned)((g->h * g->w + 255) / 256), (unsigned)bie_cuda_conv_cw(g), (unsigned)g->n);
-    cudaStream_t st = current_stream;
     switch (dtype) {
-    case BIE_F32:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const float *>(x), *g, bias, scale_a, scale_w, saved_scales,
-                                         signs, mask);
-        break;
-    case BIE_BF16:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), *g, bias, scale_a, scale_w,
-                                         saved_scales, signs, mask);
-        break;
-    case BIE_F16:
-        pack_input<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), *g, bias, scale_a, scale_w, saved_scales,
-                                         signs, mask);
-        break;
+    case BIE_F32: pack_input_any<float>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
+    case BIE_BF16: pack_input_any<__nv_bfloat16>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
+    case BIE_F16: pack_input_any<__half>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda conv pack input");

@@ -217,6 +217,21 @@ bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cud
 bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_shape *g, int64_t ld,
                                    uint8_t *cols);
 
+/* The implicit-GEMM forward (no im2col): the input's codes NHWC, each pixel's C codes as
+ * nibbles padded with code 0 to cb = bie_cuda_q4_conv_cb(C) bytes (a multiple of 64), and
+ * the weight rows [o][k k cb] in tap order ([i, j], then the channels). */
+int64_t bie_cuda_q4_conv_cb(int64_t c);
+bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+                                        const float *bias, const float *scale_a, uint8_t *codes);
+/* Weight rows of the GEMM layout ([c, i, j] codes, `ld` bytes) to the tap layout. */
+bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_cuda_conv_shape *g,
+                                        uint8_t *taps);
+/* out (NCHW, out_dtype) = scale_a scale_w (codes * taps); variant: the tile shape, an index
+ * of q4gemm.cu's q4_conv_kernels (< 0: the default for the shape). */
+bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_cuda_conv_shape *g,
+                                    const uint8_t *wtaps, const float *scale_a, const float *scale_w,
+                                    bie_dtype out_dtype, void *out);
+
 typedef struct bie_cuda_q4conv_backward_args {
     bie_dtype dtype;             /* of grad_out and grad_x */
     bie_cuda_conv_shape g;

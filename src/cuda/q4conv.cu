@@ -83,6 +83,71 @@ __global__ void __launch_bounds__(128)
     }
 }
 
+// The implicit GEMM's input codes: a block per 32 pixels (flat over N H W) and 8 words of
+// codes (64 channels): lane = pixel (coalesced loads of each channel plane), warp = word;
+// the words meet in shared memory and leave as each pixel's 32 contiguous bytes. Codes as
+// q4_conv_encode computes them; channels past C get code 0.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, const float *__restrict__ bias,
+                        const float *__restrict__ scale, unsigned *__restrict__ codes) {
+    __shared__ unsigned tile[32][9];
+    const float s = *scale;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32, px = first + lane;
+    const int gw = blockIdx.y * 8 + warp;
+    unsigned word = 0;
+    if (px < pixels && gw < cbw) {
+        const int n = px / hw, pix = px - n * hw;
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {  // all loads first
+            const int ch = gw * 8 + j;
+            v[j] = ch < c ? q4_to_f32(x[((int64_t)n * c + ch) * hw + pix]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int ch = gw * 8 + j;
+            if (ch < c) word |= (unsigned)(q4_code(__fadd_rn(v[j], bias[ch]), s) & 15) << (4 * j);
+        }
+    }
+    tile[lane][warp] = word;
+    __syncthreads();
+    const int p = threadIdx.x >> 3, q = threadIdx.x & 7, w = blockIdx.y * 8 + q;
+    if (first + p < pixels && w < cbw) codes[(int64_t)(first + p) * cbw + w] = tile[p][q];
+}
+
+// Weight codes of the GEMM layout (row o: code e = c k k + t at nibble e) to the tap layout
+// (row o: tap t's cb bytes, channel c at nibble t cb 2 + c). One thread per output byte.
+__global__ void __launch_bounds__(256)
+    q4_conv_weight_taps(const uint8_t *__restrict__ w, int64_t ld, int o, int c, int kk, int cb,
+                        uint8_t *__restrict__ taps) {
+    const int64_t row_bytes = (int64_t)kk * cb, total = (int64_t)o * row_bytes;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t oo = i / row_bytes;
+        const int rem = (int)(i - oo * row_bytes), t = rem / cb, b = rem - t * cb;
+        unsigned v = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int ch = 2 * b + h;
+            if (ch < c) {
+                const int64_t e = (int64_t)ch * kk + t;
+                v |= ((unsigned)(w[oo * ld + (e >> 1)] >> ((e & 1) * 4)) & 15u) << (4 * h);
+            }
+        }
+        taps[i] = (uint8_t)v;
+    }
+}
+
+template <typename T>
+void launch_encode_nhwc(const void *x, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
+                        uint8_t *codes) {
+    const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4);
+    const dim3 grid((unsigned)((pixels + 31) / 32), (unsigned)((cbw + 7) / 8));
+    q4_conv_encode_nhwc<T><<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, (int)(g->h * g->w),
+                                                            (int)g->c, cbw, bias, scale_a,
+                                                            reinterpret_cast<unsigned *>(codes));
+}
+
 template <typename T>
 void launch_encode(const void *x, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
                    uint8_t *codes, uint8_t *mask, int8_t *resid) {
@@ -115,6 +180,25 @@ bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_sha
     q4_conv_im2col<<<(unsigned)(g->n * g->oh * g->ow), 128, 0, current_stream>>>(codes, *g, (int)(ld / 4),
                                                                                reinterpret_cast<unsigned *>(cols));
     return check(cudaGetLastError(), "cuda 4-bit conv im2col");
+}
+
+bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+                                        const float *bias, const float *scale_a, uint8_t *codes) {
+    switch (dtype) {
+    case BIE_F32: launch_encode_nhwc<float>(x, g, bias, scale_a, codes); break;
+    case BIE_BF16: launch_encode_nhwc<__nv_bfloat16>(x, g, bias, scale_a, codes); break;
+    case BIE_F16: launch_encode_nhwc<__half>(x, g, bias, scale_a, codes); break;
+    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
+    }
+    return check(cudaGetLastError(), "cuda 4-bit conv encode (NHWC)");
+}
+
+bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_cuda_conv_shape *g,
+                                        uint8_t *taps) {
+    const int64_t cb = bie_cuda_q4_conv_cb(g->c), total = g->o * g->k * g->k * cb;
+    q4_conv_weight_taps<<<blocks_for(total), 256, 0, current_stream>>>(wcodes, ld, (int)g->o, (int)g->c,
+                                                                       (int)(g->k * g->k), (int)cb, taps);
+    return check(cudaGetLastError(), "cuda 4-bit conv weight taps");
 }
 
 }  // extern "C"

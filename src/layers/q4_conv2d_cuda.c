@@ -1,7 +1,10 @@
 /* The 4-bit conv2d layer on CUDA (SPEC §4). The forward quantizes the input (+ bias_a) into
- * 4-bit codes, builds their im2col (one 4-bit GEMM row per output pixel, code 0 for taps
- * outside the input: zero padding is exact without corrections) and multiplies it with the
- * weight's codes in the 4-bit GEMM, whose epilogue writes NCHW. A training forward keeps what
+ * 4-bit codes and multiplies them with the weight's codes in the 4-bit GEMM, whose epilogue
+ * writes NCHW; code 0 for taps outside the input makes zero padding exact without
+ * corrections. By default (32 <= C <= 2048, no kernel chosen) the codes are NHWC and the
+ * GEMM gathers each output pixel's taps itself (an implicit GEMM, weight rows in tap order);
+ * otherwise, or with a kernel chosen, an im2col of the codes (one GEMM row per output pixel)
+ * feeds the GEMM. A training forward keeps what
  * the CPU layer keeps for the backward: the input's codes, clip bits and 8-bit rounding
  * residuals (13 bits per input element), and the weight codes. */
 #include <cuda_runtime_api.h>
@@ -21,6 +24,11 @@ struct bie_q4c_cuda {
      * built from qweight, valid while qversion == d.version. */
     uint8_t *wcodes, *qcodes;
     unsigned qversion;
+    /* The implicit GEMM's weight rows (tap order), of the inference cache while taps_cached
+     * and tversion == d.version. */
+    uint8_t *wtaps;
+    unsigned tversion;
+    bool taps_cached;
     /* The last forward's input codes (a_cap elements); in training also the clip bits and
      * residuals (s_cap elements). */
     uint8_t *codes, *mask;
@@ -61,6 +69,7 @@ void bie_q4cc_free(bie_q4_conv2d *l) {
     bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wcodes);
     bie_cbw_free_ptr(c->qcodes);
+    bie_cbw_free_ptr(c->wtaps);
     bie_cbw_free_ptr(c->codes);
     bie_cbw_free_ptr(c->mask);
     bie_cbw_free_ptr(c->resid);
@@ -218,6 +227,68 @@ static bie_status forward_weight(bie_q4_conv2d *l, const uint8_t **codes) {
     return BIE_OK;
 }
 
+/* The implicit GEMM serves inputs of 32 to 2048 channels (fewer: mostly padding codes;
+ * more: its encode's tile outgrows shared memory) when no kernel was chosen. */
+static bool use_implicit(const bie_q4_conv2d *l, const bie_cuda_conv_shape *g) {
+    return l->kernel_id < 0 && g->c >= 32 && g->c <= 2048;
+}
+
+/* The forward weight codes in the implicit GEMM's tap order (cached in inference). */
+static bie_status forward_taps(bie_q4_conv2d *l, const bie_cuda_conv_shape *g, const uint8_t *wcodes,
+                               const uint8_t **taps) {
+    struct bie_q4c_cuda *c = l->cuda;
+    const bool cache = !l->training && c->d.qweight != NULL;
+    if (!(cache && c->taps_cached && c->tversion == c->d.version)) {
+        if (c->wtaps == NULL)
+            BIE_TRY(dev_alloc((void **)&c->wtaps,
+                              (size_t)(l->out_c * l->k * l->k * bie_cuda_q4_conv_cb(l->in_c)), "weight taps"));
+        c->taps_cached = false;
+        BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->ld, g, c->wtaps));
+        c->taps_cached = cache;
+        c->tversion = c->d.version;
+    }
+    *taps = c->wtaps;
+    return BIE_OK;
+}
+
+/* The implicit GEMM: NHWC codes in a stream-ordered workspace, then the GEMM. */
+static bie_status forward_implicit(bie_q4_conv2d *l, const bie_tensor *x, const bie_cuda_conv_shape *g,
+                                   const uint8_t *wcodes, bie_tensor *out) {
+    struct bie_q4c_cuda *c = l->cuda;
+    const uint8_t *taps = NULL;
+    BIE_TRY(forward_taps(l, g, wcodes, &taps));
+    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    uint8_t *codes = NULL;
+    const size_t bytes = (size_t)(g->n * g->h * g->w * bie_cuda_q4_conv_cb(g->c));
+    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&codes, bytes, stream), MODULE, "NHWC codes"));
+    float *scalars = c->d.scalars;
+    bie_status st = bie_cuda_q4_conv_encode_nhwc(l->dtype, x->data, g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, codes);
+    if (st == BIE_OK)
+        st = bie_cuda_q4conv_implicit(-1, codes, g, taps, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                      l->dtype, out->data);
+    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(codes, stream), MODULE, "NHWC codes");
+    BIE_TRY(st);
+    return fst;
+}
+
+/* The im2col path: the flat codes' im2col in a stream-ordered workspace, then the GEMM. */
+static bie_status forward_im2col(bie_q4_conv2d *l, const bie_cuda_conv_shape *g, const uint8_t *wcodes,
+                                 int64_t cols_bytes, bie_tensor *out) {
+    struct bie_q4c_cuda *c = l->cuda;
+    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    uint8_t *cols = NULL;
+    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
+    bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->ld, cols);
+    const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
+    if (st == BIE_OK)
+        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, fan_in(l), cols, wcodes, c->ld, 0.0f,
+                                    c->d.scalars + BIE_CBW_SCALE_A, c->d.scalars + BIE_CBW_SCALE_W, l->dtype,
+                                    out->data, &conv);
+    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+    BIE_TRY(st);
+    return fst;
+}
+
 bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_conv2d_forward";
     struct bie_q4c_cuda *c = l->cuda;
@@ -232,28 +303,19 @@ bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *o
     if (rows > INT32_MAX || !bie_mul_ok(rows, c->ld, &cols_bytes) || g.h * g.w > INT32_MAX ||
         g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
-    const bool keep = l->training;
+    const bool keep = l->training, implicit = use_implicit(l, &g);
     BIE_TRY(ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, n_in, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->codes,
-                                    keep ? c->mask : NULL, keep ? c->resid : NULL));
+    /* The flat codes feed the im2col, and the backward. */
+    if (keep || !implicit)
+        BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->codes,
+                                        keep ? c->mask : NULL, keep ? c->resid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
-    /* The im2col lives only for this call: stream-ordered allocation. */
-    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
-    uint8_t *cols = NULL;
-    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
-    bie_status st = bie_cuda_q4_conv_im2col(c->codes, &g, c->ld, cols);
-    const bie_cuda_conv_out conv = {g.oh * g.ow, NULL, NULL};
-    if (st == BIE_OK)
-        st = bie_cuda_q4gemm_launch(l->kernel_id, rows, g.o, fan_in(l), cols, wcodes, c->ld, 0.0f,
-                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
-    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
-    BIE_TRY(st);
-    BIE_TRY(fst);
+    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, out) : forward_im2col(l, &g, wcodes, cols_bytes, out));
     if (keep) {
         c->g = g;
         bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};

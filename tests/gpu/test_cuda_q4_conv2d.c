@@ -1,6 +1,7 @@
 /* The 4-bit conv2d layer on CUDA against the CPU layer: forward bit for bit (float32,
  * bfloat16 and float16 outputs equal the CPU's float32 result rounded once to that dtype) in
- * training and inference modes (packed weights only) with every CUDA 4-bit kernel, over
+ * training and inference modes (packed weights only), by the default path (the implicit GEMM
+ * for 32 to 2048 input channels, else im2col + GEMM) and with every CUDA 4-bit kernel, over
  * strides, paddings (including output rows with no valid tap), dilations, 1x1 and even
  * kernels and odd channel counts; backward within float tolerance; bad input rejected with
  * outputs untouched. Reports itself skipped (77) without a GPU.
@@ -310,7 +311,9 @@ int main(int argc, char **argv) {
         {1, 1, 1, 1, 1, 1, 1, 0, 1},   {2, 3, 5, 7, 4, 3, 1, 1, 1},     {1, 33, 9, 8, 17, 3, 2, 1, 1},
         {1, 5, 3, 3, 7, 3, 1, 3, 1},   {2, 16, 11, 13, 8, 5, 2, 2, 2},  {1, 70, 6, 6, 65, 1, 1, 0, 1},
         {2, 31, 17, 9, 5, 4, 3, 0, 1}, {3, 64, 14, 14, 32, 3, 1, 1, 1}, {2, 128, 8, 8, 96, 3, 1, 2, 1},
-        {4, 256, 14, 14, 256, 3, 1, 1, 1},
+        {4, 256, 14, 14, 256, 3, 1, 1, 1}, {2, 40, 9, 11, 19, 2, 1, 1, 2}, {1, 601, 5, 4, 33, 3, 1, 1, 1},
+        {1, 2050, 3, 3, 3, 1, 1, 0, 1}, {5, 48, 7, 5, 130, 3, 2, 2, 1},
+        {32, 96, 14, 14, 130, 3, 1, 1, 1}, /* enough blocks for the large-tile implicit GEMM */
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
