@@ -113,51 +113,62 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
 }
 
 // X [c k k][n oh ow]: the code under each tap of each output pixel, 0 outside the input.
-// Block (pixel block, taps): neighbouring threads write neighbouring pixels.
+// Block (pixel block, channel): neighbouring threads write neighbouring pixels. 32-bit index
+// math (the layer checks the extents), no division per element.
 template <typename T>
-__global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, bie_cuda_conv_shape g, T *dst) {
-    const int64_t plane = g.oh * g.ow, rows = g.n * plane, kk = g.k * g.k, K = g.c * kk;
-    const int64_t r = (int64_t)blockIdx.x * 256 + threadIdx.x;
+__global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, bie_cuda_conv_shape g64, T *dst) {
+    const int k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow;
+    const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, d = (int)g64.d;
+    const int r = blockIdx.x * 256 + threadIdx.x;
     if (r >= rows) return;
-    const int64_t n = r / plane, pix = r - n * plane, oy = pix / g.ow, ox = pix - oy * g.ow;
-    const int64_t y0 = oy * g.s - g.p, x0 = ox * g.s - g.p;
-    for (int64_t e = blockIdx.y; e < K; e += gridDim.y) {
-        const int64_t c = e / kk, t = e - c * kk, i = t / g.k, j = t - i * g.k;
-        const int64_t iy = y0 + i * g.d, ix = x0 + j * g.d;
-        float v = 0.0f;
-        if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) v = (float)code_at(codes, ((n * g.c + c) * g.h + iy) * g.w + ix);
-        dst[e * rows + r] = q4_from_f32<T>(v);
+    const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
+    const int y0 = oy * (int)g64.s - (int)g64.p, x0 = ox * (int)g64.s - (int)g64.p;
+    for (int c = blockIdx.y; c < (int)g64.c; c += gridDim.y) {
+        const int64_t img = ((int64_t)n * g64.c + c) * h * w;
+        T *out = dst + (int64_t)c * kk * rows + r;
+        for (int i = 0, t = 0; i < k; i++) {
+            const int iy = y0 + i * d;
+            for (int j = 0; j < k; j++, t++) {
+                const int ix = x0 + j * d;
+                const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+                const float v = inside ? (float)code_at(codes, img + iy * w + ix) : 0.0f;
+                out[(int64_t)t * rows] = q4_from_f32<T>(v);
+            }
+        }
     }
 }
 
 // grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
 // (tap order, as the CPU's col2im), times the clip bit: one thread per element, block
-// (pixel block, planes); also kept in f32 (gm) for the reductions.
-template <typename T>
+// (pixel block, planes); also kept in f32 (gm) for the reductions. 32-bit index math; UNIT:
+// stride 1, where a tap's output position needs no division.
+template <typename T, bool UNIT>
 __global__ void __launch_bounds__(256)
-    q4_conv_col2im_mask(const float *cols, const uint8_t *mask, bie_cuda_conv_shape g, T *grad_x, float *gm) {
-    const int64_t kk = g.k * g.k, hw = g.h * g.w, rows = g.n * g.oh * g.ow;
-    const int64_t pix = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    q4_conv_col2im_mask(const float *cols, const uint8_t *mask, bie_cuda_conv_shape g64, T *grad_x, float *gm) {
+    const int C = (int)g64.c, k = (int)g64.k, kk = k * k, s = (int)g64.s;
+    const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
+    const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
+    const int pix = blockIdx.x * 256 + threadIdx.x;
     if (pix >= hw) return;
-    const int64_t y = pix / g.w, x = pix - y * g.w;
-    for (int64_t nc = blockIdx.y; nc < g.n * g.c; nc += gridDim.y) {
-        const int64_t n = nc / g.c, c = nc - n * g.c;
-        const float *base = cols + c * kk * rows + n * g.oh * g.ow;
+    const int y = pix / w, x = pix - y * w;
+    for (int nc = blockIdx.y; nc < (int)g64.n * C; nc += gridDim.y) {
+        const int n = nc / C, c = nc - n * C;
+        const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
         float v = 0.0f;
-        for (int64_t i = 0; i < g.k; i++) {
-            const int64_t ty = y + g.p - i * g.d;
-            if (ty < 0 || ty % g.s) continue;
-            const int64_t oy = ty / g.s;
-            if (oy >= g.oh) continue;
-            for (int64_t j = 0; j < g.k; j++) {
-                const int64_t tx = x + g.p - j * g.d;
-                if (tx < 0 || tx % g.s) continue;
-                const int64_t ox = tx / g.s;
-                if (ox >= g.ow) continue;
-                v += base[(i * g.k + j) * rows + oy * g.ow + ox];
+        for (int i = 0; i < k; i++) {
+            const int ty = y + p - i * d;
+            if (ty < 0 || (!UNIT && ty % s)) continue;
+            const int oy = UNIT ? ty : ty / s;
+            if (oy >= oh) continue;
+            for (int j = 0; j < k; j++) {
+                const int tx = x + p - j * d;
+                if (tx < 0 || (!UNIT && tx % s)) continue;
+                const int ox = UNIT ? tx : tx / s;
+                if (ox >= ow) continue;
+                v += base[(int64_t)(i * k + j) * rows + oy * ow + ox];
             }
         }
-        const int64_t at = nc * hw + pix;
+        const int64_t at = (int64_t)nc * hw + pix;
         if (!((mask[at >> 3] >> (at & 7)) & 1)) v = 0.0f;
         if (grad_x) grad_x[at] = q4_from_f32<T>(v);
         gm[at] = v;
@@ -213,7 +224,7 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     values_of_codes<T><<<(unsigned)g.o, 256, 0, st>>>(a.wcodes, a.ld, K, wval);
-    q4_conv_value_cols<T><<<dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(K, 65535)), 256, 0, st>>>(
+    q4_conv_value_cols<T><<<dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(g.c, 65535)), 256, 0, st>>>(
         a.codes, g, xcols);
     conv_grad_rows_any(a.dtype, a.grad_out, g, grows);
     // grad_w, row-major [o, K] = G [o, rows] @ X^T (X row-major [K, rows]) * scale_a
@@ -230,7 +241,8 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     if (s != BIE_OK) goto done;
     {
         const dim3 grid((unsigned)((hw + 255) / 256), (unsigned)std::min<int64_t>(planes, 65535));
-        q4_conv_col2im_mask<T><<<grid, 256, 0, st>>>(gcols, a.mask, g, static_cast<T *>(a.grad_x), gm);
+        (g.s == 1 ? q4_conv_col2im_mask<T, true> : q4_conv_col2im_mask<T, false>)<<<grid, 256, 0, st>>>(
+            gcols, a.mask, g, static_cast<T *>(a.grad_x), gm);
         q4_conv_plane_sums<<<(unsigned)((planes + 7) / 8), 256, 0, st>>>(gm, a.resid, planes, hw, plane_sum,
                                                                           plane_dot);
     }
