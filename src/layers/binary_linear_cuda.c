@@ -196,11 +196,13 @@ static bie_status reserve_activations(bie_binary_linear *l, int64_t m) {
 }
 
 /* The packed weight the forward multiplies with: the training weight's signs, packed now
- * (the optimizer may have changed it), or the inference cache: qweight (or the training
- * weight) in the GEMM layout, built on first use after each weight change. */
+ * (the optimizer may have changed it), or the inference cache: qweight in the GEMM layout,
+ * built after each weight change (qweight itself is generated on first use). */
 static bie_status forward_weight(bie_binary_linear *l, const uint8_t **bits, const int **popc) {
     struct bie_bl_cuda *c = l->cuda;
     const bool training = l->training;
+    /* As on the CPU (opt_weight): inference packs the weight into qweight on first use. */
+    if (!training && c->d.qweight == NULL) BIE_TRY(bie_blc_generate_quantized_weight(l, false));
     if (!training && c->qbits && c->qversion == c->d.version) {
         *bits = c->qbits;
         *popc = c->qpopc;

@@ -81,6 +81,21 @@ static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
     free(got);
 }
 
+/* The GPU layer's qweight equals the CPU layer's, byte for byte. */
+static void qweight_matches(pair *p) {
+    bie_tensor q = {0}, cq = {0};
+    CHECK_OK(bie_binary_linear_param(p->gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_binary_linear_param(p->cpu, BIE_PARAM_QWEIGHT, &cq));
+    if (q.data == NULL || cq.data == NULL) return;
+    uint8_t *qh = tu_alloc((size_t)bie_tensor_numel(&q));
+    bie_tensor qhv = q;
+    qhv.data = qh;
+    qhv.device = bie_cpu();
+    CHECK_OK(bie_tensor_copy(&qhv, &q));
+    CHECK(memcmp(qh, cq.data, (size_t)bie_tensor_numel(&q)) == 0);
+    free(qh);
+}
+
 static void backward_matches(pair *p, int64_t m) {
     const int64_t k = p->k, n = p->n;
     float *g = tu_alloc((size_t)(m * n) * 4);
@@ -165,18 +180,12 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     /* Inference: packed weights only, then pre-packed input. */
     CHECK_OK(bie_binary_linear_set_training(p.cpu, false));
     CHECK_OK(bie_binary_linear_set_training(p.gpu, false));
+    /* The first inference forward packs qweight on both devices (opt_weight). */
+    forward_matches(&p, &gx, &cx, m, "inference forward, packed on first use");
+    qweight_matches(&p);
     CHECK_OK(bie_binary_linear_generate_quantized_weight(p.cpu, true));
     CHECK_OK(bie_binary_linear_generate_quantized_weight(p.gpu, true));
-    bie_tensor q, cq;
-    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
-    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
-    uint8_t *qh = tu_alloc((size_t)bie_tensor_numel(&q));
-    bie_tensor qhv = q;
-    qhv.data = qh;
-    qhv.device = bie_cpu();
-    CHECK_OK(bie_tensor_copy(&qhv, &q));
-    CHECK(memcmp(qh, cq.data, (size_t)bie_tensor_numel(&q)) == 0);
-    free(qh);
+    qweight_matches(&p);
     forward_matches(&p, &gx, &cx, m, "inference forward");
 
     const int64_t words = bie_packed_words(k, 8);
