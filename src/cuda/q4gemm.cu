@@ -60,6 +60,7 @@ __device__ __forceinline__ void unpack(unsigned w, unsigned &even, unsigned &odd
 // input; cb a multiple of the k block, so that a block's 16-byte chunks stay in one tap).
 // prepare() keeps per-row state for the rows a thread copies; next() steps the k block.
 struct RowsA {
+    static constexpr bool kNchwTile = false;  // the Epilogue's own row-major / NCHW stores
     const uint8_t *a;
     template <int N> struct State {
         const uint8_t *row[N];
@@ -85,6 +86,7 @@ struct RowsA {
 };
 
 struct ConvA {
+    static constexpr bool kNchwTile = true;  // NCHW output through a shared-memory tile
     const uint8_t *codes;  // [n h w][cb]
     int cb, h, w, ow, plane, k, s, p, d;
     template <int N> struct State {
@@ -287,22 +289,65 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
 
     const float scale = ep.scale();
     const int g = lane >> 2, t4 = lane & 3;
+    if constexpr (AL::kNchwTile) {
+        // Convolutions: the tile's dot products go through shared memory (the operand
+        // stages are free now), then each thread walks one pixel row of it THREADS / BM
+        // channels apart, so neighbouring threads store neighbouring pixels of a channel
+        // plane (contiguous NCHW stores instead of two values per plane per thread).
+        constexpr int CS = BN + 1;  // odd row stride: conflict-free row reads
+        static_assert((size_t)BM * CS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
+        static_assert(THREADS % BM == 0, "whole rows per thread group");
+        int *sC = reinterpret_cast<int *>(smem);
+        __syncthreads();
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
-            if (row >= m) continue;
-            const OutRow orow = ep.row(row);
+            for (int h = 0; h < 2; h++) {
+                const int rl = wm * WTM + i * 16 + g + 8 * h;
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const int col = bn0 + wn * WTN + j * 8 + 2 * t4;
-                const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                const long long d0 = WIDE ? v0 : v0 >> 8, d1 = WIDE ? v1 : v1 >> 8;
-                if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
-                else if (col < n) ep.store(orow, col, d0, scale);
+                for (int j = 0; j < NT; j++) {
+                    const int cl = wn * WTN + j * 8 + 2 * t4;
+                    const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                    sC[rl * CS + cl] = WIDE ? v0 : v0 >> 8;
+                    sC[rl * CS + cl + 1] = WIDE ? v1 : v1 >> 8;
+                }
             }
+        __syncthreads();
+        const int r = tid % BM, row = bm0 + r;
+        if (row >= m) return;
+        const int plane = (int)ep.conv.plane, nn = row / plane, pix = row - nn * plane;
+        const int cl0 = tid / BM, cols = n - bn0 < BN ? n - bn0 : BN;
+        constexpr int STEP = THREADS / BM;
+        const int64_t step = (int64_t)STEP * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
+        const int *src = sC + r * CS;
+        if (ep.out_type == kOutF32) {
+            float *o = static_cast<float *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = (float)src[cl] * scale;
+        } else if (ep.out_type == kOutBF16) {
+            __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = __float2bfloat16((float)src[cl] * scale);
+        } else {
+            __half *o = static_cast<__half *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = __float2half((float)src[cl] * scale);
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = bm0 + wm * WTM + i * 16 + g + 8 * h;
+                if (row >= m) continue;
+                const OutRow orow = ep.row(row);
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const int col = bn0 + wn * WTN + j * 8 + 2 * t4;
+                    const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                    const long long d0 = WIDE ? v0 : v0 >> 8, d1 = WIDE ? v1 : v1 >> 8;
+                    if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
+                    else if (col < n) ep.store(orow, col, d0, scale);
+                }
+            }
+    }
 }
 
 typedef void (*Q4KernelFn)(int, int, RowsA, const uint8_t *, int64_t, int, int, Epilogue);
