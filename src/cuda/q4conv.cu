@@ -83,37 +83,69 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-// The implicit GEMM's input codes: a block per 32 pixels (flat over N H W) and 8 words of
-// codes (64 channels): lane = pixel (coalesced loads of each channel plane), warp = word;
-// the words meet in shared memory and leave as each pixel's 32 contiguous bytes. Codes as
-// q4_conv_encode computes them; channels past C get code 0.
-template <typename T>
+// Two neighbouring elements as floats (one vector load; p aligned to two elements).
+__device__ __forceinline__ void load2(const float *p, float &a, float &b) {
+    const float2 v = *reinterpret_cast<const float2 *>(p);
+    a = v.x, b = v.y;
+}
+__device__ __forceinline__ void load2(const __nv_bfloat16 *p, float &a, float &b) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+    a = v.x, b = v.y;
+}
+__device__ __forceinline__ void load2(const __half *p, float &a, float &b) {
+    const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(p));
+    a = v.x, b = v.y;
+}
+
+// The implicit GEMM's input codes: a block per 32 VP pixels (flat over N H W) and 8 words of
+// codes (64 channels): lane = VP neighbouring pixels (coalesced loads of each channel plane;
+// VP = 2 needs an even H W, so a pair never straddles two images, and an aligned x),
+// warp = word; the words meet in shared memory and leave as each pixel's 32 contiguous
+// bytes. Codes as q4_conv_encode computes them; channels past C get code 0.
+template <typename T, int VP>
 __global__ void __launch_bounds__(256)
     q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, const float *__restrict__ bias,
                         const float *__restrict__ scale, unsigned *__restrict__ codes) {
-    __shared__ unsigned tile[32][9];
+    __shared__ unsigned tile[32 * VP][9];
     const float s = *scale;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32, px = first + lane;
-    const int gw = blockIdx.y * 8 + warp;
-    unsigned word = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32 * VP;
+    const int px = first + lane * VP, gw = blockIdx.y * 8 + warp;
+    unsigned word[VP];
+#pragma unroll
+    for (int e = 0; e < VP; e++) word[e] = 0;
     if (px < pixels && gw < cbw) {
         const int n = px / hw, pix = px - n * hw;
-        float v[8];
+        float v[8][VP];
 #pragma unroll
         for (int j = 0; j < 8; j++) {  // all loads first
             const int ch = gw * 8 + j;
-            v[j] = ch < c ? q4_to_f32(x[((int64_t)n * c + ch) * hw + pix]) : 0.0f;
+            const T *src = x + ((int64_t)n * c + ch) * hw + pix;
+            if (ch >= c) {
+#pragma unroll
+                for (int e = 0; e < VP; e++) v[j][e] = 0.0f;
+            } else if (VP == 2) {
+                load2(src, v[j][0], v[j][VP - 1]);
+            } else {
+                v[j][0] = q4_to_f32(*src);
+            }
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int ch = gw * 8 + j;
-            if (ch < c) word |= (unsigned)(q4_code(__fadd_rn(v[j], bias[ch]), s) & 15) << (4 * j);
+            if (ch < c)
+#pragma unroll
+                for (int e = 0; e < VP; e++)
+                    word[e] |= (unsigned)(q4_code(__fadd_rn(v[j][e], bias[ch]), s) & 15) << (4 * j);
         }
     }
-    tile[lane][warp] = word;
+#pragma unroll
+    for (int e = 0; e < VP; e++) tile[lane * VP + e][warp] = word[e];
     __syncthreads();
-    const int p = threadIdx.x >> 3, q = threadIdx.x & 7, w = blockIdx.y * 8 + q;
-    if (first + p < pixels && w < cbw) codes[(int64_t)(first + p) * cbw + w] = tile[p][q];
+#pragma unroll
+    for (int i = threadIdx.x; i < 32 * VP * 8; i += 256) {
+        const int p = i >> 3, q = i & 7, w = blockIdx.y * 8 + q;
+        if (first + p < pixels && w < cbw) codes[(int64_t)(first + p) * cbw + w] = tile[p][q];
+    }
 }
 
 // Weight codes of the GEMM layout (row o: code e = c k k + t at nibble e) to the tap layout
@@ -141,11 +173,13 @@ __global__ void __launch_bounds__(256)
 template <typename T>
 void launch_encode_nhwc(const void *x, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
                         uint8_t *codes) {
-    const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4);
-    const dim3 grid((unsigned)((pixels + 31) / 32), (unsigned)((cbw + 7) / 8));
-    q4_conv_encode_nhwc<T><<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, (int)(g->h * g->w),
-                                                            (int)g->c, cbw, bias, scale_a,
-                                                            reinterpret_cast<unsigned *>(codes));
+    const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4), hw = (int)(g->h * g->w);
+    const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
+    const int vp = pairs ? 2 : 1;
+    const dim3 grid((unsigned)((pixels + 32 * vp - 1) / (32 * vp)), (unsigned)((cbw + 7) / 8));
+    auto fn = pairs ? q4_conv_encode_nhwc<T, 2> : q4_conv_encode_nhwc<T, 1>;
+    fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw, bias, scale_a,
+                                         reinterpret_cast<unsigned *>(codes));
 }
 
 template <typename T>

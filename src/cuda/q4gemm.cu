@@ -390,21 +390,22 @@ const Q4Kernel *q4_default_kernel(int64_t m, int64_t n) {
     return (m * n < (int64_t)4096 * 4096) ? &q4_kernels[1] : &q4_kernels[4];
 }
 
-// Implicit 4-bit convolutions (ConvA rows), k blocks of 64 bytes, several tile shapes (the
-// launcher picks by the number of blocks).
+// Implicit 4-bit convolutions (ConvA rows): tile shapes and k blocks (a k block must not
+// straddle two taps: cb is a multiple of it).
 struct Q4ConvKernel {
-    int bm, bn, threads;
+    int bm, bn, bkb, stages, threads;
     void (*narrow)(int, int, ConvA, const uint8_t *, int64_t, int, int, Epilogue);
     void (*wide)(int, int, ConvA, const uint8_t *, int64_t, int, int, Epilogue);
 };
-constexpr int kConvBKB = 64, kConvStages = 4;
-#define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, MINB, PIPE)                                                 \
-    {BM, BN, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, kConvBKB, kConvStages, MINB, PIPE, false, ConvA>, \
-     q4gemm_s8<BM, BN, WM, WN, kConvBKB, kConvStages, MINB, false, true, ConvA>}
+constexpr int kConvBKB = 64;
+#define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, BKB, ST, MINB, PIPE)                                  \
+    {BM, BN, BKB, ST, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>, \
+     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>}
 const Q4ConvKernel q4_conv_kernels[] = {
-    BIE_Q4_CONV_KERNEL(128, 128, 2, 2, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 2, 2, 3, true),
-    BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 4, false),  BIE_Q4_CONV_KERNEL(64, 128, 2, 2, 3, true),
-    BIE_Q4_CONV_KERNEL(128, 128, 2, 4, 1, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 2, true),
+    BIE_Q4_CONV_KERNEL(128, 128, 2, 2, 64, 4, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 2, 2, 64, 4, 3, true),
+    BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),  BIE_Q4_CONV_KERNEL(64, 128, 2, 2, 64, 4, 3, true),
+    BIE_Q4_CONV_KERNEL(128, 128, 2, 4, 64, 4, 1, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),
+    BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 2, 2, true),
 };
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
@@ -514,13 +515,17 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
                                     bie_dtype out_dtype, void *out) {
     static const char *who = "cuda 4-bit implicit conv";
     const int64_t rows = g->n * g->oh * g->ow, cb = bie_cuda_q4_conv_cb(g->c), ld = g->k * g->k * cb;
-    // Measured on the H100 at N=64, C=O=256, 14x14 (392 blocks of 128 x 64): 128 x 64 tiles
-    // with 8 warps 46.7 us, with 4 warps 49.6, 64 x 128 50.2, 64 x 64 54.5, 128 x 128 57-59
-    // (too few blocks: one or two per SM). Small problems take 64 x 64 tiles for more blocks.
+    // Measured on the H100 at N=64, C=O=256, 14x14 (392 blocks of 128 x 64), forward in us:
+    // 128 x 64 tiles with 8 warps and 128-byte k blocks (3 stages) 40.5-41.2, with 64-byte
+    // k blocks 41.7-42.7 (2 stages of 128: 41.4-41.5); 4 warps 49.6, 64 x 128 50.2,
+    // 64 x 64 54.5, 128 x 128 57-59 (one or two blocks per SM). Small problems take 64 x 64
+    // tiles for more blocks.
     if (variant < 0) {
         const int64_t tiles = ((rows + 127) / 128) * ((g->o + 63) / 64);
-        variant = tiles >= 132 ? 5 : 2;
+        variant = tiles < 132 ? 2 : cb % 128 == 0 ? 6 : 5;
     }
+    if (cb % q4_conv_kernels[variant].bkb != 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d needs whole k blocks per tap", who, variant);
     if (variant >= kNumQ4Conv) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d", who, variant);
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
     const int which = out_type_of(out_dtype);
@@ -529,7 +534,7 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     if (rows > INT_MAX || tiles_m * tiles_n > INT_MAX || ld * 2 > (1 << 24) ||
         g->n * g->h * g->w * cb > INT_MAX * (int64_t)64)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: problem too large", who);
-    const size_t smem = (size_t)kConvStages * (kern.bm + kern.bn) * (kConvBKB + 16);
+    const size_t smem = (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
     const ConvA al = {codes, (int)cb, (int)g->h, (int)g->w, (int)g->ow, (int)(g->oh * g->ow),
