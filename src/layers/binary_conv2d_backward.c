@@ -8,24 +8,48 @@
 #include "binary_conv2d_cuda.h"
 #include "conv_common.h"
 
-/* cols [C k k, OH OW] = im2col of sign(x') * scale_a for image n, 0 outside the input. */
+/* cols [c k k][oh ow] of image n: scale_a * sign(x') under each tap, 0 outside the input.
+ * At stride 1 a tap's pixels along a row are neighbouring bits, expanded 8 at a time
+ * through a table of the 256 byte patterns. */
 static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n, float scale_a,
                          float *cols) {
     const int64_t plane = g->oh * g->ow, kk = g->k * g->k, pb = bie_conv_plane_bytes(g);
+    float lut[256][8];
+    for (int b = 0; b < 256; b++)
+        for (int t = 0; t < 8; t++) lut[b][t] = (b >> t) & 1 ? scale_a : -scale_a;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->c * kk * plane > 65536)
     for (int64_t r = 0; r < g->c * kk; r++) {
         int64_t c = r / kk, i = (r % kk) / g->k, j = r % g->k;
         const uint8_t *sp = signs + (n * g->c + c) * pb;
         float *row = cols + r * plane;
+        /* the output columns whose tap lands inside the input: ox in [lo, hi) at stride 1 */
+        const int64_t shift = j * g->d - g->p;
+        int64_t lo = shift < 0 ? -shift : 0, hi = g->w - shift < g->ow ? g->w - shift : g->ow;
+        if (hi < lo) hi = lo;
         for (int64_t oy = 0; oy < g->oh; oy++) {
             int64_t iy = bie_conv_in(g, oy, i);
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t ix = bie_conv_in(g, ox, j);
-                float v = 0.0f;
-                if (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
-                    v = bie_bit(sp, iy * g->w + ix) ? scale_a : -scale_a;
-                row[oy * g->ow + ox] = v;
+            float *dst = row + oy * g->ow;
+            if (iy < 0 || iy >= g->h) {
+                memset(dst, 0, (size_t)g->ow * sizeof(float));
+                continue;
             }
+            if (g->s != 1) {
+                for (int64_t ox = 0; ox < g->ow; ox++) {
+                    int64_t ix = bie_conv_in(g, ox, j);
+                    dst[ox] = ix >= 0 && ix < g->w ? (bie_bit(sp, iy * g->w + ix) ? scale_a : -scale_a) : 0.0f;
+                }
+                continue;
+            }
+            for (int64_t ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
+            for (int64_t ox = hi; ox < g->ow; ox++) dst[ox] = 0.0f;
+            int64_t ox = lo, bit = iy * g->w + lo + shift;
+            for (; ox + 8 <= hi; ox += 8, bit += 8) {
+                const int64_t byte = bit >> 3;
+                unsigned v = sp[byte];
+                if (byte + 1 < pb) v |= (unsigned)sp[byte + 1] << 8; /* not past the plane */
+                memcpy(dst + ox, lut[(v >> (bit & 7)) & 255u], 8 * sizeof(float));
+            }
+            for (; ox < hi; ox++, bit++) dst[ox] = bie_bit(sp, bit) ? scale_a : -scale_a;
         }
     }
 }
