@@ -71,12 +71,23 @@ void bie_conv_col2im(const bie_conv_geom *g, const float *cols, float *gx) {
         for (int64_t t = 0; t < kk; t++) {
             int64_t i = t / g->k, j = t % g->k;
             const float *row = cols + (c * kk + t) * plane;
+            /* at stride 1 the columns that land inside the input are ox in [lo, hi): a plain
+             * loop there (each element still gets its taps in the same order) */
+            const int64_t shift = j * g->d - g->p;
+            int64_t lo = shift < 0 ? -shift : 0, hi = g->w - shift < g->ow ? g->w - shift : g->ow;
+            if (hi < lo) hi = lo;
             for (int64_t oy = 0; oy < g->oh; oy++) {
                 int64_t iy = bie_conv_in(g, oy, i);
                 if (iy < 0 || iy >= g->h) continue;
+                float *dst = gx + (c * g->h + iy) * g->w;
+                const float *src = row + oy * g->ow;
+                if (g->s == 1) {
+                    for (int64_t ox = lo; ox < hi; ox++) dst[ox + shift] += src[ox];
+                    continue;
+                }
                 for (int64_t ox = 0; ox < g->ow; ox++) {
                     int64_t ix = bie_conv_in(g, ox, j);
-                    if (ix >= 0 && ix < g->w) gx[(c * g->h + iy) * g->w + ix] += row[oy * g->ow + ox];
+                    if (ix >= 0 && ix < g->w) dst[ix] += src[ox];
                 }
             }
         }
