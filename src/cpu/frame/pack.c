@@ -32,10 +32,16 @@ void bie_pack_i8_rows(const int8_t *x, int64_t rows, int64_t cols, uint8_t *dst,
 
 void bie_unpack_rows_f32(const uint8_t *src, int64_t src_row_bytes, int64_t rows, int64_t cols,
                          float value, float *dst) {
+    /* whole bytes through a table of the 256 patterns, the tail bit by bit */
+    float lut[256][8];
+    for (int b = 0; b < 256; b++)
+        for (int t = 0; t < 8; t++) lut[b][t] = (b >> t) & 1 ? value : -value;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (rows * cols > 65536)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *sr = src + r * src_row_bytes;
         float *d = dst + r * cols;
-        for (int64_t c = 0; c < cols; c++) d[c] = bie_bit(sr, c) ? value : -value;
+        int64_t c = 0;
+        for (; c + 8 <= cols; c += 8) memcpy(d + c, lut[sr[c >> 3]], 8 * sizeof(float));
+        for (; c < cols; c++) d[c] = bie_bit(sr, c) ? value : -value;
     }
 }
