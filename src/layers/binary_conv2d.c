@@ -350,37 +350,50 @@ static void im2col_bits(const bie_conv_geom *g, const uint64_t *nhwc, int64_t cw
 }
 
 /* dst (out_c x OH OW of one image) = (float)(dot + padding correction) * scale, where src
- * (rows of stride src_ld) holds (float)dot exactly. `border` flags the output pixels that
- * have taps outside the input. */
-static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, const uint8_t *border,
+ * (rows of stride src_ld) holds (float)dot exactly. `outside` lists, per output pixel, how
+ * many of its taps fall outside the input and which (border_taps), or is NULL. */
+static void finish_image(const bie_conv_geom *g, const int32_t *tapsum, const int32_t *outside,
                          float scale, const float *src, int64_t src_ld, float *dst) {
     const int64_t kk = g->k * g->k, plane = g->oh * g->ow;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->o * plane > 65536)
     for (int64_t o = 0; o < g->o; o++) {
         const float *in = src + o * src_ld;
+        const int32_t *ts = tapsum + o * kk;
         float *row = dst + o * plane;
         for (int64_t pix = 0; pix < plane; pix++) {
-            if (!border[pix]) { /* in[pix] is the exact dot: (float)dot * scale */
-                row[pix] = in[pix] * scale;
-                continue;
-            }
-            int64_t dot = (int64_t)in[pix], oy = pix / g->ow, ox = pix % g->ow;
-            for (int64_t i = 0; i < g->k; i++)
-                for (int64_t j = 0; j < g->k; j++) {
-                    int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
-                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += tapsum[o * kk + i * g->k + j];
+            int64_t dot = (int64_t)in[pix];
+            if (outside) {
+                const int32_t *list = outside + pix * (kk + 1);
+                if (list[0] == 0) { /* in[pix] is the exact dot: (float)dot * scale */
+                    row[pix] = in[pix] * scale;
+                    continue;
                 }
+                for (int32_t q = 1; q <= list[0]; q++) dot += ts[list[q]];
+            } else { /* no list (very large planes and kernels): find the taps here */
+                const int64_t oy = pix / g->ow, ox = pix % g->ow;
+                for (int64_t i = 0; i < g->k; i++)
+                    for (int64_t j = 0; j < g->k; j++) {
+                        int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) dot += ts[i * g->k + j];
+                    }
+            }
             row[pix] = (float)dot * scale;
         }
     }
 }
 
-static void border_pixels(const bie_conv_geom *g, uint8_t *border) {
+/* Per output pixel: the number of taps outside the input, then their indices i k + j. */
+static void border_taps(const bie_conv_geom *g, int32_t *outside) {
+    const int64_t kk = g->k * g->k;
     for (int64_t pix = 0; pix < g->oh * g->ow; pix++) {
         int64_t oy = pix / g->ow, ox = pix % g->ow;
-        int64_t y0 = bie_conv_in(g, oy, 0), y1 = bie_conv_in(g, oy, g->k - 1);
-        int64_t x0 = bie_conv_in(g, ox, 0), x1 = bie_conv_in(g, ox, g->k - 1);
-        border[pix] = (uint8_t)(y0 < 0 || y1 >= g->h || x0 < 0 || x1 >= g->w);
+        int32_t *list = outside + pix * (kk + 1), count = 0;
+        for (int64_t i = 0; i < g->k; i++)
+            for (int64_t j = 0; j < g->k; j++) {
+                int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
+                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) list[++count] = (int32_t)(i * g->k + j);
+            }
+        list[0] = count;
     }
 }
 
@@ -420,19 +433,22 @@ bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, 
     uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
     uint64_t *nhwc = bie_alloc_aligned((size_t)nhwc_words * 8);
     uint8_t *cols = bie_alloc_aligned((size_t)cols_bytes);
-    uint8_t *border = bie_alloc_aligned((size_t)plane);
+    /* the outside-tap lists, unless they would take more than 16 MB */
+    const int64_t list_ints = plane * (g.k * g.k + 1);
+    const bool lists = list_ints <= ((int64_t)1 << 22);
+    int32_t *border = lists ? bie_alloc_aligned((size_t)list_ints * sizeof(int32_t)) : NULL;
     float *dots = bie_alloc_aligned((size_t)(g.o * chunk * plane) * sizeof(float));
     uint8_t *wbits = NULL;
     int32_t *tapsum = NULL;
     bie_status st = BIE_OK;
-    if (!signs || (l->training && !mask) || !nhwc || !cols || !border || !dots) {
+    if (!signs || (l->training && !mask) || !nhwc || !cols || (lists && !border) || !dots) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
     if ((st = weight_taps(l, &wbits, crb, &tapsum, who)) != BIE_OK) goto done;
 
     pack_planes(l, &g, x->data, scale_a, signs, mask);
-    border_pixels(&g, border);
+    if (border) border_taps(&g, border);
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g.n * g.h * g.w * C > 65536)
     for (int64_t px = 0; px < g.n * g.h * g.w; px++) { /* sign planes -> C bits per pixel */
         int64_t n = px / (g.h * g.w), pos = px % (g.h * g.w);
