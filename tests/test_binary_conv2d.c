@@ -248,10 +248,15 @@ int main(void) {
         {1, 65, 7, 7, 3, 3, 1, 2, 2},  {3, 16, 8, 8, 8, 1, 1, 0, 1}, {1, 5, 11, 13, 7, 5, 2, 2, 1},
         {1, 130, 6, 5, 9, 3, 1, 1, 1}, {2, 64, 14, 14, 16, 3, 1, 1, 1}, {1, 3, 4, 4, 2, 3, 3, 0, 1},
         {1, 2, 3, 3, 2, 3, 1, 3, 1},   {1, 33, 10, 5, 17, 2, 1, 0, 3},
+        /* a plane large enough that the forward finds the outside taps per pixel itself */
+        {1, 1, 700, 660, 2, 3, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_forward(&shapes[i]);
     const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1}, {2, 3, 5, 4, 4, 3, 1, 1, 1},
-                            {1, 9, 7, 7, 5, 3, 2, 2, 2}, {2, 16, 6, 6, 8, 1, 1, 0, 1}};
+                            {1, 9, 7, 7, 5, 3, 2, 2, 2}, {2, 16, 6, 6, 8, 1, 1, 0, 1},
+                            /* stride 1: rows of bits expanded 8 at a time, partial ranges */
+                            {2, 5, 9, 19, 6, 3, 1, 2, 2}, {1, 3, 6, 17, 4, 5, 1, 0, 1},
+                            {1, 4, 5, 23, 3, 3, 1, 1, 1}};
     for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) test_backward(&bshapes[i]);
     test_installed_qweight();
     test_bad_input();
