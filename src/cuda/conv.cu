@@ -55,7 +55,9 @@ template <> __device__ __forceinline__ float run_elem<__half>(const uint32_t *w,
 }
 
 constexpr int kPackWords = 8;       // sign words per block: a 32 B run of every output row
-constexpr int kPackMinWarps = 2048; // enough warps to fill a large GPU before loads get wider
+constexpr int kPackMinWarps = 1024; // enough warps to fill a large GPU before loads get wider
+// (H100, N=64, C=256, 14x14: 1024 gives 2-pixel loads and a 28.1 us forward, 2048 1-pixel
+// loads and 28.8-29.2 us, 512 4-pixel loads and 28.1-28.4 us)
 
 // Block (pixel tile, word chunk): pg groups of 32 VP pixels, counted over all images in NHW
 // order (no idle lanes at the end of each image), times wc sign words. Warp = one (group,
