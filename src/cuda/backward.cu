@@ -15,10 +15,6 @@
 
 namespace bie_cuda {
 
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
 __device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) { return (row[c >> 3] >> (c & 7)) & 1; }
 
@@ -264,42 +260,14 @@ __global__ void __launch_bounds__(256) conv_grad_rows(const T *grad_out, bie_cud
         dst[(int64_t)o * rows + r] = grad_out[((int64_t)n * O + o) * plane + pix];
 }
 
-// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
-// (tap order, as the CPU's col2im), times the clip bit: one thread per element, block
-// (pixel block, plane); also kept in f32 (g) for the reductions. UNIT: stride 1, where the
-// output position of a tap needs no division.
-template <typename T, bool UNIT>
-__global__ void __launch_bounds__(256)
-    conv_col2im_mask(const float *cols, const uint32_t *mask, bie_cuda_conv_shape g64, T *grad_x, float *g) {
-    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, s = (int)g64.s;
-    const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
-    const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
-    const int pix = blockIdx.x * 256 + threadIdx.x;
-    if (pix >= hw) return;
-    const int y = pix / w, x = pix - y * w;
-    for (int nc = blockIdx.y; nc < (int)g64.n * C; nc += gridDim.y) {
-        const int n = nc / C, c = nc - n * C;
-        const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
-        float v = 0.0f;
-        for (int i = 0; i < k; i++) {
-            const int ty = y + p - i * d;
-            if (ty < 0 || (!UNIT && ty % s)) continue;
-            const int oy = UNIT ? ty : ty / s;
-            if (oy >= oh) continue;
-            for (int j = 0; j < k; j++) {
-                const int tx = x + p - j * d;
-                if (tx < 0 || (!UNIT && tx % s)) continue;
-                const int ox = UNIT ? tx : tx / s;
-                if (ox >= ow) continue;
-                v += base[(int64_t)(i * k + j) * rows + oy * ow + ox];
-            }
-        }
-        if (!word_bit(mask + ((int64_t)n * hw + pix) * cw, c)) v = 0.0f;
-        const int64_t at = (int64_t)nc * hw + pix;
-        if (grad_x) grad_x[at] = from_f32<T>(v);
-        g[at] = v;
+// The clip bit of an element from the NHWC mask words (conv_col2im_mask).
+struct NhwcMask {
+    const uint32_t *bits;
+    int cw, hw;
+    __device__ bool operator()(int n, int c, int pix, int64_t) const {
+        return word_bit(bits + ((int64_t)n * hw + pix) * cw, c);
     }
-}
+};
 
 // One warp per (n, c) plane of g: its sum and its dot with sign(x'), in double, fixed order.
 __global__ void __launch_bounds__(256)
@@ -395,9 +363,8 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
                    "cublasGemmEx (conv grad_x)");
     if (s != BIE_OK) goto done;
     {
-        const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
-        (g.s == 1 ? conv_col2im_mask<T, true> : conv_col2im_mask<T, false>)<<<grid, 256, 0, st>>>(
-            gcols, a.mask, g, static_cast<T *>(a.grad_x), gmasked);
+        const NhwcMask mask = {a.mask, (int)bie_cuda_conv_cw(&g), (int)(g.h * g.w)};
+        launch_conv_col2im_mask(gcols, mask, g, static_cast<T *>(a.grad_x), gmasked);
         conv_plane_sums<<<(unsigned)((g.n * g.c + 7) / 8), 256, 0, st>>>(gmasked, a.signs, g, plane_sum, plane_dot);
     }
     conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,

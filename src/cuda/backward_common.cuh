@@ -1,10 +1,13 @@
 // Pieces of the binary backward (backward.cu) that the 4-bit backward (q4backward.cu)
-// shares: the per-thread cuBLAS handle and the fixed-order reductions.
+// shares: the per-thread cuBLAS handle, the fixed-order reductions and the masked col2im.
 #pragma once
 #include <cublas_v2.h>
 
+#include <algorithm>
+
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "dtype.cuh"
 
 namespace bie_cuda {
 bie_status blas_check(cublasStatus_t s, const char *what);
@@ -23,4 +26,49 @@ void sum_over(const double *parts, int64_t count, double denom, float *out);
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_cuda_conv_shape &g, void *dst);
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c, double denom,
                           float *grad_bias, float *grad_scale);
+
+// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
+// (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's
+// flat NCHW index): one thread per element, block (pixel block, planes); also kept in f32 (g)
+// for the reductions. 32-bit index math (the layers check the extents); UNIT: stride 1, where
+// a tap's output position needs no division.
+template <typename T, bool UNIT, class Mask>
+__global__ void __launch_bounds__(256)
+    conv_col2im_mask(const float *cols, Mask mask, bie_cuda_conv_shape g64, T *grad_x, float *g) {
+    const int C = (int)g64.c, k = (int)g64.k, kk = k * k, s = (int)g64.s;
+    const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
+    const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
+    const int pix = blockIdx.x * 256 + threadIdx.x;
+    if (pix >= hw) return;
+    const int y = pix / w, x = pix - y * w;
+    for (int nc = blockIdx.y; nc < (int)g64.n * C; nc += gridDim.y) {
+        const int n = nc / C, c = nc - n * C;
+        const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
+        float v = 0.0f;
+        for (int i = 0; i < k; i++) {
+            const int ty = y + p - i * d;
+            if (ty < 0 || (!UNIT && ty % s)) continue;
+            const int oy = UNIT ? ty : ty / s;
+            if (oy >= oh) continue;
+            for (int j = 0; j < k; j++) {
+                const int tx = x + p - j * d;
+                if (tx < 0 || (!UNIT && tx % s)) continue;
+                const int ox = UNIT ? tx : tx / s;
+                if (ox >= ow) continue;
+                v += base[(int64_t)(i * k + j) * rows + oy * ow + ox];
+            }
+        }
+        const int64_t at = (int64_t)nc * hw + pix;
+        if (!mask(n, c, pix, at)) v = 0.0f;
+        if (grad_x) grad_x[at] = from_f32<T>(v);
+        g[at] = v;
+    }
+}
+
+template <typename T, class Mask>
+void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_cuda_conv_shape &g, T *grad_x, float *gm) {
+    const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
+    (g.s == 1 ? conv_col2im_mask<T, true, Mask> : conv_col2im_mask<T, false, Mask>)<<<grid, 256, 0, current_stream>>>(
+        cols, mask, g, grad_x, gm);
+}
 }  // namespace bie_cuda

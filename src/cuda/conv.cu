@@ -7,15 +7,12 @@
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "dtype.cuh"
 #include "epilogue.cuh"
 #include "mma.cuh"
 
 namespace bie_cuda {
 namespace {
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 unsigned blocks_for(int64_t count, int threads) {
     int64_t b = (count + threads - 1) / threads;

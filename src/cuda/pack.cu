@@ -11,17 +11,10 @@
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "dtype.cuh"
 
 namespace bie_cuda {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(int8_t v) { return (float)v; }
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
 // Adds the warps' counts of a 256-thread block; thread 0 gets the total.
 __device__ __forceinline__ int block_sum_256(int v) {

@@ -4,14 +4,9 @@
 // to even, NaN to 0, clamp to [-8, 7]), so that a layer gives bit-identical codes on either
 // device.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "dtype.cuh"
 
 namespace bie_cuda {
-
-__device__ __forceinline__ float q4_to_f32(float v) { return v; }
-__device__ __forceinline__ float q4_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float q4_to_f32(__half v) { return __half2float(v); }
 
 // q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0, as bie_q4 in src/core/formats.h.
 __device__ __forceinline__ int q4_code(float v, float s) {

@@ -15,10 +15,6 @@
 
 namespace bie_cuda {
 
-template <typename T> __device__ __forceinline__ T q4_from_f32(float v);
-template <> __device__ __forceinline__ float q4_from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 q4_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half q4_from_f32<__half>(float v) { return __float2half(v); }
 
 // Codes of 4-bit layout rows as T: one block per row of dst [rows, k].
 template <typename T>
@@ -28,7 +24,7 @@ __global__ void __launch_bounds__(256) values_of_codes(const uint8_t *codes, int
     T *out = dst + r * k;
     for (int64_t c = threadIdx.x; c < k; c += 256) {
         const int nib = (row[c >> 1] >> ((c & 1) * 4)) & 15;
-        out[c] = q4_from_f32<T>((float)(nib - ((nib & 8) << 1)));
+        out[c] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
     }
 }
 
@@ -44,7 +40,7 @@ __global__ void __launch_bounds__(256)
         const int64_t i = row * k + c;
         const float v = (mask[i >> 3] >> (i & 7)) & 1 ? gr[c] : 0.0f;
         gr[c] = v;
-        if (grad_x) grad_x[i] = q4_from_f32<T>(v);
+        if (grad_x) grad_x[i] = from_f32<T>(v);
         d += (double)v * (double)resid[i] / 254.0;
     }
     __shared__ double sh[256];
@@ -132,48 +128,17 @@ __global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, 
                 const int ix = x0 + j * d;
                 const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
                 const float v = inside ? (float)code_at(codes, img + iy * w + ix) : 0.0f;
-                out[(int64_t)t * rows] = q4_from_f32<T>(v);
+                out[(int64_t)t * rows] = from_f32<T>(v);
             }
         }
     }
 }
 
-// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
-// (tap order, as the CPU's col2im), times the clip bit: one thread per element, block
-// (pixel block, planes); also kept in f32 (gm) for the reductions. 32-bit index math; UNIT:
-// stride 1, where a tap's output position needs no division.
-template <typename T, bool UNIT>
-__global__ void __launch_bounds__(256)
-    q4_conv_col2im_mask(const float *cols, const uint8_t *mask, bie_cuda_conv_shape g64, T *grad_x, float *gm) {
-    const int C = (int)g64.c, k = (int)g64.k, kk = k * k, s = (int)g64.s;
-    const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
-    const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
-    const int pix = blockIdx.x * 256 + threadIdx.x;
-    if (pix >= hw) return;
-    const int y = pix / w, x = pix - y * w;
-    for (int nc = blockIdx.y; nc < (int)g64.n * C; nc += gridDim.y) {
-        const int n = nc / C, c = nc - n * C;
-        const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
-        float v = 0.0f;
-        for (int i = 0; i < k; i++) {
-            const int ty = y + p - i * d;
-            if (ty < 0 || (!UNIT && ty % s)) continue;
-            const int oy = UNIT ? ty : ty / s;
-            if (oy >= oh) continue;
-            for (int j = 0; j < k; j++) {
-                const int tx = x + p - j * d;
-                if (tx < 0 || (!UNIT && tx % s)) continue;
-                const int ox = UNIT ? tx : tx / s;
-                if (ox >= ow) continue;
-                v += base[(int64_t)(i * k + j) * rows + oy * ow + ox];
-            }
-        }
-        const int64_t at = (int64_t)nc * hw + pix;
-        if (!((mask[at >> 3] >> (at & 7)) & 1)) v = 0.0f;
-        if (grad_x) grad_x[at] = q4_from_f32<T>(v);
-        gm[at] = v;
-    }
-}
+// The clip bit of an element from the flat NCHW mask bits (conv_col2im_mask).
+struct FlatMask {
+    const uint8_t *bits;
+    __device__ bool operator()(int, int, int, int64_t at) const { return (bits[at >> 3] >> (at & 7)) & 1; }
+};
 
 // One warp per (n, c) plane of gm: its sum and its sum of gm * resid / 254, in double.
 __global__ void __launch_bounds__(256)
@@ -240,9 +205,7 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
                    "cublasGemmEx (4-bit conv grad_x)");
     if (s != BIE_OK) goto done;
     {
-        const dim3 grid((unsigned)((hw + 255) / 256), (unsigned)std::min<int64_t>(planes, 65535));
-        (g.s == 1 ? q4_conv_col2im_mask<T, true> : q4_conv_col2im_mask<T, false>)<<<grid, 256, 0, st>>>(
-            gcols, a.mask, g, static_cast<T *>(a.grad_x), gm);
+        launch_conv_col2im_mask(gcols, FlatMask{a.mask}, g, static_cast<T *>(a.grad_x), gm);
         q4_conv_plane_sums<<<(unsigned)((planes + 7) / 8), 256, 0, st>>>(gm, a.resid, planes, hw, plane_sum,
                                                                           plane_dot);
     }

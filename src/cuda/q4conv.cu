@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(256)
                 if (++ch == c) ch = 0;
             }
             off++;
-            const float v = __fadd_rn(q4_to_f32(x[i]), bias[ch]);
+            const float v = __fadd_rn(to_f32(x[i]), bias[ch]);
             w |= (unsigned)(q4_code(v, s) & 15) << (4 * j);
             if (mask) bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << j;
         }
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(256)
             } else if (VP == 2) {
                 load2(src, v[j][0], v[j][VP - 1]);
             } else {
-                v[j][0] = q4_to_f32(*src);
+                v[j][0] = to_f32(*src);
             }
         }
 #pragma unroll

@@ -39,7 +39,7 @@ template <typename T> struct ActCodes {  // q4(x + bias, *scale)
     int64_t k;
     const float *bias, *scale;
     __device__ int operator()(int64_t row, int64_t col) const {
-        float v = q4_to_f32(x[row * k + col]);
+        float v = to_f32(x[row * k + col]);
         if (bias) v = __fadd_rn(v, bias[col]);
         return q4_code(v, *scale);
     }
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(256) q4_act_mask(const T *__restrict__ x, int6
          byte += (int64_t)gridDim.x * blockDim.x) {
         unsigned bits = 0;
         for (int64_t i = byte * 8; i < byte * 8 + 8 && i < n; i++) {
-            float v = q4_to_f32(x[i]);
+            float v = to_f32(x[i]);
             if (bias) v = __fadd_rn(v, bias[i % k]);
             bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << (i & 7);
         }

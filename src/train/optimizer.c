@@ -141,9 +141,11 @@ bie_status bie_optimizer_step(bie_optimizer *o, int64_t *flipped) {
         bie_tensor tm = bie_model_view(m, s->m, BIE_F32, p->value.ndim, p->value.shape);
         bie_tensor tv = bie_model_view(m, s->v, BIE_F32, p->value.ndim, p->value.shape);
         if (s->kind == BIE_PARAM_KIND_BINARY) {
+            /* counted only when asked: on a GPU the count waits for the device */
             int64_t f = 0;
             st = bie_signflip_step(&p->value, &p->grad, &tm, &tv, o->options.binary_lr,
-                                   o->options.binary_beta1, o->options.binary_beta2, &f);
+                                   o->options.binary_beta1, o->options.binary_beta2,
+                                   flipped ? &f : NULL);
             flips += f;
         } else {
             st = bie_adam_step(&p->value, &p->grad, &tm, &tv, o->steps + 1, &o->options.adam);
