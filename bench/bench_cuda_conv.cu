@@ -247,6 +247,15 @@ static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
         ok(bie_q4_conv2d_forward(train, &x, &y), "forward");
         ok(bie_q4_conv2d_backward(train, &gy, &gx), "backward");
     };
+    if (getenv("BIE_BENCH_PROFILE")) {  // ours only, few launches
+        for (int i = 0; i < 3; i++) ours_fwd();
+        for (int i = 0; i < 3; i++) ours_train();
+        CK(cudaDeviceSynchronize());
+        fprintf(stderr, "%s: profile mode (3 forwards, 3 training steps)\n", name);
+        bie_q4_conv2d_free(train);
+        bie_q4_conv2d_free(infer);
+        return;
+    }
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
     auto base_fwd = [&](Dnn &d) { return [&] { d.forward(x.data, w.data, y.data); }; };
     auto base_train = [&](Dnn &d) {

@@ -12,6 +12,7 @@
 #ifndef BIE_FORMATS_H
 #define BIE_FORMATS_H
 
+#include <math.h>
 #include <stdint.h>
 
 #define BIE_SIGN_BIT(v) ((v) >= 0) /* sign(0) = +1 */
@@ -32,6 +33,32 @@ static inline uint8_t bie_tail_mask(int64_t k) {
  * rounding mode); NaN maps to 0. */
 static inline int8_t bie_q4(float v, float s) {
     float q = __builtin_rintf(v / s);
+    if (!(q == q)) return 0;
+    return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
+}
+
+#ifdef __CUDACC__
+#define BIE_HOST_DEVICE __host__ __device__
+#else
+#define BIE_HOST_DEVICE
+#endif
+
+/* bie_q4 without a division where one cannot change the code: y = v * inv, with
+ * inv = bie_q4_inverse(s) (NaN when 1 / s is not a normal float: then every code takes the
+ * division). For |y| < 16, y is within 2^-18 of the correctly rounded v / s (two roundings of
+ * 2^-24 relative each, and the quotient's own rounding), so when y is more than 0.499 from
+ * its nearest integer both round to the same integer; |y| >= 16 clamps the same either way.
+ * Inputs near a half (and NaN, infinities) take the division, so the code is always
+ * bie_q4(v, s) (tests/test_pack.c checks it on values at and around every half). Whether
+ * y - q is contracted into a fused multiply-add does not matter: the bound holds for both. */
+BIE_HOST_DEVICE static inline float bie_q4_inverse(float s) {
+    const float a = s < 0.0f ? -s : s;
+    return a >= 0x1p-125f && a <= 0x1p125f ? 1.0f / s : NAN;
+}
+BIE_HOST_DEVICE static inline int8_t bie_q4_fast(float v, float s, float inv) {
+    const float y = v * inv;
+    float q = rintf(y), d = y - q;
+    if (!(d < 0.499f && d > -0.499f)) q = rintf(v / s);
     if (!(q == q)) return 0;
     return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
 }

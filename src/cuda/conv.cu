@@ -5,11 +5,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "dtype.cuh"
 #include "epilogue.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 namespace bie_cuda {
 namespace {
@@ -77,6 +79,7 @@ __global__ void __launch_bounds__(256)
     const int w0 = (int)blockIdx.y * wc, words = min(wc, cw - w0);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
     uint32_t *tsign = pack_tile, *tmask = pack_tile + rows * ld;
+    pdl_trigger();  // the GEMM that reads these words may launch now
     if (saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         saved_scales[0] = *scale_a;
         saved_scales[1] = *scale_w;
@@ -260,14 +263,17 @@ __global__ void corrections(const int *tapsum, bie_cuda_conv_shape g, const int 
 }
 
 
-// ---- Implicit-GEMM binary convolution. One block computes a 64-pixel x BN-channel tile over
-// the whole of k at once: the BN weight rows and the 64 pixels' receptive fields (gathered
-// straight from the NHWC sign words with cp.async, zero-filled outside the input: no im2col
-// pass) are staged in shared memory, each row's popcount is taken there, and 8 warps (2 x 4)
-// run the b1 AND-popc mma over k in 256-bit steps. The epilogue is the GEMM's (conv output
-// with the padding-class correction). Rows in shared memory are `ldr` bytes (the taps' cw
-// words, padded with zeros to 32 bytes) plus 16, so ldmatrix rows fall in distinct banks.
-constexpr int kConvBM = 64;
+// ---- Implicit-GEMM binary convolution, persistent. A block keeps BN weight rows (output
+// channels) in shared memory for the whole kernel and walks 32-pixel tiles t = blockIdx.x,
+// blockIdx.x + gridDim.x, ...: each tile's receptive fields are gathered straight from the
+// NHWC sign words with cp.async (zero-filled outside the input: no im2col pass) into one of
+// two buffers while the tile before it is multiplied and stored, so a block keeps loads,
+// mma and stores in flight at once. 2 x BN / 32 warps, each a 16-pixel x 32-channel tile of
+// b1 AND-popc mma over k in 256-bit steps. The epilogue is the GEMM's (conv output with the
+// padding-class correction), through a shared-memory tile so that NCHW stores are
+// contiguous runs of pixels. Rows in shared memory are `ldr` bytes (the taps' cw words,
+// padded with zeros to 32 bytes) plus 16, so ldmatrix rows fall in distinct banks.
+constexpr int kConvBM = 32;
 
 // cp.async of 4, 8 or 16 bytes (pred false: zero-fill).
 __device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int bytes, bool pred) {
@@ -280,179 +286,225 @@ __device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int by
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 
-template <int BN>
-__global__ void __launch_bounds__(256, BN == 256 ? 2 : BN == 128 ? 3 : 4)
+// Shared memory of a block: the weight rows, two pixel-tile buffers, the tile of dot
+// products, the block's columns of the correction table and of the weight popcounts, the
+// rows' popcounts, the padding-class tables, and per buffer each row's class and output
+// offset.
+// The tile of dot products is channel-major, kConvCS ints per channel: the fragments' writes
+// (8 rows x 4 channel pairs per instruction) and the stores' reads (32 rows of a channel)
+// are both free of bank conflicts.
+constexpr int kConvCS = kConvBM + 4;
+struct ConvSmem {
+    size_t b, a, c, corr, pcol, pa, ycls, xcls, rcls, rbase, total;
+    __host__ __device__ ConvSmem(int bn, int ldr, int classes, int oh, int ow) {
+        const size_t stride = (size_t)ldr + 16;
+        b = 0;
+        a = b + (size_t)bn * stride;
+        c = a + 2 * kConvBM * stride;
+        rbase = c + (size_t)bn * kConvCS * sizeof(int);  // 8-byte aligned
+        corr = rbase + 2 * kConvBM * sizeof(long long);
+        pcol = corr + (size_t)classes * bn * sizeof(int);
+        pa = pcol + (size_t)bn * sizeof(int);
+        rcls = pa + kConvBM * sizeof(int);
+        ycls = rcls + 2 * kConvBM * sizeof(int);
+        xcls = ycls + (size_t)oh * sizeof(int);
+        total = xcls + (size_t)ow * sizeof(int);
+    }
+};
+
+// UNIT: sign words per cp.async (4 when cw % 4 == 0, else 1). PAIRS: each thread stores two
+// neighbouring pixels of a channel at once (even planes, output aligned to two elements).
+template <int BN, int UNIT>
+__global__ void __launch_bounds__(2 * BN, 1)
     bconv_implicit(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, const uint8_t *__restrict__ wbits,
-                   int64_t ld, const int *__restrict__ wpopc, int ldr, int unit, int classes, Epilogue ep) {
-    constexpr int WN = BN / 4, NT = WN / 8, MT = 2;  // warps 2 (rows) x 4 (channels), 32 x WN each
+                   int64_t ld, const int *__restrict__ wpopc, int ldr, int classes, int tiles, bool pairs,
+                   Epilogue ep) {
+    constexpr int THREADS = 2 * BN, WARPS_N = BN / 32, NT = 4, TPR = THREADS / kConvBM;
     extern __shared__ __align__(16) uint8_t smem[];
+    const int oh = (int)g64.oh, ow = (int)g64.ow;
+    const ConvSmem lay(BN, ldr, classes, oh, ow);
     const int stride = ldr + 16;
-    uint8_t *sA = smem, *sB = smem + kConvBM * stride;
-    size_t operands = (size_t)(kConvBM + BN) * stride, tile = (size_t)kConvBM * (BN + 1) * sizeof(int);
-    operands = (operands > tile ? operands : tile);
-    int *sPa = reinterpret_cast<int *>(smem + (operands + 15) / 16 * 16);
-    int *sCorr = sPa + kConvBM;  // [classes][BN]: the block's columns of the correction table
+    uint8_t *sB = smem + lay.b, *sA = smem + lay.a;
+    int *sC = reinterpret_cast<int *>(smem + lay.c), *sCorr = reinterpret_cast<int *>(smem + lay.corr);
+    int *sPcol = reinterpret_cast<int *>(smem + lay.pcol), *sPa = reinterpret_cast<int *>(smem + lay.pa);
+    int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
+    int *sRowCls = reinterpret_cast<int *>(smem + lay.rcls);
+    long long *sRowBase = reinterpret_cast<long long *>(smem + lay.rbase);
 
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w;
-    const int ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
+    const int plane = oh * ow, rows = (int)g64.n * plane, O = (int)g64.o;
     const int used = kk * cw * 4;  // bytes of taps in a row
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-    const int m0 = blockIdx.x * kConvBM, n0 = blockIdx.y * BN;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int n0 = blockIdx.y * BN;
 
-    // Weights: BN rows of ldr bytes in 16-byte chunks, 256 / BN threads per row (rows past O
-    // zero-filled). No division: every thread keeps one row.
+    // Weights: BN rows of ldr bytes in 16-byte chunks (rows past O zero-filled), and the
+    // columns' popcounts.
     {
-        constexpr int TPR = 256 / BN;
-        const int r = tid / TPR, part = tid % TPR;
-        const bool ok = n0 + r < O;
-        const uint8_t *src = wbits + (int64_t)(ok ? n0 + r : 0) * ld;
-        for (int c = part; c < ldr / 16; c += TPR)
-            cp_async_n(smem_u32(sB + r * stride + c * 16), src + c * 16, 16, ok);
+        const int chunks = ldr / 16;
+        for (int i = tid; i < BN * chunks; i += THREADS) {
+            const int r = i / chunks, c = i - r * chunks;
+            const bool ok = n0 + r < O;
+            cp_async_n(smem_u32(sB + r * stride + c * 16), wbits + (int64_t)(ok ? n0 + r : 0) * ld + c * 16, 16, ok);
+        }
+        const int parts = (int)((ld + 1023) / 1024);
+        for (int i = tid; i < BN; i += THREADS) {
+            int sum = 0;
+            if (n0 + i < O)
+                for (int part = 0; part < parts; part++) sum += wpopc[(int64_t)(n0 + i) * parts + part];
+            sPcol[i] = sum;
+        }
     }
-    // Receptive fields: 4 threads per pixel row, taps part, part + 4, ...; each tap is cw
-    // words copied in pieces of `unit` words (zero-filled outside the input).
-    {
-        const int r = tid >> 2, part = tid & 3, row = m0 + r, bytes = unit * 4;
-        int n = 0, y0 = 0, x0 = 0;
+    // Zero tails of the pixel rows of both buffers (the gathers never write them).
+    for (int i = tid; i < 2 * kConvBM * ((ldr - used) / 4); i += THREADS) {
+        const int per = (ldr - used) / 4, r = i / per, q = i - r * per;
+        *reinterpret_cast<uint32_t *>(sA + r * stride + used + q * 4) = 0u;
+    }
+    // Everything above reads only the weights, which the layer prepares before the input's
+    // pack; the input's words and the corrections come from the kernels just before.
+    pdl_wait();
+    for (int i = tid; i < classes * BN; i += THREADS) {
+        const int cls = i / BN, col = n0 + i - cls * BN;
+        sCorr[i] = ep.conv.corr && col < O ? ep.conv.corr[(int64_t)cls * O + col] : 0;
+    }
+    // A pixel's class is (row class) * nx + (column class): class(oy, ox) = class(oy, 0) +
+    // class(0, ox) - class(0, 0), from two small tables instead of a load per pixel.
+    for (int i = tid; i < oh + ow; i += THREADS) {
+        const int *pc = ep.conv.pix_class;
+        if (i < oh) sYcls[i] = pc ? pc[i * ow] : 0;
+        else sXcls[i - oh] = pc ? pc[i - oh] - pc[0] : 0;
+    }
+    __syncthreads();  // the class tables, before the first gather reads them
+
+    // Gathers tile t into buffer buf: TPR threads per pixel row, each taking the row's taps
+    // part, part + TPR, ... (cw words each, in pieces of UNIT words); part 0 also notes the
+    // row's padding class and output offset.
+    const int dil = (int)g64.d, grow = tid / TPR, gpart = tid % TPR;
+    auto gather = [&](int t, int buf) {
+        const int row = t * kConvBM + grow;
+        const unsigned dst = smem_u32(sA + (buf * kConvBM + grow) * stride);
+        int n = 0, y0 = 0, x0 = 0, pix = 0, oy = 0;
         const bool row_ok = row < rows;
         if (row_ok) {
             n = row / plane;
-            const int pix = row - n * plane, oy = pix / ow;
+            pix = row - n * plane;
+            oy = pix / ow;
             y0 = oy * (int)g64.s - (int)g64.p;
             x0 = (pix - oy * ow) * (int)g64.s - (int)g64.p;
         }
+        if (gpart == 0) {
+            sRowCls[buf * kConvBM + grow] = sYcls[oy] + sXcls[pix - oy * ow];
+            sRowBase[buf * kConvBM + grow] = (long long)n * O * plane + pix;
+        }
         const uint32_t *img = signs + (int64_t)n * h * w * cw;
-        const int d = (int)g64.d;
-        for (int t = part; t < kk; t += 4) {
-            const int i = t / k, iy = y0 + i * d, ix = x0 + (t - i * k) * d;
+        for (int tap = gpart; tap < kk; tap += TPR) {
+            const int ti = tap / k, iy = y0 + ti * dil, ix = x0 + (tap - ti * k) * dil;
             const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
             const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
-            const unsigned dst = smem_u32(sA + r * stride + t * cw * 4);
-            for (int wd = 0; wd < cw; wd += unit) cp_async_n(dst + wd * 4, src + (ok ? wd : 0), bytes, ok);
+            const unsigned d = dst + tap * cw * 4;
+            for (int wd = 0; wd < cw; wd += UNIT) cp_async_n(d + wd * 4, src + (ok ? wd : 0), UNIT * 4, ok);
         }
-    }
-    // Zero tail of the activation rows (the weights' tail is zero in memory).
-    for (int idx = tid; idx < kConvBM * ((ldr - used) / 4); idx += 256) {
-        const int per = (ldr - used) / 4, r = idx / per, q = idx - r * per;
-        *reinterpret_cast<uint32_t *>(sA + r * stride + used + q * 4) = 0u;
-    }
+    };
+
+    const float scale = ep.scale();
+    const int K = C * kk;  // < 2^24
+    const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
+    const int cols = O - n0 < BN ? O - n0 : BN;
+    int buf = 0;
+    if ((int)blockIdx.x < tiles) gather(blockIdx.x, 0);
     cp_async_commit();
-    // The correction table's columns of this block, in shared memory: the epilogue then has
-    // no global loads between its stores (which the compiler would have to order).
-    for (int idx = tid; idx < classes * BN; idx += 256) {
-        const int cls = idx / BN, col = n0 + idx - cls * BN;
-        sCorr[idx] = ep.conv.corr && col < O ? ep.conv.corr[(int64_t)cls * O + col] : 0;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // Row popcounts: 4 threads per row.
-    {
-        const int r = tid >> 2, part = tid & 3;
-        int cnt = 0;
-        for (int q = part; q < ldr / 4; q += 4) cnt += __popc(*reinterpret_cast<const uint32_t *>(sA + r * stride + q * 4));
-        cnt += __shfl_xor_sync(0xffffffffu, cnt, 1);
-        cnt += __shfl_xor_sync(0xffffffffu, cnt, 2);
-        if (part == 0) sPa[r] = cnt;
-    }
-
-    int acc[MT][NT][4];
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, buf ^= 1) {
+        if (t + (int)gridDim.x < tiles) gather(t + gridDim.x, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // this tile's rows (and the weights) have landed
+        __syncthreads();
+        const uint8_t *tA = sA + buf * kConvBM * stride;
+        // Row popcounts: TPR threads per row.
+        {
+            const int r = tid / TPR, part = tid % TPR;
+            int cnt = 0;
+            for (int i = part; i < ldr / 4; i += TPR) cnt += __popc(*reinterpret_cast<const uint32_t *>(tA + r * stride + i * 4));
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+            for (int o = TPR / 2; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+            if (part == 0) sPa[r] = cnt;
+        }
+        int acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
-    const int q = lane >> 3, r8 = lane & 7;
-    for (int kc = 0; kc < ldr / 32; kc++) {
-        unsigned af[MT][4];
+            for (int e = 0; e < 4; e++) acc[j][e] = 0;
+        const unsigned a_at = smem_u32(tA + (wm * 16 + r8 + 8 * (q & 1)) * stride + 16 * (q >> 1));
+        const unsigned b_at = smem_u32(sB + (wn * 32 + r8 + 8 * (q >> 1)) * stride + 16 * (q & 1));
+        for (int kc = 0; kc < ldr / 32; kc++) {
+            unsigned af[4];
+            ldmatrix_x4(af, a_at + kc * 32);
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const int row = wm * 32 + i * 16 + r8 + 8 * (q & 1);
-            ldmatrix_x4(af[i], smem_u32(sA + row * stride + kc * 32 + 16 * (q >> 1)));
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j += 2) {
-            const int row = wn * WN + j * 8 + r8 + 8 * (q >> 1);
-            unsigned t4[4];
-            ldmatrix_x4(t4, smem_u32(sB + row * stride + kc * 32 + 16 * (q & 1)));
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
-                mma_b1_and(acc[i][j], af[i], t4[0], t4[1]);
-                mma_b1_and(acc[i][j + 1], af[i], t4[2], t4[3]);
+            for (int j = 0; j < NT; j += 2) {
+                unsigned bf[4];
+                ldmatrix_x4(bf, b_at + j * 8 * stride + kc * 32);
+                mma_b1_and(acc[j], af, bf[0], bf[1]);
+                mma_b1_and(acc[j + 1], af, bf[2], bf[3]);
             }
         }
-    }
-
-    // Epilogue. First every thread turns its fragment sums into the final integer dot
-    // products (AND form plus the padding correction of the pixel's class) in a shared-memory
-    // tile (reusing the operand space); then each thread owns one pixel row of the tile and
-    // walks channels 4 apart, so the NCHW stores of neighbouring threads are contiguous and
-    // the per-element work is a load, a multiply and a store.
-    int *sRowCls = sCorr + classes * BN;  // [64]
-    if (tid < kConvBM) {
-        const int row = m0 + tid, pix = row % plane;
-        sRowCls[tid] = row < rows && ep.conv.corr ? ep.conv.pix_class[pix] : 0;
-    }
-    const int g = lane >> 2, t4 = lane & 3, parts = (int)((ld + 1023) / 1024);
-    int pcol[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int col = n0 + wn * WN + j * 8 + 2 * t4 + e;
-            int sum = 0;
-            if (col < O)
-                for (int part = 0; part < parts; part++) sum += wpopc[(int64_t)col * parts + part];
-            pcol[j][e] = sum;
-        }
-    __syncthreads();  // operands no longer needed; sPa and sRowCls complete
-    constexpr int CS = BN + 1;  // odd row stride: conflict-free row reads below
-    int *sC = reinterpret_cast<int *>(smem);
-    const int K = C * kk;  // < 2^24
-#pragma unroll
-    for (int i = 0; i < MT; i++)
+        __syncthreads();  // sPa complete; the previous tile's stores have read sC
+        // Final integer dot products: AND form plus the padding correction of the row's class.
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int rl = wm * 32 + i * 16 + g + 8 * hh;
+            const int rl = wm * 16 + g + 8 * hh;
             const int rowterm = K - 2 * sPa[rl];
-            const int *corr = sCorr + sRowCls[rl] * BN;
+            const int *corr = sCorr + sRowCls[buf * kConvBM + rl] * BN;
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int cl = wn * WN + j * 8 + 2 * t4 + e;
-                    sC[rl * CS + cl] = rowterm - 2 * pcol[j][e] + 4 * acc[i][j][hh * 2 + e] + corr[cl];
+                    const int cl = wn * 32 + j * 8 + 2 * t4 + e;
+                    sC[cl * kConvCS + rl] = rowterm - 2 * sPcol[cl] + 4 * acc[j][hh * 2 + e] + corr[cl];
                 }
         }
-    __syncthreads();
-    const float scale = ep.scale();
-    const int r = tid & (kConvBM - 1), row = m0 + r;
-    if (row >= rows) return;
-    const int n = row / plane, pix = row - n * plane;
-    const int cl0 = tid / kConvBM, cols = O - n0 < BN ? O - n0 : BN;
-    const int64_t step = (int64_t)(256 / kConvBM) * plane;
-    const int64_t first = ((int64_t)n * O + n0 + cl0) * plane + pix;
-    const int *src = sC + r * CS;
-    if (ep.out_type == kOutF32) {
-        float *o = static_cast<float *>(ep.out) + first;
-        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = (float)src[cl] * scale;
-    } else if (ep.out_type == kOutBF16) {
-        __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
-        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = __float2bfloat16((float)src[cl] * scale);
-    } else {
-        __half *o = static_cast<__half *>(ep.out) + first;
-        for (int cl = cl0; cl < cols; cl += 256 / kConvBM, o += step) *o = __float2half((float)src[cl] * scale);
+        // Output offsets of the rows this thread stores (read before the next gather may
+        // overwrite them).
+        const int pr = pairs ? 2 * (tid % (kConvBM / 2)) : tid % kConvBM;
+        const long long base = sRowBase[buf * kConvBM + pr];
+        __syncthreads();
+        // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane.
+        const int row = t * kConvBM + pr;
+        if (row < rows) {
+            const int per = pairs ? kConvBM / 2 : kConvBM, cstep = THREADS / per, cl0 = tid / per;
+            const int64_t step = (int64_t)cstep * plane, first = base + (int64_t)(n0 + cl0) * plane;
+            const int *src = sC + pr;
+            if (pairs) {
+                if (ep.out_type == kOutF32) {
+                    float *o = static_cast<float *>(ep.out) + first;
+                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
+                        *reinterpret_cast<float2 *>(o) = make_float2((float)v.x * scale, (float)v.y * scale);
+                    }
+                } else if (ep.out_type == kOutBF16) {
+                    __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
+                        *reinterpret_cast<__nv_bfloat162 *>(o) = __floats2bfloat162_rn((float)v.x * scale, (float)v.y * scale);
+                    }
+                } else {
+                    __half *o = static_cast<__half *>(ep.out) + first;
+                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
+                        *reinterpret_cast<__half2 *>(o) = __floats2half2_rn((float)v.x * scale, (float)v.y * scale);
+                    }
+                }
+            } else if (ep.out_type == kOutF32) {
+                float *o = static_cast<float *>(ep.out) + first;
+                for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = (float)src[cl * kConvCS] * scale;
+            } else if (ep.out_type == kOutBF16) {
+                __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+                for (int cl = cl0; cl < cols; cl += cstep, o += step)
+                    *o = __float2bfloat16((float)src[cl * kConvCS] * scale);
+            } else {
+                __half *o = static_cast<__half *>(ep.out) + first;
+                for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2half((float)src[cl * kConvCS] * scale);
+            }
+        }
     }
-}
-
-// Operand rows (reused for the 64 x (BN + 1) tile of dot products), then the rows'
-// popcounts, the corrections and the rows' classes.
-size_t implicit_smem(int bn, int ldr, int classes) {
-    size_t operands = (size_t)(kConvBM + bn) * (ldr + 16), tile = (size_t)kConvBM * (bn + 1) * sizeof(int);
-    operands = (operands > tile ? operands : tile);
-    operands = (operands + 15) / 16 * 16;
-    return operands + (size_t)(kConvBM + classes * bn + kConvBM) * sizeof(int);
+    cp_async_wait<0>();
 }
 
 }  // namespace
@@ -518,22 +570,16 @@ int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes) {
         return 0;
     }
     if (ldr > 16384) return 0;
-    // The widest channel tile that fits and still gives every SM two blocks (wider tiles
-    // gather each pixel's receptive field fewer times, but a block's latency is only hidden
-    // by others on its SM), no wider than the layer needs; else the narrowest that fits.
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        sms = 1;
-    }
-    const int64_t tiles = (g->n * g->oh * g->ow + kConvBM - 1) / kConvBM;
-    const int widths[3] = {256, 128, 64};
+    // 64 channels per block when that covers the layer, else 128 (each channel tile gathers
+    // the receptive fields again; two 128-channel blocks share an SM). Measured on the H100,
+    // forward in us, channel tiles 64 / 128 / 256: N=64 256->256 14x14 24.7 / 23.3 / 24.4;
+    // 128->128 28x28 32.7 / 31.1.
+    const int widths[2] = {64, 128};
     int best = 0;
-    for (int i = 0; i < 3; i++) {
-        if (i < 2 && g->o <= widths[i + 1]) continue;
-        if (implicit_smem(widths[i], (int)ldr, classes) > (size_t)max_smem) continue;
+    for (int i = 0; i < 2; i++) {
+        if (ConvSmem(widths[i], (int)ldr, classes, (int)g->oh, (int)g->ow).total > (size_t)max_smem) break;
         best = widths[i];
-        if (tiles * ((g->o + best - 1) / best) >= 2 * sms) return best;
+        if (g->o <= widths[i]) break;
     }
     return best;
 }
@@ -543,21 +589,37 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
-    const int unit = cw % 4 == 0 ? 4 : cw % 2 == 0 ? 2 : 1;
     const int which = out_type_of(out_dtype);
     if (which < 0) return bie_fail(BIE_ERR_DTYPE, "cuda conv: output dtype %s", bie_dtype_name(out_dtype));
+    if (bn != 64 && bn != 128) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "cuda conv: tile width %d", bn);
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
-    const size_t smem = implicit_smem(bn, (int)ldr, classes);
-    const int64_t rows = g->n * g->oh * g->ow;
-    const dim3 grid((unsigned)((rows + kConvBM - 1) / kConvBM), (unsigned)((g->o + bn - 1) / bn));
-    auto fn = bn == 256 ? bconv_implicit<256> : bn == 128 ? bconv_implicit<128> : bconv_implicit<64>;
+    const size_t smem = ConvSmem(bn, (int)ldr, classes, (int)g->oh, (int)g->ow).total;
+    const bool wide = cw % 4 == 0;
+    auto fn = bn == 128 ? (wide ? bconv_implicit<128, 4> : bconv_implicit<128, 1>)
+                        : (wide ? bconv_implicit<64, 4> : bconv_implicit<64, 1>);
+    const size_t elem = which == kOutF32 ? 4 : 2;
+    const bool pairs = (g->oh * g->ow) % 2 == 0 && reinterpret_cast<uintptr_t>(out) % (2 * elem) == 0;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));
-    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                            cudaFuncAttributePreferredSharedMemoryCarveout, 100),
-                       "cudaFuncSetAttribute"));
-    fn<<<grid, 256, smem, current_stream>>>(signs, *g, wbits, ld, wpopc, (int)ldr, unit, classes, ep);
+    int dev = 0, sms = 1, per_sm = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 2 * bn, smem) != cudaSuccess) {
+        cudaGetLastError();
+        sms = per_sm = 1;
+    }
+    // Enough blocks to fill the GPU once, then as few as leave every block the same number
+    // of pixel tiles (the largest count decides the time).
+    const int64_t rows = g->n * g->oh * g->ow, tiles = (rows + kConvBM - 1) / kConvBM, groups = (g->o + bn - 1) / bn;
+    int64_t blocks = (int64_t)sms * (per_sm < 1 ? 1 : per_sm) / groups;
+    blocks = blocks < 1 ? 1 : blocks > tiles ? tiles : blocks;
+    const int64_t per_block = (tiles + blocks - 1) / blocks;
+    blocks = (tiles + per_block - 1) / per_block;
+    const dim3 grid((unsigned)blocks, (unsigned)groups);
+    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(2 * bn), smem, signs, *g, wbits, ld, wpopc, (int)ldr, classes,
+                                    (int)tiles, pairs, ep),
+                       "cuda conv implicit gemm"));
     return check(cudaGetLastError(), "cuda conv implicit gemm");
 }
 

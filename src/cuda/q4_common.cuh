@@ -4,6 +4,7 @@
 // to even, NaN to 0, clamp to [-8, 7]), so that a layer gives bit-identical codes on either
 // device.
 #pragma once
+#include "../core/formats.h"
 #include "dtype.cuh"
 
 namespace bie_cuda {
@@ -14,6 +15,10 @@ __device__ __forceinline__ int q4_code(float v, float s) {
     if (!(q == q)) return 0;
     return (int)fminf(fmaxf(q, -8.0f), 7.0f);
 }
+
+// The same code with the division only near a half (bie_q4_fast; inv = bie_q4_inverse(s),
+// computed once per thread).
+__device__ __forceinline__ int q4_code_fast(float v, float s, float inv) { return bie_q4_fast(v, s, inv); }
 
 // The backward's state of one input v (SPEC §4): the clip bit 1{-8 <= v / s <= 7}, and the
 // rounding residual (rint(q) - q) * 254 rounded to int8 inside the clip range (else 0).

@@ -6,6 +6,7 @@
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
+#include "pdl.cuh"
 #include "q4_common.cuh"
 
 namespace bie_cuda {
@@ -24,7 +25,7 @@ __global__ void __launch_bounds__(256)
                    const float *__restrict__ scale, unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
                    int8_t *__restrict__ resid) {
     const int64_t groups = (total + 7) / 8;
-    const float s = *scale;
+    const float s = *scale, inv = bie_q4_inverse(s);
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups; t += (int64_t)gridDim.x * blockDim.x) {
         unsigned w = 0, bits = 0;
         // The channel of the group's first element, then stepped along (one division per
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(256)
             }
             off++;
             const float v = __fadd_rn(to_f32(x[i]), bias[ch]);
-            w |= (unsigned)(q4_code(v, s) & 15) << (4 * j);
+            w |= (unsigned)(q4_code_fast(v, s, inv) & 15) << (4 * j);
             if (mask) bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << j;
         }
         codes[t] = w;
@@ -107,7 +108,8 @@ __global__ void __launch_bounds__(256)
     q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, const float *__restrict__ bias,
                         const float *__restrict__ scale, unsigned *__restrict__ codes) {
     __shared__ unsigned tile[32 * VP][9];
-    const float s = *scale;
+    pdl_trigger();  // the GEMM that reads these codes may launch now
+    const float s = *scale, inv = bie_q4_inverse(s);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32 * VP;
     const int px = first + lane * VP, gw = blockIdx.y * 8 + warp;
     unsigned word[VP];
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(256)
             if (ch < c)
 #pragma unroll
                 for (int e = 0; e < VP; e++)
-                    word[e] |= (unsigned)(q4_code(__fadd_rn(v[j][e], bias[ch]), s) & 15) << (4 * j);
+                    word[e] |= (unsigned)(q4_code_fast(__fadd_rn(v[j][e], bias[ch]), s, inv) & 15) << (4 * j);
         }
     }
 #pragma unroll

@@ -25,6 +25,7 @@
 #include "cuda_internal.h"
 #include "epilogue.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 namespace bie_cuda {
 
@@ -174,21 +175,27 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
     typename AL::template State<A_ITERS> a_state;
     al.prepare(a_state, m, ld, bm0 + r0, ROWSTEP, c16);
     const unsigned a_dst = sA + r0 * kSmemRow + c16, b_dst = sB + r0 * kSmemRow + c16;
-    auto load_stage = [&](int stage) {
+    auto load_a = [&](int stage) {
 #pragma unroll
         for (int i = 0; i < A_ITERS; i++) {
             bool ok;
             const uint8_t *src = al.src(a_state, i, ok);
             cp_async16(a_dst + stage * STAGE_A + i * ROWSTEP * kSmemRow, src, ok);
         }
+        al.template next<A_ITERS, BKB>(a_state);
+    };
+    auto load_b = [&](int stage) {
 #pragma unroll
         for (int i = 0; i < B_ITERS; i++) {
             const int row = bn0 + r0 + i * ROWSTEP;
             cp_async16(b_dst + stage * STAGE_B + i * ROWSTEP * kSmemRow,
                        b_col + (size_t)(unsigned)min(row, n - 1) * ld, row < n);
         }
-        al.template next<A_ITERS, BKB>(a_state);
         b_col += BKB;
+    };
+    auto load_stage = [&](int stage) {
+        load_a(stage);
+        load_b(stage);
     };
 
     int acc[MT][NT][4];
@@ -236,9 +243,15 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
         }
     };
 
+    // The prologue's B tiles (the weights, written before the kernel that produced A) load
+    // before the wait for that kernel (pdl.cuh); they join the first stage's copy group.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < kblocks) load_b(s);
+    pdl_wait();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < kblocks) load_stage(s);
+        if (s < kblocks) load_a(s);
         cp_async_commit();
     }
     int read_stage = 0, write_stage = STAGES - 1;
@@ -296,7 +309,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
         // plane (contiguous NCHW stores instead of two values per plane per thread).
         constexpr int CS = BN + 1;  // odd row stride: conflict-free row reads
         static_assert((size_t)BM * CS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
-        static_assert(THREADS % BM == 0, "whole rows per thread group");
+        static_assert(BM <= THREADS, "a thread per tile row at least");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
@@ -313,11 +326,12 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                 }
             }
         __syncthreads();
+        // THREADS / BM threads per row (the rest idle when BM does not divide THREADS).
+        constexpr int STEP = THREADS / BM;
         const int r = tid % BM, row = bm0 + r;
-        if (row >= m) return;
+        if (row >= m || tid >= STEP * BM) return;
         const int plane = (int)ep.conv.plane, nn = row / plane, pix = row - nn * plane;
         const int cl0 = tid / BM, cols = n - bn0 < BN ? n - bn0 : BN;
-        constexpr int STEP = THREADS / BM;
         const int64_t step = (int64_t)STEP * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
         const int *src = sC + r * CS;
         if (ep.out_type == kOutF32) {
@@ -406,8 +420,64 @@ const Q4ConvKernel q4_conv_kernels[] = {
     BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),  BIE_Q4_CONV_KERNEL(64, 128, 2, 2, 64, 4, 3, true),
     BIE_Q4_CONV_KERNEL(128, 128, 2, 4, 64, 4, 1, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 2, 2, true),
+    BIE_Q4_CONV_KERNEL(96, 64, 2, 4, 128, 3, 2, true),  BIE_Q4_CONV_KERNEL(96, 64, 2, 2, 128, 3, 3, true),
+    BIE_Q4_CONV_KERNEL(192, 64, 4, 2, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(192, 64, 4, 2, 64, 4, 2, true),
+    BIE_Q4_CONV_KERNEL(96, 128, 2, 4, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(192, 128, 4, 2, 128, 3, 1, true),
+    BIE_Q4_CONV_KERNEL(192, 128, 4, 2, 64, 4, 1, true),
 };
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
+
+size_t conv_smem(const Q4ConvKernel &kern) { return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16); }
+
+// Blocks of a variant that fit on one SM of the current device (0 when unknown).
+int conv_blocks_per_sm(const Q4ConvKernel &kern) {
+    const size_t smem = conv_smem(kern);
+    int blocks = 0;
+    if (smem > max_smem() ||
+        cudaFuncSetAttribute(reinterpret_cast<const void *>(kern.narrow), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return blocks;
+}
+
+// The default variant for rows x o outputs. A problem too small for one 128 x 64 block per
+// SM takes 64 x 64 tiles (more blocks). Otherwise the candidates are ranked by their waves
+// of blocks times a wave's time: a tile's outputs over the variant's throughput per SM,
+// measured on the H100 (N=64, C=O=256, 14x14, forward in us; relative throughput per SM
+// in brackets): 128 x 64 with 8 warps and 128-byte k blocks, 392 tiles in 1.5 waves of 2
+// per SM, 40.5-43.7 [1]; 96 x 128, 262 tiles in one wave, 39.6 [0.83]. Others measured
+// there: 128 x 64 with 64-byte k blocks 41.7-42.7, 96 x 64 44.5, 192 x 64 44.1-49.5,
+// 192 x 128 39.7-41.3, 4 warps 45.4-49.6, 64 x 64 54.5, 128 x 128 57-59.
+int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        sms = 1;
+    }
+    if (((rows + 127) / 128) * ((o + 63) / 64) < sms) return 2;
+    struct Candidate {
+        int variant;
+        double rate;
+    };
+    const Candidate wide[] = {{6, 1.0}, {12, 0.83}}, narrow[] = {{5, 1.0}};
+    const Candidate *cand = cb % 128 == 0 ? wide : narrow;
+    const int count = cb % 128 == 0 ? 2 : 1;
+    int best = cand[0].variant;
+    double best_cost = 0;
+    for (int i = 0; i < count; i++) {
+        const Q4ConvKernel &kern = q4_conv_kernels[cand[i].variant];
+        const int per_sm = conv_blocks_per_sm(kern);
+        if (per_sm < 1) continue;
+        const int64_t tiles = ((rows + kern.bm - 1) / kern.bm) * ((o + kern.bn - 1) / kern.bn);
+        const int64_t waves = (tiles + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);
+        const double cost = (double)waves * kern.bm * kern.bn / cand[i].rate;
+        if (best_cost == 0 || cost < best_cost) best = cand[i].variant, best_cost = cost;
+    }
+    return best;
+}
 
 }  // namespace bie_cuda
 
@@ -515,18 +585,10 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
                                     bie_dtype out_dtype, void *out) {
     static const char *who = "cuda 4-bit implicit conv";
     const int64_t rows = g->n * g->oh * g->ow, cb = bie_cuda_q4_conv_cb(g->c), ld = g->k * g->k * cb;
-    // Measured on the H100 at N=64, C=O=256, 14x14 (392 blocks of 128 x 64), forward in us:
-    // 128 x 64 tiles with 8 warps and 128-byte k blocks (3 stages) 40.5-41.2, with 64-byte
-    // k blocks 41.7-42.7 (2 stages of 128: 41.4-41.5); 4 warps 49.6, 64 x 128 50.2,
-    // 64 x 64 54.5, 128 x 128 57-59 (one or two blocks per SM). Small problems take 64 x 64
-    // tiles for more blocks.
-    if (variant < 0) {
-        const int64_t tiles = ((rows + 127) / 128) * ((g->o + 63) / 64);
-        variant = tiles < 132 ? 2 : cb % 128 == 0 ? 6 : 5;
-    }
+    if (variant < 0) variant = default_conv_variant(rows, g->o, cb);
+    if (variant >= kNumQ4Conv) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d", who, variant);
     if (cb % q4_conv_kernels[variant].bkb != 0)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d needs whole k blocks per tap", who, variant);
-    if (variant >= kNumQ4Conv) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d", who, variant);
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
     const int which = out_type_of(out_dtype);
     if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
@@ -534,7 +596,7 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     if (rows > INT_MAX || tiles_m * tiles_n > INT_MAX || ld * 2 > (1 << 24) ||
         g->n * g->h * g->w * cb > INT_MAX * (int64_t)64)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: problem too large", who);
-    const size_t smem = (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+    const size_t smem = conv_smem(kern);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
     const ConvA al = {codes, (int)cb, (int)g->h, (int)g->w, (int)g->ow, (int)(g->oh * g->ow),
@@ -543,8 +605,10 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));
-    fn<<<(unsigned)(tiles_m * tiles_n), kern.threads, smem, current_stream>>>((int)rows, (int)g->o, al, wtaps, ld,
-                                                                              (int)tiles_m, (int)tiles_n, ep);
+    // After the input's encode (pdl.cuh): the weight taps are ready before it runs.
+    BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)(tiles_m * tiles_n)), dim3(kern.threads), smem, (int)rows,
+                                    (int)g->o, al, wtaps, ld, (int)tiles_m, (int)tiles_n, ep),
+                       who));
     return check(cudaGetLastError(), who);
 }
 

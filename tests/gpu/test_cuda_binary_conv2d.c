@@ -250,6 +250,8 @@ int main(int argc, char **argv) {
         {1, 5, 3, 3, 7, 3, 1, 3, 1},   {2, 16, 11, 13, 8, 5, 2, 2, 2},  {1, 70, 6, 6, 65, 1, 1, 0, 1},
         {2, 31, 17, 9, 5, 4, 3, 0, 1}, {3, 64, 14, 14, 32, 3, 1, 1, 1}, {2, 128, 8, 8, 96, 3, 1, 2, 1},
         {4, 256, 14, 14, 256, 3, 1, 1, 1},
+        /* more pixel tiles than blocks (each block walks several; even and odd planes) */
+        {6, 40, 28, 28, 130, 3, 1, 1, 1}, {7, 33, 27, 27, 200, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)

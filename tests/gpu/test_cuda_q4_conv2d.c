@@ -242,6 +242,40 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     free_pair(&p);
 }
 
+/* Inputs at and around the half-integer multiples of scale_a (after the bias), where the
+ * encode's multiply gives way to the division: the codes must still be the CPU's. */
+static void check_halves(geo g) {
+    tu_seed(900);
+    pair p = make_pair(BIE_F32, g, 0);
+    const int64_t nx = g.n * g.c * g.h * g.w, hw = g.h * g.w;
+    float *x = tu_alloc((size_t)nx * 4);
+    fill_input(x, nx);
+    bie_tensor gx = upload_as(BIE_F32, x, g.n * g.c * g.h, g.w);
+    reshape4(&gx, g.n, g.c, g.h, g.w);
+    bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, g.c, g.h, g.w), cb;
+    CHECK_OK(bie_q4_conv2d_set_activation(p.gpu, &gx, NULL));
+    const float s = param_scalar(p.gpu, BIE_PARAM_SCALE_A);
+    CHECK_OK(bie_q4_conv2d_set_scale_a(p.cpu, s));
+    CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    const float *bias = cb.data;
+    for (int64_t i = 0; i < nx; i++) {
+        const int h = (int)(tu_next() % 21) - 10;
+        float v = (float)(h + 0.5) * s - bias[(i / hw) % g.c];
+        for (int u = (int)(tu_next() % 7); u > 0; u--) v = nextafterf(v, (tu_next() & 1) ? INFINITY : -INFINITY);
+        x[i] = v;
+    }
+    bie_tensor_free(&gx);
+    gx = upload_as(BIE_F32, x, g.n * g.c * g.h, g.w);
+    reshape4(&gx, g.n, g.c, g.h, g.w);
+    forward_matches(&p, &gx, &cx, "training forward at the halves");
+    CHECK_OK(bie_q4_conv2d_set_training(p.cpu, false));
+    CHECK_OK(bie_q4_conv2d_set_training(p.gpu, false));
+    forward_matches(&p, &gx, &cx, "inference forward at the halves");
+    bie_tensor_free(&gx);
+    free(x);
+    free_pair(&p);
+}
+
 static void bad_input(void) {
     const geo g = {2, 5, 6, 6, 4, 3, 1, 1, 1};
     tu_seed(5);
@@ -314,10 +348,14 @@ int main(int argc, char **argv) {
         {4, 256, 14, 14, 256, 3, 1, 1, 1}, {2, 40, 9, 11, 19, 2, 1, 1, 2}, {1, 601, 5, 4, 33, 3, 1, 1, 1},
         {1, 2050, 3, 3, 3, 1, 1, 0, 1}, {5, 48, 7, 5, 130, 3, 2, 2, 1},
         {32, 96, 14, 14, 130, 3, 1, 1, 1}, /* enough blocks for the large-tile implicit GEMM */
+        {24, 130, 15, 15, 200, 3, 1, 1, 1}, /* 128 x 64 tiles with 128-byte k blocks (132 SMs) */
+        {40, 136, 15, 15, 256, 3, 1, 1, 1}, /* 96 x 128 tiles (132 SMs) */
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], !small && i % 3 == 1);
+    const geo halves = {2, 40, 6, 7, 24, 3, 1, 1, 1};
+    check_halves(halves);
     bad_input();
     return tu_finish();
 }
