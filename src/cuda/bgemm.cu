@@ -11,6 +11,7 @@
 #include "cuda_internal.h"
 #include "epilogue.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 namespace bie_cuda {
 
@@ -45,6 +46,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t *sA = smem;
     uint8_t *sB = smem + kStages * BM * kSmemRow;
+    pdl_wait();  // A, B and their popcounts may come from the kernel just before (pdl.cuh)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(32 * WARPS)
              const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
              const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
     extern __shared__ uint4 sA[];  // 16 rows of ld + 16 bytes (the pad spreads rows over banks)
+    pdl_wait();  // A, B and their popcounts may come from the kernel just before (pdl.cuh)
     const int chunks = (int)(ld / 16), srow = chunks + 1;  // ld <= 227 KB / 16 here
     const int m0 = blockIdx.y * 16, rows = min(16, m - m0);
     for (int r = 0; r < 16; r++) {
@@ -349,7 +352,6 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
                         "shared memory)", who, kern->name, (long long)k, smem);
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
     KernelFn fn = kern->fn;
-    cudaStream_t st = current_stream;
     const int parts_b = bie_cuda_popc_parts(ld);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -363,7 +365,9 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
         grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)), (unsigned)((m + 15) / 16));
     else
         grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-    fn<<<grid, kern->threads, smem, st>>>((int)m, (int)n, k, a, b, ld, pa, pb, parts_a, parts_b, ep);
+    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(kern->threads), smem, (int)m, (int)n, k, a, b, ld, pa, pb, parts_a,
+                                    parts_b, ep),
+                       "binary gemm launch"));
     return check(cudaGetLastError(), "binary gemm launch");
 }
 

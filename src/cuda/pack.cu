@@ -12,6 +12,7 @@
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "dtype.cuh"
+#include "pdl.cuh"
 
 namespace bie_cuda {
 
@@ -41,6 +42,7 @@ __global__ void __launch_bounds__(256)
               const float *__restrict__ scale_a, const float *__restrict__ scale_w,
               float *saved_scales, int64_t ld, unsigned *__restrict__ bits,
               unsigned *__restrict__ mask, int *__restrict__ popc) {
+    pdl_trigger();  // the GEMM that reads these rows may launch now
     const int64_t row = blockIdx.x;
     constexpr int PER_WARP = SLICE / 8;
     const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * SLICE;
