@@ -29,19 +29,24 @@ static inline uint8_t bie_tail_mask(int64_t k) {
     return (uint8_t)((k & 7) ? ((1u << (k & 7)) - 1u) : 0xffu);
 }
 
-/* 4-bit quantization (SPEC §1): clamp(rint(v / s), -8, 7), round half to even (the default
- * rounding mode); NaN maps to 0. */
-static inline int8_t bie_q4(float v, float s) {
-    float q = __builtin_rintf(v / s);
-    if (!(q == q)) return 0;
-    return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
-}
-
 #ifdef __CUDACC__
 #define BIE_HOST_DEVICE __host__ __device__
 #else
 #define BIE_HOST_DEVICE
 #endif
+#ifdef __CUDA_ARCH__
+#define BIE_RINTF rintf
+#else
+#define BIE_RINTF __builtin_rintf
+#endif
+
+/* 4-bit quantization (SPEC §1): clamp(rint(v / s), -8, 7), round half to even (the default
+ * rounding mode); NaN maps to 0. The same code on the host and the device. */
+BIE_HOST_DEVICE static inline int8_t bie_q4(float v, float s) {
+    float q = BIE_RINTF(v / s);
+    if (!(q == q)) return 0;
+    return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
+}
 
 /* bie_q4 without a division where one cannot change the code: y = v * inv, with
  * inv = bie_q4_inverse(s) (NaN when 1 / s is not a normal float: then every code takes the
@@ -56,11 +61,9 @@ BIE_HOST_DEVICE static inline float bie_q4_inverse(float s) {
     return a >= 0x1p-125f && a <= 0x1p125f ? 1.0f / s : NAN;
 }
 BIE_HOST_DEVICE static inline int8_t bie_q4_fast(float v, float s, float inv) {
-    const float y = v * inv;
-    float q = rintf(y), d = y - q;
-    if (!(d < 0.499f && d > -0.499f)) q = rintf(v / s);
-    if (!(q == q)) return 0;
-    return (int8_t)(q < -8.0f ? -8.0f : q > 7.0f ? 7.0f : q);
+    const float y = v * inv, q = BIE_RINTF(y), d = y - q;
+    if (d < 0.499f && d > -0.499f) return (int8_t)(q < -8.0f ? -8 : q > 7.0f ? 7 : (int)q);
+    return bie_q4(v, s);
 }
 
 /* Two's complement nibbles, two per byte, even index in the low nibble. */

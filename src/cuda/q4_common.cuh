@@ -9,12 +9,8 @@
 
 namespace bie_cuda {
 
-// q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0, as bie_q4 in src/core/formats.h.
-__device__ __forceinline__ int q4_code(float v, float s) {
-    const float q = rintf(__fdiv_rn(v, s));
-    if (!(q == q)) return 0;
-    return (int)fminf(fmaxf(q, -8.0f), 7.0f);
-}
+// q4(v, s) = clamp(rint(v / s), -8, 7), NaN -> 0: bie_q4 of src/core/formats.h.
+__device__ __forceinline__ int q4_code(float v, float s) { return bie_q4(v, s); }
 
 // The same code with the division only near a half (bie_q4_fast; inv = bie_q4_inverse(s),
 // computed once per thread).
