@@ -225,10 +225,12 @@ __global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, b
 // S [c k k][n oh ow]: sign(x') at each tap, 0 outside the input. Block (pixel block, sign
 // word): each thread owns one output pixel and one word of 32 channels; for every tap it
 // loads that word once and writes its 32 elements, neighbouring threads writing neighbouring
-// pixels. No division in the inner loops (this kernel writes the largest buffer).
-template <typename T>
-__global__ void __launch_bounds__(256) conv_sign_cols(const uint32_t *signs, bie_cuda_conv_shape g64, T *dst) {
-    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k;
+// pixels. No division in the inner loops (this kernel writes the largest buffer). KF: the
+// kernel size fixed at compile time (0: from the shape), so that the taps' loads unroll.
+template <typename T, int KF>
+__global__ void __launch_bounds__(256)
+    conv_sign_cols(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, T *__restrict__ dst) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = KF ? KF : (int)g64.k, kk = k * k;
     const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow);
     const int rows = (int)g64.n * plane, r = blockIdx.x * 256 + threadIdx.x, word = blockIdx.y;
     if (r >= rows) return;
@@ -237,10 +239,12 @@ __global__ void __launch_bounds__(256) conv_sign_cols(const uint32_t *signs, bie
     const uint32_t *img = signs + (int64_t)n * h * w * cw + word;
     const int c0 = word * 32, cn = C - c0 < 32 ? C - c0 : 32;
     const T plus = from_f32<T>(1.0f), minus = from_f32<T>(-1.0f), zero = from_f32<T>(0.0f);
-    for (int i = 0, t = 0; i < k; i++) {
+#pragma unroll
+    for (int i = 0; i < k; i++) {
         const int iy = y0 + i * d;
-        for (int j = 0; j < k; j++, t++) {
-            const int ix = x0 + j * d;
+#pragma unroll
+        for (int j = 0; j < k; j++) {
+            const int ix = x0 + j * d, t = i * k + j;
             const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
             const uint32_t bits = inside ? img[(iy * w + ix) * cw] : 0u;
             T *out = dst + ((int64_t)c0 * kk + t) * rows + r;
@@ -346,7 +350,8 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
         wbits, g, (int)(a.ld / 4), wsign);
     {
         const unsigned pb = (unsigned)((rows + 255) / 256);
-        conv_sign_cols<T><<<dim3(pb, (unsigned)bie_cuda_conv_cw(&g)), 256, 0, st>>>(a.signs, g, scols);
+        (g.k == 3 ? conv_sign_cols<T, 3> : conv_sign_cols<T, 0>)<<<dim3(pb, (unsigned)bie_cuda_conv_cw(&g)), 256, 0,
+                                                                     st>>>(a.signs, g, scols);
         conv_grad_rows<T><<<dim3(pb, (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
             static_cast<const T *>(a.grad_out), g, grows);
     }

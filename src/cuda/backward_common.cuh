@@ -31,11 +31,13 @@ void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int6
 // (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's
 // flat NCHW index): one thread per element, block (pixel block, planes); also kept in f32 (g)
 // for the reductions. 32-bit index math (the layers check the extents); UNIT: stride 1, where
-// a tap's output position needs no division.
-template <typename T, bool UNIT, class Mask>
+// a tap's output position needs no division. KF: the kernel size when fixed at compile time
+// (0: read from the shape); fixed, the tap loops unroll and every tap's load is in flight at
+// once (the sum keeps its order).
+template <typename T, bool UNIT, int KF, class Mask>
 __global__ void __launch_bounds__(256)
     conv_col2im_mask(const float *cols, Mask mask, bie_cuda_conv_shape g64, T *grad_x, float *g) {
-    const int C = (int)g64.c, k = (int)g64.k, kk = k * k, s = (int)g64.s;
+    const int C = (int)g64.c, k = KF ? KF : (int)g64.k, kk = k * k, s = (int)g64.s;
     const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
     const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
     const int pix = blockIdx.x * 256 + threadIdx.x;
@@ -45,11 +47,13 @@ __global__ void __launch_bounds__(256)
         const int n = nc / C, c = nc - n * C;
         const float *base = cols + (int64_t)c * kk * rows + (int64_t)n * oh * ow;
         float v = 0.0f;
+#pragma unroll
         for (int i = 0; i < k; i++) {
             const int ty = y + p - i * d;
             if (ty < 0 || (!UNIT && ty % s)) continue;
             const int oy = UNIT ? ty : ty / s;
             if (oy >= oh) continue;
+#pragma unroll
             for (int j = 0; j < k; j++) {
                 const int tx = x + p - j * d;
                 if (tx < 0 || (!UNIT && tx % s)) continue;
@@ -68,7 +72,8 @@ __global__ void __launch_bounds__(256)
 template <typename T, class Mask>
 void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_cuda_conv_shape &g, T *grad_x, float *gm) {
     const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
-    (g.s == 1 ? conv_col2im_mask<T, true, Mask> : conv_col2im_mask<T, false, Mask>)<<<grid, 256, 0, current_stream>>>(
-        cols, mask, g, grad_x, gm);
+    auto fn = g.k == 3 ? (g.s == 1 ? conv_col2im_mask<T, true, 3, Mask> : conv_col2im_mask<T, false, 3, Mask>)
+                       : (g.s == 1 ? conv_col2im_mask<T, true, 0, Mask> : conv_col2im_mask<T, false, 0, Mask>);
+    fn<<<grid, 256, 0, current_stream>>>(cols, mask, g, grad_x, gm);
 }
 }  // namespace bie_cuda

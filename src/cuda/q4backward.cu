@@ -110,10 +110,12 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
 
 // X [c k k][n oh ow]: the code under each tap of each output pixel, 0 outside the input.
 // Block (pixel block, channel): neighbouring threads write neighbouring pixels. 32-bit index
-// math (the layer checks the extents), no division per element.
-template <typename T>
-__global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, bie_cuda_conv_shape g64, T *dst) {
-    const int k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow;
+// math (the layer checks the extents), no division per element. KF: the kernel size fixed at
+// compile time (0: from the shape), so that the taps' loads unroll.
+template <typename T, int KF>
+__global__ void __launch_bounds__(256)
+    q4_conv_value_cols(const uint8_t *__restrict__ codes, bie_cuda_conv_shape g64, T *__restrict__ dst) {
+    const int k = KF ? KF : (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow;
     const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, d = (int)g64.d;
     const int r = blockIdx.x * 256 + threadIdx.x;
     if (r >= rows) return;
@@ -122,10 +124,12 @@ __global__ void __launch_bounds__(256) q4_conv_value_cols(const uint8_t *codes, 
     for (int c = blockIdx.y; c < (int)g64.c; c += gridDim.y) {
         const int64_t img = ((int64_t)n * g64.c + c) * h * w;
         T *out = dst + (int64_t)c * kk * rows + r;
-        for (int i = 0, t = 0; i < k; i++) {
+#pragma unroll
+        for (int i = 0; i < k; i++) {
             const int iy = y0 + i * d;
-            for (int j = 0; j < k; j++, t++) {
-                const int ix = x0 + j * d;
+#pragma unroll
+            for (int j = 0; j < k; j++) {
+                const int ix = x0 + j * d, t = i * k + j;
                 const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
                 const float v = inside ? (float)code_at(codes, img + iy * w + ix) : 0.0f;
                 out[(int64_t)t * rows] = from_f32<T>(v);
@@ -189,8 +193,8 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     values_of_codes<T><<<(unsigned)g.o, 256, 0, st>>>(a.wcodes, a.ld, K, wval);
-    q4_conv_value_cols<T><<<dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(g.c, 65535)), 256, 0, st>>>(
-        a.codes, g, xcols);
+    (g.k == 3 ? q4_conv_value_cols<T, 3> : q4_conv_value_cols<T, 0>)<<<
+        dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(g.c, 65535)), 256, 0, st>>>(a.codes, g, xcols);
     conv_grad_rows_any(a.dtype, a.grad_out, g, grows);
     // grad_w, row-major [o, K] = G [o, rows] @ X^T (X row-major [K, rows]) * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
