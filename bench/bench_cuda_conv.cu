@@ -142,6 +142,17 @@ struct Dnn {
     }
 };
 
+// Profile mode (BIE_BENCH_PROFILE set): ours only, a few launches, for a profiler. True when
+// it ran.
+template <class F, class G> static bool profile_only(const char *name, F fwd, G train) {
+    if (getenv("BIE_BENCH_PROFILE") == nullptr) return false;
+    for (int i = 0; i < 3; i++) fwd();
+    for (int i = 0; i < 3; i++) train();
+    CK(cudaDeviceSynchronize());
+    fprintf(stderr, "%s: profile mode (3 forwards, 3 training steps)\n", name);
+    return true;
+}
+
 static bie_tensor dev4(int64_t a, int64_t b, int64_t c, int64_t d) {
     int64_t shape[4] = {a, b, c, d};
     bie_tensor t;
@@ -167,31 +178,22 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     ok(bie_binary_conv2d_prepare_params(infer), "prepare");
     ok(bie_binary_conv2d_set_training(infer, false), "eval");
     ok(bie_binary_conv2d_generate_quantized_weight(infer, true), "pack");
-    const bool profile = getenv("BIE_BENCH_PROFILE") != nullptr;  // ours only, few launches
     // The default path (implicit GEMM) and the im2col path with the kernel select_gemm_kernel
     // picks.
     auto ours_fwd = [&] { ok(bie_binary_conv2d_forward(infer, &x, &y), "forward"); };
-    double f_im2col = 0;
-    int im2col_kernel = -1;
-    if (!profile) {
-        ok(bie_binary_conv2d_select_gemm_kernel(infer, &x), "select");
-        im2col_kernel = bie_binary_conv2d_gemm_kernel(infer);
-        f_im2col = time_it(ours_fwd, 20, 7);
-        ok(bie_binary_conv2d_set_gemm_kernel(infer, -1), "default kernel");
-    }
     auto ours_train = [&] {
         ok(bie_binary_conv2d_forward(train, &x, &y), "forward");
         ok(bie_binary_conv2d_backward(train, &gy, &gx), "backward");
     };
-    if (profile) {
-        for (int i = 0; i < 3; i++) ours_fwd();
-        for (int i = 0; i < 3; i++) ours_train();
-        CK(cudaDeviceSynchronize());
-        fprintf(stderr, "%s: profile mode (3 forwards, 3 training steps)\n", name);
+    if (profile_only(name, ours_fwd, ours_train)) {
         bie_binary_conv2d_free(train);
         bie_binary_conv2d_free(infer);
         return;
     }
+    ok(bie_binary_conv2d_select_gemm_kernel(infer, &x), "select");
+    const int im2col_kernel = bie_binary_conv2d_gemm_kernel(infer);
+    const double f_im2col = time_it(ours_fwd, 20, 7);
+    ok(bie_binary_conv2d_set_gemm_kernel(infer, -1), "default kernel");
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
     auto base_fwd = [&](Dnn &d) { return [&] { d.forward(x.data, w.data, y.data); }; };
     auto base_train = [&](Dnn &d) {
@@ -247,11 +249,7 @@ static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
         ok(bie_q4_conv2d_forward(train, &x, &y), "forward");
         ok(bie_q4_conv2d_backward(train, &gy, &gx), "backward");
     };
-    if (getenv("BIE_BENCH_PROFILE")) {  // ours only, few launches
-        for (int i = 0; i < 3; i++) ours_fwd();
-        for (int i = 0; i < 3; i++) ours_train();
-        CK(cudaDeviceSynchronize());
-        fprintf(stderr, "%s: profile mode (3 forwards, 3 training steps)\n", name);
+    if (profile_only(name, ours_fwd, ours_train)) {
         bie_q4_conv2d_free(train);
         bie_q4_conv2d_free(infer);
         return;

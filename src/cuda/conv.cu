@@ -346,22 +346,56 @@ __global__ void __launch_bounds__(2 * BN, 1)
             const bool ok = n0 + r < O;
             cp_async_n(smem_u32(sB + r * stride + c * 16), wbits + (int64_t)(ok ? n0 + r : 0) * ld + c * 16, 16, ok);
         }
+    }
+    // The weight columns' popcounts (a column per thread, THREADS = 2 BN), kept in a register
+    // until the first gather is under way.
+    int own_pcol = 0;
+    if (tid < BN && n0 + tid < O) {
         const int parts = (int)((ld + 1023) / 1024);
-        for (int i = tid; i < BN; i += THREADS) {
-            int sum = 0;
-            if (n0 + i < O)
-                for (int part = 0; part < parts; part++) sum += wpopc[(int64_t)(n0 + i) * parts + part];
-            sPcol[i] = sum;
-        }
+        for (int part = 0; part < parts; part++) own_pcol += wpopc[(int64_t)(n0 + tid) * parts + part];
     }
     // Zero tails of the pixel rows of both buffers (the gathers never write them).
     for (int i = tid; i < 2 * kConvBM * ((ldr - used) / 4); i += THREADS) {
         const int per = (ldr - used) / 4, r = i / per, q = i - r * per;
         *reinterpret_cast<uint32_t *>(sA + r * stride + used + q * 4) = 0u;
     }
+    // Gathers tile t into buffer buf: TPR threads per pixel row, each taking the row's taps
+    // part, part + TPR, ... (cw words each, in pieces of UNIT words).
+    const int dil = (int)g64.d, grow = tid / TPR, gpart = tid % TPR;
+    auto gather = [&](int t, int buf) {
+        const int row = t * kConvBM + grow;
+        const unsigned dst = smem_u32(sA + (buf * kConvBM + grow) * stride);
+        int n = 0, y0 = 0, x0 = 0;
+        const bool row_ok = row < rows;
+        if (row_ok) {
+            n = row / plane;
+            const int pix = row - n * plane, oy = pix / ow;
+            y0 = oy * (int)g64.s - (int)g64.p;
+            x0 = (pix - oy * ow) * (int)g64.s - (int)g64.p;
+        }
+        const uint32_t *img = signs + (int64_t)n * h * w * cw;
+        for (int tap = gpart; tap < kk; tap += TPR) {
+            const int ti = tap / k, iy = y0 + ti * dil, ix = x0 + (tap - ti * k) * dil;
+            const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
+            const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
+            const unsigned d = dst + tap * cw * 4;
+            for (int wd = 0; wd < cw; wd += UNIT) cp_async_n(d + wd * 4, src + (ok ? wd : 0), UNIT * 4, ok);
+        }
+    };
+    // Tile t's rows' padding classes and output offsets, into buffer buf (a thread per row).
+    auto row_info = [&](int t, int buf) {
+        if (tid >= kConvBM) return;
+        const int row = min(t * kConvBM + tid, rows - 1), n = row / plane, pix = row - n * plane, oy = pix / ow;
+        sRowCls[buf * kConvBM + tid] = sYcls[oy] + sXcls[pix - oy * ow];
+        sRowBase[buf * kConvBM + tid] = (long long)n * O * plane + pix;
+    };
+
     // Everything above reads only the weights, which the layer prepares before the input's
     // pack; the input's words and the corrections come from the kernels just before.
     pdl_wait();
+    if ((int)blockIdx.x < tiles) gather(blockIdx.x, 0);
+    cp_async_commit();
+    // While the first tile's rows arrive: the corrections, the class tables, the popcounts.
     for (int i = tid; i < classes * BN; i += THREADS) {
         const int cls = i / BN, col = n0 + i - cls * BN;
         sCorr[i] = ep.conv.corr && col < O ? ep.conv.corr[(int64_t)cls * O + col] : 0;
@@ -373,45 +407,15 @@ __global__ void __launch_bounds__(2 * BN, 1)
         if (i < oh) sYcls[i] = pc ? pc[i * ow] : 0;
         else sXcls[i - oh] = pc ? pc[i - oh] - pc[0] : 0;
     }
-    __syncthreads();  // the class tables, before the first gather reads them
-
-    // Gathers tile t into buffer buf: TPR threads per pixel row, each taking the row's taps
-    // part, part + TPR, ... (cw words each, in pieces of UNIT words); part 0 also notes the
-    // row's padding class and output offset.
-    const int dil = (int)g64.d, grow = tid / TPR, gpart = tid % TPR;
-    auto gather = [&](int t, int buf) {
-        const int row = t * kConvBM + grow;
-        const unsigned dst = smem_u32(sA + (buf * kConvBM + grow) * stride);
-        int n = 0, y0 = 0, x0 = 0, pix = 0, oy = 0;
-        const bool row_ok = row < rows;
-        if (row_ok) {
-            n = row / plane;
-            pix = row - n * plane;
-            oy = pix / ow;
-            y0 = oy * (int)g64.s - (int)g64.p;
-            x0 = (pix - oy * ow) * (int)g64.s - (int)g64.p;
-        }
-        if (gpart == 0) {
-            sRowCls[buf * kConvBM + grow] = sYcls[oy] + sXcls[pix - oy * ow];
-            sRowBase[buf * kConvBM + grow] = (long long)n * O * plane + pix;
-        }
-        const uint32_t *img = signs + (int64_t)n * h * w * cw;
-        for (int tap = gpart; tap < kk; tap += TPR) {
-            const int ti = tap / k, iy = y0 + ti * dil, ix = x0 + (tap - ti * k) * dil;
-            const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
-            const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
-            const unsigned d = dst + tap * cw * 4;
-            for (int wd = 0; wd < cw; wd += UNIT) cp_async_n(d + wd * 4, src + (ok ? wd : 0), UNIT * 4, ok);
-        }
-    };
+    if (tid < BN) sPcol[tid] = own_pcol;
+    __syncthreads();  // the class tables
+    row_info(blockIdx.x, 0);
 
     const float scale = ep.scale();
     const int K = C * kk;  // < 2^24
     const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
     const int cols = O - n0 < BN ? O - n0 : BN;
     int buf = 0;
-    if ((int)blockIdx.x < tiles) gather(blockIdx.x, 0);
-    cp_async_commit();
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, buf ^= 1) {
         if (t + (int)gridDim.x < tiles) gather(t + gridDim.x, buf ^ 1);
         cp_async_commit();
@@ -465,6 +469,7 @@ __global__ void __launch_bounds__(2 * BN, 1)
         const int pr = pairs ? 2 * (tid % (kConvBM / 2)) : tid % kConvBM;
         const long long base = sRowBase[buf * kConvBM + pr];
         __syncthreads();
+        if (t + (int)gridDim.x < tiles) row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
         // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane.
         const int row = t * kConvBM + pr;
         if (row < rows) {
