@@ -475,38 +475,7 @@ __global__ void __launch_bounds__(2 * BN, 1)
         if (row < rows) {
             const int per = pairs ? kConvBM / 2 : kConvBM, cstep = THREADS / per, cl0 = tid / per;
             const int64_t step = (int64_t)cstep * plane, first = base + (int64_t)(n0 + cl0) * plane;
-            const int *src = sC + pr;
-            if (pairs) {
-                if (ep.out_type == kOutF32) {
-                    float *o = static_cast<float *>(ep.out) + first;
-                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
-                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
-                        *reinterpret_cast<float2 *>(o) = make_float2((float)v.x * scale, (float)v.y * scale);
-                    }
-                } else if (ep.out_type == kOutBF16) {
-                    __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
-                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
-                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
-                        *reinterpret_cast<__nv_bfloat162 *>(o) = __floats2bfloat162_rn((float)v.x * scale, (float)v.y * scale);
-                    }
-                } else {
-                    __half *o = static_cast<__half *>(ep.out) + first;
-                    for (int cl = cl0; cl < cols; cl += cstep, o += step) {
-                        const int2 v = *reinterpret_cast<const int2 *>(src + cl * kConvCS);
-                        *reinterpret_cast<__half2 *>(o) = __floats2half2_rn((float)v.x * scale, (float)v.y * scale);
-                    }
-                }
-            } else if (ep.out_type == kOutF32) {
-                float *o = static_cast<float *>(ep.out) + first;
-                for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = (float)src[cl * kConvCS] * scale;
-            } else if (ep.out_type == kOutBF16) {
-                __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
-                for (int cl = cl0; cl < cols; cl += cstep, o += step)
-                    *o = __float2bfloat16((float)src[cl * kConvCS] * scale);
-            } else {
-                __half *o = static_cast<__half *>(ep.out) + first;
-                for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2half((float)src[cl * kConvCS] * scale);
-            }
+            store_tile_rows(ep, sC + pr, kConvCS, cl0, cstep, cols, first, step, pairs, scale);
         }
     }
     cp_async_wait<0>();
@@ -602,8 +571,7 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
     const bool wide = cw % 4 == 0;
     auto fn = bn == 128 ? (wide ? bconv_implicit<128, 4> : bconv_implicit<128, 1>)
                         : (wide ? bconv_implicit<64, 4> : bconv_implicit<64, 1>);
-    const size_t elem = which == kOutF32 ? 4 : 2;
-    const bool pairs = (g->oh * g->ow) % 2 == 0 && reinterpret_cast<uintptr_t>(out) % (2 * elem) == 0;
+    const bool pairs = conv_pairs_ok(g->oh * g->ow, out, which);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));

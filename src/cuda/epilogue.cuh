@@ -86,6 +86,54 @@ struct Epilogue {
     }
 };
 
+// The stores of a convolution tile of integer dot products kept channel-major in shared
+// memory (src[cl * rs] is channel cl of this thread's pixel row): channels cl0, cl0 + cstep,
+// ... < cols, to out + first, + step, ... (NCHW: step = cstep planes), times scale. With
+// pairs the thread stores its row and the next (src[cl * rs + 1]) as one two-element store:
+// the caller guarantees both pixels are in one plane and `first` is even (with out aligned
+// to two elements). Neighbouring threads take neighbouring pixels, so a warp's stores are
+// contiguous runs of a channel plane.
+__device__ __forceinline__ void store_tile_rows(const Epilogue &ep, const int *src, int rs, int cl0, int cstep,
+                                                int cols, int64_t first, int64_t step, bool pairs, float scale) {
+    if (pairs) {
+        if (ep.out_type == kOutF32) {
+            float *o = static_cast<float *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
+                *reinterpret_cast<float2 *>(o) = make_float2((float)v.x * scale, (float)v.y * scale);
+            }
+        } else if (ep.out_type == kOutBF16) {
+            __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
+                *reinterpret_cast<__nv_bfloat162 *>(o) = __floats2bfloat162_rn((float)v.x * scale, (float)v.y * scale);
+            }
+        } else {
+            __half *o = static_cast<__half *>(ep.out) + first;
+            for (int cl = cl0; cl < cols; cl += cstep, o += step) {
+                const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
+                *reinterpret_cast<__half2 *>(o) = __floats2half2_rn((float)v.x * scale, (float)v.y * scale);
+            }
+        }
+    } else if (ep.out_type == kOutF32) {
+        float *o = static_cast<float *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = (float)src[cl * rs] * scale;
+    } else if (ep.out_type == kOutBF16) {
+        __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2bfloat16((float)src[cl * rs] * scale);
+    } else {
+        __half *o = static_cast<__half *>(ep.out) + first;
+        for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2half((float)src[cl * rs] * scale);
+    }
+}
+
+// Whether a convolution's tile stores may pair neighbouring pixels: even planes (a pair
+// never straddles two images) and an output aligned to two elements.
+inline bool conv_pairs_ok(int64_t plane, const void *out, int out_type) {
+    const size_t elem = out_type == kOutF32 ? 4 : 2;
+    return plane % 2 == 0 && reinterpret_cast<uintptr_t>(out) % (2 * elem) == 0;
+}
+
 // The epilogue for a launcher's arguments (conv may be NULL: row-major output).
 inline Epilogue make_epilogue(int out_type, void *out, int64_t n, float scale, const float *scale_a,
                               const float *scale_w, const bie_cuda_conv_out *conv) {

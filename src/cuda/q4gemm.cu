@@ -90,6 +90,7 @@ struct ConvA {
     static constexpr bool kNchwTile = true;  // NCHW output through a shared-memory tile
     const uint8_t *codes;  // [n h w][cb]
     int cb, h, w, ow, plane, k, s, p, d;
+    bool pairs;  // the epilogue may store two neighbouring pixels at once (conv_pairs_ok)
     template <int N> struct State {
         const uint8_t *img[N];
         int y0[N], x0[N];
@@ -304,12 +305,12 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
     const int g = lane >> 2, t4 = lane & 3;
     if constexpr (AL::kNchwTile) {
         // Convolutions: the tile's dot products go through shared memory (the operand
-        // stages are free now), then each thread walks one pixel row of it THREADS / BM
-        // channels apart, so neighbouring threads store neighbouring pixels of a channel
-        // plane (contiguous NCHW stores instead of two values per plane per thread).
-        constexpr int CS = BN + 1;  // odd row stride: conflict-free row reads
-        static_assert((size_t)BM * CS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
-        static_assert(BM <= THREADS, "a thread per tile row at least");
+        // stages are free now), channel-major, then each thread walks one pixel row (or a
+        // pair of rows) of it, so neighbouring threads store neighbouring pixels of a
+        // channel plane (contiguous NCHW stores instead of two values per plane per thread).
+        constexpr int RS = BM + 4;  // ints per channel: conflict-free fragment writes and row reads
+        static_assert((size_t)BN * RS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
+        static_assert(BM <= THREADS && BM % 2 == 0, "a thread per tile row at least; whole pairs");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
@@ -321,29 +322,20 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                 for (int j = 0; j < NT; j++) {
                     const int cl = wn * WTN + j * 8 + 2 * t4;
                     const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                    sC[rl * CS + cl] = WIDE ? v0 : v0 >> 8;
-                    sC[rl * CS + cl + 1] = WIDE ? v1 : v1 >> 8;
+                    sC[cl * RS + rl] = WIDE ? v0 : v0 >> 8;
+                    sC[(cl + 1) * RS + rl] = WIDE ? v1 : v1 >> 8;
                 }
             }
         __syncthreads();
-        // THREADS / BM threads per row (the rest idle when BM does not divide THREADS).
-        constexpr int STEP = THREADS / BM;
-        const int r = tid % BM, row = bm0 + r;
-        if (row >= m || tid >= STEP * BM) return;
+        // THREADS / per threads per row or pair (the rest idle when per does not divide it).
+        const bool pairs = al.pairs;
+        const int per = pairs ? BM / 2 : BM, cstep = THREADS / per;
+        const int r = pairs ? 2 * (tid % per) : tid % per, row = bm0 + r;
+        if (row >= m || tid >= cstep * per) return;
         const int plane = (int)ep.conv.plane, nn = row / plane, pix = row - nn * plane;
-        const int cl0 = tid / BM, cols = n - bn0 < BN ? n - bn0 : BN;
-        const int64_t step = (int64_t)STEP * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
-        const int *src = sC + r * CS;
-        if (ep.out_type == kOutF32) {
-            float *o = static_cast<float *>(ep.out) + first;
-            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = (float)src[cl] * scale;
-        } else if (ep.out_type == kOutBF16) {
-            __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
-            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = __float2bfloat16((float)src[cl] * scale);
-        } else {
-            __half *o = static_cast<__half *>(ep.out) + first;
-            for (int cl = cl0; cl < cols; cl += STEP, o += step) *o = __float2half((float)src[cl] * scale);
-        }
+        const int cl0 = tid / per, cols = n - bn0 < BN ? n - bn0 : BN;
+        const int64_t step = (int64_t)cstep * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
+        store_tile_rows(ep, sC + r, RS, cl0, cstep, cols, first, step, pairs, scale);
     } else {
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -599,8 +591,8 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     const size_t smem = conv_smem(kern);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
-    const ConvA al = {codes, (int)cb, (int)g->h, (int)g->w, (int)g->ow, (int)(g->oh * g->ow),
-                      (int)g->k, (int)g->s, (int)g->p, (int)g->d};
+    const ConvA al = {codes,      (int)cb,    (int)g->h,  (int)g->w,  (int)g->ow, (int)(g->oh * g->ow),
+                      (int)g->k, (int)g->s, (int)g->p, (int)g->d, conv_pairs_ok(g->oh * g->ow, out, which)};
     auto fn = ld * 2 >= kWideK ? kern.wide : kern.narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
