@@ -407,15 +407,13 @@ constexpr int kConvBKB = 64;
 #define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, BKB, ST, MINB, PIPE)                                  \
     {BM, BN, BKB, ST, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>, \
      q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>}
+// The variants the default choice uses (others measured are listed there).
+enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3 };
 const Q4ConvKernel q4_conv_kernels[] = {
-    BIE_Q4_CONV_KERNEL(128, 128, 2, 2, 64, 4, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 2, 2, 64, 4, 3, true),
-    BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),  BIE_Q4_CONV_KERNEL(64, 128, 2, 2, 64, 4, 3, true),
-    BIE_Q4_CONV_KERNEL(128, 128, 2, 4, 64, 4, 1, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),
-    BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 2, 2, true),
-    BIE_Q4_CONV_KERNEL(96, 64, 2, 4, 128, 3, 2, true),  BIE_Q4_CONV_KERNEL(96, 64, 2, 2, 128, 3, 3, true),
-    BIE_Q4_CONV_KERNEL(192, 64, 4, 2, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(192, 64, 4, 2, 64, 4, 2, true),
-    BIE_Q4_CONV_KERNEL(96, 128, 2, 4, 128, 3, 2, true), BIE_Q4_CONV_KERNEL(192, 128, 4, 2, 128, 3, 1, true),
-    BIE_Q4_CONV_KERNEL(192, 128, 4, 2, 64, 4, 1, true),
+    BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),   // kConvSmall: small problems, more blocks
+    BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),   // kConvK64: padded channels % 128 != 0
+    BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true),  // kConvK128
+    BIE_Q4_CONV_KERNEL(96, 128, 2, 4, 128, 2, 2, true),  // kConvWave: fewer, larger tiles
 };
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
@@ -442,19 +440,21 @@ int conv_blocks_per_sm(const Q4ConvKernel &kern) {
 // in brackets): 128 x 64 with 8 warps and 128-byte k blocks, 392 tiles in 1.5 waves of 2
 // per SM, 40.5-43.7 [1]; 96 x 128, 262 tiles in one wave, 39.6 [0.83]. Others measured
 // there: 128 x 64 with 64-byte k blocks 41.7-42.7, 96 x 64 44.5, 192 x 64 44.1-49.5,
-// 192 x 128 39.7-41.3, 4 warps 45.4-49.6, 64 x 64 54.5, 128 x 128 57-59.
+// 192 x 128 39.7-41.3, 4 warps 45.4-49.6, 64 x 64 54.5, 128 x 128 57-59. Later, with
+// paired stores, 96 x 128 with two stages of k blocks (kConvWave) 37.2 / 37.3 against
+// three stages 39.5 / 39.0 and three unpipelined 38.5 / 40.7 in one run.
 int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         cudaGetLastError();
         sms = 1;
     }
-    if (((rows + 127) / 128) * ((o + 63) / 64) < sms) return 2;
+    if (((rows + 127) / 128) * ((o + 63) / 64) < sms) return kConvSmall;
     struct Candidate {
         int variant;
         double rate;
     };
-    const Candidate wide[] = {{6, 1.0}, {12, 0.83}}, narrow[] = {{5, 1.0}};
+    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}}, narrow[] = {{kConvK64, 1.0}};
     const Candidate *cand = cb % 128 == 0 ? wide : narrow;
     const int count = cb % 128 == 0 ? 2 : 1;
     int best = cand[0].variant;
