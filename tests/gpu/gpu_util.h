@@ -101,6 +101,63 @@ static inline int compare_exact(const char *what, const float *got, const float 
     return 1;
 }
 
+/* No CUDA device: says so (the caller returns TU_SKIP). */
+static inline int gpu_missing(void) {
+    if (bie_cuda_device_count() > 0) return 0;
+    printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
+    return 1;
+}
+
+/* Whether every element of a poisoned float device tensor still reads as NaN: the failed
+ * calls before it wrote nothing. */
+static inline int still_poisoned(const bie_tensor *d) {
+    const int64_t n = bie_tensor_numel(d);
+    float *o = tu_alloc((size_t)n * 4);
+    download_as(d, o);
+    int still = 1;
+    for (int64_t i = 0; i < n; i++) still &= isnan(o[i]) != 0;
+    free(o);
+    return still;
+}
+
+/* Values r / 64, |r| < 256: exact in bfloat16 and float16; some exact zeros. */
+static inline void fill_input(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;
+}
+
+/* A layer's forward (the same call serves its CPU and its GPU instance). */
+typedef bie_status (*tu_forward_fn)(void *layer, const bie_tensor *x, bie_tensor *out);
+
+/* The GPU layer's forward (into a poisoned device output of dtype dt) against the CPU
+ * layer's float32 forward (into a poisoned host output) rounded to dt, bit for bit. The
+ * output has ndim (2 or 4) dimensions `shape`. Returns whether they match. */
+static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shape, tu_forward_fn forward,
+                                     void *gpu, void *cpu, const bie_tensor *gx, const bie_tensor *cx,
+                                     const char *what) {
+    int64_t count = 1;
+    for (int d = 0; d < ndim; d++) count *= shape[d];
+    bie_tensor gout = device_empty(dt, count / shape[ndim - 1], shape[ndim - 1]);
+    gout.ndim = ndim;
+    for (int d = 0; d < ndim; d++) gout.shape[d] = shape[d];
+    poison_device(&gout);
+    float *cout = tu_alloc((size_t)count * 4), *got = tu_alloc((size_t)count * 4);
+    tu_poison(cout, count);
+    bie_tensor ch = ndim == 4 ? tu_view(cout, BIE_F32, 4, shape[0], shape[1], shape[2], shape[3])
+                              : tu_view(cout, BIE_F32, 2, shape[0], shape[1], 0, 0);
+    bie_status st = forward(gpu, gx, &gout);
+    CHECK(st == BIE_OK);
+    if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
+    CHECK_OK(forward(cpu, cx, &ch));
+    download_as(&gout, got);
+    for (int64_t i = 0; i < count; i++) cout[i] = round_to(dt, cout[i]);
+    const int same = compare_exact(what, got, cout, count);
+    CHECK(same);
+    bie_tensor_free(&gout);
+    free(cout);
+    free(got);
+    return same;
+}
+
 /* |got - ref| <= tol * max|ref| + 1e-6 everywhere. */
 static inline int compare_close(const char *what, const float *got, const float *ref, int64_t n, double tol) {
     double amax = 0;

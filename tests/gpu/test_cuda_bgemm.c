@@ -1,8 +1,8 @@
 /* The CUDA binary GEMM kernels against the CPU backend, bit for bit, on random packed rows
  * of many shapes (m = 1, odd k, n = 1, tails of every tile size), with garbage in the padding
  * bits and poisoned outputs. Reports itself skipped (77) without a GPU. */
-#include "../test_util.h"
 #include "bie_cuda.h"
+#include "gpu_util.h"
 
 static bie_tensor upload(const void *host, bie_dtype dt, int64_t count) {
     bie_tensor h = tu_view((void *)host, dt, 1, count, 0, 0, 0), d;
@@ -60,10 +60,7 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int64_t a_stride, int64
 int main(int argc, char **argv) {
     /* --small: a few small shapes, for runs under compute-sanitizer */
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-    if (bie_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
-        return TU_SKIP;
-    }
+    if (gpu_missing()) return TU_SKIP;
     tu_seed(77);
     kernel_ids[nkernels++] = -1;
     for (int i = 0; i < bie_kernel_count(); i++) {

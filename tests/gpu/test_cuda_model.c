@@ -388,10 +388,7 @@ static void test_bad_input(void) {
 
 int main(int argc, char **argv) {
     (void)argc, (void)argv; /* --small: the cases are small already */
-    if (bie_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
-        return TU_SKIP;
-    }
+    if (gpu_missing()) return TU_SKIP;
     test_move_round_trip();
     test_matches_cpu();
     test_training();

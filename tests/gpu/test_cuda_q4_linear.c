@@ -91,32 +91,16 @@ static void free_pair(pair *p) {
     bie_q4_linear_free(p->gpu);
 }
 
-/* x with values r / 64, |r| < 256: exact in bfloat16 and float16; some exact zeros. */
-static void fill_input(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;
+static bie_status linear_forward(void *l, const bie_tensor *x, bie_tensor *out) {
+    return bie_q4_linear_forward(l, x, out);
 }
 
 /* GPU forward (output poisoned first) vs the CPU's float32 forward rounded to the dtype. */
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m, const char *what) {
-    bie_tensor gout = device_empty(p->dt, m, p->n);
-    poison_device(&gout);
-    float *cout = tu_alloc((size_t)(m * p->n) * 4), *got = tu_alloc((size_t)(m * p->n) * 4);
-    tu_poison(cout, m * p->n);
-    bie_tensor ch = tu_view(cout, BIE_F32, 2, m, p->n, 0, 0);
-    bie_status st = bie_q4_linear_forward(p->gpu, gx, &gout);
-    CHECK(st == BIE_OK);
-    if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
-    CHECK_OK(bie_q4_linear_forward(p->cpu, cx, &ch));
-    download_as(&gout, got);
-    for (int64_t i = 0; i < m * p->n; i++) cout[i] = round_to(p->dt, cout[i]);
-    const int same = compare_exact(what, got, cout, m * p->n);
-    if (!same)
+    const int64_t shape[2] = {m, p->n};
+    if (!forward_matches_as(p->dt, 2, shape, linear_forward, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld)\n", bie_dtype_name(p->dt), (long long)m,
                 (long long)p->k, (long long)p->n);
-    CHECK(same);
-    bie_tensor_free(&gout);
-    free(cout);
-    free(got);
 }
 
 static void backward_matches(pair *p, int64_t m, int with_grad_x) {
@@ -334,11 +318,7 @@ static void bad_input(void) {
     CHECK(bie_q4_linear_create(&l, 4, 4, cuda, BIE_I8) == BIE_ERR_DTYPE && l == NULL);
     bie_device nodev = {BIE_DEVICE_CUDA, 999};
     CHECK(bie_q4_linear_create(&l, 4, 4, nodev, BIE_F32) == BIE_ERR_DEVICE && l == NULL);
-    float o[3 * 24];
-    download_as(&out, o);
-    int still = 1;
-    for (int i = 0; i < 3 * 24; i++) still &= isnan(o[i]);
-    CHECK(still); /* failed calls wrote nothing */
+    CHECK(still_poisoned(&out)); /* failed calls wrote nothing */
     bie_tensor_free(&gx);
     bie_tensor_free(&gx32);
     bie_tensor_free(&out);
@@ -353,10 +333,7 @@ static void bad_input(void) {
 
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-    if (bie_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
-        return TU_SKIP;
-    }
+    if (gpu_missing()) return TU_SKIP;
     static const int64_t shapes[][3] = {/* m, k, n */
                                         {1, 1, 1},       {1, 300, 77},    {3, 63, 5},     {16, 256, 8},
                                         {17, 257, 9},    {5, 1000, 300},  {64, 512, 64},  {33, 4099, 200},

@@ -5,8 +5,8 @@
  * a 4-bit layer uses: activation and weight packing (codes, clip bits and residuals against
  * the CPU layer's encoder), the user's nibble rows, and the launcher's device scales, bf16
  * output and convolution output. Reports itself skipped (77) without a GPU. */
-#include "../test_util.h"
 #include "bie_cuda.h"
+#include "gpu_util.h"
 #ifdef BIE_TEST_CUDA_INTERNALS
 #include "cuda/cuda_internal.h"
 #include "layers/q4_weight.h"
@@ -132,42 +132,6 @@ static void download(void *host, const bie_tensor *d) {
     CHECK_OK(bie_tensor_copy(&h, d));
 }
 
-/* float -> bfloat16 / half bits, round to nearest even (finite values), and back. */
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static float from_half(uint16_t h) {
-    const int e = (h >> 10) & 31, mant = h & 1023;
-    float v = e == 0 ? ldexpf((float)mant, -24) : e == 31 ? (mant ? NAN : INFINITY) : ldexpf((float)(mant | 1024), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-/* A half with the value nearest to f among those with 10 mantissa bits (test data only). */
-static uint16_t to_half(float f) {
-    uint16_t best = 0;
-    float err = INFINITY;
-    int e;
-    frexpf(f, &e);
-    for (int d = -1; d <= 1; d++) { /* candidates around f's exponent; the closest wins */
-        int ee = e - 1 + 15 + d;
-        if (ee < 1 || ee > 30) continue;
-        float m = ldexpf(fabsf(f), -(e - 1 + d)) * 1024.0f - 1024.0f;
-        int mi = (int)rintf(m);
-        if (mi < 0 || mi > 1023) continue;
-        uint16_t h = (uint16_t)((f < 0 ? 0x8000 : 0) | (ee << 10) | mi);
-        float de = fabsf(from_half(h) - f);
-        if (de < err) err = de, best = h;
-    }
-    return best;
-}
-
 /* Layout rows of ld bytes from int8 codes [rows, k]. */
 static uint8_t *layout_of(const int8_t *codes, int64_t rows, int64_t k, int64_t ld) {
     uint8_t *l = tu_alloc((size_t)(rows * ld));
@@ -275,11 +239,11 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
                 xv[i] = from_bf16(h);
             } else {
                 float v = isnan(x[i]) ? 0.0f : fabsf(x[i]) > 60000.0f ? copysignf(60000.0f, x[i]) : x[i];
-                uint16_t h = to_half(v);
+                uint16_t h = to_f16(v);
                 if (isnan(x[i])) h = 0x7e00;
                 if (isinf(x[i])) h = x[i] > 0 ? 0x7c00 : 0xfc00;
                 ((uint16_t *)xin)[i] = h;
-                xv[i] = from_half(h);
+                xv[i] = from_f16(h);
             }
         }
         bie_tensor dx = upload(xin, dtype, mk);
@@ -391,10 +355,7 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
 int main(int argc, char **argv) {
     /* --small: a few small shapes, for runs under compute-sanitizer */
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-    if (bie_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
-        return TU_SKIP;
-    }
+    if (gpu_missing()) return TU_SKIP;
     tu_seed(404);
     kernel_ids[nkernels++] = -1;
     for (int i = 0; i < bie_kernel_count(); i++) {

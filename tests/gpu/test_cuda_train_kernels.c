@@ -522,10 +522,7 @@ static void check_public_signflip(int64_t n) {
 int main(int argc, char **argv) {
     /* --small: a few small shapes, for runs under compute-sanitizer */
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
-    if (bie_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
-        return TU_SKIP;
-    }
+    if (gpu_missing()) return TU_SKIP;
     tu_seed(2024);
 #ifdef BIE_TEST_CUDA_INTERNALS
     const int64_t lin[][3] = {{1, 1, 1},    {1, 7, 3},     {2, 5, 1},      {3, 1, 4},      {17, 33, 9},
