@@ -82,17 +82,12 @@ void bie_bcc_free(bie_binary_conv2d *l) {
     l->cuda = NULL;
 }
 
-static bie_status weight_changed(bie_binary_conv2d *l, bie_status st) {
-    if (st == BIE_OK) l->has_saved = false;
-    return st;
-}
-
 bie_status bie_bcc_reset(bie_binary_conv2d *l, uint64_t seed) {
-    return weight_changed(l, bie_cbw_reset(&l->cuda->d, &l->w, seed));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_reset(&l->cuda->d, &l->w, seed));
 }
 
 bie_status bie_bcc_prepare(bie_binary_conv2d *l) {
-    return weight_changed(l, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_conv2d_prepare_params"));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_conv2d_prepare_params"));
 }
 
 bie_status bie_bcc_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
@@ -101,13 +96,13 @@ bie_status bie_bcc_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
     if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
         return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld, %lld, %lld]", who,
                         (long long)l->out_c, (long long)l->in_c, (long long)l->k, (long long)l->k);
-    return weight_changed(l, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
 }
 
 bie_status bie_bcc_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
     bie_status st = bie_cbw_generate_qweight(&l->cuda->d, &l->w, qweight_only,
                                              "binary_conv2d_generate_quantized_weight");
-    return qweight_only ? weight_changed(l, st) : st;
+    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
 }
 
 bie_status bie_bcc_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
@@ -141,30 +136,11 @@ bool bie_bcc_has_qweight(const bie_binary_conv2d *l) { return l->cuda->d.qweight
 
 /* ---------------------------------------------------------------- forward */
 
-/* A device tensor checked as the CPU checks a host one. */
-static bie_status on_device(const bie_binary_conv2d *l, const bie_tensor *t, const char *what,
-                            const char *who, bie_tensor *host) {
-    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
-    if (t->device.type != BIE_DEVICE_CUDA || t->device.index != l->device.index)
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
-                        what, l->device.index);
-    *host = *t;
-    host->device = bie_cpu();
-    return BIE_OK;
-}
-
 bie_status bie_bcc_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
     static const char *who = "binary_conv2d_check_forward";
     bie_tensor h;
-    BIE_TRY(on_device(l, x, "input", who, &h));
+    BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
     return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
-}
-
-static bie_status check_shape4(const bie_binary_conv2d *l, const bie_tensor *t, const int64_t *shape,
-                               const char *what, const char *who) {
-    bie_tensor h;
-    BIE_TRY(on_device(l, t, what, who, &h));
-    return bie_conv_check_shape4_as(&h, l->dtype, shape, what, who);
 }
 
 static bie_status ensure_scale_a(bie_binary_conv2d *l, const bie_tensor *x, const char *who) {
@@ -175,7 +151,7 @@ static bie_status ensure_scale_a(bie_binary_conv2d *l, const bie_tensor *x, cons
 bie_status bie_bcc_set_activation(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "binary_conv2d_set_activation";
     BIE_TRY(bie_bcc_check_forward(l, x));
-    if (x_out) BIE_TRY(check_shape4(l, x_out, x->shape, "output", who));
+    if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
@@ -311,7 +287,7 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     BIE_TRY(bie_bcc_check_forward(l, x));
     const bie_cuda_conv_shape g = shape_of(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
-    BIE_TRY(check_shape4(l, out, oshape, "output", who));
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
     if (!has_weight && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
@@ -370,8 +346,8 @@ bie_status bie_bcc_backward(bie_binary_conv2d *l, const bie_tensor *grad_out, bi
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_cuda_conv_shape g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
-    BIE_TRY(check_shape4(l, grad_out, gshape, "grad_out", who));
-    if (grad_x) BIE_TRY(check_shape4(l, grad_x, xshape, "grad_x", who));
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
+    if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
     const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || K > INT32_MAX || cells > ((int64_t)1 << 40))

@@ -81,44 +81,32 @@ void bie_blc_free(bie_binary_linear *l) {
     l->cuda = NULL;
 }
 
-/* Every weight change through the host invalidates what the forward saved. */
-static bie_status weight_changed(bie_binary_linear *l, bie_status st) {
-    if (st == BIE_OK) l->has_saved = false;
-    return st;
-}
-
 bie_status bie_blc_reset(bie_binary_linear *l, uint64_t seed) {
-    return weight_changed(l, bie_cbw_reset(&l->cuda->d, &l->w, seed));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_reset(&l->cuda->d, &l->w, seed));
 }
 
 bie_status bie_blc_prepare(bie_binary_linear *l) {
-    return weight_changed(l, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_linear_prepare_params"));
-}
-
-static bie_status check_device_rows(const bie_binary_linear *l, const bie_tensor *t, const char *what,
-                                    bie_dtype dtype, int64_t last, const bie_tensor *like,
-                                    const char *who) {
-    return bie_cbw_check_tensor(l->device.index, t, what, dtype, last, like, who);
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_linear_prepare_params"));
 }
 
 bie_status bie_blc_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
     static const char *who = "binary_linear_set_weight_data";
-    BIE_TRY(check_device_rows(l, w, "weight", l->dtype, l->in, NULL, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->in, NULL, who));
     if (w->ndim != 2 || w->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
                         (long long)l->in);
-    return weight_changed(l, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
 }
 
 bie_status bie_blc_generate_quantized_weight(bie_binary_linear *l, bool qweight_only) {
     bie_status st = bie_cbw_generate_qweight(&l->cuda->d, &l->w, qweight_only, "generate_quantized_weight");
-    return qweight_only ? weight_changed(l, st) : st;
+    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
 }
 
 bie_status bie_blc_set_quantized_weight_data(bie_binary_linear *l, const bie_tensor *q) {
     static const char *who = "binary_linear_set_quantized_weight_data";
     const int64_t words = bie_packed_words(l->in, l->w.word_bits);
-    BIE_TRY(check_device_rows(l, q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
     if (q->ndim != 2 || q->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out,
                         (long long)words);
@@ -155,13 +143,13 @@ bie_status bie_blc_check_forward(const bie_binary_linear *l, const bie_tensor *x
         if (x->dtype != bie_bw_word_dtype(l->w.word_bits))
             return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d", who,
                             bie_dtype_name(x->dtype), l->w.word_bits);
-        return check_device_rows(l, x, "packed input", x->dtype, bie_packed_words(l->in, l->w.word_bits),
-                                 NULL, who);
+        return bie_cbw_check_tensor(l->device.index, x, "packed input", x->dtype,
+                                    bie_packed_words(l->in, l->w.word_bits), NULL, who);
     }
     if (x->dtype != l->dtype)
         return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s differs from the layer's %s (or packed "
                         "words)", who, bie_dtype_name(x->dtype), bie_dtype_name(l->dtype));
-    return check_device_rows(l, x, "input", l->dtype, l->in, NULL, who);
+    return bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who);
 }
 
 /* Measure scale_a on x when it is still 0 (SPEC §2: factor * mean|x|, before the shift). */
@@ -172,8 +160,8 @@ static bie_status ensure_scale_a(bie_binary_linear *l, const bie_tensor *x, cons
 
 bie_status bie_blc_set_activation(bie_binary_linear *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "binary_linear_set_activation";
-    BIE_TRY(check_device_rows(l, x, "input", l->dtype, l->in, NULL, who));
-    if (x_out) BIE_TRY(check_device_rows(l, x_out, "output", l->dtype, l->in, x, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who));
+    if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     const int64_t m = bie_tensor_numel(x) / l->in;
@@ -236,7 +224,7 @@ bie_status bie_blc_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor
     static const char *who = "binary_linear_forward";
     struct bie_bl_cuda *c = l->cuda;
     BIE_TRY(bie_blc_check_forward(l, x));
-    BIE_TRY(check_device_rows(l, out, "output", l->dtype, l->out, x, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     const bool packed_input = x->dtype != l->dtype;
     const bool keep = l->training && !packed_input;
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
@@ -287,8 +275,8 @@ bie_status bie_blc_backward(bie_binary_linear *l, const bie_tensor *grad_out, bi
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
     memcpy(like.shape, l->saved_shape, sizeof like.shape);
-    BIE_TRY(check_device_rows(l, grad_out, "grad_out", l->dtype, l->out, &like, who));
-    if (grad_x) BIE_TRY(check_device_rows(l, grad_x, "grad_x", l->dtype, l->in, &like, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
+    if (grad_x) BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
     if (l->saved_m > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who,
                         (long long)l->saved_m);

@@ -7,6 +7,7 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
+#include "conv_common.h"
 
 /* ---------------------------------------------------------------- device memory */
 
@@ -202,14 +203,27 @@ bie_status bie_cbw_save_scales(bie_cuda_bw *d) {
                            d->module, "saved scales");
 }
 
-bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *what, bie_dtype dtype,
-                                int64_t last, const bie_tensor *like, const char *who) {
+bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who, bie_tensor *host) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
-    if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
     if (t->device.type != BIE_DEVICE_CUDA || t->device.index != device)
         return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
                         what, device);
-    bie_tensor host = *t;
-    host.device = bie_cpu();
+    *host = *t;
+    host->device = bie_cpu();
+    return BIE_OK;
+}
+
+bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *what, bie_dtype dtype,
+                                int64_t last, const bie_tensor *like, const char *who) {
+    if (t != NULL && t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    bie_tensor host;
+    BIE_TRY(bie_cbw_on_device(device, t, what, who, &host));
     return bie_check_rows_tensor(&host, what, dtype, last, like, who);
+}
+
+bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
+                                const char *what, const char *who) {
+    bie_tensor host;
+    BIE_TRY(bie_cbw_on_device(device, t, what, who, &host));
+    return bie_conv_check_shape4_as(&host, dtype, shape, what, who);
 }

@@ -71,6 +71,17 @@ bie_status bie_cbw_save_scales(bie_cuda_bw *d);
  * leading extents equal those of `like` (any when like is NULL). */
 bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *what, bie_dtype dtype,
                                 int64_t last, const bie_tensor *like, const char *who);
+/* t is a tensor on CUDA device `device`; *host is t viewed as a host tensor, for the CPU
+ * layers' shape and dtype checks (it must not be dereferenced). */
+bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who, bie_tensor *host);
+/* A 4-dimensional device tensor of `dtype` and `shape`, checked as the CPU checks a host one. */
+bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
+                                const char *what, const char *who);
+/* Every change of the weight through the host invalidates what the forward saved. */
+static inline bie_status bie_cbw_weight_changed(bool *has_saved, bie_status st) {
+    if (st == BIE_OK) *has_saved = false;
+    return st;
+}
 /* A view of device memory on device `device`. */
 bie_status bie_cbw_view(int device, bie_tensor *v, void *data, bie_dtype dt, int ndim,
                         const int64_t *shape);

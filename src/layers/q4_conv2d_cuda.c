@@ -77,49 +77,25 @@ void bie_q4cc_free(bie_q4_conv2d *l) {
     l->cuda = NULL;
 }
 
-static bie_status weight_changed(bie_q4_conv2d *l, bie_status st) {
-    if (st == BIE_OK) l->has_saved = false;
-    return st;
-}
-
 bie_status bie_q4cc_reset(bie_q4_conv2d *l, uint64_t seed) {
-    return weight_changed(l, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
 }
 
 bie_status bie_q4cc_prepare(bie_q4_conv2d *l) {
-    return weight_changed(l, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_conv2d_prepare_params"));
-}
-
-/* A device tensor checked as the CPU checks a host one. */
-static bie_status on_device(const bie_q4_conv2d *l, const bie_tensor *t, const char *what, const char *who,
-                            bie_tensor *host) {
-    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
-    if (t->device.type != BIE_DEVICE_CUDA || t->device.index != l->device.index)
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
-                        what, l->device.index);
-    *host = *t;
-    host->device = bie_cpu();
-    return BIE_OK;
-}
-
-static bie_status check_shape4(const bie_q4_conv2d *l, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
-                               const char *what, const char *who) {
-    bie_tensor h;
-    BIE_TRY(on_device(l, t, what, who, &h));
-    return bie_conv_check_shape4_as(&h, dtype, shape, what, who);
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_conv2d_prepare_params"));
 }
 
 bie_status bie_q4cc_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) {
     static const char *who = "q4_conv2d_set_weight_data";
     const int64_t shape[4] = {l->out_c, l->in_c, l->k, l->k};
-    BIE_TRY(check_shape4(l, w, l->dtype, shape, "weight", who));
-    return weight_changed(l, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, w, l->dtype, shape, "weight", who));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
 }
 
 bie_status bie_q4cc_generate_quantized_weight(bie_q4_conv2d *l, bool qweight_only) {
     bie_status st = bie_cq4w_generate_qweight(&l->cuda->d, &l->w, qweight_only,
                                               "q4_conv2d_generate_quantized_weight");
-    return qweight_only ? weight_changed(l, st) : st;
+    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
 }
 
 bie_status bie_q4cc_set_quantized_weight_data(bie_q4_conv2d *l, const bie_tensor *q) {
@@ -158,7 +134,7 @@ bie_status bie_q4cc_set_kernel(bie_q4_conv2d *l, int id) {
 bie_status bie_q4cc_check_forward(const bie_q4_conv2d *l, const bie_tensor *x) {
     static const char *who = "q4_conv2d_check_forward";
     bie_tensor h;
-    BIE_TRY(on_device(l, x, "input", who, &h));
+    BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
     return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
 }
 
@@ -169,7 +145,7 @@ static bie_status ensure_scale_a(bie_q4_conv2d *l, const bie_tensor *x, const ch
 bie_status bie_q4cc_set_activation(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "q4_conv2d_set_activation";
     BIE_TRY(bie_q4cc_check_forward(l, x));
-    if (x_out) BIE_TRY(check_shape4(l, x_out, l->dtype, x->shape, "output", who));
+    if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
@@ -295,7 +271,7 @@ bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *o
     BIE_TRY(bie_q4cc_check_forward(l, x));
     const bie_cuda_conv_shape g = shape_of(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
-    BIE_TRY(check_shape4(l, out, l->dtype, oshape, "output", who));
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t rows = g.n * g.oh * g.ow, n_in = bie_tensor_numel(x);
     int64_t cols_bytes;
@@ -334,8 +310,8 @@ bie_status bie_q4cc_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_t
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_cuda_conv_shape g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
-    BIE_TRY(check_shape4(l, grad_out, l->dtype, gshape, "grad_out", who));
-    if (grad_x) BIE_TRY(check_shape4(l, grad_x, l->dtype, xshape, "grad_x", who));
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
+    if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
     const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || cells > ((int64_t)1 << 40))

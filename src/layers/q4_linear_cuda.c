@@ -66,45 +66,33 @@ void bie_q4lc_free(bie_q4_linear *l) {
     l->cuda = NULL;
 }
 
-/* Every change of the weight through the host invalidates what the forward saved. */
-static bie_status weight_changed(bie_q4_linear *l, bie_status st) {
-    if (st == BIE_OK) l->has_saved = false;
-    return st;
-}
-
 bie_status bie_q4lc_reset(bie_q4_linear *l, uint64_t seed) {
-    return weight_changed(l, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
 }
 
 bie_status bie_q4lc_prepare(bie_q4_linear *l) {
-    return weight_changed(l, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_linear_prepare_params"));
-}
-
-static bie_status check_device_rows(const bie_q4_linear *l, const bie_tensor *t, const char *what,
-                                    bie_dtype dtype, int64_t last, const bie_tensor *like,
-                                    const char *who) {
-    return bie_cbw_check_tensor(l->device.index, t, what, dtype, last, like, who);
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_linear_prepare_params"));
 }
 
 bie_status bie_q4lc_set_weight_data(bie_q4_linear *l, const bie_tensor *w) {
     static const char *who = "q4_linear_set_weight_data";
-    BIE_TRY(check_device_rows(l, w, "weight", l->dtype, l->in, NULL, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->in, NULL, who));
     if (w->ndim != 2 || w->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
                         (long long)l->in);
-    return weight_changed(l, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
+    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
 }
 
 bie_status bie_q4lc_generate_quantized_weight(bie_q4_linear *l, bool qweight_only) {
     bie_status st = bie_cq4w_generate_qweight(&l->cuda->d, &l->w, qweight_only,
                                               "q4_linear_generate_quantized_weight");
-    return qweight_only ? weight_changed(l, st) : st;
+    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
 }
 
 bie_status bie_q4lc_set_quantized_weight_data(bie_q4_linear *l, const bie_tensor *q) {
     static const char *who = "q4_linear_set_quantized_weight_data";
     const int64_t rb = bie_nibble_row_bytes(l->in);
-    BIE_TRY(check_device_rows(l, q, "qweight", BIE_U8, rb, NULL, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", BIE_U8, rb, NULL, who));
     if (q->ndim != 2 || q->shape[0] != l->out)
         return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out, (long long)rb);
     return bie_cq4w_set_qweight(&l->cuda->d, &l->w, q, who);
@@ -143,7 +131,7 @@ bie_status bie_q4lc_check_forward(const bie_q4_linear *l, const bie_tensor *x) {
     if (x->dtype != l->dtype)
         return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s differs from the layer's %s", who,
                         bie_dtype_name(x->dtype), bie_dtype_name(l->dtype));
-    return check_device_rows(l, x, "input", l->dtype, l->in, NULL, who);
+    return bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who);
 }
 
 /* Measure scale_a on x when it is still 0 (SPEC §4: 2 mean|x| / 11.269, before the shift). */
@@ -154,7 +142,7 @@ static bie_status ensure_scale_a(bie_q4_linear *l, const bie_tensor *x, const ch
 bie_status bie_q4lc_set_activation(bie_q4_linear *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "q4_linear_set_activation";
     BIE_TRY(bie_q4lc_check_forward(l, x));
-    if (x_out) BIE_TRY(check_device_rows(l, x_out, "output", l->dtype, l->in, x, who));
+    if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     const int64_t m = bie_tensor_numel(x) / l->in;
@@ -210,7 +198,7 @@ bie_status bie_q4lc_forward(bie_q4_linear *l, const bie_tensor *x, bie_tensor *o
     static const char *who = "q4_linear_forward";
     struct bie_q4l_cuda *c = l->cuda;
     BIE_TRY(bie_q4lc_check_forward(l, x));
-    BIE_TRY(check_device_rows(l, out, "output", l->dtype, l->out, x, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t m = bie_tensor_numel(x) / l->in;
     int64_t bytes;
@@ -250,8 +238,8 @@ bie_status bie_q4lc_backward(bie_q4_linear *l, const bie_tensor *grad_out, bie_t
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
     memcpy(like.shape, l->saved_shape, sizeof like.shape);
-    BIE_TRY(check_device_rows(l, grad_out, "grad_out", l->dtype, l->out, &like, who));
-    if (grad_x) BIE_TRY(check_device_rows(l, grad_x, "grad_x", l->dtype, l->in, &like, who));
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
+    if (grad_x) BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_q4l_backward_args a = {
         .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->ld,
