@@ -18,6 +18,7 @@
 //    for products whose 256-fold sum could overflow.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 
 #include "bie_cuda.h"
@@ -419,8 +420,17 @@ constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
 size_t conv_smem(const Q4ConvKernel &kern) { return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16); }
 
-// Blocks of a variant that fit on one SM of the current device (0 when unknown).
-int conv_blocks_per_sm(const Q4ConvKernel &kern) {
+// Blocks of a variant that fit on one SM of the current device (0 when unknown), found once
+// per device (a forward asks for every candidate).
+int conv_blocks_per_sm(int variant) {
+    static std::atomic<int> known[16][kNumQ4Conv];  // blocks + 1; 0: not asked yet
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+    if (dev >= 0 && dev < 16) {
+        const int k = known[dev][variant].load(std::memory_order_relaxed);
+        if (k) return k - 1;
+    }
+    const Q4ConvKernel &kern = q4_conv_kernels[variant];
     const size_t smem = conv_smem(kern);
     int blocks = 0;
     if (smem > max_smem() ||
@@ -428,8 +438,9 @@ int conv_blocks_per_sm(const Q4ConvKernel &kern) {
                              (int)smem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads, smem) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        return 0;  // not cached: a later call may succeed
     }
+    if (dev >= 0 && dev < 16) known[dev][variant].store(blocks + 1, std::memory_order_relaxed);
     return blocks;
 }
 
@@ -461,7 +472,7 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     double best_cost = 0;
     for (int i = 0; i < count; i++) {
         const Q4ConvKernel &kern = q4_conv_kernels[cand[i].variant];
-        const int per_sm = conv_blocks_per_sm(kern);
+        const int per_sm = conv_blocks_per_sm(cand[i].variant);
         if (per_sm < 1) continue;
         const int64_t tiles = ((rows + kern.bm - 1) / kern.bm) * ((o + kern.bn - 1) / kern.bn);
         const int64_t waves = (tiles + (int64_t)sms * per_sm - 1) / ((int64_t)sms * per_sm);

@@ -200,6 +200,22 @@ struct Scratch {
     }
 };
 
+// Batch norm's per-channel reductions over n x inner elements (none: n = 0 with rows of 1, so
+// nothing divides by zero) and their scratch: the partial sums, then one result per channel.
+struct BnReduce {
+    ChannelShape g;
+    Scratch ws;
+    double2 *part = nullptr, *stat = nullptr;
+    bie_status init(int64_t n, int64_t c, int64_t inner, const char *what) {
+        g = inner > 0 ? ChannelShape{n, c, inner, 1} : ChannelShape{0, c, 1, 1};
+        g.splits = splits_for(n * inner, c);
+        BIE_CUDA_TRY(ws.get((size_t)(c * g.splits + c) * sizeof(double2), what));
+        part = static_cast<double2 *>(ws.p);
+        stat = part + c * g.splits;
+        return BIE_OK;
+    }
+};
+
 struct PreluSlopeTerm {
     const float *x, *dy;
     __device__ double2 operator()(int64_t at, int64_t) const {
@@ -498,13 +514,11 @@ bie_status bie_cuda_batchnorm_forward_train(const float *x, int64_t n, int64_t c
                                             float *xhat, float *invstd, float *batch_mean, float *batch_var) {
     if (c <= 0) return BIE_OK;
     const int64_t count = n * inner;
-    ChannelShape g = inner > 0 ? ChannelShape{n, c, inner, 1} : ChannelShape{0, c, 1, 1};
-    g.splits = splits_for(count, c);
-    Scratch ws;
-    BIE_CUDA_TRY(ws.get((size_t)(c * g.splits + c) * sizeof(double2), "batch norm forward (scratch)"));
-    double2 *part = static_cast<double2 *>(ws.p), *stat = part + c * g.splits;
-    channel_reduce(g, SumTerm{x}, StoreMean{stat, (double)count}, part);
-    channel_reduce(g, SquareTerm{x, stat}, StoreVar{stat, count, eps, invstd, batch_mean, batch_var}, part);
+    BnReduce r;
+    BIE_CUDA_TRY(r.init(n, c, inner, "batch norm forward (scratch)"));
+    double2 *stat = r.stat;
+    channel_reduce(r.g, SumTerm{x}, StoreMean{stat, (double)count}, r.part);
+    channel_reduce(r.g, SquareTerm{x, stat}, StoreVar{stat, count, eps, invstd, batch_mean, batch_var}, r.part);
     const int64_t total = count * c;
     if (total > 0)
         bn_normalise<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, c, inner, stat, gamma, beta, y, xhat);
@@ -534,12 +548,10 @@ bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, c
                                        float *dbeta) {
     if (c <= 0) return BIE_OK;
     const int64_t count = n * inner;
-    ChannelShape g = inner > 0 ? ChannelShape{n, c, inner, 1} : ChannelShape{0, c, 1, 1};
-    g.splits = splits_for(count, c);
-    Scratch ws;
-    BIE_CUDA_TRY(ws.get((size_t)(c * g.splits + c) * sizeof(double2), "batch norm backward (scratch)"));
-    double2 *part = static_cast<double2 *>(ws.p), *stat = part + c * g.splits;
-    channel_reduce(g, GradTerm{dy, xhat}, StoreGrad{stat, dgamma, dbeta}, part);
+    BnReduce r;
+    BIE_CUDA_TRY(r.init(n, c, inner, "batch norm backward (scratch)"));
+    double2 *stat = r.stat;
+    channel_reduce(r.g, GradTerm{dy, xhat}, StoreGrad{stat, dgamma, dbeta}, r.part);
     const int64_t total = count * c;
     if (dx && total > 0)
         bn_dx<<<grid_1d(total), kThreads, 0, current_stream>>>(xhat, invstd, dy, total, c, inner, count, stat, gamma,

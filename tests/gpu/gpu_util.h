@@ -120,6 +120,26 @@ static inline int still_poisoned(const bie_tensor *d) {
     return still;
 }
 
+/* Host copy of the bytes of a tensor on either device (the caller frees it). */
+static inline void *download_bytes(const bie_tensor *d) {
+    const size_t bytes = (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype);
+    void *p = tu_alloc(bytes ? bytes : 1);
+    bie_tensor h = *d;
+    h.data = p;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(&h, d));
+    return p;
+}
+
+/* Whether a device tensor holds exactly the bytes of `host` (as many as the tensor has). */
+static inline int device_bytes_match(const bie_tensor *d, const void *host) {
+    void *copy = download_bytes(d);
+    const int same = memcmp(copy, host, (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype)) == 0;
+    free(copy);
+    return same;
+}
+
 /* Values r / 64, |r| < 256: exact in bfloat16 and float16; some exact zeros. */
 static inline void fill_input(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;

@@ -70,18 +70,6 @@ static bie_model *new_model(uint64_t seed, bie_device where) {
     return m;
 }
 
-/* A host copy of a tensor on either device (caller frees). */
-static void *host_copy(const bie_tensor *t) {
-    const size_t bytes = (size_t)bie_tensor_numel(t) * bie_dtype_size(t->dtype);
-    void *h = tu_alloc(bytes ? bytes : 1);
-    bie_tensor v = *t;
-    v.data = h;
-    v.device = bie_cpu();
-    v.owns_data = false;
-    CHECK_OK(bie_tensor_copy(&v, t));
-    return h;
-}
-
 /* Every parameter of a and b has the same name, dtype, shape and bits. */
 static int same_params(bie_model *a, bie_model *b) {
     if (bie_model_param_count(a) != bie_model_param_count(b)) return 0;
@@ -91,7 +79,7 @@ static int same_params(bie_model *a, bie_model *b) {
         CHECK_OK(bie_model_param_get(a, i, &pa));
         CHECK_OK(bie_model_param_get(b, i, &pb));
         const size_t bytes = (size_t)bie_tensor_numel(&pa.value) * bie_dtype_size(pa.value.dtype);
-        void *ha = host_copy(&pa.value), *hb = host_copy(&pb.value);
+        void *ha = download_bytes(&pa.value), *hb = download_bytes(&pb.value);
         same = strcmp(pa.name, pb.name) == 0 && pa.value.dtype == pb.value.dtype &&
                ttu_same_shape(&pa.value, &pb.value) && memcmp(ha, hb, bytes) == 0;
         if (!same) fprintf(stderr, "parameter %s differs\n", pa.name);
@@ -107,7 +95,7 @@ static float *forward_copy(bie_model *m, const problem *p, int64_t *n) {
     CHECK_OK(bie_model_forward(m, &tx, &y));
     *n = bie_tensor_numel(&y);
     CHECK(y.device.type == bie_model_device(m).type);
-    return host_copy(&y);
+    return download_bytes(&y);
 }
 
 /* Outputs of the CPU and the CUDA model: equal up to float rounding, i.e. within 1e-4 of
@@ -174,7 +162,7 @@ static void test_matches_cpu(void) {
     dg.ndim = 2;
     CHECK_OK(bie_cuda_tensor_alloc(&ddx, BIE_F32, 4, p.shape, 0));
     CHECK_OK(bie_model_backward(gpu, &dg, &ddx));
-    float *dx_dev = host_copy(&ddx);
+    float *dx_dev = download_bytes(&ddx);
     CHECK(tu_same_bits(dx_dev, dx_host, nx));
     free(dx_dev);
 
@@ -186,7 +174,7 @@ static void test_matches_cpu(void) {
         CHECK_OK(bie_model_param_find(gpu, names[k], &b));
         CHECK(a.grad.data != NULL && b.grad.data != NULL && b.grad.device.type == BIE_DEVICE_CUDA);
         if (a.grad.data && b.grad.data) {
-            float *hb = host_copy(&b.grad);
+            float *hb = download_bytes(&b.grad);
             check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
             free(hb);
         }
@@ -206,7 +194,7 @@ static void test_matches_cpu(void) {
     dxin.ndim = 4;
     memcpy(dxin.shape, p.shape, sizeof p.shape);
     CHECK_OK(bie_model_forward(gpu, &dxin, &y));
-    float *yd = host_copy(&y);
+    float *yd = download_bytes(&y);
     CHECK(tu_same_bits(yd, yg, n));
     free(yd);
 
@@ -354,25 +342,25 @@ static void test_bad_input(void) {
     tu_fill(hw, nw, -1, 1);
     bie_tensor src = ttu_view(hw, 2, w.value.shape);
     CHECK_OK(bie_model_set_param(m, "15.weight", &src));
-    back = host_copy(&w.value);
+    back = download_bytes(&w.value);
     CHECK(tu_same_bits(back, hw, nw));
     free(back);
     hw[3] = NAN;
     bie_tensor dsrc = upload_as(BIE_F32, hw, w.value.shape[0], w.value.shape[1]);
     CHECK(bie_model_set_param(m, "15.weight", &dsrc) == BIE_ERR_NOT_FINITE);
-    back = host_copy(&w.value);
+    back = download_bytes(&w.value);
     CHECK(!isnan(back[3]));
     free(back);
     /* an int8 binary weight loaded from the device */
     bie_model_param bw;
     CHECK_OK(bie_model_param_find(m, "3.weight", &bw));
     CHECK(bw.value.dtype == BIE_I8 && bw.value.device.type == BIE_DEVICE_CUDA);
-    int8_t *q = host_copy(&bw.value);
+    int8_t *q = download_bytes(&bw.value);
     for (int64_t i = 0; i < bie_tensor_numel(&bw.value); i++) q[i] = (int8_t)(i % 2 ? -3 : 5);
     bie_tensor qs;
     CHECK_OK(bie_tensor_view(&qs, q, BIE_I8, bw.value.ndim, bw.value.shape));
     CHECK_OK(bie_model_set_param(m, "3.weight", &qs));
-    int8_t *q2 = host_copy(&bw.value);
+    int8_t *q2 = download_bytes(&bw.value);
     CHECK(memcmp(q, q2, (size_t)bie_tensor_numel(&bw.value)) == 0);
     free(q);
     free(q2);

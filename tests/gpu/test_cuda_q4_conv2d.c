@@ -199,13 +199,7 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     bie_tensor q, cq, v;
     CHECK_OK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
     CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
-    uint8_t *qh = tu_alloc((size_t)bie_tensor_numel(&q));
-    bie_tensor qhv = q;
-    qhv.data = qh;
-    qhv.device = bie_cpu();
-    CHECK_OK(bie_tensor_copy(&qhv, &q));
-    CHECK(memcmp(qh, cq.data, (size_t)bie_tensor_numel(&q)) == 0);
-    free(qh);
+    CHECK(device_bytes_match(&q, cq.data));
     CHECK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_WEIGHT, &v) == BIE_ERR_STATE);
     CHECK_OK(bie_q4_conv2d_opt_weight(p.gpu, &v));
     CHECK(v.data == q.data);

@@ -15,18 +15,6 @@ typedef struct pair {
     int64_t k, n;
 } pair;
 
-/* Host copy of a device tensor's bytes. */
-static void *download_bytes(const bie_tensor *d) {
-    size_t bytes = (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype);
-    void *p = tu_alloc(bytes);
-    bie_tensor h = *d;
-    h.data = p;
-    h.device = bie_cpu();
-    h.owns_data = false;
-    CHECK_OK(bie_tensor_copy(&h, d));
-    return p;
-}
-
 static float param_scalar(bie_q4_linear *l, bie_param which) {
     bie_tensor t;
     float v = NAN;
