@@ -6,16 +6,8 @@
 // row in byte j / 2 (even j in the low nibble, SPEC §1), zero past k; ld is a multiple of
 // BIE_CUDA_Q4_ROW_ALIGN, which every kernel's k block divides, so main loops have no k tail.
 //
-// Unpacking. A lane's ldmatrix word holds 8 codes c0..c7 (c0 in the low nibble). It becomes
-// two int8x4 fragment registers, the even codes (c0 c2 c4 c6) for the first k half of an mma
-// and the odd ones for the second; A and B are unpacked alike, so this permutation of k
-// leaves the dot product unchanged. Two ways:
-//  - narrow (k < 2^17): each code is left in the high nibble of its byte, i.e. the int8 value
-//    16 c with its sign for free: odd = w & 0xf0f0f0f0, even = (w << 4) & 0xf0f0f0f0, three
-//    instructions per word. The mma then sums 256 a.b; |a.b| <= 64 k < 2^23 keeps every
-//    partial sum inside int32, and the epilogue shifts the 8 bits back out, exactly.
-//  - wide (2^17 <= k <= 2^24): true sign extension of each nibble (a few more instructions),
-//    for products whose 256-fold sum could overflow.
+// Unpacking (q4_unpack.cuh): a lane's ldmatrix word of 8 codes becomes two int8x4 fragment
+// registers, the even codes for the first k half of an mma and the odd ones for the second.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -27,10 +19,23 @@
 #include "epilogue.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "q4_unpack.cuh"
 
 namespace bie_cuda {
 
 size_t max_smem();  // bgemm.cu
+// q4gemm_wgmma.cu (built for sm_90a when the architectures include 90)
+size_t q4gemm_wgmma_smem();
+bool q4gemm_wgmma_usable();
+bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
+                               const Epilogue &ep);
+#ifndef BIE_HAVE_WGMMA  // a build without sm_90a code has no such kernel in its table
+size_t q4gemm_wgmma_smem() { return 0; }
+bool q4gemm_wgmma_usable() { return false; }
+bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t, const Epilogue &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm: built without sm_90a code");
+}
+#endif
 
 // c += a . b over a 16x8x32 tile of signed bytes.
 __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -38,22 +43,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsi
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Codes of k at or above this take the wide unpacking (see the top of the file).
-constexpr int64_t kWideK = 1 << 17;
-
-template <bool WIDE>
-__device__ __forceinline__ void unpack(unsigned w, unsigned &even, unsigned &odd) {
-    if (WIDE) {
-        // Per byte: nibble x -> (x ^ 8) + 0x78 stays below 0x100 (no carry into the next
-        // byte); flipping bit 7 then leaves x - 16 [x >= 8], the sign-extended code.
-        even = (((w & 0x0f0f0f0fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u;
-        odd = ((((w >> 4) & 0x0f0f0f0fu) ^ 0x08080808u) + 0x78787878u) ^ 0x80808080u;
-    } else {
-        even = (w << 4) & 0xf0f0f0f0u;
-        odd = w & 0xf0f0f0f0u;
-    }
 }
 
 // Where a block's A rows come from. RowsA: rows of ld bytes (the GEMM). ConvA: an implicit
@@ -323,8 +312,8 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                 for (int j = 0; j < NT; j++) {
                     const int cl = wn * WTN + j * 8 + 2 * t4;
                     const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                    sC[cl * RS + rl] = WIDE ? v0 : v0 >> 8;
-                    sC[(cl + 1) * RS + rl] = WIDE ? v1 : v1 >> 8;
+                    sC[cl * RS + rl] = unpacked_dot<WIDE>(v0);
+                    sC[(cl + 1) * RS + rl] = unpacked_dot<WIDE>(v1);
                 }
             }
         __syncthreads();
@@ -349,7 +338,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                 for (int j = 0; j < NT; j++) {
                     const int col = bn0 + wn * WTN + j * 8 + 2 * t4;
                     const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                    const long long d0 = WIDE ? v0 : v0 >> 8, d1 = WIDE ? v1 : v1 >> 8;
+                    const long long d0 = unpacked_dot<WIDE>(v0), d1 = unpacked_dot<WIDE>(v1);
                     if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
                     else if (col < n) ep.store(orow, col, d0, scale);
                 }
@@ -364,7 +353,8 @@ struct Q4Kernel {
     const char *name;
     int bm, bn, bkb, stages, threads;
     int64_t preferred_max_m;
-    Q4KernelFn narrow, wide;
+    Q4KernelFn narrow, wide;  // NULL for the wgmma kernel (q4gemm_wgmma.cu)
+    bool wgmma;
 };
 
 // The wide path (rare k >= 2^17) always runs unpipelined: its longer unpacking would not
@@ -372,7 +362,7 @@ struct Q4Kernel {
 #define BIE_Q4_KERNEL(id, BM, BN, WM, WN, BKB, ST, MINB, PIPE, SUFFIX, MAXM)                   \
     {id, "cuda.mma_s8.q4gemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST SUFFIX, BM, BN, BKB, \
      ST, 32 * WM * WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,            \
-     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>}
+     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false}
 
 // Measured on the H100 at 8192^3: 205 ~820 TOPS, 202 ~800, 200 ~780-810,
 // 204 ~750; 2x4 warps of 64x32 and 256x128 tiles were slower (720-770) and were dropped.
@@ -383,18 +373,25 @@ const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, false, "", INT64_MAX),
     BIE_Q4_KERNEL(205, 128, 128, 2, 2, 64, 4, 2, true, "_pipe", INT64_MAX),
     BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, false, "", 16),
+#ifdef BIE_HAVE_WGMMA
+    {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL, true},
+#endif
 };
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 
 size_t q4_smem_bytes(const Q4Kernel &kern) {
+    if (kern.wgmma) return q4gemm_wgmma_smem();
     return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
 // Weight streaming shape (m <= 16): 16-row tiles. Small problems need more blocks than
-// 128x128 tiles give to fill the GPU. Otherwise the fastest measured at 4096^3 and 8192^3.
+// 128x128 tiles give to fill the GPU. Otherwise the fastest measured at 4096^3 and 8192^3:
+// the wgmma kernel where the device runs it, else 205.
 const Q4Kernel *q4_default_kernel(int64_t m, int64_t n) {
     if (m <= 16) return &q4_kernels[5];
-    return (m * n < (int64_t)4096 * 4096) ? &q4_kernels[1] : &q4_kernels[4];
+    if (m * n < (int64_t)4096 * 4096) return &q4_kernels[1];
+    const int w = bie_cuda_q4_kernel_index(210);
+    return w >= 0 && q4gemm_wgmma_usable() ? &q4_kernels[w] : &q4_kernels[4];
 }
 
 // Implicit 4-bit convolutions (ConvA rows): tile shapes and k blocks (a k block must not
@@ -499,11 +496,11 @@ void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info) {
     const Q4Kernel &kern = q4_kernels[index];
     info->id = kern.id;
     info->name = kern.name;
-    info->isa = "sm_80";
+    info->isa = kern.wgmma ? "sm_90a" : "sm_80";
     info->op = BIE_OP_Q4_GEMM;
     info->device = BIE_DEVICE_CUDA;
     info->preferred_max_m = kern.preferred_max_m;
-    info->available = bie_cuda_device_count() > 0;
+    info->available = bie_cuda_device_count() > 0 && (!kern.wgmma || q4gemm_wgmma_usable());
 }
 
 int bie_cuda_q4_kernel_index(int id) {
@@ -515,7 +512,7 @@ int bie_cuda_q4_kernel_index(int id) {
 bool bie_cuda_q4_kernel_fits(int id, int64_t k) {
     (void)k;  // the tiles stream k; shared memory does not depend on it
     const int idx = bie_cuda_q4_kernel_index(id);
-    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem();
+    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() && (!q4_kernels[idx].wgmma || q4gemm_wgmma_usable());
 }
 
 bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -539,6 +536,7 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs %zu bytes of shared memory", who,
                         kern->name, smem);
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
+    if (kern->wgmma) return q4gemm_wgmma_launch(m, n, k, a, b, ld, ep);
     const Q4KernelFn fn = k >= kWideK ? kern->wide : kern->narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),

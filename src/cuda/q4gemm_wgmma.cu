@@ -1,0 +1,269 @@
+// 4-bit GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): the same product as q4gemm.cu, at
+// the rate of the int8 wgmma instead of the warp-level mma.sync.
+//
+// A block computes a 128 x 256 output tile with two warpgroups (each 64 rows x all 256
+// columns, wgmma.m64n256k32.s32.s8.s8). Per k block of 128 codes (64 bytes per row):
+//  1. cp.async brings the block's A and B rows, still nibbles, into a ring of raw stages
+//     (KSTAGES deep, issued KSTAGES - 1 blocks ahead);
+//  2. every thread unpacks its share of the raw stage to int8 (q4_unpack.cuh: even codes,
+//     then odd codes of each 16-byte chunk, a permutation of k that A and B share) into one
+//     of two int8 tiles, laid out as wgmma reads them: 128-byte rows, 8-row groups of 1024
+//     bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle);
+//  3. after a proxy fence and a barrier, each warpgroup issues four wgmma (k 32 each) on
+//     that tile and goes on to unpack the next block while they run; before it writes an
+//     int8 tile again it waits for the wgmma that read it (wait_group 1, then the barrier).
+// The accumulators are the mma.sync fragment layout per warp (16 rows, 4 words per 8
+// columns), so the epilogue is the other kernels' (epilogue.cuh).
+//
+// The device code exists only in the sm_90a build of this file (the only architecture it is
+// compiled for); q4gemm_wgmma_usable() tells the host whether the current device runs it.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+#include "epilogue.cuh"
+#include "mma.cuh"
+#include "pdl.cuh"
+#include "q4_unpack.cuh"
+
+namespace bie_cuda {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kRows = kBM + kBN;
+constexpr int kBKB = 64;     // packed bytes per row per k block (128 codes)
+constexpr int kS8Row = 128;  // int8 bytes per row of an unpacked tile
+constexpr int KSTAGES = 4;
+constexpr int kThreads = 256;
+constexpr int kRawStage = kRows * kBKB, kS8Tile = kRows * kS8Row;
+// Chunks of 16 packed bytes per stage, per thread; the first kAChunks of a thread's are A rows.
+constexpr int kChunks = kRows * kBKB / 16 / kThreads, kAChunks = kBM * kBKB / 16 / kThreads;
+static_assert(kChunks * kThreads * 16 == kRawStage && kAChunks * kThreads * 16 == kBM * kBKB, "copy split");
+// The int8 tiles first (1024-byte aligned, as the swizzle wants), then the raw stages.
+constexpr size_t kSmem = 1024 + 2 * (size_t)kS8Tile + (size_t)KSTAGES * kRawStage;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory matrix descriptor: K-major rows of 128 bytes with the 128-byte swizzle,
+// 8-row groups 1024 bytes apart (stride offset); the leading offset is unused in this mode.
+__device__ __forceinline__ uint64_t smem_desc(unsigned addr) {
+    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes made visible to the wgmma (async proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator accesses across the asynchronous wgmma.
+__device__ __forceinline__ void fence_acc(int (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// d += a . b over 64 x 256 x 32 signed bytes, both operands in shared memory.
+__device__ __forceinline__ void wgmma_64x256x32(int (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p;\n"
+        "}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+          "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+          "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+          "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+          "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+          "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+          "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+          "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+          "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+        : "l"(a), "l"(b), "r"(1));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool WIDE>
+__global__ void __launch_bounds__(kThreads, 1)
+    q4gemm_wgmma(int m, int n, const uint8_t *__restrict__ A, const uint8_t *__restrict__ B, int64_t ld64,
+                 int tiles_m, int tiles_n, Epilogue ep) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t smem[];
+    const unsigned s8 = (smem_u32(smem) + 1023) & ~1023u, raw = s8 + 2 * kS8Tile;
+    const unsigned ld = (unsigned)ld64;  // <= 2^23 (k <= 2^24)
+    const int kblocks = (int)(ld / kBKB);
+    const int tid = threadIdx.x;
+    int tm, tn;
+    {
+        constexpr int G = 8;  // groups of 8 tile rows: blocks running together share A and B in L2
+        const int per_group = G * tiles_n, pid = blockIdx.x;
+        const int first = pid / per_group * G, size = min(tiles_m - first, G);
+        tm = first + (pid % per_group) % size;
+        tn = (pid % per_group) / size;
+    }
+    const int bm0 = tm * kBM, bn0 = tn * kBN;
+
+    // This thread's chunks: rows tid / 4 + 64 u of the stage (A rows, then B rows), bytes
+    // 16 q of them. Rows past m (n) are zero-filled from a valid address.
+    const int q = tid & 3, r0 = tid >> 2;
+    constexpr int kRowStep = kThreads / 4;
+    const uint8_t *src[kChunks];
+    bool ok[kChunks];
+#pragma unroll
+    for (int u = 0; u < kChunks; u++) {
+        const int r = r0 + u * kRowStep;
+        const bool is_a = u < kAChunks;
+        const int row = is_a ? bm0 + r : bn0 + r - kBM, lim = is_a ? m : n;
+        src[u] = (is_a ? A : B) + (size_t)(unsigned)min(row, lim - 1) * ld + 16 * q;
+        ok[u] = row < lim;
+    }
+    auto load = [&](int kb) {
+        const unsigned dst = raw + (kb % KSTAGES) * kRawStage + r0 * kBKB + 16 * q;
+#pragma unroll
+        for (int u = 0; u < kChunks; u++) cp_async16(dst + u * kRowStep * kBKB, src[u] + (size_t)kb * kBKB, ok[u]);
+    };
+    // Raw chunk q of a row -> int8 chunks 2q (even codes) and 2q + 1 (odd codes), swizzled.
+    const unsigned sw = (unsigned)(r0 & 7);
+    const unsigned even_ofs = r0 * kS8Row + ((2 * q) ^ sw) * 16, odd_ofs = r0 * kS8Row + ((2 * q + 1) ^ sw) * 16;
+    auto unpack_stage = [&](int kb) {
+        const unsigned from = raw + (kb % KSTAGES) * kRawStage + r0 * kBKB + 16 * q, to = s8 + (kb & 1) * kS8Tile;
+#pragma unroll
+        for (int u = 0; u < kChunks; u++) {
+            unsigned w[4], e[4], o[4];
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                         : "r"(from + u * kRowStep * kBKB));
+#pragma unroll
+            for (int i = 0; i < 4; i++) unpack<WIDE>(w[i], e[i], o[i]);
+            const unsigned row = to + u * kRowStep * kS8Row;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + even_ofs), "r"(e[0]), "r"(e[1]),
+                         "r"(e[2]), "r"(e[3]));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + odd_ofs), "r"(o[0]), "r"(o[1]),
+                         "r"(o[2]), "r"(o[3]));
+        }
+    };
+
+    int d[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) d[i] = 0;
+    const int wg = tid >> 7;
+    const unsigned a_tile = wg * 64 * kS8Row, b_tile = kBM * kS8Row;
+
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < KSTAGES - 1; s++) {
+        if (s < kblocks) load(s);
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < kblocks; kb++) {
+        cp_async_wait<KSTAGES - 2>();
+        __syncthreads();  // raw stage kb in; the int8 tile kb & 1 no longer read (wait below)
+        if (kb + KSTAGES - 1 < kblocks) load(kb + KSTAGES - 1);
+        cp_async_commit();
+        unpack_stage(kb);
+        fence_proxy_async();
+        __syncthreads();
+        const unsigned tile = s8 + (kb & 1) * kS8Tile;
+        fence_acc(d);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_64x256x32(d, smem_desc(tile + a_tile + 32 * s), smem_desc(tile + b_tile + 32 * s));
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(d);
+    }
+    wgmma_wait<0>();
+    fence_acc(d);
+    cp_async_wait<0>();
+
+    const float scale = ep.scale();
+    const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = bm0 + wg * 64 + ((tid >> 5) & 3) * 16 + g + 8 * h;
+        if (row >= m) continue;
+        const OutRow orow = ep.row(row);
+#pragma unroll
+        for (int j = 0; j < kBN / 8; j++) {
+            const int col = bn0 + j * 8 + 2 * t4;
+            const long long d0 = unpacked_dot<WIDE>(d[4 * j + 2 * h]), d1 = unpacked_dot<WIDE>(d[4 * j + 2 * h + 1]);
+            if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
+            else if (col < n) ep.store(orow, col, d0, scale);
+        }
+    }
+#else
+    (void)m, (void)n, (void)A, (void)B, (void)ld64, (void)tiles_m, (void)tiles_n, (void)ep;
+#endif
+}
+
+}  // namespace
+
+size_t max_smem();  // bgemm.cu
+
+size_t q4gemm_wgmma_smem() { return kSmem; }
+
+// Compute capability 9.0 exactly (the sm_90a instructions run nowhere else), cached per device.
+bool q4gemm_wgmma_usable() {
+    static std::atomic<int> known[16];  // 0 unknown, 1 no, 2 yes
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (dev >= 0 && dev < 16) {
+        const int k = known[dev].load(std::memory_order_relaxed);
+        if (k) return k == 2;
+    }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    const bool yes = major == 9 && minor == 0 && kSmem <= max_smem();
+    if (dev >= 0 && dev < 16) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
+    return yes;
+}
+
+// m x n outputs of the product of 4-bit rows a [m][ld] and b [n][ld] (ld a multiple of 64).
+bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
+                               const Epilogue &ep) {
+    static const char *who = "cuda 4-bit gemm (wgmma)";
+    if (!q4gemm_wgmma_usable())
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
+    const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
+    if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m, (long long)n);
+    if (ld % kBKB != 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
+    auto fn = k >= kWideK ? q4gemm_wgmma<true> : q4gemm_wgmma<false>;
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
+                       "cudaFuncSetAttribute"));
+    fn<<<(unsigned)(tiles_m * tiles_n), kThreads, kSmem, current_stream>>>((int)m, (int)n, a, b, ld, (int)tiles_m,
+                                                                          (int)tiles_n, ep);
+    return check(cudaGetLastError(), who);
+}
+
+}  // namespace bie_cuda
