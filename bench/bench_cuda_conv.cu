@@ -296,6 +296,8 @@ int main(int argc, char **argv) {
     if (wanted(argc, argv, "cuda_bconv_128_28")) conv_case(dnn, "cuda_bconv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
     if (wanted(argc, argv, "cuda_bconv_512_7")) conv_case(dnn, "cuda_bconv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
     if (wanted(argc, argv, "cuda_q4conv_256_14")) q4conv_case(dnn, "cuda_q4conv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_128_28")) q4conv_case(dnn, "cuda_q4conv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_512_7")) q4conv_case(dnn, "cuda_q4conv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
     cudnnDestroy(dnn);
     return 0;
 }

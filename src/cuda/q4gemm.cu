@@ -19,6 +19,7 @@
 #include "epilogue.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "q4_rows.cuh"
 #include "q4_unpack.cuh"
 
 namespace bie_cuda {
@@ -29,11 +30,16 @@ size_t q4gemm_wgmma_smem();
 bool q4gemm_wgmma_usable();
 bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
                                const Epilogue &ep);
+bie_status q4conv_wgmma_launch(int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
+                               const Epilogue &ep);
 #ifndef BIE_HAVE_WGMMA  // a build without sm_90a code has no such kernel in its table
 size_t q4gemm_wgmma_smem() { return 0; }
 bool q4gemm_wgmma_usable() { return false; }
 bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t, const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm: built without sm_90a code");
+}
+bie_status q4conv_wgmma_launch(int64_t, int64_t, const ConvA &, const uint8_t *, int64_t, const Epilogue &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit conv: built without sm_90a code");
 }
 #endif
 
@@ -44,80 +50,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsi
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// Where a block's A rows come from. RowsA: rows of ld bytes (the GEMM). ConvA: an implicit
-// convolution, row r = output pixel r (n, oy, ox), its k bytes the receptive field's taps
-// in [i, j] order, each tap `cb` bytes of NHWC codes of one input pixel (zero outside the
-// input; cb a multiple of the k block, so that a block's 16-byte chunks stay in one tap).
-// prepare() keeps per-row state for the rows a thread copies; next() steps the k block.
-struct RowsA {
-    static constexpr bool kNchwTile = false;  // the Epilogue's own row-major / NCHW stores
-    const uint8_t *a;
-    template <int N> struct State {
-        const uint8_t *row[N];
-        bool ok[N];
-        int kofs;
-    };
-    template <int N>
-    __device__ __forceinline__ void prepare(State<N> &s, int m, unsigned ld, int row0, int rowstep, int c16) const {
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            const int row = row0 + i * rowstep;
-            s.row[i] = a + (size_t)(unsigned)min(row, m - 1) * ld + c16;
-            s.ok[i] = row < m;
-        }
-        s.kofs = 0;
-    }
-    template <int N>
-    __device__ __forceinline__ const uint8_t *src(const State<N> &s, int i, bool &ok) const {
-        ok = s.ok[i];
-        return s.row[i] + s.kofs;
-    }
-    template <int N, int BKB> __device__ __forceinline__ void next(State<N> &s) const { s.kofs += BKB; }
-};
-
-struct ConvA {
-    static constexpr bool kNchwTile = true;  // NCHW output through a shared-memory tile
-    const uint8_t *codes;  // [n h w][cb]
-    int cb, h, w, ow, plane, k, s, p, d;
-    bool pairs;  // the epilogue may store two neighbouring pixels at once (conv_pairs_ok)
-    template <int N> struct State {
-        const uint8_t *img[N];
-        int y0[N], x0[N];
-        bool ok[N];
-        int ti, tj, cofs;  // the k block's tap and offset in it (with this thread's chunk)
-    };
-    template <int N>
-    __device__ __forceinline__ void prepare(State<N> &st, int m, unsigned, int row0, int rowstep, int c16) const {
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            const int row = row0 + i * rowstep, r = min(row, m - 1);
-            const int n = r / plane, pix = r - n * plane, oy = pix / ow;
-            st.img[i] = codes + (size_t)n * h * w * cb;
-            st.y0[i] = oy * s - p;
-            st.x0[i] = (pix - oy * ow) * s - p;
-            st.ok[i] = row < m;
-        }
-        st.ti = st.tj = 0;
-        st.cofs = c16;
-    }
-    template <int N>
-    __device__ __forceinline__ const uint8_t *src(const State<N> &st, int i, bool &ok) const {
-        const int iy = st.y0[i] + st.ti * d, ix = st.x0[i] + st.tj * d;
-        ok = st.ok[i] && iy >= 0 && iy < h && ix >= 0 && ix < w;
-        return ok ? st.img[i] + (size_t)(iy * w + ix) * cb + st.cofs : codes;
-    }
-    template <int N, int BKB> __device__ __forceinline__ void next(State<N> &st) const {
-        st.cofs += BKB;
-        if (st.cofs >= cb) {
-            st.cofs -= cb;
-            if (++st.tj == k) {
-                st.tj = 0;
-                st.ti++;
-            }
-        }
-    }
-};
 
 // BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
 // (BN / WARPS_N) sub-tile of 16x8 mma tiles; a STAGES-deep cp.async pipeline over k blocks of
@@ -300,7 +232,6 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
         // channel plane (contiguous NCHW stores instead of two values per plane per thread).
         constexpr int RS = BM + 4;  // ints per channel: conflict-free fragment writes and row reads
         static_assert((size_t)BN * RS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
-        static_assert(BM <= THREADS && BM % 2 == 0, "a thread per tile row at least; whole pairs");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
@@ -317,15 +248,7 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                 }
             }
         __syncthreads();
-        // THREADS / per threads per row or pair (the rest idle when per does not divide it).
-        const bool pairs = al.pairs;
-        const int per = pairs ? BM / 2 : BM, cstep = THREADS / per;
-        const int r = pairs ? 2 * (tid % per) : tid % per, row = bm0 + r;
-        if (row >= m || tid >= cstep * per) return;
-        const int plane = (int)ep.conv.plane, nn = row / plane, pix = row - nn * plane;
-        const int cl0 = tid / per, cols = n - bn0 < BN ? n - bn0 : BN;
-        const int64_t step = (int64_t)cstep * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
-        store_tile_rows(ep, sC + r, RS, cl0, cstep, cols, first, step, pairs, scale);
+        conv_tile_out<BM, THREADS>(ep, sC, RS, m, n, bm0, bn0, BN, al.pairs, scale, tid);
     } else {
 #pragma unroll
         for (int i = 0; i < MT; i++)
@@ -364,8 +287,9 @@ struct Q4Kernel {
      ST, 32 * WM * WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,            \
      q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false}
 
-// Measured on the H100 at 8192^3: 205 ~820 TOPS, 202 ~800, 200 ~780-810,
-// 204 ~750; 2x4 warps of 64x32 and 256x128 tiles were slower (720-770) and were dropped.
+// Measured on the H100 at 8192^3: 210 (wgmma, q4gemm_wgmma.cu) 1,076-1,098 TOPS, 205 ~820,
+// 202 ~800, 200 ~780-810, 204 ~750; 2x4 warps of 64x32 and 256x128 tiles were slower
+// (720-770) and were dropped.
 const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(200, 128, 128, 2, 2, 128, 3, 2, false, "", INT64_MAX),
     BIE_Q4_KERNEL(201, 64, 64, 2, 2, 64, 4, 4, false, "", INT64_MAX),
@@ -400,22 +324,26 @@ struct Q4ConvKernel {
     int bm, bn, bkb, stages, threads;
     void (*narrow)(int, int, ConvA, const uint8_t *, int64_t, int, int, Epilogue);
     void (*wide)(int, int, ConvA, const uint8_t *, int64_t, int, int, Epilogue);
+    bool wgmma;  // q4gemm_wgmma.cu's kernel (narrow and wide NULL)
 };
 constexpr int kConvBKB = 64;
 #define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, BKB, ST, MINB, PIPE)                                  \
     {BM, BN, BKB, ST, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>, \
-     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>}
+     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>, false}
 // The variants the default choice uses (others measured are listed there).
-enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3 };
+enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3, kConvWgmma = 4 };
 const Q4ConvKernel q4_conv_kernels[] = {
     BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),   // kConvSmall: small problems, more blocks
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),   // kConvK64: padded channels % 128 != 0
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true),  // kConvK128
     BIE_Q4_CONV_KERNEL(96, 128, 2, 4, 128, 2, 2, true),  // kConvWave: fewer, larger tiles
+    {128, 256, 64, 4, 256, NULL, NULL, true},            // kConvWgmma (compute capability 9.0)
 };
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
-size_t conv_smem(const Q4ConvKernel &kern) { return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16); }
+size_t conv_smem(const Q4ConvKernel &kern) {
+    return kern.wgmma ? q4gemm_wgmma_smem() : (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+}
 
 // Blocks of a variant that fit on one SM of the current device (0 when unknown), found once
 // per device (a forward asks for every candidate).
@@ -428,6 +356,7 @@ int conv_blocks_per_sm(int variant) {
         if (k) return k - 1;
     }
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
+    if (kern.wgmma) return q4gemm_wgmma_usable() ? 1 : 0;
     const size_t smem = conv_smem(kern);
     int blocks = 0;
     if (smem > max_smem() ||
@@ -450,7 +379,10 @@ int conv_blocks_per_sm(int variant) {
 // there: 128 x 64 with 64-byte k blocks 41.7-42.7, 96 x 64 44.5, 192 x 64 44.1-49.5,
 // 192 x 128 39.7-41.3, 4 warps 45.4-49.6, 64 x 64 54.5, 128 x 128 57-59. Later, with
 // paired stores, 96 x 128 with two stages of k blocks (kConvWave) 37.2 / 37.3 against
-// three stages 39.5 / 39.0 and three unpipelined 38.5 / 40.7 in one run.
+// three stages 39.5 / 39.0 and three unpipelined 38.5 / 40.7 in one run. The wgmma tiles
+// (128 x 256, one per SM, compute capability 9.0 only) [2.5]: 33.4 against kConvWave's 38.9
+// in one run; slower where they are few or half empty (512 -> 512 at 7x7: 50 tiles, 50.3 vs
+// 44.6; 128 -> 128 at 28x28: 54.4 vs 48.3), which the rate keeps them from.
 int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -462,9 +394,10 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
         int variant;
         double rate;
     };
-    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}}, narrow[] = {{kConvK64, 1.0}};
+    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}, {kConvWgmma, 2.5}},
+                    narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}};
     const Candidate *cand = cb % 128 == 0 ? wide : narrow;
-    const int count = cb % 128 == 0 ? 2 : 1;
+    const int count = cb % 128 == 0 ? 3 : 2;
     int best = cand[0].variant;
     double best_cost = 0;
     for (int i = 0; i < count; i++) {
@@ -602,6 +535,7 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
     const ConvA al = {codes,      (int)cb,    (int)g->h,  (int)g->w,  (int)g->ow, (int)(g->oh * g->ow),
                       (int)g->k, (int)g->s, (int)g->p, (int)g->d, conv_pairs_ok(g->oh * g->ow, out, which)};
+    if (kern.wgmma) return q4conv_wgmma_launch(rows, g->o, al, wtaps, ld, ep);
     auto fn = ld * 2 >= kWideK ? kern.wide : kern.narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
