@@ -21,27 +21,10 @@
 #include "pdl.cuh"
 #include "q4_rows.cuh"
 #include "q4_unpack.cuh"
+#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
 
-size_t max_smem();  // bgemm.cu
-// q4gemm_wgmma.cu (built for sm_90a when the architectures include 90)
-size_t q4gemm_wgmma_smem();
-bool q4gemm_wgmma_usable();
-bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep);
-bie_status q4conv_wgmma_launch(int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep);
-#ifndef BIE_HAVE_WGMMA  // a build without sm_90a code has no such kernel in its table
-size_t q4gemm_wgmma_smem() { return 0; }
-bool q4gemm_wgmma_usable() { return false; }
-bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t, const Epilogue &) {
-    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm: built without sm_90a code");
-}
-bie_status q4conv_wgmma_launch(int64_t, int64_t, const ConvA &, const uint8_t *, int64_t, const Epilogue &) {
-    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit conv: built without sm_90a code");
-}
-#endif
 
 // c += a . b over a 16x8x32 tile of signed bytes.
 __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -297,9 +280,7 @@ const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, false, "", INT64_MAX),
     BIE_Q4_KERNEL(205, 128, 128, 2, 2, 64, 4, 2, true, "_pipe", INT64_MAX),
     BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, false, "", 16),
-#ifdef BIE_HAVE_WGMMA
     {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL, true},
-#endif
 };
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 
@@ -315,7 +296,7 @@ const Q4Kernel *q4_default_kernel(int64_t m, int64_t n) {
     if (m <= 16) return &q4_kernels[5];
     if (m * n < (int64_t)4096 * 4096) return &q4_kernels[1];
     const int w = bie_cuda_q4_kernel_index(210);
-    return w >= 0 && q4gemm_wgmma_usable() ? &q4_kernels[w] : &q4_kernels[4];
+    return w >= 0 && bie_cuda_q4_kernel_fits(210, 0) ? &q4_kernels[w] : &q4_kernels[4];
 }
 
 // Implicit 4-bit convolutions (ConvA rows): tile shapes and k blocks (a k block must not
@@ -356,7 +337,7 @@ int conv_blocks_per_sm(int variant) {
         if (k) return k - 1;
     }
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
-    if (kern.wgmma) return q4gemm_wgmma_usable() ? 1 : 0;
+    if (kern.wgmma) return wgmma_usable() && conv_smem(kern) <= max_smem() ? 1 : 0;
     const size_t smem = conv_smem(kern);
     int blocks = 0;
     if (smem > max_smem() ||
@@ -433,7 +414,7 @@ void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info) {
     info->op = BIE_OP_Q4_GEMM;
     info->device = BIE_DEVICE_CUDA;
     info->preferred_max_m = kern.preferred_max_m;
-    info->available = bie_cuda_device_count() > 0 && (!kern.wgmma || q4gemm_wgmma_usable());
+    info->available = bie_cuda_device_count() > 0 && (!kern.wgmma || wgmma_usable());
 }
 
 int bie_cuda_q4_kernel_index(int id) {
@@ -445,7 +426,7 @@ int bie_cuda_q4_kernel_index(int id) {
 bool bie_cuda_q4_kernel_fits(int id, int64_t k) {
     (void)k;  // the tiles stream k; shared memory does not depend on it
     const int idx = bie_cuda_q4_kernel_index(id);
-    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() && (!q4_kernels[idx].wgmma || q4gemm_wgmma_usable());
+    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() && (!q4_kernels[idx].wgmma || wgmma_usable());
 }
 
 bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,

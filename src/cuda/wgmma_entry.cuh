@@ -1,0 +1,28 @@
+// The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu: Hopper's
+// warpgroup MMA), for the launchers that choose them. A build whose architectures do not
+// include 90 lacks that file; wgmma_stubs.cu then answers that the device cannot run them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda_internal.h"
+#include "epilogue.cuh"
+#include "q4_rows.cuh"
+
+namespace bie_cuda {
+
+size_t max_smem();  // bgemm.cu
+
+// Whether the current device runs the sm_90a kernels (compute capability 9.0), cached per
+// device.
+bool wgmma_usable();
+
+// 4-bit: the product of rows a [m][ld] and b [n][ld] (ld a multiple of 64), and the implicit
+// convolution of ConvA rows with weight taps b [o][ld]; its shared memory per block.
+size_t q4gemm_wgmma_smem();
+bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
+                               const Epilogue &ep);
+bie_status q4conv_wgmma_launch(int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
+                               const Epilogue &ep);
+
+}  // namespace bie_cuda

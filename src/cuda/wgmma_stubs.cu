@@ -1,0 +1,17 @@
+// The sm_90a entry points (wgmma_entry.cuh) in a build without sm_90a code: no device runs
+// them, and the launchers never choose them.
+#include "cuda_common.cuh"
+#include "wgmma_entry.cuh"
+
+namespace bie_cuda {
+
+bool wgmma_usable() { return false; }
+size_t q4gemm_wgmma_smem() { return 0; }
+bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t, const Epilogue &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm: built without sm_90a code");
+}
+bie_status q4conv_wgmma_launch(int64_t, int64_t, const ConvA &, const uint8_t *, int64_t, const Epilogue &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit conv: built without sm_90a code");
+}
+
+}  // namespace bie_cuda
