@@ -285,7 +285,7 @@ const Q4Kernel q4_kernels[] = {
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 
 size_t q4_smem_bytes(const Q4Kernel &kern) {
-    if (kern.wgmma) return q4gemm_wgmma_smem();
+    if (kern.wgmma) return q4gemm_wgmma_smem(256);
     return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
@@ -312,18 +312,19 @@ constexpr int kConvBKB = 64;
     {BM, BN, BKB, ST, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>, \
      q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>, false}
 // The variants the default choice uses (others measured are listed there).
-enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3, kConvWgmma = 4 };
+enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3, kConvWgmma = 4, kConvWgmma128 = 5 };
 const Q4ConvKernel q4_conv_kernels[] = {
     BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),   // kConvSmall: small problems, more blocks
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),   // kConvK64: padded channels % 128 != 0
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 128, 3, 2, true),  // kConvK128
     BIE_Q4_CONV_KERNEL(96, 128, 2, 4, 128, 2, 2, true),  // kConvWave: fewer, larger tiles
     {128, 256, 64, 4, 256, NULL, NULL, true},            // kConvWgmma (compute capability 9.0)
+    {128, 128, 64, 4, 256, NULL, NULL, true},            // kConvWgmma128 (compute capability 9.0)
 };
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
 size_t conv_smem(const Q4ConvKernel &kern) {
-    return kern.wgmma ? q4gemm_wgmma_smem() : (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+    return kern.wgmma ? q4gemm_wgmma_smem(kern.bn) : (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
 // Blocks of a variant that fit on one SM of the current device (0 when unknown), found once
@@ -337,13 +338,15 @@ int conv_blocks_per_sm(int variant) {
         if (k) return k - 1;
     }
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
-    if (kern.wgmma) return wgmma_usable() && conv_smem(kern) <= max_smem() ? 1 : 0;
     const size_t smem = conv_smem(kern);
     int blocks = 0;
-    if (smem > max_smem() ||
-        cudaFuncSetAttribute(reinterpret_cast<const void *>(kern.narrow), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads, smem) != cudaSuccess) {
+    if (kern.wgmma) {
+        blocks = q4conv_wgmma_blocks_per_sm(kern.bn);
+        if (blocks == 0) return 0;
+    } else if (smem > max_smem() ||
+               cudaFuncSetAttribute(reinterpret_cast<const void *>(kern.narrow),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+               cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads, smem) != cudaSuccess) {
         cudaGetLastError();
         return 0;  // not cached: a later call may succeed
     }
@@ -363,7 +366,10 @@ int conv_blocks_per_sm(int variant) {
 // three stages 39.5 / 39.0 and three unpipelined 38.5 / 40.7 in one run. The wgmma tiles
 // (128 x 256, one per SM, compute capability 9.0 only) [2.5]: 33.4 against kConvWave's 38.9
 // in one run; slower where they are few or half empty (512 -> 512 at 7x7: 50 tiles, 50.3 vs
-// 44.6; 128 -> 128 at 28x28: 54.4 vs 48.3), which the rate keeps them from.
+// 44.6; 128 -> 128 at 28x28: 54.4 vs 48.3), which the rate keeps them from. The 128 x 128
+// wgmma tiles (two blocks per SM) [1.2]: 128 -> 128 at 28x28 43.5 against kConvWave's 49.2,
+// 256 -> 256 at 14x14 36.6 against the 128 x 256 tiles' 33.1, 512 at 7x7 55.9 against
+// kConvK128's 45.3, in one run.
 int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -375,10 +381,10 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
         int variant;
         double rate;
     };
-    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}, {kConvWgmma, 2.5}},
-                    narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}};
+    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.2}},
+                    narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.2}};
     const Candidate *cand = cb % 128 == 0 ? wide : narrow;
-    const int count = cb % 128 == 0 ? 3 : 2;
+    const int count = cb % 128 == 0 ? 4 : 3;
     int best = cand[0].variant;
     double best_cost = 0;
     for (int i = 0; i < count; i++) {
@@ -516,7 +522,7 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
     const ConvA al = {codes,      (int)cb,    (int)g->h,  (int)g->w,  (int)g->ow, (int)(g->oh * g->ow),
                       (int)g->k, (int)g->s, (int)g->p, (int)g->d, conv_pairs_ok(g->oh * g->ow, out, which)};
-    if (kern.wgmma) return q4conv_wgmma_launch(rows, g->o, al, wtaps, ld, ep);
+    if (kern.wgmma) return q4conv_wgmma_launch(kern.bn, rows, g->o, al, wtaps, ld, ep);
     auto fn = ld * 2 >= kWideK ? kern.wide : kern.narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),

@@ -3,7 +3,8 @@
 // the warp-level mma.sync.
 //
 // A block computes a 128 x 256 output tile with two warpgroups (each 64 rows x all 256
-// columns, wgmma.m64n256k32.s32.s8.s8, A from registers, B from shared memory). Per k block
+// columns, wgmma.m64n256k32.s32.s8.s8, A from registers, B from shared memory); convolutions
+// with few output pixels per channel tile use 128 x 128 tiles (m64n128k32). Per k block
 // of 128 codes (64 bytes per row):
 //  1. cp.async brings the block's A and B rows, still nibbles, into a ring of raw stages
 //     (KSTAGES deep, issued KSTAGES - 1 blocks ahead);
@@ -43,26 +44,30 @@ namespace bie_cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kRows = kBM + kBN;
+constexpr int kBM = 128;
 constexpr int kBKB = 64;     // packed bytes per row per k block (128 codes)
 constexpr int kS8Row = 128;  // int8 bytes per row of an unpacked tile
 constexpr int KSTAGES = 4;
 constexpr int kThreads = 256;
-constexpr int kRawStage = kRows * kBKB, kS8Tile = kRows * kS8Row;
-// Chunks of 16 packed bytes per stage, per thread; the first kAChunks of a thread's are A rows.
-constexpr int kChunks = kRows * kBKB / 16 / kThreads, kAChunks = kBM * kBKB / 16 / kThreads;
-static_assert(kChunks * kThreads * 16 == kRawStage && kAChunks * kThreads * 16 == kBM * kBKB, "copy split");
-// The int8 tiles first (1024-byte aligned, as the swizzle wants), then the raw stages.
-constexpr size_t kSmem = 1024 + 2 * (size_t)kS8Tile + (size_t)KSTAGES * kRawStage;
+// A thread's first kAChunks chunks of 16 packed bytes per stage are A rows.
+constexpr int kAChunks = kBM * kBKB / 16 / kThreads;
+// The shapes of a block with BN columns (256, or 128 for convolutions with few pixels).
+template <int BN> struct Tile {
+    static constexpr int kRows = kBM + BN, kRawStage = kRows * kBKB, kS8Tile = BN * kS8Row;
+    static constexpr int kChunks = kRows * kBKB / 16 / kThreads;  // per stage, per thread
+    static_assert(kChunks * kThreads * 16 == kRawStage && kAChunks * kThreads * 16 == kBM * kBKB, "copy split");
+    // The int8 tiles first (1024-byte aligned, as the swizzle wants), then the raw stages.
+    static constexpr size_t kSmem = 1024 + 2 * (size_t)kS8Tile + (size_t)KSTAGES * kRawStage;
+};
 
-
-template <class AL, bool WIDE>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class AL, int BN, bool WIDE>
+__global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
     q4gemm_wgmma(int m, int n, AL al, const uint8_t *__restrict__ B, int64_t ld64, int tiles_m, int tiles_n,
                  Epilogue ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using TL = Tile<BN>;
     extern __shared__ uint8_t smem[];
-    const unsigned s8 = (smem_u32(smem) + 1023) & ~1023u, raw = s8 + 2 * kS8Tile;
+    const unsigned s8 = (smem_u32(smem) + 1023) & ~1023u, raw = s8 + 2 * TL::kS8Tile;
     const unsigned ld = (unsigned)ld64;  // <= 2^23 (k <= 2^24)
     const int kblocks = (int)(ld / kBKB);
     const int tid = threadIdx.x, lane = tid & 31;
@@ -74,14 +79,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         tm = first + (pid % per_group) % size;
         tn = (pid % per_group) / size;
     }
-    const int bm0 = tm * kBM, bn0 = tn * kBN;
+    const int bm0 = tm * kBM, bn0 = tn * BN;
 
     // This thread's chunks: rows tid / 4 + 64 u of the stage (A rows, then B rows), bytes
     // 16 q of them. Rows past m (n) are zero-filled from a valid address. In a raw stage,
     // chunk q of row r sits at q ^ ((r / 2) % 4): the 8 rows an ldmatrix reads are in
     // distinct banks.
     const int q = tid & 3, r0 = tid >> 2;
-    constexpr int kRowStep = kThreads / 4, kBChunks = kChunks - kAChunks;
+    constexpr int kRowStep = kThreads / 4, kBChunks = TL::kChunks - kAChunks;
     typename AL::template State<kAChunks> a_state;
     al.prepare(a_state, m, ld, bm0 + r0, kRowStep, 16 * q);
     const uint8_t *b_src[kBChunks];
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const unsigned raw_ofs = r0 * kBKB + ((q ^ ((r0 >> 1) & 3)) << 4);
     auto load_a = [&](int kb) {
-        const unsigned dst = raw + (kb % KSTAGES) * kRawStage + raw_ofs;
+        const unsigned dst = raw + (kb % KSTAGES) * TL::kRawStage + raw_ofs;
 #pragma unroll
         for (int u = 0; u < kAChunks; u++) {
             bool ok;
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         al.template next<kAChunks, kBKB>(a_state);
     };
     auto load_b = [&](int kb) {
-        const unsigned dst = raw + (kb % KSTAGES) * kRawStage + kBM * kBKB + raw_ofs;
+        const unsigned dst = raw + (kb % KSTAGES) * TL::kRawStage + kBM * kBKB + raw_ofs;
 #pragma unroll
         for (int u = 0; u < kBChunks; u++)
             cp_async16(dst + u * kRowStep * kBKB, b_src[u] + (size_t)kb * kBKB, b_ok[u]);
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned sw = (unsigned)(r0 & 7);
     const unsigned even_ofs = r0 * kS8Row + ((2 * q) ^ sw) * 16, odd_ofs = r0 * kS8Row + ((2 * q + 1) ^ sw) * 16;
     auto unpack_b = [&](int kb) {
-        const unsigned from = raw + (kb % KSTAGES) * kRawStage + kBM * kBKB + raw_ofs, to = s8 + (kb & 1) * kS8Tile;
+        const unsigned from = raw + (kb % KSTAGES) * TL::kRawStage + kBM * kBKB + raw_ofs, to = s8 + (kb & 1) * TL::kS8Tile;
         unsigned w[kBChunks][4];  // all loads first: their latencies overlap
 #pragma unroll
         for (int u = 0; u < kBChunks; u++)
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned a_row = wg * 64 + ((tid >> 5) & 3) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
     const unsigned a_frag = raw + a_row * kBKB, a_sw = (a_row >> 1) & 3, a_hi = lane >> 4;
     auto frags_a = [&](int kb, unsigned (&af)[4][4]) {
-        const unsigned base = a_frag + (kb % KSTAGES) * kRawStage;
+        const unsigned base = a_frag + (kb % KSTAGES) * TL::kRawStage;
 #pragma unroll
         for (int c = 0; c < 4; c += 2) {
             unsigned w[4];
@@ -152,9 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
 
-    int d[128];
+    int d[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0;
+    for (int i = 0; i < BN / 2; i++) d[i] = 0;
 
     // B (weights, written before the kernel that produced A) loads before the wait for that
     // kernel (pdl.cuh) and joins the first stage's copy group.
@@ -180,11 +185,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         unpack_b(kb);
         fence_proxy_async();
         __syncthreads();
-        const unsigned tile = s8 + (kb & 1) * kS8Tile;
+        const unsigned tile = s8 + (kb & 1) * TL::kS8Tile;
         fence_acc(d);
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; s++) wgmma_s8_64x256x32(d, af[s], smem_desc(tile + 32 * s, 16, 1024, 1));
+        for (int s = 0; s < 4; s++) wgmma_s8<BN>(d, af[s], smem_desc(tile + 32 * s, 16, 1024, 1));
         wgmma_commit();
         wgmma_wait<1>();
         fence_acc(d);
@@ -204,19 +209,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (AL::kNchwTile) {
         // Convolutions: the tile goes channel-major through shared memory (conv_tile_out).
         constexpr int RS = kBM + 4;  // ints per channel: conflict-free fragment writes and row reads
-        static_assert((size_t)kBN * RS * sizeof(int) <= 2 * (size_t)kS8Tile + KSTAGES * (size_t)kRawStage, "tile fits");
+        static_assert((size_t)BN * RS * sizeof(int) <= 2 * (size_t)TL::kS8Tile + KSTAGES * (size_t)TL::kRawStage, "tile fits");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int j = 0; j < kBN / 8; j++) {
+            for (int j = 0; j < BN / 8; j++) {
                 const int cl = j * 8 + 2 * t4;
                 sC[cl * RS + wrow + 8 * h] = unpacked_dot<WIDE>(d[4 * j + 2 * h]);
                 sC[(cl + 1) * RS + wrow + 8 * h] = unpacked_dot<WIDE>(d[4 * j + 2 * h + 1]);
             }
         __syncthreads();
-        conv_tile_out<kBM, kThreads>(ep, sC, RS, m, n, bm0, bn0, kBN, al.pairs, scale, tid);
+        conv_tile_out<kBM, kThreads>(ep, sC, RS, m, n, bm0, bn0, BN, al.pairs, scale, tid);
     } else {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -224,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (row >= m) continue;
             const OutRow orow = ep.row(row);
 #pragma unroll
-            for (int j = 0; j < kBN / 8; j++) {
+            for (int j = 0; j < BN / 8; j++) {
                 const int col = bn0 + j * 8 + 2 * t4;
                 const long long d0 = unpacked_dot<WIDE>(d[4 * j + 2 * h]), d1 = unpacked_dot<WIDE>(d[4 * j + 2 * h + 1]);
                 if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-size_t q4gemm_wgmma_smem() { return kSmem; }
+size_t q4gemm_wgmma_smem(int bn) { return bn == 128 ? Tile<128>::kSmem : Tile<256>::kSmem; }
 
 // Compute capability 9.0 exactly (the sm_90a instructions run nowhere else).
 bool wgmma_usable() {
@@ -264,17 +269,32 @@ bool wgmma_usable() {
     return yes;
 }
 
+int q4conv_wgmma_blocks_per_sm(int bn) {
+    auto fn = bn == 128 ? q4gemm_wgmma<ConvA, 128, false> : q4gemm_wgmma<ConvA, 256, false>;
+    const size_t smem = q4gemm_wgmma_smem(bn);
+    int blocks = 0;
+    if (!wgmma_usable() || smem > max_smem() ||
+        cudaFuncSetAttribute(reinterpret_cast<const void *>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kThreads, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return blocks;
+}
+
 // Grid and checks shared by the launchers; fn is the kernel for the problem's k.
-template <class AL>
+template <class AL, int BN>
 bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const AL &al, const uint8_t *b, int64_t ld,
                   const Epilogue &ep, bool after) {
+    constexpr size_t kSmem = Tile<BN>::kSmem;
     if (!wgmma_usable() || kSmem > max_smem())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
-    const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
+    const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + BN - 1) / BN;
     if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m, (long long)n);
     if (ld % kBKB != 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
-    auto fn = k >= kWideK ? q4gemm_wgmma<AL, true> : q4gemm_wgmma<AL, false>;
+    auto fn = k >= kWideK ? q4gemm_wgmma<AL, BN, true> : q4gemm_wgmma<AL, BN, false>;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
                        "cudaFuncSetAttribute"));
@@ -291,14 +311,16 @@ bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const AL &al
 // m x n outputs of the product of 4-bit rows a [m][ld] and b [n][ld] (ld a multiple of 64).
 bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
                                const Epilogue &ep) {
-    return launch("cuda 4-bit gemm (wgmma)", m, n, k, RowsA{a}, b, ld, ep, false);
+    return launch<RowsA, 256>("cuda 4-bit gemm (wgmma)", m, n, k, RowsA{a}, b, ld, ep, false);
 }
 
-// The implicit convolution of q4gemm.cu's ConvA rows with weight taps b [o][ld], launched
-// after the input's encode (pdl.cuh).
-bie_status q4conv_wgmma_launch(int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
+// The implicit convolution of q4gemm.cu's ConvA rows with weight taps b [o][ld] in tiles of
+// bn (128 or 256) channels, launched after the input's encode (pdl.cuh).
+bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
                                const Epilogue &ep) {
-    return launch("cuda 4-bit implicit conv (wgmma)", rows, o, ld * 2, al, b, ld, ep, true);
+    static const char *who = "cuda 4-bit implicit conv (wgmma)";
+    return bn == 128 ? launch<ConvA, 128>(who, rows, o, ld * 2, al, b, ld, ep, true)
+                     : launch<ConvA, 256>(who, rows, o, ld * 2, al, b, ld, ep, true);
 }
 
 }  // namespace bie_cuda

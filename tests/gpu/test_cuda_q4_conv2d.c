@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
         {32, 96, 14, 14, 130, 3, 1, 1, 1}, /* enough blocks for the large-tile implicit GEMM */
         {24, 130, 15, 15, 200, 3, 1, 1, 1}, /* 128 x 64 tiles with 128-byte k blocks (132 SMs) */
         {40, 136, 15, 15, 256, 3, 1, 1, 1}, /* wgmma tiles (compute capability 9.0; else 96 x 128) */
-        {80, 136, 15, 15, 128, 3, 1, 1, 1}, /* 96 x 128 tiles (132 SMs) */
+        {80, 136, 15, 15, 128, 3, 1, 1, 1}, /* 128 x 128 wgmma tiles (else 96 x 128; 132 SMs) */
         {40, 120, 15, 15, 256, 3, 1, 1, 1}, /* wgmma, an odd number of 64-byte k blocks */
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);

@@ -350,6 +350,65 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     free(x), free(bias), free(w), free(acodes), free(resid), free(got_resid), free(mask), free(got_mask);
     free(got), free(wcodes), free(wlayout);
 }
+
+/* The implicit 4-bit convolution (the 4-bit conv layer's forward GEMM), every tile variant the
+ * device runs, on NHWC codes and tap-ordered weight codes (random nibbles, code 0 past C),
+ * against integer dot products on the host: out = (float)dot * (scale_a * scale_w), exactly. */
+static void check_conv_variants(int64_t n, int64_t c, int64_t hw, int64_t o) {
+    const bie_cuda_conv_shape g = {n, c, hw, hw, o, hw, hw, 3, 1, 1, 1};
+    const int64_t cb = bie_cuda_q4_conv_cb(c), ld = 9 * cb, rows = n * hw * hw;
+    uint8_t *codes = tu_alloc((size_t)(n * hw * hw * cb)), *taps = tu_alloc((size_t)(o * ld));
+    int8_t *ac = tu_alloc((size_t)(n * hw * hw * c)), *wc = tu_alloc((size_t)(o * 9 * c));
+    memset(codes, 0, (size_t)(n * hw * hw * cb));
+    memset(taps, 0, (size_t)(o * ld));
+    for (int64_t px = 0; px < n * hw * hw; px++)
+        for (int64_t ch = 0; ch < c; ch++) {
+            const int8_t v = random_code();
+            ac[px * c + ch] = v;
+            codes[px * cb + ch / 2] |= (uint8_t)((v & 15) << (4 * (ch & 1)));
+        }
+    for (int64_t oc = 0; oc < o; oc++)
+        for (int64_t t = 0; t < 9; t++)
+            for (int64_t ch = 0; ch < c; ch++) {
+                const int8_t v = random_code();
+                wc[(oc * 9 + t) * c + ch] = v;
+                taps[oc * ld + t * cb + ch / 2] |= (uint8_t)((v & 15) << (4 * (ch & 1)));
+            }
+    const float sa = 0.375f, sw = 1.25f, scale = sa * sw;
+    float *expect = tu_alloc((size_t)(rows * o) * sizeof(float)), *got = tu_alloc((size_t)(rows * o) * sizeof(float));
+    for (int64_t img = 0; img < n; img++)
+        for (int64_t oc = 0; oc < o; oc++)
+            for (int64_t y = 0; y < hw; y++)
+                for (int64_t x = 0; x < hw; x++) {
+                    long long dot = 0;
+                    for (int64_t t = 0; t < 9; t++) {
+                        const int64_t iy = y + t / 3 - 1, ix = x + t % 3 - 1;
+                        if (iy < 0 || iy >= hw || ix < 0 || ix >= hw) continue;
+                        const int8_t *a = ac + ((img * hw + iy) * hw + ix) * c, *w = wc + (oc * 9 + t) * c;
+                        for (int64_t ch = 0; ch < c; ch++) dot += a[ch] * w[ch];
+                    }
+                    expect[((img * o + oc) * hw + y) * hw + x] = (float)dot * scale;
+                }
+    const float hs[2] = {sa, sw};
+    bie_tensor dcodes = upload(codes, BIE_U8, n * hw * hw * cb), dtaps = upload(taps, BIE_U8, o * ld);
+    bie_tensor dsc = upload(hs, BIE_F32, 2), dout = device_empty(BIE_F32, rows, o);
+    int ran = 0;
+    for (int variant = 0; variant < 16; variant++) {
+        poison_device(&dout);
+        const bie_status st = bie_cuda_q4conv_implicit(variant, dcodes.data, &g, dtaps.data, (const float *)dsc.data,
+                                                       (const float *)dsc.data + 1, BIE_F32, dout.data);
+        if (st == BIE_ERR_INVALID_ARGUMENT || st == BIE_ERR_UNSUPPORTED) continue; /* not for this shape / device */
+        CHECK_OK(st);
+        download_as(&dout, got);
+        ran++;
+        if (!compare_exact("implicit conv variant", got, expect, rows * o))
+            fprintf(stderr, "  variant %d, n=%lld c=%lld hw=%lld o=%lld\n", variant, (long long)n, (long long)c,
+                    (long long)hw, (long long)o);
+    }
+    CHECK(ran >= (cb % 128 == 0 ? 4 : 2));
+    bie_tensor_free(&dcodes), bie_tensor_free(&dtaps), bie_tensor_free(&dsc), bie_tensor_free(&dout);
+    free(codes), free(taps), free(ac), free(wc), free(expect), free(got);
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -388,6 +447,13 @@ int main(int argc, char **argv) {
     const int64_t pieces[][3] = {{1, 1, 1}, {3, 7, 31}, {21, 9, 257}, {48, 130, 1000}, {300, 77, 130}, {129, 264, 4097}};
     const size_t np = small ? 3 : sizeof pieces / sizeof pieces[0];
     for (size_t s = 0; s < np; s++) check_layer_pieces(pieces[s][0], pieces[s][1], pieces[s][2]);
+    /* implicit conv tile variants: 64- and 128-byte channel blocks (an odd number of 64-byte
+     * k blocks with C = 120), partial channel tiles */
+    check_conv_variants(2, 120, 9, 130);
+    if (!small) {
+        check_conv_variants(3, 136, 9, 256);
+        check_conv_variants(2, 256, 7, 200);
+    }
 #endif
     return tu_finish();
 }
