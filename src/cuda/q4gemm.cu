@@ -270,7 +270,7 @@ struct Q4Kernel {
      ST, 32 * WM * WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,            \
      q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false}
 
-// Measured on the H100 at 8192^3: 210 (wgmma, q4gemm_wgmma.cu) 1,076-1,098 TOPS, 205 ~820,
+// Measured on the H100 at 8192^3: 210 (wgmma, q4gemm_wgmma.cu) 1,052-1,098 TOPS, 205 ~820,
 // 202 ~800, 200 ~780-810, 204 ~750; 2x4 warps of 64x32 and 256x128 tiles were slower
 // (720-770) and were dropped.
 const Q4Kernel q4_kernels[] = {
@@ -369,7 +369,9 @@ int conv_blocks_per_sm(int variant) {
 // 44.6; 128 -> 128 at 28x28: 54.4 vs 48.3), which the rate keeps them from. The 128 x 128
 // wgmma tiles (two blocks per SM) [1.2]: 128 -> 128 at 28x28 43.5 against kConvWave's 49.2,
 // 256 -> 256 at 14x14 36.6 against the 128 x 256 tiles' 33.1, 512 at 7x7 55.9 against
-// kConvK128's 45.3, in one run.
+// kConvK128's 45.3, in one run. The model is coarse: at 128 x 28 x 28 (64-byte channel
+// blocks) it ranks kConvK64 (49.0) above these tiles (43.5); a rate that fixes that would
+// also take them at 256 x 14 x 14, where they lose.
 int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {

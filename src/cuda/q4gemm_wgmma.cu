@@ -20,8 +20,8 @@
 // The accumulators are the mma.sync fragment layout per warp (16 rows, 4 words per 8
 // columns), so the epilogues are the other kernels' (epilogue.cuh, q4_rows.cuh).
 //
-// Measured at 8192^3 on the H100: 1,098 TOPS; with A unpacked to shared memory like B and
-// both wgmma operands there, 1,005-1,054 (more shared-memory traffic).
+// Measured at 8192^3 on the H100: 1,052-1,098 TOPS; with A unpacked to shared memory like B
+// and both wgmma operands there, 1,005-1,054 (more shared-memory traffic).
 //
 // The device code exists only in the sm_90a build of this file (the only architecture it is
 // compiled for); wgmma_usable() tells the host whether the current device runs it.
