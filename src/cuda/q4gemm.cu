@@ -25,7 +25,6 @@
 
 namespace bie_cuda {
 
-
 // c += a . b over a 16x8x32 tile of signed bytes.
 __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
