@@ -16,4 +16,7 @@ extern thread_local cudaStream_t current_stream;
 bie_status check(cudaError_t err, const char *what);
 bie_status require_device(void);
 bool is_device_pointer(const void *p);
+// The current device's compute capability as major * 10 + minor (90 on Hopper), cached per
+// device; 0 when it cannot be asked.
+int device_cc();
 }  // namespace bie_cuda

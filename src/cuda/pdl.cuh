@@ -8,7 +8,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <utility>
 
 #include "cuda_common.cuh"
@@ -26,26 +25,8 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Whether the current device supports it (cached per device).
-inline bool pdl_supported() {
-    static std::atomic<int> known[16];  // 0 unknown, 1 no, 2 yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 16) {
-        const int k = known[dev].load(std::memory_order_relaxed);
-        if (k) return k == 2;
-    }
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 16) known[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-    return major >= 9;
-}
+// Whether the current device supports it.
+inline bool pdl_supported() { return device_cc() >= 90; }
 
 // kernel<<<grid, block, smem, current_stream>>>(args...), allowed to overlap the previous
 // kernel in the stream where the device supports it.

@@ -27,7 +27,6 @@
 // compiled for); wgmma_usable() tells the host whether the current device runs it.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <climits>
 
 #include "cuda_common.cuh"
@@ -247,27 +246,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
 size_t q4gemm_wgmma_smem(int bn) { return bn == 128 ? Tile<128>::kSmem : Tile<256>::kSmem; }
 
 // Compute capability 9.0 exactly (the sm_90a instructions run nowhere else).
-bool wgmma_usable() {
-    static std::atomic<int> known[16];  // 0 unknown, 1 no, 2 yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 16) {
-        const int k = known[dev].load(std::memory_order_relaxed);
-        if (k) return k == 2;
-    }
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    const bool yes = major == 9 && minor == 0;
-    if (dev >= 0 && dev < 16) known[dev].store(yes ? 2 : 1, std::memory_order_relaxed);
-    return yes;
-}
+bool wgmma_usable() { return device_cc() == 90; }
 
 int q4conv_wgmma_blocks_per_sm(int bn) {
     auto fn = bn == 128 ? q4gemm_wgmma<ConvA, 128, false> : q4gemm_wgmma<ConvA, 256, false>;

@@ -1,6 +1,7 @@
 // CUDA runtime glue: devices, memory, copies, streams, error mapping.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "bie_cuda.h"
@@ -20,6 +21,28 @@ bie_status require_device(void) {
     if (bie_cuda_device_count() == 0)
         return bie_fail(BIE_ERR_DEVICE, "no CUDA device is available");
     return BIE_OK;
+}
+
+int device_cc() {
+    static std::atomic<int> known[16];  // capability + 1; 0: not asked yet
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 16) {
+        const int k = known[dev].load(std::memory_order_relaxed);
+        if (k) return k - 1;
+    }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;  // not cached: a later call may succeed
+    }
+    const int cc = major * 10 + minor;
+    if (dev >= 0 && dev < 16) known[dev].store(cc + 1, std::memory_order_relaxed);
+    return cc;
 }
 
 bool is_device_pointer(const void *p) {
