@@ -7,6 +7,7 @@
 
 
 #include "cuda_common.cuh"
+#include "conv_common.cuh"
 #include "cuda_internal.h"
 #include "dtype.cuh"
 #include "epilogue.cuh"
@@ -19,38 +20,6 @@ namespace {
 unsigned blocks_for(int64_t count, int threads) {
     int64_t b = (count + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
-}
-
-// Raw bits of VP consecutive elements of type T (2 or 4 bytes) as 32-bit words, read with one
-// aligned load of sizeof(T) * VP bytes (2, 4 or 8).
-template <int BYTES> struct RawRun;
-template <> struct RawRun<2> {
-    uint32_t w[1];
-    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const unsigned short *>(p); }
-};
-template <> struct RawRun<4> {
-    uint32_t w[1];
-    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const uint32_t *>(p); }
-};
-template <> struct RawRun<8> {
-    uint32_t w[2];
-    __device__ __forceinline__ void load(const void *p) {
-        const uint2 v = *static_cast<const uint2 *>(p);
-        w[0] = v.x;
-        w[1] = v.y;
-    }
-};
-
-// Element j of a run as float (little endian: element 0 in the low bits).
-template <typename T> __device__ __forceinline__ float run_elem(const uint32_t *w, int j);
-template <> __device__ __forceinline__ float run_elem<float>(const uint32_t *w, int j) {
-    return to_f32(__uint_as_float(w[j]));
-}
-template <> __device__ __forceinline__ float run_elem<__nv_bfloat16>(const uint32_t *w, int j) {
-    return to_f32(__ushort_as_bfloat16((unsigned short)(w[j >> 1] >> (16 * (j & 1)))));
-}
-template <> __device__ __forceinline__ float run_elem<__half>(const uint32_t *w, int j) {
-    return to_f32(__ushort_as_half((unsigned short)(w[j >> 1] >> (16 * (j & 1)))));
 }
 
 constexpr int kPackWords = 8;       // sign words per block: a 32 B run of every output row
@@ -274,17 +243,6 @@ __global__ void corrections(const int *tapsum, bie_cuda_conv_shape g, const int 
 // contiguous runs of pixels. Rows in shared memory are `ldr` bytes (the taps' cw words,
 // padded with zeros to 32 bytes) plus 16, so ldmatrix rows fall in distinct banks.
 constexpr int kConvBM = 32;
-
-// cp.async of 4, 8 or 16 bytes (pred false: zero-fill).
-__device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int bytes, bool pred) {
-    const int n = pred ? bytes : 0;
-    if (bytes == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-    else if (bytes == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
 
 // Shared memory of a block: the weight rows, two pixel-tile buffers, the tile of dot
 // products, the block's columns of the correction table and of the weight popcounts, the

@@ -156,6 +156,15 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv);
 
+/* The inference forward in one kernel (the input's pack fused into the implicit GEMM;
+ * conv_fused.cu) where it applies: ceil(C / 32) % 4 == 0 and the band's tiles fit in shared
+ * memory. x, bias as bie_cuda_conv_pack_input (dtype is the input's and the output's), the
+ * rest as bie_cuda_conv_implicit. *ran = false (and nothing launched) when it does not apply. */
+bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g, const float *bias,
+                               const uint8_t *wbits, int64_t ld, const int *wpopc, int classes,
+                               const float *scale_a, const float *scale_w, void *out,
+                               const bie_cuda_conv_out *conv, bool *ran);
+
 typedef struct bie_cuda_bconv_backward_args {
     bie_dtype dtype;             /* of grad_out and grad_x */
     bie_cuda_conv_shape g;

@@ -303,17 +303,25 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     BIE_TRY(forward_weight(l, &g));
     float *scalars = c->d.scalars;
     const bool keep = l->training;
-    BIE_TRY(bie_cuda_conv_pack_input(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
-                                     scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
-                                     c->signs, keep ? c->mask : NULL));
     const int64_t plane = g.oh * g.ow;
     const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
     if (!c->corr_valid) BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
     c->corr_valid = true;
     const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
+    const int classes = c->ny * c->nx;
+    /* Inference with the default kernel: the pack fused into the GEMM where it applies (the
+     * training forward keeps the sign and mask words for the backward). */
+    if (!keep && l->kernel_id < 0) {
+        bool ran = false;
+        BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->ld, c->wpopc, classes,
+                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data, &conv, &ran));
+        if (ran) return finish_forward(l, &g, keep);
+    }
+    BIE_TRY(bie_cuda_conv_pack_input(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
+                                     scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
+                                     c->signs, keep ? c->mask : NULL));
     /* Default: the implicit GEMM, reading the sign words in place. A chosen GEMM kernel (or
      * weights too large for shared memory) takes the im2col path. */
-    const int classes = c->ny * c->nx;
     const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g, classes) : 0;
     if (bn > 0) {
         BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->ld, c->wpopc, bn, classes, scalars + BIE_CBW_SCALE_A,

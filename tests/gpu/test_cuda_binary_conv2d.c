@@ -221,6 +221,11 @@ int main(int argc, char **argv) {
         {4, 256, 14, 14, 256, 3, 1, 1, 1},
         /* more pixel tiles than blocks (each block walks several; even and odd planes) */
         {6, 40, 28, 28, 130, 3, 1, 1, 1}, {7, 33, 27, 27, 200, 3, 1, 1, 1},
+        /* the fused inference kernel (ceil(C / 32) % 4 == 0): partial sign words, strides,
+         * dilation, even and 1x1 kernels, rows with no valid tap, odd widths (1-pixel loads),
+         * several channel groups and bands per image */
+        {3, 100, 13, 11, 70, 3, 2, 1, 1}, {1, 128, 30, 30, 33, 3, 1, 1, 2}, {2, 256, 9, 7, 50, 2, 1, 0, 1},
+        {1, 512, 5, 6, 40, 1, 1, 0, 1},   {2, 128, 23, 20, 64, 5, 3, 2, 1}, {1, 120, 6, 6, 300, 3, 1, 3, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)

@@ -1,0 +1,573 @@
+// Binary conv2d inference forward in one kernel: the input's pack and the implicit GEMM
+// fused, for channel counts whose sign words come in whole 16-byte chunks (C > 96 and
+// ceil(C / 32) % 4 == 0). The two-kernel path (conv.cu) covers every other case and the
+// training forward (which keeps the sign and mask words for the backward).
+//
+// Block = (band of rb output rows of one image, BN output channels). It packs the band's
+// receptive field of NCHW input (rows (rb - 1) s + (k - 1) d + 1, with the padding as zero
+// words) into shared memory as one sign-word row per pixel, so the implicit GEMM's A
+// operand is read by ldmatrix straight from the packed pixels: lane addresses are
+// pixel + tap offset, no gather and no im2col. Taps outside the input read zero words,
+// exactly as the two-kernel path's zero-filled gathers, and the same padding-class
+// correction and AND-form epilogue follow, so the results are bit for bit the same.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "conv_common.cuh"
+#include "cuda_common.cuh"
+#include "cuda_internal.h"
+#include "epilogue.cuh"
+#include "mma.cuh"
+#include "pdl.cuh"
+
+namespace bie_cuda {
+namespace {
+
+
+// The launch geometry of one layer call.
+struct FusedPlan {
+    int bn;       // output channels per block (64, 128 or 256)
+    int warps;    // 8 or 16
+    int rb, nb;   // output rows per band, bands per image
+    int pr, wp;   // the receptive field of a band: rows, columns (padded coordinates)
+    int pstride;  // bytes per packed pixel: cw words, padded to an odd number of 16-byte chunks
+    int rows;     // rb * ow rounded up to the 32-pixel warp tile
+    int ldr;      // bytes of a weight row in shared memory (taps, padded to 32 bytes)
+    int parts;    // popcount parts per weight row (bie_cuda_popc_parts)
+    int classes;
+};
+
+// Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
+// so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
+// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each band pixel's
+// K - 2 popcount(row), padding class and packed-row offset, the column terms (correction
+// - 2 popcount(weight column)) per class, the weight popcounts, the channels' sign
+// thresholds, the weight copies' mbarrier and the class tables.
+struct FusedSmem {
+    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, bar, ycls, xcls, total;
+    __host__ __device__ FusedSmem(const FusedPlan &p, int c, int oh, int ow) {
+        const size_t cells = (size_t)p.pr * p.wp;
+        b = 0;
+        img = b + (size_t)p.bn * (p.ldr + 16);
+        ppix = img + cells * p.pstride;
+        delta = ppix + cells * sizeof(int);
+        row = delta + (size_t)(p.ldr / 16) * sizeof(int);
+        rcls = row + (size_t)p.rows * sizeof(int);
+        roff = rcls + (size_t)p.rows * sizeof(int);
+        corr = (roff + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
+        pop = corr + (size_t)p.classes * p.bn * sizeof(int);
+        thr = (pop + (size_t)p.bn * p.parts * sizeof(int) + 15) / 16 * 16;
+        bar = thr + (size_t)(c + 31) / 32 * 32 * sizeof(uint32_t);  // 8-byte aligned
+        ycls = bar + sizeof(uint64_t);
+        xcls = ycls + (size_t)oh * sizeof(int);
+        total = xcls + (size_t)ow * sizeof(int);
+    }
+};
+
+// The sign test v = x + bias >= 0 of the CPU's float arithmetic, as one compare against a
+// per-channel threshold in the input's own type: for finite bias the float sum has the
+// exact sum's sign (a nonzero exact sum of two floats never rounds to zero), so v >= 0 iff
+// x >= -bias, iff x >= the least T not below -bias. bias = +inf: true but for -inf and NaN
+// (threshold: the lowest finite T); bias = -inf or NaN: never (threshold NaN). Thresholds
+// are 32-bit words: a float, or the 16-bit value in both halves.
+template <typename T> __device__ __forceinline__ uint32_t sign_threshold(float b);
+template <> __device__ __forceinline__ uint32_t sign_threshold<float>(float b) {
+    const float t = b != b || b == -INFINITY ? __int_as_float(0x7fc00000) : b == INFINITY ? -FLT_MAX : -b;
+    return __float_as_uint(t);
+}
+template <> __device__ __forceinline__ uint32_t sign_threshold<__nv_bfloat16>(float b) {
+    const unsigned short h = b != b || b == -INFINITY ? 0x7fc0
+                             : b == INFINITY          ? 0xff7f
+                                                      : __bfloat16_as_ushort(__float2bfloat16_ru(-b));
+    return h * 0x10001u;
+}
+template <> __device__ __forceinline__ uint32_t sign_threshold<__half>(float b) {
+    const unsigned short h = b != b || b == -INFINITY ? 0x7e00
+                             : b == INFINITY          ? 0xfbff
+                                                      : __half_as_ushort(__float2half_ru(-b));
+    return h * 0x10001u;
+}
+
+// Sign words of VP pixels from their runs of 32 channels (thr: the channels' thresholds).
+// 16-bit types compare two pixels per instruction; the masks' bit c lands in one pixel's
+// word directly and, crossed over (bit c ^ 16), in the other's.
+template <typename T, int VP> struct PackBits {
+    static __device__ __forceinline__ void run(const RawRun<sizeof(T) * VP> (&r)[32], const uint32_t *thr,
+                                               uint32_t (&out)[VP]) {
+        constexpr int NW = VP > 1 ? VP / 2 : 1;
+        uint32_t lo[NW], hi[NW];
+#pragma unroll
+        for (int w = 0; w < NW; w++) lo[w] = hi[w] = 0;
+#pragma unroll
+        for (int c4 = 0; c4 < 32; c4 += 4) {
+            const uint4 t4 = *reinterpret_cast<const uint4 *>(thr + c4);
+            const uint32_t tv[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) {
+                const int c = c4 + cc;
+#pragma unroll
+                for (int w = 0; w < NW; w++) {
+                    const uint32_t m = mask2(r[c].w[w], tv[cc]);
+                    lo[w] |= m & (1u << c);
+                    hi[w] |= m & (1u << (c ^ 16));
+                }
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            out[2 * w] = __byte_perm(lo[w], hi[w], 0x5410);
+            if (2 * w + 1 < VP) out[2 * w + 1] = __byte_perm(lo[w], hi[w], 0x3276);
+        }
+    }
+    static __device__ __forceinline__ uint32_t mask2(uint32_t x, uint32_t t) {
+        if constexpr (sizeof(T) == 2) {
+            T x2[2], t2[2];
+            memcpy(x2, &x, 4);
+            memcpy(t2, &t, 4);
+            using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+            return __hge2_mask(*reinterpret_cast<const T2 *>(x2), *reinterpret_cast<const T2 *>(t2));
+        } else {
+            return 0;
+        }
+    }
+};
+template <int VP> struct PackBits<float, VP> {
+    static __device__ __forceinline__ void run(const RawRun<4 * VP> (&r)[32], const uint32_t *thr,
+                                               uint32_t (&out)[VP]) {
+#pragma unroll
+        for (int j = 0; j < VP; j++) out[j] = 0;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const float t = __uint_as_float(thr[c]);
+#pragma unroll
+            for (int j = 0; j < VP; j++) out[j] |= __uint_as_float(r[c].w[j]) >= t ? 1u << c : 0u;
+        }
+    }
+};
+
+// Output element pairs of type T.
+template <typename T> __device__ __forceinline__ void store_pair(T *p, float a, float b);
+template <> __device__ __forceinline__ void store_pair<float>(float *p, float a, float b) {
+    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16 *p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+template <> __device__ __forceinline__ void store_pair<__half>(__half *p, float a, float b) {
+    *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void store_one(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_one(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void store_one(__half *p, float v) { *p = __float2half(v); }
+
+// WARPS: 8 (two blocks per SM) or 16. VP: input pixels per lane in the pack (one aligned
+// load of VP elements). Input and output
+// are both of type T. pairs: the output's band rows start at even offsets of even planes
+// and the output is aligned to two elements.
+template <typename T, int VP, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
+    bconv_fused(const T *__restrict__ x, const float *__restrict__ bias, const uint8_t *__restrict__ wbits,
+                int64_t ld, const int *__restrict__ wpopc, bie_cuda_conv_shape g64, FusedPlan p, bool pairs,
+                Epilogue ep) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, H = (int)g64.h, W = (int)g64.w;
+    const int s = (int)g64.s, pad = (int)g64.p, dil = (int)g64.d, oh = (int)g64.oh, ow = (int)g64.ow;
+    const int O = (int)g64.o, plane = oh * ow;
+    constexpr int kFusedThreads = WARPS * 32, kFusedWarps = WARPS;
+    const FusedSmem lay(p, C, oh, ow);
+    uint8_t *sB = smem + lay.b, *sImg = smem + lay.img;
+    int *sPpix = reinterpret_cast<int *>(smem + lay.ppix), *sDelta = reinterpret_cast<int *>(smem + lay.delta);
+    int *sRow = reinterpret_cast<int *>(smem + lay.row), *sRcls = reinterpret_cast<int *>(smem + lay.rcls);
+    int *sRoff = reinterpret_cast<int *>(smem + lay.roff);
+    int *sCorr = reinterpret_cast<int *>(smem + lay.corr), *sPop = reinterpret_cast<int *>(smem + lay.pop);
+    uint32_t *sThr = reinterpret_cast<uint32_t *>(smem + lay.thr);
+    int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = (int)blockIdx.x / p.nb, oy0 = ((int)blockIdx.x - n * p.nb) * p.rb;
+    const int band_px = min(p.rb, oh - oy0) * ow;
+    const int n0 = (int)blockIdx.y * p.bn, cols = min(p.bn, O - n0);
+    const int iy_base = oy0 * s - pad;  // input row of the field's row 0 (column 0 is -pad)
+    const int bstride = p.ldr + 16, chunks = p.ldr / 16, cells = p.pr * p.wp;
+
+    // The weight rows (rows past O zero-filled) and their popcounts: the layer prepares
+    // them before any input arrives (see conv.cu's implicit GEMM).
+    pdl_trigger();  // the next kernel's preamble may overlap this one
+    // Everything the layer prepares before the kernel just ahead of this one (weights, their
+    // popcounts, the corrections and pixel classes; see conv.cu's implicit GEMM) comes in by
+    // cp.async, so no load waits before the input's: the correction columns, the weight
+    // popcount parts, the pixel classes of column 0 and of row 0, then the weight rows.
+    for (int cls = 0; cls < p.classes; cls++)
+        for (int col = tid; col < p.bn; col += kFusedThreads) {
+            const bool ok = ep.conv.corr && col < cols;
+            cp_async_n(smem_u32(sCorr + cls * p.bn + col), ok ? ep.conv.corr + (int64_t)cls * O + n0 + col : wpopc, 4, ok);
+        }
+    for (int i = tid; i < p.bn * p.parts; i += kFusedThreads)
+        cp_async_n(smem_u32(sPop + i), wpopc + (int64_t)n0 * p.parts + (i < cols * p.parts ? i : 0), 4, i < cols * p.parts);
+    for (int i = tid; i < oh + ow; i += kFusedThreads) {
+        const int *pc = ep.conv.pix_class;
+        cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : wpopc, 4,
+                   pc != nullptr);
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Weight rows by bulk copies (one per row, issued by warp 0) completing on an mbarrier;
+    // rows past O are zeroed.
+    const unsigned wbar = smem_u32(smem + lay.bar);
+    if (warp == 0) {
+        if (lane == 0) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(wbar));
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wbar), "r"(cols * p.ldr)
+                         : "memory");
+        }
+        __syncwarp();
+        for (int r = lane; r < cols; r += 32)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             smem_u32(sB + r * bstride)),
+                         "l"(wbits + (int64_t)(n0 + r) * ld), "r"(p.ldr), "r"(wbar)
+                         : "memory");
+    }
+    for (int i = cols * (bstride / 16) + tid; i < p.bn * (bstride / 16); i += kFusedThreads)
+        reinterpret_cast<uint4 *>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
+#else
+    {
+        // Chunk (r, c) of the bn x chunks weight chunks, walked with one division.
+        const int dr = kFusedThreads / chunks, dc = kFusedThreads - dr * chunks;
+        int r = tid / chunks, c = tid - r * chunks;
+        const uint8_t *src = wbits + (int64_t)(n0 + r) * ld + c * 16;
+        unsigned dst = smem_u32(sB + r * bstride + c * 16);
+        const int64_t step = (int64_t)dr * ld + dc * 16, wrap = ld - (int64_t)chunks * 16;
+        for (; r < p.bn; r += dr, c += dc, src += step, dst += dr * bstride + dc * 16) {
+            if (c >= chunks) c -= chunks, r++, src += wrap, dst += bstride - chunks * 16;
+            if (r >= p.bn) break;
+            cp_async_n(dst, r < cols ? src : wbits, 16, r < cols);
+        }
+    }
+#endif
+    cp_async_commit();
+
+    pdl_wait();  // the input (and the bias, which training updates) may come from the kernel before
+    // The input's pack: warp = (sign word wd, 32 VP consecutive input pixels of the field's
+    // rows inside the input), lane = VP pixels, one aligned load per channel (channels past
+    // C load channel C - 1 again; their thresholds clear the bits). The first item's loads
+    // go out before the tables below are built.
+    const int vr0 = max(iy_base, 0), vr1 = min(iy_base + p.pr, H), xw = min(W, p.wp - pad);
+    const int P = (vr1 - vr0) * W, items = (P > 0 ? (P + 32 * VP - 1) / (32 * VP) : 0) * cw;
+    const int hw = H * W;  // C H W < 2^31 (fused_plan)
+    const T *img = x + (int64_t)n * C * hw;
+    RawRun<sizeof(T) * VP> run[32];
+    auto load_item = [&](int it) {
+        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
+        if (off >= P) return;
+        const int c0 = wd * 32, cn = min(32, C - c0), first = c0 * hw + vr0 * W + off;
+        if (cn == 32) {
+#pragma unroll
+            for (int c = 0; c < 32; c++) run[c].load(img + first + c * hw);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 32; c++) run[c].load(img + first + min(c, cn - 1) * hw);
+        }
+    };
+    if (warp < items) load_item(warp);
+    // Thresholds of channels past C: NaN, so their bits are zero.
+    for (int c = tid; c < cw * 32; c += kFusedThreads) sThr[c] = sign_threshold<T>(c < C ? bias[c] : NAN);
+    for (int i = tid; i < cells * p.pstride / 16; i += kFusedThreads)
+        reinterpret_cast<uint4 *>(sImg)[i] = make_uint4(0u, 0u, 0u, 0u);
+    // Chunk q of a GEMM row (16 bytes: words 4q..4q+3, inside one tap since cw % 4 == 0)
+    // sits at this byte offset from its pixel's packed row; chunks past the taps multiply
+    // zero weight bits, so any readable address does.
+    for (int i = tid; i < chunks; i += kFusedThreads) {
+        const int tap = 4 * i / cw, off = 4 * i - tap * cw;
+        sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
+    }
+    __syncthreads();  // the field is zeroed, the thresholds are in
+
+    for (int it = warp; it < items; it += kFusedWarps) {
+        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
+        if (off < P) {
+            uint32_t sb[VP];
+            PackBits<T, VP>::run(run, sThr + wd * 32, sb);
+            int iy = off / W, ix = off - iy * W;  // P % VP == 0: the whole run is inside
+#pragma unroll
+            for (int j = 0; j < VP; j++) {
+                if (ix < xw)
+                    *reinterpret_cast<uint32_t *>(sImg + ((vr0 - iy_base + iy) * p.wp + pad + ix) * p.pstride +
+                                                  wd * 4) = sb[j];
+                if (++ix == W) ix = 0, iy++;
+            }
+        }
+        if (it + kFusedWarps < items) load_item(it + kFusedWarps);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the field and the tables
+    for (int col = tid; col < p.bn; col += kFusedThreads) {
+        int pc2 = 0;
+        for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
+        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * p.bn + col] -= pc2;
+    }
+    for (int i = tid; i < cells; i += kFusedThreads) {
+        const uint4 *wv = reinterpret_cast<const uint4 *>(sImg + i * p.pstride);
+        int cnt = 0;
+        for (int q = 0; q < cw / 4; q++) {
+            const uint4 v = wv[q];
+            cnt += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+        }
+        sPpix[i] = cnt;
+    }
+    __syncthreads();
+    const int K = C * kk;  // < 2^24
+    for (int r = tid; r < p.rows; r += kFusedThreads) {
+        const int rc = min(r, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow, cell0 = oyl * s * p.wp + ox * s;
+        int pa = 0;
+        for (int ti = 0; ti < k; ti++)
+            for (int tj = 0; tj < k; tj++) pa += sPpix[cell0 + ti * dil * p.wp + tj * dil];
+        sRow[r] = K - 2 * pa;
+        sRcls[r] = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];  // class(oy, 0) + class(0, ox) - class(0, 0)
+        sRoff[r] = cell0 * p.pstride;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    {
+        uint32_t done = 0;
+        while (!done)
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(wbar)
+                         : "memory");
+    }
+#endif
+    __syncthreads();
+
+    // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
+    // pixels, four n8 B fragments from the weight rows, per 256-bit k step.
+    const float scale = ep.scale();
+    const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
+    const int nts = (cols + 31) / 32, units = (band_px + 31) / 32 * nts, ksteps = p.ldr / 32;
+    T *out = static_cast<T *>(ep.out) + ((int64_t)n * O + n0) * plane + (int64_t)oy0 * ow;
+    const unsigned img_at = smem_u32(sImg);
+    for (int u = warp; u < units; u += kFusedWarps) {
+        const int mt = u / nts, nt = u - mt * nts;
+        const unsigned a0 = img_at + sRoff[mt * 32 + r8 + 8 * (q & 1)];
+        const unsigned a1 = img_at + sRoff[mt * 32 + 16 + r8 + 8 * (q & 1)];
+        const unsigned b_at = smem_u32(sB + (nt * 32 + r8 + 8 * (q >> 1)) * bstride + 16 * (q & 1));
+        int acc[2][4][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+        // Fragments of k step kc+1 load while the mma of step kc run.
+        struct Frag {
+            unsigned a[2][4], b[2][4];
+        } f0, f1;
+        auto load = [&](Frag &f, int kc) {
+            const int dl = sDelta[2 * kc + (q >> 1)];
+            ldmatrix_x4(f.a[0], a0 + dl);
+            ldmatrix_x4(f.a[1], a1 + dl);
+            ldmatrix_x4(f.b[0], b_at + kc * 32);
+            ldmatrix_x4(f.b[1], b_at + 16 * bstride + kc * 32);
+        };
+        auto mma = [&](const Frag &f) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    mma_b1_and(acc[i][2 * jj], f.a[i], f.b[jj][0], f.b[jj][1]);
+                    mma_b1_and(acc[i][2 * jj + 1], f.a[i], f.b[jj][2], f.b[jj][3]);
+                }
+        };
+        load(f0, 0);
+        int kc = 0;
+        for (; kc + 2 <= ksteps; kc += 2) {
+            load(f1, kc + 1);
+            mma(f0);
+            if (kc + 2 < ksteps) load(f0, kc + 2);
+            mma(f1);
+        }
+        if (kc < ksteps) mma(f0);
+        // dot = K - 2 popc(row) - 2 popc(column) + 4 popc(AND) + the row class's correction,
+        // times the scale. Full tiles with pairs: lanes g and g ^ 1 swap one value so each
+        // stores two neighbouring pixels of one channel (offsets in 32 bits: bn plane < 2^31).
+        const bool full = pairs && mt * 32 + 32 <= band_px && nt * 32 + 32 <= cols, odd = g & 1;
+        const int lane_col = nt * 32 + 2 * t4, pair_off = odd ? plane - 1 : 0;
+        auto value = [&](int term, int cterm, int a) { return (float)(term + cterm + 4 * a) * scale; };
+        if (full) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int rl = mt * 32 + i * 16 + g + 8 * hh, term = sRow[rl];
+                    const int *corr = sCorr + sRcls[rl] * p.bn + lane_col;
+                    T *o = out + (lane_col * plane + rl + pair_off);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int2 cc = *reinterpret_cast<const int2 *>(corr + j * 8);
+                        const float v0 = value(term, cc.x, acc[i][j][hh * 2]);
+                        const float v1 = value(term, cc.y, acc[i][j][hh * 2 + 1]);
+                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+                        store_pair(o + j * 8 * plane, odd ? got : v0, odd ? v1 : got);
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int rl = mt * 32 + i * 16 + g + 8 * hh, term = sRow[rl];
+                    if (rl >= band_px) continue;
+                    const int *corr = sCorr + sRcls[rl] * p.bn + lane_col;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int cl = lane_col + j * 8 + e;
+                            if (cl < cols) store_one(out + (cl * plane + rl), value(term, corr[j * 8 + e], acc[i][j][hh * 2 + e]));
+                        }
+                }
+        }
+    }
+}
+
+// The plan for this call, or false when the fused kernel does not apply (then the
+// two-kernel path runs). Among channel widths and band heights that fit in shared memory,
+// the smallest estimated time: waves of blocks times a block's work in warp instructions
+// (the pack about 2 per 32 input elements, a 32 x 32 warp tile's k step 14, the epilogue
+// about 4 per 32 outputs), with 16-warp blocks (256 channels) counted 1.6 times as fast as
+// 8-warp ones. Two 8-warp blocks share an SM where shared memory allows. Measured on the
+// H100 (N=64, forward in us): 256->256 14x14 128 channels x 7 rows 16.6, 256 x 7 17.4,
+// 128 x 14 21.7; 128->128 28x28 128 x 7 23.7, 64 x 14 22.9, 128 x 4 25.7, 128 x 28 36.6;
+// 512->512 7x7 128 x 7 16.8, 256 x 7 17.4, 128 x 4 27.0.
+bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan *out) {
+    const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
+    if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX)
+        return false;
+    int dev = 0, max_smem = 0, sm_smem = 0, sms = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    const int64_t units4 = cw / 4, pstride = 16 * (units4 % 2 == 0 ? units4 + 1 : units4);
+    const int64_t wp = (g->ow - 1) * g->s + (g->k - 1) * g->d + 1;
+    double best = 0;
+    bool found = false;
+    for (int bn = 64; bn <= 256; bn *= 2) {
+        if (bn > 64 && g->o <= bn / 2) break;  // a narrower tile covers O
+        for (int64_t rb = 1; rb <= g->oh; rb++) {
+            FusedPlan p;
+            p.bn = bn;
+            p.warps = bn == 256 ? 16 : 8;
+            p.rb = (int)rb;
+            p.nb = (int)((g->oh + rb - 1) / rb);
+            p.pr = (int)((rb - 1) * g->s + (g->k - 1) * g->d + 1);
+            p.wp = (int)wp;
+            p.pstride = (int)pstride;
+            p.rows = (int)((rb * g->ow + 31) / 32 * 32);
+            p.ldr = (int)ldr;
+            p.parts = bie_cuda_popc_parts(ld);
+            p.classes = classes;
+            const size_t smem = FusedSmem(p, (int)g->c, (int)g->oh, (int)g->ow).total;
+            if (smem > (size_t)max_smem || (int64_t)p.pr * wp > (1 << 20)) continue;
+            const int64_t per_sm = p.warps == 8 && smem * 2 + 2048 <= (size_t)sm_smem ? 2 : 1;
+            const int64_t blocks = g->n * p.nb * ((g->o + bn - 1) / bn);
+            const int64_t in_rows = p.pr < g->h ? p.pr : g->h;
+            const double work = (2.0 / 32 * (double)(in_rows * g->w * g->c) +
+                                 14.0 * (double)(p.rows / 32) * (bn / 32) * (ldr / 32) +
+                                 4.0 / 32 * (double)(rb * g->ow * bn)) /
+                                (p.warps == 16 ? 1.6 : 1.0);
+            const double t = (double)((blocks + sms * per_sm - 1) / (sms * per_sm)) * work;
+            if (!found || t < best) {
+                best = t;
+                *out = p;
+                found = true;
+            }
+        }
+    }
+    // SWEEP-ONLY
+    if (const char *e = getenv("BIE_FUSED_PLAN")) {
+        int bn = 0, rb = 0;
+        if (sscanf(e, "%d,%d", &bn, &rb) == 2 && found) {
+            FusedPlan p = *out;
+            p.bn = bn;
+            p.warps = bn == 256 ? 16 : 8;
+            p.rb = rb;
+            p.nb = (int)((g->oh + rb - 1) / rb);
+            p.pr = (int)((rb - 1) * g->s + (g->k - 1) * g->d + 1);
+            p.rows = (int)((rb * g->ow + 31) / 32 * 32);
+            *out = p;
+        }
+    }
+    return found;
+}
+
+template <typename T, int VP>
+cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
+                         const bie_cuda_conv_shape *g, const FusedPlan &p, bool pairs, const Epilogue &ep) {
+    auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
+    const size_t smem = FusedSmem(p, (int)g->c, (int)g->oh, (int)g->ow).total;
+    cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)(g->n * p.nb), (unsigned)((g->o + p.bn - 1) / p.bn));
+    return launch_after(fn, grid, dim3(32 * p.warps), smem, static_cast<const T *>(x), bias, wbits, ld, wpopc,
+                        *g, p, pairs, ep);
+}
+
+// Whether runs of vp input pixels stay aligned and inside every band's rows.
+bool runs_fit(const bie_cuda_conv_shape *g, const FusedPlan &p, int64_t vp) {
+    if ((g->h * g->w) % vp != 0) return false;
+    for (int64_t b = 0; b < p.nb; b++) {
+        const int64_t base = b * p.rb * g->s - g->p, r0 = base < 0 ? 0 : base;
+        const int64_t r1 = base + p.pr < g->h ? base + p.pr : g->h;
+        if ((r0 * g->w) % vp != 0 || (r1 > r0 && ((r1 - r0) * g->w) % vp != 0)) return false;
+    }
+    return true;
+}
+
+// Input pixels per lane: the widest aligned run of at most 8 bytes inside every band.
+template <typename T>
+cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
+                             const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
+    int vp = 1;
+    while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && runs_fit(g, p, vp * 2)) vp *= 2;
+    const bool pairs = (g->oh * g->ow) % 2 == 0 && (p.rb * g->ow) % 2 == 0 &&
+                       reinterpret_cast<uintptr_t>(ep.out) % (2 * sizeof(T)) == 0;
+    constexpr int kWide = 8 / sizeof(T);
+    if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
+    if (vp == 2) return launch_fused<T, 2>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
+    return launch_fused<T, 1>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
+}
+
+}  // namespace
+}  // namespace bie_cuda
+
+using namespace bie_cuda;
+
+extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+                                          const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
+                                          int classes, const float *scale_a, const float *scale_w, void *out,
+                                          const bie_cuda_conv_out *conv, bool *ran) {
+    *ran = false;
+    const int which = out_type_of(dtype);
+    FusedPlan p;
+    if (which < 0 || !fused_plan(g, classes, ld, &p)) return BIE_OK;
+    const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
+    cudaError_t e;
+    switch (dtype) {
+    case BIE_F32: e = launch_fused_any<float>(x, bias, wbits, ld, wpopc, g, p, ep); break;
+    case BIE_BF16: e = launch_fused_any<__nv_bfloat16>(x, bias, wbits, ld, wpopc, g, p, ep); break;
+    default: e = launch_fused_any<__half>(x, bias, wbits, ld, wpopc, g, p, ep); break;
+    }
+    BIE_CUDA_TRY(check(e, "cuda fused conv"));
+    *ran = true;
+    return check(cudaGetLastError(), "cuda fused conv");
+}
