@@ -15,8 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -29,7 +27,6 @@
 
 namespace bie_cuda {
 namespace {
-
 
 // The launch geometry of one layer call.
 struct FusedPlan {
@@ -49,9 +46,9 @@ struct FusedPlan {
 // popcounts, the tap offset of every 16-byte chunk of a GEMM row, each band pixel's
 // K - 2 popcount(row), padding class and packed-row offset, the column terms (correction
 // - 2 popcount(weight column)) per class, the weight popcounts, the channels' sign
-// thresholds, the weight copies' mbarrier and the class tables.
+// thresholds and the class tables.
 struct FusedSmem {
-    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, bar, ycls, xcls, total;
+    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, ycls, xcls, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int c, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
@@ -64,8 +61,7 @@ struct FusedSmem {
         corr = (roff + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
         pop = corr + (size_t)p.classes * p.bn * sizeof(int);
         thr = (pop + (size_t)p.bn * p.parts * sizeof(int) + 15) / 16 * 16;
-        bar = thr + (size_t)(c + 31) / 32 * 32 * sizeof(uint32_t);  // 8-byte aligned
-        ycls = bar + sizeof(uint64_t);
+        ycls = thr + (size_t)(c + 31) / 32 * 32 * sizeof(uint32_t);
         xcls = ycls + (size_t)oh * sizeof(int);
         total = xcls + (size_t)ow * sizeof(int);
     }
@@ -197,13 +193,12 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int iy_base = oy0 * s - pad;  // input row of the field's row 0 (column 0 is -pad)
     const int bstride = p.ldr + 16, chunks = p.ldr / 16, cells = p.pr * p.wp;
 
-    // The weight rows (rows past O zero-filled) and their popcounts: the layer prepares
-    // them before any input arrives (see conv.cu's implicit GEMM).
     pdl_trigger();  // the next kernel's preamble may overlap this one
     // Everything the layer prepares before the kernel just ahead of this one (weights, their
     // popcounts, the corrections and pixel classes; see conv.cu's implicit GEMM) comes in by
     // cp.async, so no load waits before the input's: the correction columns, the weight
-    // popcount parts, the pixel classes of column 0 and of row 0, then the weight rows.
+    // popcount parts, the pixel classes of column 0 and of row 0, then the weight rows (rows
+    // past O zero-filled).
     for (int cls = 0; cls < p.classes; cls++)
         for (int col = tid; col < p.bn; col += kFusedThreads) {
             const bool ok = ep.conv.corr && col < cols;
@@ -216,27 +211,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : wpopc, 4,
                    pc != nullptr);
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Weight rows by bulk copies (one per row, issued by warp 0) completing on an mbarrier;
-    // rows past O are zeroed.
-    const unsigned wbar = smem_u32(smem + lay.bar);
-    if (warp == 0) {
-        if (lane == 0) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(wbar));
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wbar), "r"(cols * p.ldr)
-                         : "memory");
-        }
-        __syncwarp();
-        for (int r = lane; r < cols; r += 32)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             smem_u32(sB + r * bstride)),
-                         "l"(wbits + (int64_t)(n0 + r) * ld), "r"(p.ldr), "r"(wbar)
-                         : "memory");
-    }
-    for (int i = cols * (bstride / 16) + tid; i < p.bn * (bstride / 16); i += kFusedThreads)
-        reinterpret_cast<uint4 *>(sB)[i] = make_uint4(0u, 0u, 0u, 0u);
-#else
     {
         // Chunk (r, c) of the bn x chunks weight chunks, walked with one division.
         const int dr = kFusedThreads / chunks, dc = kFusedThreads - dr * chunks;
@@ -250,7 +224,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             cp_async_n(dst, r < cols ? src : wbits, 16, r < cols);
         }
     }
-#endif
     cp_async_commit();
 
     pdl_wait();  // the input (and the bias, which training updates) may come from the kernel before
@@ -288,7 +261,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
     }
     __syncthreads();  // the field is zeroed, the thresholds are in
-
     for (int it = warp; it < items; it += kFusedWarps) {
         const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
         if (off < P) {
@@ -306,7 +278,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         if (it + kFusedWarps < items) load_item(it + kFusedWarps);
     }
     cp_async_wait<0>();
-    __syncthreads();  // the field and the tables
+    __syncthreads();  // the field, the weights and the tables
     for (int col = tid; col < p.bn; col += kFusedThreads) {
         int pc2 = 0;
         for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
@@ -332,16 +304,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         sRcls[r] = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];  // class(oy, 0) + class(0, ox) - class(0, 0)
         sRoff[r] = cell0 * p.pstride;
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    {
-        uint32_t done = 0;
-        while (!done)
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\nselp.u32 %0, 1, 0, p;\n}\n"
-                         : "=r"(done)
-                         : "r"(wbar)
-                         : "memory");
-    }
-#endif
     __syncthreads();
 
     // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
@@ -490,20 +452,6 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan
                 *out = p;
                 found = true;
             }
-        }
-    }
-    // SWEEP-ONLY
-    if (const char *e = getenv("BIE_FUSED_PLAN")) {
-        int bn = 0, rb = 0;
-        if (sscanf(e, "%d,%d", &bn, &rb) == 2 && found) {
-            FusedPlan p = *out;
-            p.bn = bn;
-            p.warps = bn == 256 ? 16 : 8;
-            p.rb = rb;
-            p.nb = (int)((g->oh + rb - 1) / rb);
-            p.pr = (int)((rb - 1) * g->s + (g->k - 1) * g->d + 1);
-            p.rows = (int)((rb * g->ow + 31) / 32 * 32);
-            *out = p;
         }
     }
     return found;

@@ -2,8 +2,8 @@
  * bfloat16 and float16 outputs equal the CPU's float32 result rounded once to that dtype) in
  * training and inference modes with every CUDA kernel, over strides, paddings (including
  * output rows with no valid tap), dilations, 1x1 and even kernels and channel counts that are
- * not multiples of 32; backward within float tolerance; bad input rejected with outputs
- * untouched. Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_conv2d [--small] */
+ * not multiples of 32; special values (infinities, NaN, signed zeros, subnormals, x = -bias)
+ * in inference; backward within float tolerance; bad input rejected with outputs untouched. Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_conv2d [--small] */
 #include "gpu_util.h"
 
 typedef struct geo {
@@ -169,6 +169,48 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     free_pair(&p);
 }
 
+/* Inference forward on special values, bit for bit against the CPU: biases of +-0, +-inf,
+ * NaN and tiny (subnormal) values, inputs of +-0, +-inf, NaN, subnormals and exactly -bias
+ * (v = x + bias = 0), in every dtype; C = 128 and 100 take the fused kernel. */
+static void special_values(bie_dtype dt, int64_t c) {
+    const geo g = {2, c, 5, 6, 40, 3, 1, 1, 1};
+    pair p = make_pair(dt, g, 11);
+    const float inf = INFINITY, nan = NAN;
+    const float biases[] = {0.0f, -0.0f, inf, -inf, nan, 0.5f, -0.25f, 1e-40f, -1e-40f, 3e38f, -3e38f};
+    const float xs[] = {0.0f, -0.0f, inf, -inf, nan, -0.5f, 0.25f, 0.5f, -1e-40f, 1e-40f, 1.0f, -2.0f, 6e-8f};
+    const int nb = (int)(sizeof biases / sizeof biases[0]), nxv = (int)(sizeof xs / sizeof xs[0]);
+    float *bias = tu_alloc((size_t)c * 4);
+    for (int64_t i = 0; i < c; i++) bias[i] = i % 3 == 0 ? biases[(i / 3) % nb] : (float)((i % 7) - 3) * 0.125f;
+    bie_tensor cb, gb, hb = tu_view(bias, BIE_F32, 1, c, 0, 0, 0);
+    CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    memcpy(cb.data, bias, (size_t)c * 4);
+    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_tensor_copy(&gb, &hb));
+    const int64_t nx = g.n * c * g.h * g.w, hw = g.h * g.w;
+    float *x = tu_alloc((size_t)nx * 4);
+    fill_input(x, nx);
+    for (int64_t i = 0; i < nx; i++) {
+        const int64_t ch = i / hw % c;
+        if (i % 5 == 0) x[i] = xs[(i / 5) % nxv];
+        else if (i % 5 == 1 && isfinite(bias[ch])) x[i] = -bias[ch]; /* v = 0 where -bias is exact */
+        x[i] = round_to(dt, x[i]);
+    }
+    bie_tensor gx = upload_as(dt, x, g.n * c * g.h, g.w);
+    reshape4(&gx, g.n, c, g.h, g.w);
+    bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, c, g.h, g.w);
+    CHECK_OK(bie_binary_conv2d_set_scale_a(p.cpu, 1.5f));
+    CHECK_OK(bie_binary_conv2d_set_scale_a(p.gpu, 1.5f));
+    CHECK_OK(bie_binary_conv2d_set_training(p.cpu, false));
+    CHECK_OK(bie_binary_conv2d_set_training(p.gpu, false));
+    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.gpu, true));
+    forward_matches(&p, &gx, &cx, "special values");
+    bie_tensor_free(&gx);
+    free(x);
+    free(bias);
+    free_pair(&p);
+}
+
 static void bad_input(void) {
     const geo g = {2, 5, 6, 6, 4, 3, 1, 1, 1};
     pair p = make_pair(BIE_BF16, g, 5);
@@ -230,6 +272,10 @@ int main(int argc, char **argv) {
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
+    for (int d = 0; d < 3; d++) {
+        special_values(kDtypes[d], 128);
+        special_values(kDtypes[d], 100);
+    }
     bad_input();
     return tu_finish();
 }
