@@ -199,11 +199,14 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     // cp.async, so no load waits before the input's: the correction columns, the weight
     // popcount parts, the pixel classes of column 0 and of row 0, then the weight rows (rows
     // past O zero-filled).
-    for (int cls = 0; cls < p.classes; cls++)
-        for (int col = tid; col < p.bn; col += kFusedThreads) {
+    {
+        const int lbn = __ffs(p.bn) - 1;  // bn is a power of two
+        for (int i = tid; i < p.classes * p.bn; i += kFusedThreads) {
+            const int cls = i >> lbn, col = i & (p.bn - 1);
             const bool ok = ep.conv.corr && col < cols;
-            cp_async_n(smem_u32(sCorr + cls * p.bn + col), ok ? ep.conv.corr + (int64_t)cls * O + n0 + col : wpopc, 4, ok);
+            cp_async_n(smem_u32(sCorr + i), ok ? ep.conv.corr + cls * O + n0 + col : wpopc, 4, ok);
         }
+    }
     for (int i = tid; i < p.bn * p.parts; i += kFusedThreads)
         cp_async_n(smem_u32(sPop + i), wpopc + (int64_t)n0 * p.parts + (i < cols * p.parts ? i : 0), 4, i < cols * p.parts);
     for (int i = tid; i < oh + ow; i += kFusedThreads) {
@@ -408,7 +411,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
 // 512->512 7x7 128 x 7 16.8, 256 x 7 17.4, 128 x 4 27.0.
 bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
-    if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX)
+    if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX ||
+        (int64_t)classes * g->o >= INT32_MAX)
         return false;
     int dev = 0, max_smem = 0, sm_smem = 0, sms = 1;
     if (cudaGetDevice(&dev) != cudaSuccess ||
