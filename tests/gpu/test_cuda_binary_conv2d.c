@@ -268,6 +268,10 @@ int main(int argc, char **argv) {
          * several channel groups and bands per image */
         {3, 100, 13, 11, 70, 3, 2, 1, 1}, {1, 128, 30, 30, 33, 3, 1, 1, 2}, {2, 256, 9, 7, 50, 2, 1, 0, 1},
         {1, 512, 5, 6, 40, 1, 1, 0, 1},   {2, 128, 23, 20, 64, 5, 3, 2, 1}, {1, 120, 6, 6, 300, 3, 1, 3, 1},
+        /* batches large enough that the fused kernel's planner (on an H100) takes 256-channel
+         * 16-warp blocks with 2-row bands, 128-channel blocks with 3-row bands and 4-pixel
+         * loads, 128-channel blocks over 6x6 images */
+        {8, 256, 12, 12, 512, 3, 1, 1, 1}, {16, 128, 12, 12, 512, 3, 1, 1, 1}, {32, 128, 6, 6, 512, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
