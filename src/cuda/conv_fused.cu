@@ -28,6 +28,9 @@
 namespace bie_cuda {
 namespace {
 
+// Each warp's epilogue stage: 16 pixels x 32 channels of dot products, rows 33 ints apart.
+constexpr int kStagePitch = 33, kStageInts = 16 * kStagePitch;
+
 // The launch geometry of one layer call.
 struct FusedPlan {
     int bn;       // output channels per block (64, 128 or 256)
@@ -48,7 +51,7 @@ struct FusedPlan {
 // - 2 popcount(weight column)) per class, the weight popcounts, the channels' sign
 // thresholds and the class tables.
 struct FusedSmem {
-    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, ycls, xcls, total;
+    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, ycls, xcls, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int c, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
@@ -63,7 +66,8 @@ struct FusedSmem {
         thr = (pop + (size_t)p.bn * p.parts * sizeof(int) + 15) / 16 * 16;
         ycls = thr + (size_t)(c + 31) / 32 * 32 * sizeof(uint32_t);
         xcls = ycls + (size_t)oh * sizeof(int);
-        total = xcls + (size_t)ow * sizeof(int);
+        stage = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
+        total = stage + (size_t)p.warps * kStageInts * sizeof(int);
     }
 };
 
@@ -148,17 +152,7 @@ template <int VP> struct PackBits<float, VP> {
     }
 };
 
-// Output element pairs of type T.
-template <typename T> __device__ __forceinline__ void store_pair(T *p, float a, float b);
-template <> __device__ __forceinline__ void store_pair<float>(float *p, float a, float b) {
-    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
-}
-template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16 *p, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
-}
-template <> __device__ __forceinline__ void store_pair<__half>(__half *p, float a, float b) {
-    *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(a, b);
-}
+// Output elements of type T.
 __device__ __forceinline__ void store_one(float *p, float v) { *p = v; }
 __device__ __forceinline__ void store_one(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_one(__half *p, float v) { *p = __float2half(v); }
@@ -187,6 +181,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int *sStage = reinterpret_cast<int *>(smem + lay.stage) + warp * kStageInts;
     const int n = (int)blockIdx.x / p.nb, oy0 = ((int)blockIdx.x - n * p.nb) * p.rb;
     const int band_px = min(p.rb, oh - oy0) * ow;
     const int n0 = (int)blockIdx.y * p.bn, cols = min(p.bn, O - n0);
@@ -358,44 +353,28 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
         if (kc < ksteps) mma(f0);
         // dot = K - 2 popc(row) - 2 popc(column) + 4 popc(AND) + the row class's correction,
-        // times the scale. Full tiles with pairs: lanes g and g ^ 1 swap one value so each
-        // stores two neighbouring pixels of one channel (offsets in 32 bits: bn plane < 2^31).
-        const bool full = pairs && mt * 32 + 32 <= band_px && nt * 32 + 32 <= cols, odd = g & 1;
-        const int lane_col = nt * 32 + 2 * t4, pair_off = odd ? plane - 1 : 0;
-        auto value = [&](int term, int cterm, int a) { return (float)(term + cterm + 4 * a) * scale; };
-        if (full) {
+        // times the scale. Each 16-pixel half of the tile goes through the warp's stage so
+        // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring
+        // pixels (contiguous in the plane), and the loop stays small for the instruction cache.
+        const int pl = lane & 15, ch0 = (lane >> 4) * 16, ncol = min(16, cols - nt * 32 - ch0);
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int rl = mt * 32 + i * 16 + g + 8 * hh, term = sRow[rl];
-                    const int *corr = sCorr + sRcls[rl] * p.bn + lane_col;
-                    T *o = out + (lane_col * plane + rl + pair_off);
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const int2 cc = *reinterpret_cast<const int2 *>(corr + j * 8);
-                        const float v0 = value(term, cc.x, acc[i][j][hh * 2]);
-                        const float v1 = value(term, cc.y, acc[i][j][hh * 2 + 1]);
-                        const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-                        store_pair(o + j * 8 * plane, odd ? got : v0, odd ? v1 : got);
-                    }
-                }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int rl = mt * 32 + i * 16 + g + 8 * hh, term = sRow[rl];
-                    if (rl >= band_px) continue;
-                    const int *corr = sCorr + sRcls[rl] * p.bn + lane_col;
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int cl = lane_col + j * 8 + e;
-                            if (cl < cols) store_one(out + (cl * plane + rl), value(term, corr[j * 8 + e], acc[i][j][hh * 2 + e]));
-                        }
-                }
+                for (int e = 0; e < 4; e++)
+                    sStage[(g + 8 * (e >> 1)) * kStagePitch + j * 8 + 2 * t4 + (e & 1)] = acc[i][j][e];
+            __syncwarp();
+            const int rl = mt * 32 + i * 16 + pl;
+            if (rl < band_px) {
+                const int term = sRow[rl];
+                const int *corr = sCorr + sRcls[rl] * p.bn + nt * 32 + ch0;
+                const int *st = sStage + pl * kStagePitch + ch0;
+                T *o = out + ((nt * 32 + ch0) * plane + rl);
+#pragma unroll 4
+                for (int c = 0; c < ncol; c++) store_one(o + c * plane, (float)(term + corr[c] + 4 * st[c]) * scale);
+            }
+            __syncwarp();  // the stage is free again
         }
     }
 }
