@@ -158,13 +158,11 @@ __device__ __forceinline__ void store_one(__nv_bfloat16 *p, float v) { *p = __fl
 __device__ __forceinline__ void store_one(__half *p, float v) { *p = __float2half(v); }
 
 // WARPS: 8 (two blocks per SM) or 16. VP: input pixels per lane in the pack (one aligned
-// load of VP elements). Input and output
-// are both of type T. pairs: the output's band rows start at even offsets of even planes
-// and the output is aligned to two elements.
+// load of VP elements). Input and output are both of type T.
 template <typename T, int VP, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     bconv_fused(const T *__restrict__ x, const float *__restrict__ bias, const uint8_t *__restrict__ wbits,
-                int64_t ld, const int *__restrict__ wpopc, bie_cuda_conv_shape g64, FusedPlan p, bool pairs,
+                int64_t ld, const int *__restrict__ wpopc, bie_cuda_conv_shape g64, FusedPlan p,
                 Epilogue ep) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, H = (int)g64.h, W = (int)g64.w;
@@ -442,7 +440,7 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan
 
 template <typename T, int VP>
 cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
-                         const bie_cuda_conv_shape *g, const FusedPlan &p, bool pairs, const Epilogue &ep) {
+                         const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
     const size_t smem = FusedSmem(p, (int)g->c, (int)g->oh, (int)g->ow).total;
     cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
@@ -450,7 +448,7 @@ cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits,
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)(g->n * p.nb), (unsigned)((g->o + p.bn - 1) / p.bn));
     return launch_after(fn, grid, dim3(32 * p.warps), smem, static_cast<const T *>(x), bias, wbits, ld, wpopc,
-                        *g, p, pairs, ep);
+                        *g, p, ep);
 }
 
 // Whether runs of vp input pixels stay aligned and inside every band's rows.
@@ -470,12 +468,10 @@ cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wb
                              const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     int vp = 1;
     while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && runs_fit(g, p, vp * 2)) vp *= 2;
-    const bool pairs = (g->oh * g->ow) % 2 == 0 && (p.rb * g->ow) % 2 == 0 &&
-                       reinterpret_cast<uintptr_t>(ep.out) % (2 * sizeof(T)) == 0;
     constexpr int kWide = 8 / sizeof(T);
-    if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
-    if (vp == 2) return launch_fused<T, 2>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
-    return launch_fused<T, 1>(x, bias, wbits, ld, wpopc, g, p, pairs, ep);
+    if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wbits, ld, wpopc, g, p, ep);
+    if (vp == 2) return launch_fused<T, 2>(x, bias, wbits, ld, wpopc, g, p, ep);
+    return launch_fused<T, 1>(x, bias, wbits, ld, wpopc, g, p, ep);
 }
 
 }  // namespace
