@@ -49,7 +49,7 @@ struct FusedPlan {
 // popcounts, the tap offset of every 16-byte chunk of a GEMM row, each band pixel's
 // K - 2 popcount(row), padding class and packed-row offset, the column terms (correction
 // - 2 popcount(weight column)) per class, the weight popcounts, the channels' sign
-// thresholds and the class tables.
+// thresholds, the class tables and each warp's epilogue stage.
 struct FusedSmem {
     size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, ycls, xcls, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int c, int oh, int ow) {
@@ -354,6 +354,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         // times the scale. Each 16-pixel half of the tile goes through the warp's stage so
         // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring
         // pixels (contiguous in the plane), and the loop stays small for the instruction cache.
+        // Offsets in 32 bits: bn plane < 2^31 (fused_plan).
         const int pl = lane & 15, ch0 = (lane >> 4) * 16, ncol = min(16, cols - nt * 32 - ch0);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
