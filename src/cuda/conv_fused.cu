@@ -152,11 +152,6 @@ template <int VP> struct PackBits<float, VP> {
     }
 };
 
-// Output elements of type T.
-__device__ __forceinline__ void store_one(float *p, float v) { *p = v; }
-__device__ __forceinline__ void store_one(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
-__device__ __forceinline__ void store_one(__half *p, float v) { *p = __float2half(v); }
-
 // WARPS: 8 (two blocks per SM) or 16. VP: input pixels per lane in the pack (one aligned
 // load of VP elements). Input and output are both of type T.
 template <typename T, int VP, int WARPS>
@@ -371,7 +366,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
                 const int *st = sStage + pl * kStagePitch + ch0;
                 T *o = out + ((nt * 32 + ch0) * plane + rl);
 #pragma unroll 4
-                for (int c = 0; c < ncol; c++) store_one(o + c * plane, (float)(term + corr[c] + 4 * st[c]) * scale);
+                for (int c = 0; c < ncol; c++) o[c * plane] = from_f32<T>((float)(term + corr[c] + 4 * st[c]) * scale);
             }
             __syncwarp();  // the stage is free again
         }
