@@ -46,25 +46,21 @@ struct FusedPlan {
 
 // Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
 // so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
-// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each band pixel's
-// K - 2 popcount(row), padding class and packed-row offset, the column terms (correction
-// - 2 popcount(weight column)) per class, the weight popcounts, the channels' sign
-// thresholds, the class tables and each warp's epilogue stage.
+// popcounts, the tap offset of every 16-byte chunk of a GEMM row, the column terms
+// (correction - 2 popcount(weight column)) per class, the weight popcounts, the class
+// tables and each warp's epilogue stage (which also holds the warp's sign thresholds
+// during the pack).
 struct FusedSmem {
-    size_t b, img, ppix, delta, row, rcls, roff, corr, pop, thr, ycls, xcls, stage, total;
-    __host__ __device__ FusedSmem(const FusedPlan &p, int c, int oh, int ow) {
+    size_t b, img, ppix, delta, corr, pop, ycls, xcls, stage, total;
+    __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
         img = b + (size_t)p.bn * (p.ldr + 16);
         ppix = img + cells * p.pstride;
         delta = ppix + cells * sizeof(int);
-        row = delta + (size_t)(p.ldr / 16) * sizeof(int);
-        rcls = row + (size_t)p.rows * sizeof(int);
-        roff = rcls + (size_t)p.rows * sizeof(int);
-        corr = (roff + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
+        corr = (delta + (size_t)(p.ldr / 16) * sizeof(int) + 15) / 16 * 16;
         pop = corr + (size_t)p.classes * p.bn * sizeof(int);
-        thr = (pop + (size_t)p.bn * p.parts * sizeof(int) + 15) / 16 * 16;
-        ycls = thr + (size_t)(c + 31) / 32 * 32 * sizeof(uint32_t);
+        ycls = pop + (size_t)p.bn * p.parts * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
         stage = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
         total = stage + (size_t)p.warps * kStageInts * sizeof(int);
@@ -164,13 +160,10 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int s = (int)g64.s, pad = (int)g64.p, dil = (int)g64.d, oh = (int)g64.oh, ow = (int)g64.ow;
     const int O = (int)g64.o, plane = oh * ow;
     constexpr int kFusedThreads = WARPS * 32, kFusedWarps = WARPS;
-    const FusedSmem lay(p, C, oh, ow);
+    const FusedSmem lay(p, oh, ow);
     uint8_t *sB = smem + lay.b, *sImg = smem + lay.img;
     int *sPpix = reinterpret_cast<int *>(smem + lay.ppix), *sDelta = reinterpret_cast<int *>(smem + lay.delta);
-    int *sRow = reinterpret_cast<int *>(smem + lay.row), *sRcls = reinterpret_cast<int *>(smem + lay.rcls);
-    int *sRoff = reinterpret_cast<int *>(smem + lay.roff);
     int *sCorr = reinterpret_cast<int *>(smem + lay.corr), *sPop = reinterpret_cast<int *>(smem + lay.pop);
-    uint32_t *sThr = reinterpret_cast<uint32_t *>(smem + lay.thr);
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -182,11 +175,11 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int bstride = p.ldr + 16, chunks = p.ldr / 16, cells = p.pr * p.wp;
 
     pdl_trigger();  // the next kernel's preamble may overlap this one
-    // Everything the layer prepares before the kernel just ahead of this one (weights, their
-    // popcounts, the corrections and pixel classes; see conv.cu's implicit GEMM) comes in by
-    // cp.async, so no load waits before the input's: the correction columns, the weight
-    // popcount parts, the pixel classes of column 0 and of row 0, then the weight rows (rows
-    // past O zero-filled).
+    // Everything that does not depend on the input runs before pdl_wait, behind the kernel
+    // just ahead of this one. The layer prepares the weights, their popcounts, the
+    // corrections and pixel classes before that kernel (see conv.cu's implicit GEMM); they
+    // come in by cp.async: the correction columns, the weight popcount parts, the pixel
+    // classes of column 0 and of row 0, then the weight rows (rows past O zero-filled).
     {
         const int lbn = __ffs(p.bn) - 1;  // bn is a power of two
         for (int i = tid; i < p.classes * p.bn; i += kFusedThreads) {
@@ -216,19 +209,41 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
     }
     cp_async_commit();
+    // The field (zero words stand for the padding) and its pixel popcounts start at zero.
+    for (int i = tid; i < cells * p.pstride / 16; i += kFusedThreads)
+        reinterpret_cast<uint4 *>(sImg)[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = tid; i < cells; i += kFusedThreads) sPpix[i] = 0;
+    // Chunk q of a GEMM row (16 bytes: words 4q..4q+3, inside one tap since cw % 4 == 0)
+    // sits at this byte offset from its pixel's packed row; chunks past the taps multiply
+    // zero weight bits, so any readable address does.
+    for (int i = tid; i < chunks; i += kFusedThreads) {
+        const int tap = 4 * i / cw, off = 4 * i - tap * cw;
+        sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    // Column terms: correction - 2 popcount(weight column), per class (read after the
+    // barrier that ends the pack).
+    for (int col = tid; col < p.bn; col += kFusedThreads) {
+        int pc2 = 0;
+        for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
+        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * p.bn + col] -= pc2;
+    }
 
     pdl_wait();  // the input (and the bias, which training updates) may come from the kernel before
     // The input's pack: warp = (sign word wd, 32 VP consecutive input pixels of the field's
     // rows inside the input), lane = VP pixels, one aligned load per channel (channels past
-    // C load channel C - 1 again; their thresholds clear the bits). The first item's loads
-    // go out before the tables below are built.
+    // C load channel C - 1 again; their thresholds clear the bits), and the bias of channel
+    // 32 wd + lane, whose threshold the warp puts in its stage.
     const int vr0 = max(iy_base, 0), vr1 = min(iy_base + p.pr, H), xw = min(W, p.wp - pad);
     const int P = (vr1 - vr0) * W, items = (P > 0 ? (P + 32 * VP - 1) / (32 * VP) : 0) * cw;
     const int hw = H * W;  // C H W < 2^31 (fused_plan)
     const T *img = x + (int64_t)n * C * hw;
     RawRun<sizeof(T) * VP> run[32];
+    float bv = 0.0f;
     auto load_item = [&](int it) {
-        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
+        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP, ch = wd * 32 + lane;
+        bv = ch < C ? bias[ch] : NAN;  // channels past C: a NaN threshold, so their bits are zero
         if (off >= P) return;
         const int c0 = wd * 32, cn = min(32, C - c0), first = c0 * hw + vr0 * W + off;
         if (cn == 32) {
@@ -240,74 +255,50 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
     };
     if (warp < items) load_item(warp);
-    // Thresholds of channels past C: NaN, so their bits are zero.
-    for (int c = tid; c < cw * 32; c += kFusedThreads) sThr[c] = sign_threshold<T>(c < C ? bias[c] : NAN);
-    for (int i = tid; i < cells * p.pstride / 16; i += kFusedThreads)
-        reinterpret_cast<uint4 *>(sImg)[i] = make_uint4(0u, 0u, 0u, 0u);
-    // Chunk q of a GEMM row (16 bytes: words 4q..4q+3, inside one tap since cw % 4 == 0)
-    // sits at this byte offset from its pixel's packed row; chunks past the taps multiply
-    // zero weight bits, so any readable address does.
-    for (int i = tid; i < chunks; i += kFusedThreads) {
-        const int tap = 4 * i / cw, off = 4 * i - tap * cw;
-        sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
-    }
-    __syncthreads();  // the field is zeroed, the thresholds are in
+    uint32_t *thr = reinterpret_cast<uint32_t *>(sStage);
     for (int it = warp; it < items; it += kFusedWarps) {
         const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
+        __syncwarp();  // the previous item's thresholds are read
+        thr[lane] = sign_threshold<T>(bv);
+        __syncwarp();
         if (off < P) {
             uint32_t sb[VP];
-            PackBits<T, VP>::run(run, sThr + wd * 32, sb);
+            PackBits<T, VP>::run(run, thr, sb);
             int iy = off / W, ix = off - iy * W;  // P % VP == 0: the whole run is inside
 #pragma unroll
             for (int j = 0; j < VP; j++) {
-                if (ix < xw)
-                    *reinterpret_cast<uint32_t *>(sImg + ((vr0 - iy_base + iy) * p.wp + pad + ix) * p.pstride +
-                                                  wd * 4) = sb[j];
+                if (ix < xw) {
+                    const int cell = (vr0 - iy_base + iy) * p.wp + pad + ix;
+                    *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + wd * 4) = sb[j];
+                    atomicAdd(sPpix + cell, __popc(sb[j]));
+                }
                 if (++ix == W) ix = 0, iy++;
             }
         }
         if (it + kFusedWarps < items) load_item(it + kFusedWarps);
     }
-    cp_async_wait<0>();
-    __syncthreads();  // the field, the weights and the tables
-    for (int col = tid; col < p.bn; col += kFusedThreads) {
-        int pc2 = 0;
-        for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
-        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * p.bn + col] -= pc2;
-    }
-    for (int i = tid; i < cells; i += kFusedThreads) {
-        const uint4 *wv = reinterpret_cast<const uint4 *>(sImg + i * p.pstride);
-        int cnt = 0;
-        for (int q = 0; q < cw / 4; q++) {
-            const uint4 v = wv[q];
-            cnt += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
-        }
-        sPpix[i] = cnt;
-    }
-    __syncthreads();
-    const int K = C * kk;  // < 2^24
-    for (int r = tid; r < p.rows; r += kFusedThreads) {
-        const int rc = min(r, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow, cell0 = oyl * s * p.wp + ox * s;
-        int pa = 0;
-        for (int ti = 0; ti < k; ti++)
-            for (int tj = 0; tj < k; tj++) pa += sPpix[cell0 + ti * dil * p.wp + tj * dil];
-        sRow[r] = K - 2 * pa;
-        sRcls[r] = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];  // class(oy, 0) + class(0, ox) - class(0, 0)
-        sRoff[r] = cell0 * p.pstride;
-    }
-    __syncthreads();
+    __syncthreads();  // the field and its popcounts; the column terms
 
     // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
     // pixels, four n8 B fragments from the weight rows, per 256-bit k step.
     const float scale = ep.scale();
+    const int K = C * kk;  // < 2^24
     const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
     const int nts = (cols + 31) / 32, units = (band_px + 31) / 32 * nts, ksteps = p.ldr / 32;
     T *out = static_cast<T *>(ep.out) + ((int64_t)n * O + n0) * plane + (int64_t)oy0 * ow;
     const unsigned img_at = smem_u32(sImg);
     for (int u = warp; u < units; u += kFusedWarps) {
         const int mt = u / nts, nt = u - mt * nts;
-        const unsigned a0 = img_at + sRoff[mt * 32 + r8 + 8 * (q & 1)];
-        const unsigned a1 = img_at + sRoff[mt * 32 + 16 + r8 + 8 * (q & 1)];
+        // Lane's row of the tile (rows past the band repeat its last pixel): its field cell,
+        // K - 2 popcount(row) and padding class (class(oy, 0) + class(0, ox) - class(0, 0)).
+        const int rc = min(mt * 32 + lane, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow;
+        const int cell0 = oyl * s * p.wp + ox * s;
+        int pa = 0;
+        for (int ti = 0; ti < k; ti++)
+            for (int tj = 0; tj < k; tj++) pa += sPpix[cell0 + ti * dil * p.wp + tj * dil];
+        const int rterm = K - 2 * pa, rcls = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];
+        const unsigned a0 = img_at + __shfl_sync(~0u, cell0, r8 + 8 * (q & 1)) * p.pstride;
+        const unsigned a1 = img_at + __shfl_sync(~0u, cell0, 16 + r8 + 8 * (q & 1)) * p.pstride;
         const unsigned b_at = smem_u32(sB + (nt * 32 + r8 + 8 * (q >> 1)) * bstride + 16 * (q & 1));
         int acc[2][4][4];
 #pragma unroll
@@ -353,6 +344,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         const int pl = lane & 15, ch0 = (lane >> 4) * 16, ncol = min(16, cols - nt * 32 - ch0);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
+            __syncwarp();  // the stage is free (the thresholds or the previous half are read)
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -360,15 +352,14 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
                     sStage[(g + 8 * (e >> 1)) * kStagePitch + j * 8 + 2 * t4 + (e & 1)] = acc[i][j][e];
             __syncwarp();
             const int rl = mt * 32 + i * 16 + pl;
+            const int term = __shfl_sync(~0u, rterm, i * 16 + pl), cls = __shfl_sync(~0u, rcls, i * 16 + pl);
             if (rl < band_px) {
-                const int term = sRow[rl];
-                const int *corr = sCorr + sRcls[rl] * p.bn + nt * 32 + ch0;
+                const int *corr = sCorr + cls * p.bn + nt * 32 + ch0;
                 const int *st = sStage + pl * kStagePitch + ch0;
                 T *o = out + ((nt * 32 + ch0) * plane + rl);
 #pragma unroll 4
                 for (int c = 0; c < ncol; c++) o[c * plane] = from_f32<T>((float)(term + corr[c] + 4 * st[c]) * scale);
             }
-            __syncwarp();  // the stage is free again
         }
     }
 }
@@ -414,7 +405,7 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan
             p.ldr = (int)ldr;
             p.parts = bie_cuda_popc_parts(ld);
             p.classes = classes;
-            const size_t smem = FusedSmem(p, (int)g->c, (int)g->oh, (int)g->ow).total;
+            const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
             if (smem > (size_t)max_smem || (int64_t)p.pr * wp > (1 << 20)) continue;
             const int64_t per_sm = p.warps == 8 && smem * 2 + 2048 <= (size_t)sm_smem ? 2 : 1;
             const int64_t blocks = g->n * p.nb * ((g->o + bn - 1) / bn);
@@ -438,7 +429,7 @@ template <typename T, int VP>
 cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
                          const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
-    const size_t smem = FusedSmem(p, (int)g->c, (int)g->oh, (int)g->ow).total;
+    const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
     cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
