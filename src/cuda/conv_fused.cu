@@ -28,8 +28,9 @@
 namespace bie_cuda {
 namespace {
 
-// Each warp's epilogue stage: 16 pixels x 32 channels of dot products, rows 33 ints apart.
-constexpr int kStagePitch = 33, kStageInts = 16 * kStagePitch;
+// Each warp's epilogue stage: 16 pixels x 32 channels of output values, rows an odd number
+// of 16-byte chunks apart (conflict-free 16-byte reads of a row).
+__host__ __device__ constexpr int stage_pitch(int esize) { return 32 * esize + 16; }
 
 // The launch geometry of one layer call.
 struct FusedPlan {
@@ -42,28 +43,32 @@ struct FusedPlan {
     int ldr;      // bytes of a weight row in shared memory (taps, padded to 32 bytes)
     int parts;    // popcount parts per weight row (bie_cuda_popc_parts)
     int classes;
+    int esize;    // bytes per input / output element
 };
 
 // Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
 // so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
-// popcounts, the tap offset of every 16-byte chunk of a GEMM row, the column terms
+// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field cell
+// and padding class, the column terms
 // (correction - 2 popcount(weight column)) per class, the weight popcounts, the class
 // tables and each warp's epilogue stage (which also holds the warp's sign thresholds
 // during the pack).
 struct FusedSmem {
-    size_t b, img, ppix, delta, corr, pop, ycls, xcls, stage, total;
+    size_t b, img, ppix, delta, cell, rcls, corr, pop, ycls, xcls, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
         img = b + (size_t)p.bn * (p.ldr + 16);
         ppix = img + cells * p.pstride;
         delta = ppix + cells * sizeof(int);
-        corr = (delta + (size_t)(p.ldr / 16) * sizeof(int) + 15) / 16 * 16;
+        cell = delta + (size_t)(p.ldr / 16) * sizeof(int);
+        rcls = cell + (size_t)p.rows * sizeof(int);
+        corr = (rcls + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
         pop = corr + (size_t)p.classes * p.bn * sizeof(int);
         ycls = pop + (size_t)p.bn * p.parts * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
         stage = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
-        total = stage + (size_t)p.warps * kStageInts * sizeof(int);
+        total = stage + (size_t)p.warps * 16 * stage_pitch(p.esize);
     }
 };
 
@@ -148,6 +153,31 @@ template <int VP> struct PackBits<float, VP> {
     }
 };
 
+template <typename T> struct alignas(2 * sizeof(T)) Pair {
+    T x, y;
+};
+
+// One m16 half of a warp's tile (acc: lane's pixels g and g + 8, channel pairs 8 j + 2 t4)
+// into its stage as output values: (K - 2 popc(row) + the row class's column term + 4
+// popc(AND)) times the scale, the column term being correction - 2 popc(column). Where no
+// row of the half has padding taps (class 0) the terms come from registers (col0).
+template <typename T, int SP>
+__device__ __forceinline__ void stage_half(uint8_t *stage, const int (&acc)[4][4], const int (&term)[2],
+                                           const int (&cls)[2], const int2 (&col0)[4], const int *corr, int bn,
+                                           int g, int t4, float scale) {
+    const bool padded = __any_sync(~0u, (cls[0] | cls[1]) != 0);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int c = j * 8 + 2 * t4;
+            const int2 ct = padded ? *reinterpret_cast<const int2 *>(corr + cls[r] * bn + c) : col0[j];
+            const float v0 = (float)(term[r] + ct.x + 4 * acc[j][2 * r]) * scale;
+            const float v1 = (float)(term[r] + ct.y + 4 * acc[j][2 * r + 1]) * scale;
+            *reinterpret_cast<Pair<T> *>(stage + (g + 8 * r) * SP + c * sizeof(T)) = {from_f32<T>(v0), from_f32<T>(v1)};
+        }
+}
+
 // WARPS: 8 (two blocks per SM) or 16. VP: input pixels per lane in the pack (one aligned
 // load of VP elements). Input and output are both of type T.
 template <typename T, int VP, int WARPS>
@@ -163,11 +193,13 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const FusedSmem lay(p, oh, ow);
     uint8_t *sB = smem + lay.b, *sImg = smem + lay.img;
     int *sPpix = reinterpret_cast<int *>(smem + lay.ppix), *sDelta = reinterpret_cast<int *>(smem + lay.delta);
+    int *sCell = reinterpret_cast<int *>(smem + lay.cell), *sRcls = reinterpret_cast<int *>(smem + lay.rcls);
     int *sCorr = reinterpret_cast<int *>(smem + lay.corr), *sPop = reinterpret_cast<int *>(smem + lay.pop);
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int *sStage = reinterpret_cast<int *>(smem + lay.stage) + warp * kStageInts;
+    constexpr int SP = stage_pitch((int)sizeof(T));
+    uint8_t *sStage = smem + lay.stage + warp * 16 * SP;
     const int n = (int)blockIdx.x / p.nb, oy0 = ((int)blockIdx.x - n * p.nb) * p.rb;
     const int band_px = min(p.rb, oh - oy0) * ow;
     const int n0 = (int)blockIdx.y * p.bn, cols = min(p.bn, O - n0);
@@ -222,12 +254,19 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     }
     cp_async_wait<0>();
     __syncthreads();
-    // Column terms: correction - 2 popcount(weight column), per class (read after the
-    // barrier that ends the pack).
+    // Column terms: correction - 2 popcount(weight column), per class, and the row tables
+    // (read after the barrier that ends the pack).
     for (int col = tid; col < p.bn; col += kFusedThreads) {
         int pc2 = 0;
         for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
         for (int cls = 0; cls < p.classes; cls++) sCorr[cls * p.bn + col] -= pc2;
+    }
+    // Each tile row (rows past the band repeat its last pixel): the field cell of its first
+    // tap and its padding class, class(oy, 0) + class(0, ox) - class(0, 0).
+    for (int r = tid; r < p.rows; r += kFusedThreads) {
+        const int rc = min(r, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow;
+        sCell[r] = oyl * s * p.wp + ox * s;
+        sRcls[r] = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];
     }
 
     pdl_wait();  // the input (and the bias, which training updates) may come from the kernel before
@@ -255,7 +294,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
     };
     if (warp < items) load_item(warp);
-    uint32_t *thr = reinterpret_cast<uint32_t *>(sStage);
+    uint32_t *thr = reinterpret_cast<uint32_t *>(sStage);  // the stage is free until the epilogue
     for (int it = warp; it < items; it += kFusedWarps) {
         const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
         __syncwarp();  // the previous item's thresholds are read
@@ -287,16 +326,23 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int nts = (cols + 31) / 32, units = (band_px + 31) / 32 * nts, ksteps = p.ldr / 32;
     T *out = static_cast<T *>(ep.out) + ((int64_t)n * O + n0) * plane + (int64_t)oy0 * ow;
     const unsigned img_at = smem_u32(sImg);
+    const int tap_row = dil * p.wp;
+    int mt = warp / nts, nt = warp - mt * nts;
     for (int u = warp; u < units; u += kFusedWarps) {
-        const int mt = u / nts, nt = u - mt * nts;
-        // Lane's row of the tile (rows past the band repeat its last pixel): its field cell,
-        // K - 2 popcount(row) and padding class (class(oy, 0) + class(0, ox) - class(0, 0)).
-        const int rc = min(mt * 32 + lane, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow;
-        const int cell0 = oyl * s * p.wp + ox * s;
+        // Lane's row of the tile: K - 2 popcount(row), the sum over the taps of its pixels'
+        // popcounts (3 x 3 unrolled).
+        const int cell0 = sCell[mt * 32 + lane], rcls = sRcls[mt * 32 + lane];
         int pa = 0;
-        for (int ti = 0; ti < k; ti++)
-            for (int tj = 0; tj < k; tj++) pa += sPpix[cell0 + ti * dil * p.wp + tj * dil];
-        const int rterm = K - 2 * pa, rcls = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];
+        if (k == 3) {
+#pragma unroll
+            for (int ti = 0; ti < 3; ti++)
+#pragma unroll
+                for (int tj = 0; tj < 3; tj++) pa += sPpix[cell0 + ti * tap_row + tj * dil];
+        } else {
+            for (int ti = 0; ti < k; ti++)
+                for (int tj = 0; tj < k; tj++) pa += sPpix[cell0 + ti * tap_row + tj * dil];
+        }
+        const int rterm = K - 2 * pa;
         const unsigned a0 = img_at + __shfl_sync(~0u, cell0, r8 + 8 * (q & 1)) * p.pstride;
         const unsigned a1 = img_at + __shfl_sync(~0u, cell0, 16 + r8 + 8 * (q & 1)) * p.pstride;
         const unsigned b_at = smem_u32(sB + (nt * 32 + r8 + 8 * (q >> 1)) * bstride + 16 * (q & 1));
@@ -336,31 +382,38 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             mma(f1);
         }
         if (kc < ksteps) mma(f0);
-        // dot = K - 2 popc(row) - 2 popc(column) + 4 popc(AND) + the row class's correction,
-        // times the scale. Each 16-pixel half of the tile goes through the warp's stage so
-        // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring
-        // pixels (contiguous in the plane), and the loop stays small for the instruction cache.
-        // Offsets in 32 bits: bn plane < 2^31 (fused_plan).
+        // Each 16-pixel half of the tile goes through the warp's stage as output values so
+        // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring pixels
+        // (contiguous in the plane). Offsets in 32 bits: bn plane < 2^31 (fused_plan).
+        int2 col0[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) col0[j] = *reinterpret_cast<const int2 *>(sCorr + nt * 32 + j * 8 + 2 * t4);
         const int pl = lane & 15, ch0 = (lane >> 4) * 16, ncol = min(16, cols - nt * 32 - ch0);
-#pragma unroll
+#pragma unroll 1
         for (int i = 0; i < 2; i++) {
+            const int term[2] = {__shfl_sync(~0u, rterm, i * 16 + g), __shfl_sync(~0u, rterm, i * 16 + g + 8)};
+            const int cls[2] = {__shfl_sync(~0u, rcls, i * 16 + g), __shfl_sync(~0u, rcls, i * 16 + g + 8)};
             __syncwarp();  // the stage is free (the thresholds or the previous half are read)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sStage[(g + 8 * (e >> 1)) * kStagePitch + j * 8 + 2 * t4 + (e & 1)] = acc[i][j][e];
+            // Static indices into acc in both branches keep it in registers.
+            if (i == 0)
+                stage_half<T, SP>(sStage, acc[0], term, cls, col0, sCorr + nt * 32, p.bn, g, t4, scale);
+            else
+                stage_half<T, SP>(sStage, acc[1], term, cls, col0, sCorr + nt * 32, p.bn, g, t4, scale);
             __syncwarp();
             const int rl = mt * 32 + i * 16 + pl;
-            const int term = __shfl_sync(~0u, rterm, i * 16 + pl), cls = __shfl_sync(~0u, rcls, i * 16 + pl);
             if (rl < band_px) {
-                const int *corr = sCorr + cls * p.bn + nt * 32 + ch0;
-                const int *st = sStage + pl * kStagePitch + ch0;
+                T v[16];
+                const uint4 *src = reinterpret_cast<const uint4 *>(sStage + pl * SP + ch0 * sizeof(T));
+#pragma unroll
+                for (int w = 0; w < (int)sizeof(v) / 16; w++) memcpy(reinterpret_cast<uint8_t *>(v) + 16 * w, src + w, 16);
                 T *o = out + ((nt * 32 + ch0) * plane + rl);
-#pragma unroll 4
-                for (int c = 0; c < ncol; c++) o[c * plane] = from_f32<T>((float)(term + corr[c] + 4 * st[c]) * scale);
+#pragma unroll
+                for (int c = 0; c < 16; c++, o += plane)
+                    if (c < ncol) *o = v[c];
             }
         }
+        nt += kFusedWarps;
+        while (nt >= nts) nt -= nts, mt++;
     }
 }
 
@@ -373,7 +426,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
 // H100 (N=64, forward in us): 256->256 14x14 128 channels x 7 rows 16.6, 256 x 7 17.4,
 // 128 x 14 21.7; 128->128 28x28 128 x 7 23.7, 64 x 14 22.9, 128 x 4 25.7, 128 x 28 36.6;
 // 512->512 7x7 128 x 7 16.8, 256 x 7 17.4, 128 x 4 27.0.
-bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan *out) {
+bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX ||
         (int64_t)classes * g->o >= INT32_MAX)
@@ -405,6 +458,7 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, FusedPlan
             p.ldr = (int)ldr;
             p.parts = bie_cuda_popc_parts(ld);
             p.classes = classes;
+            p.esize = esize;
             const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
             if (smem > (size_t)max_smem || (int64_t)p.pr * wp > (1 << 20)) continue;
             const int64_t per_sm = p.warps == 8 && smem * 2 + 2048 <= (size_t)sm_smem ? 2 : 1;
@@ -473,7 +527,7 @@ extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const 
     *ran = false;
     const int which = out_type_of(dtype);
     FusedPlan p;
-    if (which < 0 || !fused_plan(g, classes, ld, &p)) return BIE_OK;
+    if (which < 0 || !fused_plan(g, classes, ld, dtype == BIE_F32 ? 4 : 2, &p)) return BIE_OK;
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
     cudaError_t e;
     switch (dtype) {
