@@ -32,6 +32,10 @@ namespace {
 // of 16-byte chunks apart (conflict-free 16-byte reads of a row).
 __host__ __device__ constexpr int stage_pitch(int esize) { return 32 * esize + 16; }
 
+// Words between the column terms of two padding classes in shared memory: rows of several
+// classes read at once fall in different banks.
+__host__ __device__ constexpr int corr_stride(int bn) { return bn + 8; }
+
 // The launch geometry of one layer call.
 struct FusedPlan {
     int bn;       // output channels per block (64, 128 or 256)
@@ -64,7 +68,7 @@ struct FusedSmem {
         cell = delta + (size_t)(p.ldr / 16) * sizeof(int);
         rcls = cell + (size_t)p.rows * sizeof(int);
         corr = (rcls + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
-        pop = corr + (size_t)p.classes * p.bn * sizeof(int);
+        pop = corr + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
         ycls = pop + (size_t)p.bn * p.parts * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
         stage = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
@@ -159,19 +163,18 @@ template <typename T> struct alignas(2 * sizeof(T)) Pair {
 
 // One m16 half of a warp's tile (acc: lane's pixels g and g + 8, channel pairs 8 j + 2 t4)
 // into its stage as output values: (K - 2 popc(row) + the row class's column term + 4
-// popc(AND)) times the scale, the column term being correction - 2 popc(column). Where no
-// row of the half has padding taps (class 0) the terms come from registers (col0).
+// popc(AND)) times the scale, the column term being correction - 2 popc(column). Rows
+// without padding taps (class 0) take the terms from registers (col0).
 template <typename T, int SP>
 __device__ __forceinline__ void stage_half(uint8_t *stage, const int (&acc)[4][4], const int (&term)[2],
-                                           const int (&cls)[2], const int2 (&col0)[4], const int *corr, int bn,
+                                           const int (&cls)[2], const int2 (&col0)[4], const int *corr, int cs,
                                            int g, int t4, float scale) {
-    const bool padded = __any_sync(~0u, (cls[0] | cls[1]) != 0);
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int c = j * 8 + 2 * t4;
-            const int2 ct = padded ? *reinterpret_cast<const int2 *>(corr + cls[r] * bn + c) : col0[j];
+            const int2 ct = cls[r] != 0 ? *reinterpret_cast<const int2 *>(corr + cls[r] * cs + c) : col0[j];
             const float v0 = (float)(term[r] + ct.x + 4 * acc[j][2 * r]) * scale;
             const float v1 = (float)(term[r] + ct.y + 4 * acc[j][2 * r + 1]) * scale;
             *reinterpret_cast<Pair<T> *>(stage + (g + 8 * r) * SP + c * sizeof(T)) = {from_f32<T>(v0), from_f32<T>(v1)};
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         for (int i = tid; i < p.classes * p.bn; i += kFusedThreads) {
             const int cls = i >> lbn, col = i & (p.bn - 1);
             const bool ok = ep.conv.corr && col < cols;
-            cp_async_n(smem_u32(sCorr + i), ok ? ep.conv.corr + cls * O + n0 + col : wpopc, 4, ok);
+            cp_async_n(smem_u32(sCorr + cls * corr_stride(p.bn) + col), ok ? ep.conv.corr + cls * O + n0 + col : wpopc, 4, ok);
         }
     }
     for (int i = tid; i < p.bn * p.parts; i += kFusedThreads)
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     for (int col = tid; col < p.bn; col += kFusedThreads) {
         int pc2 = 0;
         for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
-        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * p.bn + col] -= pc2;
+        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * corr_stride(p.bn) + col] -= pc2;
     }
     // Each tile row (rows past the band repeat its last pixel): the field cell of its first
     // tap and its padding class, class(oy, 0) + class(0, ox) - class(0, 0).
@@ -303,15 +306,22 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         if (off < P) {
             uint32_t sb[VP];
             PackBits<T, VP>::run(run, thr, sb);
-            int iy = off / W, ix = off - iy * W;  // P % VP == 0: the whole run is inside
+            const int iy0 = off / W, ix0 = off - iy0 * W;  // P % VP == 0: the whole run is inside
+            // Store j writes pixel (j + lane) % VP of each lane's run: neighbouring lanes'
+            // pixels lie VP cells apart, so the rotation spreads one store over more banks.
 #pragma unroll
             for (int j = 0; j < VP; j++) {
+                const int r = (j + lane) & (VP - 1);
+                uint32_t v = sb[0];
+#pragma unroll
+                for (int t = 1; t < VP; t++) v = r == t ? sb[t] : v;
+                int iy = iy0, ix = ix0 + r;
+                while (ix >= W) ix -= W, iy++;
                 if (ix < xw) {
                     const int cell = (vr0 - iy_base + iy) * p.wp + pad + ix;
-                    *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + wd * 4) = sb[j];
-                    atomicAdd(sPpix + cell, __popc(sb[j]));
+                    *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + wd * 4) = v;
+                    atomicAdd(sPpix + cell, __popc(v));
                 }
-                if (++ix == W) ix = 0, iy++;
             }
         }
         if (it + kFusedWarps < items) load_item(it + kFusedWarps);
@@ -396,9 +406,9 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             __syncwarp();  // the stage is free (the thresholds or the previous half are read)
             // Static indices into acc in both branches keep it in registers.
             if (i == 0)
-                stage_half<T, SP>(sStage, acc[0], term, cls, col0, sCorr + nt * 32, p.bn, g, t4, scale);
+                stage_half<T, SP>(sStage, acc[0], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), g, t4, scale);
             else
-                stage_half<T, SP>(sStage, acc[1], term, cls, col0, sCorr + nt * 32, p.bn, g, t4, scale);
+                stage_half<T, SP>(sStage, acc[1], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), g, t4, scale);
             __syncwarp();
             const int rl = mt * 32 + i * 16 + pl;
             if (rl < band_px) {
@@ -440,7 +450,10 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         return false;
     }
     const int64_t units4 = cw / 4, pstride = 16 * (units4 % 2 == 0 ? units4 + 1 : units4);
-    const int64_t wp = (g->ow - 1) * g->s + (g->k - 1) * g->d + 1;
+    // Field columns; at stride 1 padded to ow (mod 8), so that any 8 consecutive band pixels
+    // (an ldmatrix's rows) sit in distinct 16-byte bank groups.
+    const int64_t wp0 = (g->ow - 1) * g->s + (g->k - 1) * g->d + 1;
+    const int64_t wp = g->s == 1 ? wp0 + ((g->ow - wp0) % 8 + 8) % 8 : wp0;
     double best = 0;
     bool found = false;
     for (int bn = 64; bn <= 256; bn *= 2) {
