@@ -52,11 +52,10 @@ struct FusedPlan {
 
 // Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
 // so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
-// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field cell
-// and padding class, the column terms
-// (correction - 2 popcount(weight column)) per class, the weight popcounts, the class
-// tables and each warp's epilogue stage (which also holds the warp's sign thresholds
-// during the pack).
+// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field
+// cell and padding class, the column terms (correction - 2 popcount(weight column)) per
+// class, the weight popcounts, the class tables and each warp's epilogue stage (which also
+// holds the warp's sign thresholds during the pack).
 struct FusedSmem {
     size_t b, img, ppix, delta, cell, rcls, corr, pop, ycls, xcls, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
@@ -433,9 +432,10 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
 // (the pack about 2 per 32 input elements, a 32 x 32 warp tile's k step 14, the epilogue
 // about 4 per 32 outputs), with 16-warp blocks (256 channels) counted 1.6 times as fast as
 // 8-warp ones. Two 8-warp blocks share an SM where shared memory allows. Measured on the
-// H100 (N=64, forward in us): 256->256 14x14 128 channels x 7 rows 16.6, 256 x 7 17.4,
-// 128 x 14 21.7; 128->128 28x28 128 x 7 23.7, 64 x 14 22.9, 128 x 4 25.7, 128 x 28 36.6;
-// 512->512 7x7 128 x 7 16.8, 256 x 7 17.4, 128 x 4 27.0.
+// H100 (N=64, bf16, forward in us, one run): 256->256 14x14 128 channels x 7 rows 14.9
+// (picked), 64 x 14 15.8, 256 x 7 16.6, 64 x 7 19.7, 128 x 14 20.3; 128->128 28x28 128 x 7
+// 17.6 (picked), 128 x 8 18.1, 64 x 14 18.7, 128 x 4 21.8; 512->512 7x7 128 x 7 16.5
+// (picked), 256 x 7 16.0, 128 x 4 24.9.
 bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX ||
