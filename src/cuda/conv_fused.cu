@@ -540,7 +540,7 @@ extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const 
     *ran = false;
     const int which = out_type_of(dtype);
     FusedPlan p;
-    if (which < 0 || !fused_plan(g, classes, ld, dtype == BIE_F32 ? 4 : 2, &p)) return BIE_OK;
+    if (which < 0 || !fused_plan(g, classes, ld, (int)bie_dtype_size(dtype), &p)) return BIE_OK;
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
     cudaError_t e;
     switch (dtype) {
