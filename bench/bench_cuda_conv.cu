@@ -7,6 +7,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -75,6 +76,23 @@ template <class F> static double time_it(F f, int inner, int reps) {
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// Host time per call of f (what a call costs the CPU, launches included): inner calls
+// between two synchronizations, median of reps. When it exceeds the GPU time per call, the
+// GPU waits on the host and the timed loop measures the host.
+template <class F> static double host_time(F f, int inner, int reps) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaDeviceSynchronize());
+        const auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < inner; i++) f();
+        const auto b = std::chrono::steady_clock::now();
+        t.push_back(std::chrono::duration<double>(b - a).count() / inner);
+    }
+    CK(cudaDeviceSynchronize());
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }
@@ -213,13 +231,14 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
         t_nhwc = std::min(t_nhwc, time_it(base_train(nhwc), inner, reps));
     }
     const double f_base = std::min(f_nchw, f_nhwc), t_base = std::min(t_nchw, t_nhwc);
+    const double f_host = host_time(ours_fwd, inner, reps);
     printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"stride\":%d,\"pad\":%d,"
            "\"im2col_kernel\":%d,\"fwd_im2col_s\":%.6e,\"fwd_ours_s\":%.6e,\"fwd_cudnn_nchw_s\":%.6e,\"fwd_cudnn_nhwc_s\":%.6e,"
-           "\"fwd_ratio\":%.3f,\"fwd_ours_tops\":%.1f,\"fwd_cudnn_tflops\":%.1f,\"train_ours_s\":%.6e,"
+           "\"fwd_ratio\":%.3f,\"fwd_host_s\":%.6e,\"fwd_ours_tops\":%.1f,\"fwd_cudnn_tflops\":%.1f,\"train_ours_s\":%.6e,"
            "\"train_cudnn_nchw_s\":%.6e,\"train_cudnn_nhwc_s\":%.6e,\"train_ratio\":%.3f,"
            "\"baseline\":\"cuDNN bf16 convolution, fastest algorithm and layout\"}\n",
            name, g.n, g.c, g.h, g.w, g.o, g.k, g.s, g.p, im2col_kernel, f_im2col, f_ours, f_nchw,
-           f_nhwc, f_base / f_ours, g.flops() / f_ours / 1e12, g.flops() / f_base / 1e12, t_ours, t_nchw, t_nhwc,
+           f_nhwc, f_base / f_ours, f_host, g.flops() / f_ours / 1e12, g.flops() / f_base / 1e12, t_ours, t_nchw, t_nhwc,
            t_base / t_ours);
     fflush(stdout);
     bie_binary_conv2d_free(train);

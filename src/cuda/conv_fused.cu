@@ -3,17 +3,21 @@
 // ceil(C / 32) % 4 == 0). The two-kernel path (conv.cu) covers every other case and the
 // training forward (which keeps the sign and mask words for the backward).
 //
-// Block = (band of rb output rows of one image, BN output channels). It packs the band's
-// receptive field of NCHW input (rows (rb - 1) s + (k - 1) d + 1, with the padding as zero
-// words) into shared memory as one sign-word row per pixel, so the implicit GEMM's A
-// operand is read by ldmatrix straight from the packed pixels: lane addresses are
-// pixel + tap offset, no gather and no im2col. Taps outside the input read zero words,
-// exactly as the two-kernel path's zero-filled gathers, and the same padding-class
-// correction and AND-form epilogue follow, so the results are bit for bit the same.
+// Block = (band of bp consecutive output pixels of the batch, in (image, row, column) order,
+// BN output channels). A band may start mid-row and run on into the next image(s): for each
+// image it touches (a segment) the block packs the receptive field of the segment's output
+// rows, (rows - 1) s + (k - 1) d + 1 rows of NCHW input with the padding as zero words,
+// into shared memory as one sign-word row per pixel, the segments' fields stacked. So the
+// implicit GEMM's A operand is read by ldmatrix straight from the packed pixels: lane
+// addresses are pixel + tap offset, no gather and no im2col, and the tile rows carry no
+// padding but the last band's. Taps outside the input read zero words, exactly as the
+// two-kernel path's zero-filled gathers, and the same padding-class correction and AND-form
+// epilogue follow, so the results are bit for bit the same.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 #include <type_traits>
@@ -40,24 +44,34 @@ __host__ __device__ constexpr int corr_stride(int bn) { return bn + 8; }
 struct FusedPlan {
     int bn;       // output channels per block (64, 128 or 256)
     int warps;    // 8 or 16
-    int rb, nb;   // output rows per band, bands per image
-    int pr, wp;   // the receptive field of a band: rows, columns (padded coordinates)
+    int bp;       // output pixels per band
+    int bands;    // ceil(N oh ow / bp)
+    int segs;     // the most images a band touches
+    int pr, wp;   // field rows (at most, over the bands), columns (padded coordinates)
     int pstride;  // bytes per packed pixel: cw words, padded to an odd number of 16-byte chunks
-    int rows;     // rb * ow rounded up to the 32-pixel warp tile
+    int rows;     // bp rounded up to the 32-pixel warp tile
     int ldr;      // bytes of a weight row in shared memory (taps, padded to 32 bytes)
     int parts;    // popcount parts per weight row (bie_cuda_popc_parts)
     int classes;
     int esize;    // bytes per input / output element
 };
 
+// A band's segment (the part of it in one image) as the pack and the tile rows see it: input
+// pixels [fa, fb) of the image's plane are its field's rows inside the input, which hold
+// field row rowbase + iy for input row iy; its pack items start at item0.
+struct Segment {
+    int fa, fb, item0, rowbase;
+};
+
 // Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
 // so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
 // popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field
-// cell and padding class, the column terms (correction - 2 popcount(weight column)) per
-// class, the weight popcounts, the class tables and each warp's epilogue stage (which also
-// holds the warp's sign thresholds during the pack).
+// cell, padding class and output offset, the column terms (correction - 2 popcount(weight
+// column)) per class, the weight popcounts, the class tables, the segments (and one past the
+// last: the totals) and each warp's epilogue stage (which also holds the warp's sign
+// thresholds during the pack).
 struct FusedSmem {
-    size_t b, img, ppix, delta, cell, rcls, corr, pop, ycls, xcls, stage, total;
+    size_t b, img, ppix, delta, cell, rcls, oofs, corr, pop, ycls, xcls, seg, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
@@ -66,11 +80,13 @@ struct FusedSmem {
         delta = ppix + cells * sizeof(int);
         cell = delta + (size_t)(p.ldr / 16) * sizeof(int);
         rcls = cell + (size_t)p.rows * sizeof(int);
-        corr = (rcls + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
+        oofs = rcls + (size_t)p.rows * sizeof(int);
+        corr = (oofs + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
         pop = corr + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
         ycls = pop + (size_t)p.bn * p.parts * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
-        stage = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
+        seg = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
+        stage = seg + (size_t)(p.segs + 1) * sizeof(Segment);
         total = stage + (size_t)p.warps * 16 * stage_pitch(p.esize);
     }
 };
@@ -196,16 +212,19 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     uint8_t *sB = smem + lay.b, *sImg = smem + lay.img;
     int *sPpix = reinterpret_cast<int *>(smem + lay.ppix), *sDelta = reinterpret_cast<int *>(smem + lay.delta);
     int *sCell = reinterpret_cast<int *>(smem + lay.cell), *sRcls = reinterpret_cast<int *>(smem + lay.rcls);
+    int *sOofs = reinterpret_cast<int *>(smem + lay.oofs);
     int *sCorr = reinterpret_cast<int *>(smem + lay.corr), *sPop = reinterpret_cast<int *>(smem + lay.pop);
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
+    Segment *sSeg = reinterpret_cast<Segment *>(smem + lay.seg);
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     constexpr int SP = stage_pitch((int)sizeof(T));
     uint8_t *sStage = smem + lay.stage + warp * 16 * SP;
-    const int n = (int)blockIdx.x / p.nb, oy0 = ((int)blockIdx.x - n * p.nb) * p.rb;
-    const int band_px = min(p.rb, oh - oy0) * ow;
+    // The band: batch pixels [px0, px0 + band_px), of images n_first.. (N oh ow < 2^31).
+    const int px0 = (int)blockIdx.x * p.bp, band_px = min(p.bp, (int)g64.n * plane - px0);
+    const int n_first = px0 / plane, nseg = (px0 + band_px - 1) / plane - n_first + 1;
     const int n0 = (int)blockIdx.y * p.bn, cols = min(p.bn, O - n0);
-    const int iy_base = oy0 * s - pad;  // input row of the field's row 0 (column 0 is -pad)
+    const int kd = (k - 1) * dil + 1;  // field rows of one output row
     const int bstride = p.ldr + 16, chunks = p.ldr / 16, cells = p.pr * p.wp;
 
     pdl_trigger();  // the next kernel's preamble may overlap this one
@@ -213,7 +232,9 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     // just ahead of this one. The layer prepares the weights, their popcounts, the
     // corrections and pixel classes before that kernel (see conv.cu's implicit GEMM); they
     // come in by cp.async: the correction columns, the weight popcount parts, the pixel
-    // classes of column 0 and of row 0, then the weight rows (rows past O zero-filled).
+    // classes of column 0 and of row 0 (waited for before the first barrier), then the
+    // weight rows (rows past O zero-filled; waited for only after the pack, so that their
+    // transfer overlaps the wait for the input and its loads).
     {
         const int lbn = __ffs(p.bn) - 1;  // bn is a power of two
         for (int i = tid; i < p.classes * p.bn; i += kFusedThreads) {
@@ -229,6 +250,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : wpopc, 4,
                    pc != nullptr);
     }
+    cp_async_commit();
     {
         // Chunk (r, c) of the bn x chunks weight chunks, walked with one division.
         const int dr = kFusedThreads / chunks, dc = kFusedThreads - dr * chunks;
@@ -247,6 +269,21 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     for (int i = tid; i < cells * p.pstride / 16; i += kFusedThreads)
         reinterpret_cast<uint4 *>(sImg)[i] = make_uint4(0u, 0u, 0u, 0u);
     for (int i = tid; i < cells; i += kFusedThreads) sPpix[i] = 0;
+    // The segments: image n_first + j holds the band's pixels [a, e) of its plane, output
+    // rows lo..hi, whose field (rows lo s - pad .. hi s - pad + kd - 1 of the input, those
+    // inside it loaded) follows the fields of the segments before it.
+    if (tid == 0) {
+        int fr = 0, items = 0;
+        for (int j = 0; j < nseg; j++) {
+            const int base = (n_first + j) * plane, a = max(px0 - base, 0), e = min(px0 + band_px - base, plane);
+            const int lo = a / ow, hi = (e - 1) / ow, iy0 = max(lo * s - pad, 0), iy1 = min(hi * s - pad + kd, H);
+            const int fa = iy0 * W, fb = max(iy1 * W, fa), f0 = fa / VP * VP;
+            sSeg[j] = {fa, fb, items, fr - (lo * s - pad)};
+            fr += (hi - lo) * s + kd;
+            items += (fb - f0 + 32 * VP - 1) / (32 * VP) * cw;
+        }
+        sSeg[nseg] = {0, 0, items, 0};
+    }
     // Chunk q of a GEMM row (16 bytes: words 4q..4q+3, inside one tap since cw % 4 == 0)
     // sits at this byte offset from its pixel's packed row; chunks past the taps multiply
     // zero weight bits, so any readable address does.
@@ -254,7 +291,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         const int tap = 4 * i / cw, off = 4 * i - tap * cw;
         sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
     }
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // all but the weight rows
     __syncthreads();
     // Column terms: correction - 2 popcount(weight column), per class, and the row tables
     // (read after the barrier that ends the pack).
@@ -264,29 +301,42 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         for (int cls = 0; cls < p.classes; cls++) sCorr[cls * corr_stride(p.bn) + col] -= pc2;
     }
     // Each tile row (rows past the band repeat its last pixel): the field cell of its first
-    // tap and its padding class, class(oy, 0) + class(0, ox) - class(0, 0).
+    // tap, its padding class, class(oy, 0) + class(0, ox) - class(0, 0), and the offset of
+    // its output from the band's first image's (< 2^31: fused_plan).
     for (int r = tid; r < p.rows; r += kFusedThreads) {
-        const int rc = min(r, band_px - 1), oyl = rc / ow, ox = rc - oyl * ow;
-        sCell[r] = oyl * s * p.wp + ox * s;
-        sRcls[r] = sYcls[oy0 + oyl] + sXcls[ox] - sXcls[0];
+        const int px = px0 + min(r, band_px - 1), j = px / plane - n_first, pi = px - (n_first + j) * plane,
+                  oy = pi / ow, ox = pi - oy * ow;
+        sCell[r] = (sSeg[j].rowbase + oy * s - pad) * p.wp + ox * s;
+        sRcls[r] = sYcls[oy] + sXcls[ox] - sXcls[0];
+        sOofs[r] = j * O * plane + pi;
     }
 
     pdl_wait();  // the input (and the bias, which training updates) may come from the kernel before
-    // The input's pack: warp = (sign word wd, 32 VP consecutive input pixels of the field's
-    // rows inside the input), lane = VP pixels, one aligned load per channel (channels past
-    // C load channel C - 1 again; their thresholds clear the bits), and the bias of channel
-    // 32 wd + lane, whose threshold the warp puts in its stage.
-    const int vr0 = max(iy_base, 0), vr1 = min(iy_base + p.pr, H), xw = min(W, p.wp - pad);
-    const int P = (vr1 - vr0) * W, items = (P > 0 ? (P + 32 * VP - 1) / (32 * VP) : 0) * cw;
+    // The input's pack: item = (segment, run group, sign word wd); warp = item, lane = VP
+    // pixels from a VP-aligned start (a group covers 32 VP pixels of the segment's input
+    // rows; pixels outside them are loaded but not stored), one aligned load per channel
+    // (channels past C load channel C - 1 again; their thresholds clear the bits), and the
+    // bias of channel 32 wd + lane, whose threshold the warp puts in its stage.
+    const int items = sSeg[nseg].item0, xw = min(W, p.wp - pad);
     const int hw = H * W;  // C H W < 2^31 (fused_plan)
-    const T *img = x + (int64_t)n * C * hw;
     RawRun<sizeof(T) * VP> run[32];
     float bv = 0.0f;
+    // Item it's segment, sign word, and the lane's first pixel in the image's plane.
+    auto item_at = [&](int it, int &j, int &wd, int &off) {
+        j = 0;
+        while (sSeg[j + 1].item0 <= it) j++;
+        const int local = it - sSeg[j].item0, grp = local / cw;
+        wd = local - grp * cw;
+        off = sSeg[j].fa / VP * VP + (grp * 32 + lane) * VP;
+    };
     auto load_item = [&](int it) {
-        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP, ch = wd * 32 + lane;
+        int j, wd, off;
+        item_at(it, j, wd, off);
+        const int ch = wd * 32 + lane;
         bv = ch < C ? bias[ch] : NAN;  // channels past C: a NaN threshold, so their bits are zero
-        if (off >= P) return;
-        const int c0 = wd * 32, cn = min(32, C - c0), first = c0 * hw + vr0 * W + off;
+        if (off >= sSeg[j].fb) return;
+        const T *img = x + (int64_t)(n_first + j) * C * hw;
+        const int c0 = wd * 32, cn = min(32, C - c0), first = c0 * hw + off;
         if (cn == 32) {
 #pragma unroll
             for (int c = 0; c < 32; c++) run[c].load(img + first + c * hw);
@@ -298,26 +348,28 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     if (warp < items) load_item(warp);
     uint32_t *thr = reinterpret_cast<uint32_t *>(sStage);  // the stage is free until the epilogue
     for (int it = warp; it < items; it += kFusedWarps) {
-        const int grp = it / cw, wd = it - grp * cw, off = (grp * 32 + lane) * VP;
+        int j, wd, off;
+        item_at(it, j, wd, off);
+        const Segment sg = sSeg[j];
         __syncwarp();  // the previous item's thresholds are read
         thr[lane] = sign_threshold<T>(bv);
         __syncwarp();
-        if (off < P) {
+        if (off < sg.fb) {
             uint32_t sb[VP];
             PackBits<T, VP>::run(run, thr, sb);
-            const int iy0 = off / W, ix0 = off - iy0 * W;  // P % VP == 0: the whole run is inside
+            const int iy0 = off / W, ix0 = off - iy0 * W;  // hw % VP == 0: the run is inside the plane
             // Store j writes pixel (j + lane) % VP of each lane's run: neighbouring lanes'
             // pixels lie VP cells apart, so the rotation spreads one store over more banks.
 #pragma unroll
-            for (int j = 0; j < VP; j++) {
-                const int r = (j + lane) & (VP - 1);
+            for (int jj = 0; jj < VP; jj++) {
+                const int r = (jj + lane) & (VP - 1);
                 uint32_t v = sb[0];
 #pragma unroll
                 for (int t = 1; t < VP; t++) v = r == t ? sb[t] : v;
                 int iy = iy0, ix = ix0 + r;
                 while (ix >= W) ix -= W, iy++;
-                if (ix < xw) {
-                    const int cell = (vr0 - iy_base + iy) * p.wp + pad + ix;
+                if (ix < xw && off + r >= sg.fa && off + r < sg.fb) {
+                    const int cell = (sg.rowbase + iy) * p.wp + pad + ix;
                     *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + wd * 4) = v;
                     atomicAdd(sPpix + cell, __popc(v));
                 }
@@ -325,7 +377,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
         if (it + kFusedWarps < items) load_item(it + kFusedWarps);
     }
-    __syncthreads();  // the field and its popcounts; the column terms
+    cp_async_wait<0>();
+    __syncthreads();  // the field and its popcounts; the column terms; the weight rows
 
     // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
     // pixels, four n8 B fragments from the weight rows, per 256-bit k step.
@@ -333,7 +386,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int K = C * kk;  // < 2^24
     const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
     const int nts = (cols + 31) / 32, units = (band_px + 31) / 32 * nts, ksteps = p.ldr / 32;
-    T *out = static_cast<T *>(ep.out) + ((int64_t)n * O + n0) * plane + (int64_t)oy0 * ow;
+    T *out = static_cast<T *>(ep.out) + ((int64_t)n_first * O + n0) * plane;
     const unsigned img_at = smem_u32(sImg);
     const int tap_row = dil * p.wp;
     int mt = warp / nts, nt = warp - mt * nts;
@@ -393,7 +446,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         if (kc < ksteps) mma(f0);
         // Each 16-pixel half of the tile goes through the warp's stage as output values so
         // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring pixels
-        // (contiguous in the plane). Offsets in 32 bits: bn plane < 2^31 (fused_plan).
+        // (contiguous in the plane, but where the band crosses into the next image). Offsets
+        // in 32 bits: segs O plane < 2^31 (fused_plan).
         int2 col0[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) col0[j] = *reinterpret_cast<const int2 *>(sCorr + nt * 32 + j * 8 + 2 * t4);
@@ -412,10 +466,13 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             const int rl = mt * 32 + i * 16 + pl;
             if (rl < band_px) {
                 T v[16];
-                const uint4 *src = reinterpret_cast<const uint4 *>(sStage + pl * SP + ch0 * sizeof(T));
+                const unsigned src = smem_u32(sStage + pl * SP + ch0 * sizeof(T));
 #pragma unroll
-                for (int w = 0; w < (int)sizeof(v) / 16; w++) memcpy(reinterpret_cast<uint8_t *>(v) + 16 * w, src + w, 16);
-                T *o = out + ((nt * 32 + ch0) * plane + rl);
+                for (int w = 0; w < (int)sizeof(v) / 16; w++) {
+                    const uint4 q = lds128(src + 16 * w);
+                    memcpy(reinterpret_cast<uint8_t *>(v) + 16 * w, &q, 16);
+                }
+                T *o = out + (sOofs[rl] + (nt * 32 + ch0) * plane);
 #pragma unroll
                 for (int c = 0; c < 16; c++, o += plane)
                     if (c < ncol) *o = v[c];
@@ -426,24 +483,49 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     }
 }
 
+// The band starting at batch pixel px0: its field rows (the sum over its segments of
+// (hi - lo) s + kd) and the input rows it loads (those of the input).
+struct BandRows {
+    int64_t field, input;
+};
+BandRows band_rows(const bie_cuda_conv_shape *g, int64_t px0, int64_t bp) {
+    const int64_t plane = g->oh * g->ow, end = std::min(px0 + bp, g->n * plane), kd = (g->k - 1) * g->d + 1;
+    BandRows r = {0, 0};
+    for (int64_t a = px0; a < end;) {
+        const int64_t base = a / plane * plane, e = std::min(end, base + plane);
+        const int64_t lo = (a - base) / g->ow, hi = (e - 1 - base) / g->ow;
+        r.field += (hi - lo) * g->s + kd;
+        r.input += std::max<int64_t>(0, std::min(hi * g->s - g->p + kd, g->h) - std::max(lo * g->s - g->p, (int64_t)0));
+        a = e;
+    }
+    return r;
+}
+
+// For the tests: a forced plan (bn, bp; 0: the planner's) and the plan of the last call
+// (0, 0 when it did not take the fused kernel).
+int g_force_bn = 0, g_force_bp = 0, g_last_bn = 0, g_last_bp = 0;
+
 // The plan for this call, or false when the fused kernel does not apply (then the
-// two-kernel path runs). Among channel widths and band heights that fit in shared memory,
-// the smallest estimated time: waves of blocks times a block's work in warp instructions
-// (the pack about 2 per 32 input elements, a 32 x 32 warp tile's k step 14, the epilogue
-// about 4 per 32 outputs), with 16-warp blocks (256 channels) counted 1.6 times as fast as
-// 8-warp ones. Two 8-warp blocks share an SM where shared memory allows. Measured on the
-// H100 (N=64, bf16, forward in us, one run): 256->256 14x14 128 channels x 7 rows 14.9
-// (picked), 64 x 14 15.8, 256 x 7 16.6, 64 x 7 19.7, 128 x 14 20.3; 128->128 28x28 128 x 7
-// 17.6 (picked), 128 x 8 18.1, 64 x 14 18.7, 128 x 4 21.8; 512->512 7x7 128 x 7 16.5
-// (picked), 256 x 7 16.0, 128 x 4 24.9.
-bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, FusedPlan *out) {
+// two-kernel path runs). Candidates: 64-, 128- or 256-channel blocks, bands of a multiple of
+// 32 pixels (no idle tile rows) or of whole output rows (smaller fields), up to 2048
+// pixels, that fit in shared memory. The pick: the smallest estimated time, waves of blocks
+// times a block's work in warp instructions (the pack about 2 per 32 input elements, over
+// the input rows of the first bands; a 32 x 32 warp tile's k step 14; the epilogue about 4
+// per 32 outputs), with 16-warp blocks (256 channels) counted 1.75 times as fast as 8-warp
+// ones. Two 8-warp blocks share an SM where shared memory allows. Measured on the H100
+// (N = 64, bf16, forward in us, one run): 256->256 14x14 256 x 96 pixels 14.1 (picked),
+// 128 x 98 14.2, 128 x 96 15.2, 128 x 128 17.2; 128->128 28x28 128 x 192 16.0 (picked), 128
+// x 196 17.4; 512->512 7x7 256 x 49 14.5 (picked), 128 x 49 15.6, 256 x 64 15.7, 128 x 98
+// 20.8. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more pack round
+// than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
+bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, int dev, FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
-    if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * g->oh * g->ow >= INT32_MAX ||
-        (int64_t)classes * g->o >= INT32_MAX)
+    const int64_t plane = g->oh * g->ow, np = g->n * plane, kd = (g->k - 1) * g->d + 1;
+    if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * plane >= INT32_MAX ||
+        np >= INT32_MAX - 4096 || (int64_t)classes * g->o >= INT32_MAX)
         return false;
-    int dev = 0, max_smem = 0, sm_smem = 0, sms = 1;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+    int max_smem = 0, sm_smem = 0, sms = 1;
+    if (cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         cudaGetLastError();
@@ -451,36 +533,61 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
     }
     const int64_t units4 = cw / 4, pstride = 16 * (units4 % 2 == 0 ? units4 + 1 : units4);
     // Field columns; at stride 1 padded to ow (mod 8), so that any 8 consecutive band pixels
-    // (an ldmatrix's rows) sit in distinct 16-byte bank groups.
-    const int64_t wp0 = (g->ow - 1) * g->s + (g->k - 1) * g->d + 1;
+    // of a row (an ldmatrix's rows) sit in distinct 16-byte bank groups.
+    const int64_t wp0 = (g->ow - 1) * g->s + kd;
     const int64_t wp = g->s == 1 ? wp0 + ((g->ow - wp0) % 8 + 8) % 8 : wp0;
     double best = 0;
     bool found = false;
-    for (int bn = 64; bn <= 256; bn *= 2) {
-        if (bn > 64 && g->o <= bn / 2) break;  // a narrower tile covers O
-        for (int64_t rb = 1; rb <= g->oh; rb++) {
+    for (int64_t cand = 0;; cand++) {
+        // Candidates 0, 1, ..: 32, 64, .. pixels, then 1, 2, .. output rows.
+        const int64_t bp = cand < 64 ? 32 * (cand + 1) : (cand - 63) * g->ow;
+        if (cand >= 64 && (bp > 2048 || cand - 63 > g->oh)) break;
+        if (g_force_bp ? bp != g_force_bp || (cand >= 64 && bp % 32 == 0) : bp > np + 31) continue;
+        const int64_t bands = (np + bp - 1) / bp, segs = std::min<int64_t>(g->n, (bp - 1) / plane + 2);
+        // Field rows of a band, at most. Bands repeat their layout every plane / gcd(bp,
+        // plane) bands; where that is few, the most over one period, else a bound: a segment
+        // of L pixels spans hi - lo <= (L + ow - 2) / ow output rows past its first, and at
+        // most oh - 1. Input rows: the mean over the first bands.
+        int64_t gcd = plane, rest = bp;
+        while (rest != 0) {
+            const int64_t r = gcd % rest;
+            gcd = rest;
+            rest = r;
+        }
+        const int64_t period = plane / gcd;
+        int64_t field = 0, sample = std::min<int64_t>(bands, 16);
+        double in_rows = 0;
+        for (int64_t b = 0; b < std::max(sample, period <= 512 ? std::min(bands, period) : 0); b++) {
+            const BandRows r = band_rows(g, b * bp, bp);
+            field = std::max(field, r.field);
+            if (b < sample) in_rows += (double)r.input / (double)sample;
+        }
+        if (period > 512)
+            field = std::min<int64_t>((bp + segs * (g->ow - 2)) / g->ow, segs * (g->oh - 1)) * g->s + segs * kd;
+        for (int bn = 64; bn <= 256; bn *= 2) {
+            if (g_force_bn ? bn != g_force_bn : bn > 64 && g->o <= bn / 2) continue;  // a narrower tile covers O
             FusedPlan p;
             p.bn = bn;
             p.warps = bn == 256 ? 16 : 8;
-            p.rb = (int)rb;
-            p.nb = (int)((g->oh + rb - 1) / rb);
-            p.pr = (int)((rb - 1) * g->s + (g->k - 1) * g->d + 1);
+            p.bp = (int)bp;
+            p.bands = (int)bands;
+            p.segs = (int)segs;
+            p.pr = (int)field;
             p.wp = (int)wp;
             p.pstride = (int)pstride;
-            p.rows = (int)((rb * g->ow + 31) / 32 * 32);
+            p.rows = (int)((bp + 31) / 32 * 32);
             p.ldr = (int)ldr;
             p.parts = bie_cuda_popc_parts(ld);
             p.classes = classes;
             p.esize = esize;
             const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
-            if (smem > (size_t)max_smem || (int64_t)p.pr * wp > (1 << 20)) continue;
+            if (smem > (size_t)max_smem || field * wp > (1 << 20) || segs * g->o * plane >= INT32_MAX) continue;
             const int64_t per_sm = p.warps == 8 && smem * 2 + 2048 <= (size_t)sm_smem ? 2 : 1;
-            const int64_t blocks = g->n * p.nb * ((g->o + bn - 1) / bn);
-            const int64_t in_rows = p.pr < g->h ? p.pr : g->h;
-            const double work = (2.0 / 32 * (double)(in_rows * g->w * g->c) +
+            const int64_t blocks = bands * ((g->o + bn - 1) / bn);
+            const double work = (2.0 / 32 * in_rows * (double)(g->w * g->c) +
                                  14.0 * (double)(p.rows / 32) * (bn / 32) * (ldr / 32) +
-                                 4.0 / 32 * (double)(rb * g->ow * bn)) /
-                                (p.warps == 16 ? 1.6 : 1.0);
+                                 4.0 / 32 * (double)(bp * bn)) /
+                                (p.warps == 16 ? 1.75 : 1.0);
             const double t = (double)((blocks + sms * per_sm - 1) / (sms * per_sm)) * work;
             if (!found || t < best) {
                 best = t;
@@ -492,6 +599,48 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
     return found;
 }
 
+// plan_fused, remembered per thread for the last few layer shapes (the search walks about
+// two hundred candidates).
+bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, FusedPlan *out) {
+    struct Key {
+        bie_cuda_conv_shape g;
+        int64_t ld;
+        int classes, esize, dev, force_bn, force_bp;
+    };
+    struct Entry {
+        Key key;
+        bool found;
+        FusedPlan plan;
+    };
+    constexpr int kEntries = 8;
+    thread_local Entry cache[kEntries];
+    thread_local int used = 0, next = 0;
+    Key key;
+    memset(&key, 0, sizeof key);  // padding too: keys compare as bytes
+    if (cudaGetDevice(&key.dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    key.g = *g;
+    key.ld = ld;
+    key.classes = classes;
+    key.esize = esize;
+    key.force_bn = g_force_bn;
+    key.force_bp = g_force_bp;
+    for (int i = 0; i < used; i++)
+        if (memcmp(&cache[i].key, &key, sizeof key) == 0) {
+            *out = cache[i].plan;
+            return cache[i].found;
+        }
+    Entry &e = cache[next];
+    e.key = key;
+    e.found = plan_fused(g, classes, ld, esize, key.dev, &e.plan);
+    next = (next + 1) % kEntries;
+    used = used < kEntries ? used + 1 : used;
+    *out = e.plan;
+    return e.found;
+}
+
 template <typename T, int VP>
 cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
                          const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
@@ -500,28 +649,19 @@ cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits,
     cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const dim3 grid((unsigned)(g->n * p.nb), (unsigned)((g->o + p.bn - 1) / p.bn));
+    const dim3 grid((unsigned)p.bands, (unsigned)((g->o + p.bn - 1) / p.bn));
     return launch_after(fn, grid, dim3(32 * p.warps), smem, static_cast<const T *>(x), bias, wbits, ld, wpopc,
                         *g, p, ep);
 }
 
-// Whether runs of vp input pixels stay aligned and inside every band's rows.
-bool runs_fit(const bie_cuda_conv_shape *g, const FusedPlan &p, int64_t vp) {
-    if ((g->h * g->w) % vp != 0) return false;
-    for (int64_t b = 0; b < p.nb; b++) {
-        const int64_t base = b * p.rb * g->s - g->p, r0 = base < 0 ? 0 : base;
-        const int64_t r1 = base + p.pr < g->h ? base + p.pr : g->h;
-        if ((r0 * g->w) % vp != 0 || (r1 > r0 && ((r1 - r0) * g->w) % vp != 0)) return false;
-    }
-    return true;
-}
-
-// Input pixels per lane: the widest aligned run of at most 8 bytes inside every band.
+// Input pixels per lane: the widest aligned run of at most 8 bytes that divides the input
+// plane (a run never crosses into the next channel).
 template <typename T>
 cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
                              const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     int vp = 1;
-    while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && runs_fit(g, p, vp * 2)) vp *= 2;
+    while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && (g->h * g->w) % (vp * 2) == 0)
+        vp *= 2;
     constexpr int kWide = 8 / sizeof(T);
     if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wbits, ld, wpopc, g, p, ep);
     if (vp == 2) return launch_fused<T, 2>(x, bias, wbits, ld, wpopc, g, p, ep);
@@ -538,6 +678,7 @@ extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const 
                                           int classes, const float *scale_a, const float *scale_w, void *out,
                                           const bie_cuda_conv_out *conv, bool *ran) {
     *ran = false;
+    g_last_bn = g_last_bp = 0;
     const int which = out_type_of(dtype);
     FusedPlan p;
     if (which < 0 || !fused_plan(g, classes, ld, (int)bie_dtype_size(dtype), &p)) return BIE_OK;
@@ -550,5 +691,17 @@ extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const 
     }
     BIE_CUDA_TRY(check(e, "cuda fused conv"));
     *ran = true;
+    g_last_bn = p.bn;
+    g_last_bp = p.bp;
     return check(cudaGetLastError(), "cuda fused conv");
+}
+
+extern "C" void bie_cuda_conv_fused_force_plan(int bn, int bp) {
+    g_force_bn = bn;
+    g_force_bp = bp;
+}
+
+extern "C" void bie_cuda_conv_fused_last_plan(int *bn, int *bp) {
+    *bn = g_last_bn;
+    *bp = g_last_bp;
 }

@@ -27,6 +27,17 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
                  : "r"(addr));
 }
 
+// One 16-byte shared-memory load, whole: the compiler may not narrow it to the bytes a
+// predicated use needs (it did, into 16 conflicting byte loads).
+__device__ __forceinline__ uint4 lds128(unsigned addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 // c += popcount(A AND B) for a 16x8 tile over 256 bits (Hopper runs AND-popc at full rate).
 __device__ __forceinline__ void mma_b1_and(int (&c)[4], const unsigned (&a)[4], unsigned b0,
                                            unsigned b1) {

@@ -5,6 +5,9 @@
  * not multiples of 32; special values (infinities, NaN, signed zeros, subnormals, x = -bias)
  * in inference; backward within float tolerance; bad input rejected with outputs untouched. Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_conv2d [--small] */
 #include "gpu_util.h"
+#ifdef BIE_TEST_CUDA_INTERNALS
+#include "cuda/cuda_internal.h"
+#endif
 
 typedef struct geo {
     int64_t n, c, h, w, o;
@@ -163,6 +166,28 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
     CHECK(device_bytes_match(&q, cq.data));
     forward_matches(&p, &gx, &cx, "inference forward");
+#ifdef BIE_TEST_CUDA_INTERNALS
+    /* The fused kernel (ceil(C / 32) % 4 == 0) under other plans: every channel width, bands
+     * of 32 and 96 pixels (starting mid-row, running on into the next image), of two output
+     * rows and of 2048 pixels (several images). The plans that fit run; some must. */
+    if ((g.c + 31) / 32 % 4 == 0) {
+        const int bns[] = {64, 128, 256}, bps[] = {32, 96, 2 * (int)p.ow, 2048};
+        int ran = 0;
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 4; j++) {
+                bie_cuda_conv_fused_force_plan(bns[i], bps[j]);
+                char what[64];
+                snprintf(what, sizeof what, "fused plan %d x %d", bns[i], bps[j]);
+                forward_matches(&p, &gx, &cx, what);
+                int bn, bp;
+                bie_cuda_conv_fused_last_plan(&bn, &bp);
+                CHECK(bn == 0 || (bn == bns[i] && bp == bps[j]));
+                ran += bn != 0;
+            }
+        bie_cuda_conv_fused_force_plan(0, 0);
+        CHECK(ran >= 4);
+    }
+#endif
 
     bie_tensor_free(&gx);
     free(x);
@@ -268,14 +293,15 @@ int main(int argc, char **argv) {
          * several channel groups and bands per image */
         {3, 100, 13, 11, 70, 3, 2, 1, 1}, {1, 128, 30, 30, 33, 3, 1, 1, 2}, {2, 256, 9, 7, 50, 2, 1, 0, 1},
         {1, 512, 5, 6, 40, 1, 1, 0, 1},   {2, 128, 23, 20, 64, 5, 3, 2, 1}, {1, 120, 6, 6, 300, 3, 1, 3, 1},
-        /* batches large enough that the fused kernel's planner (on an H100) takes 256-channel
-         * 16-warp blocks with 2-row bands, 128-channel blocks with 3-row bands and 4-pixel
-         * loads, 128-channel blocks over 6x6 images */
+        /* batches large enough for the fused kernel's planner to take 256-channel 16-warp
+         * blocks, 128-channel blocks with 4-pixel loads, bands over several 6x6 images (and
+         * every plan under forced plans, below) */
         {8, 256, 12, 12, 512, 3, 1, 1, 1}, {16, 128, 12, 12, 512, 3, 1, 1, 1}, {32, 128, 6, 6, 512, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
+    if (small) check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
     for (int d = 0; d < 3; d++) {
         special_values(kDtypes[d], 128);
         special_values(kDtypes[d], 100);
