@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstring>
 #include <type_traits>
@@ -503,7 +504,7 @@ BandRows band_rows(const bie_cuda_conv_shape *g, int64_t px0, int64_t bp) {
 
 // For the tests: a forced plan (bn, bp; 0: the planner's) and the plan of the last call
 // (0, 0 when it did not take the fused kernel).
-int g_force_bn = 0, g_force_bp = 0, g_last_bn = 0, g_last_bp = 0;
+std::atomic<int> g_force_bn{0}, g_force_bp{0}, g_last_bn{0}, g_last_bp{0};
 
 // The plan for this call, or false when the fused kernel does not apply (then the
 // two-kernel path runs). Candidates: 64-, 128- or 256-channel blocks, bands of a multiple of
@@ -518,7 +519,8 @@ int g_force_bn = 0, g_force_bp = 0, g_last_bn = 0, g_last_bp = 0;
 // x 196 17.4; 512->512 7x7 256 x 49 14.5 (picked), 128 x 49 15.6, 256 x 64 15.7, 128 x 98
 // 20.8. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more pack round
 // than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
-bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, int dev, FusedPlan *out) {
+bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, int dev, int force_bn, int force_bp,
+                FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     const int64_t plane = g->oh * g->ow, np = g->n * plane, kd = (g->k - 1) * g->d + 1;
     if (cw % 4 != 0 || ldr > 16384 || g->c * g->h * g->w >= INT32_MAX || 256 * plane >= INT32_MAX ||
@@ -542,7 +544,7 @@ bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         // Candidates 0, 1, ..: 32, 64, .. pixels, then 1, 2, .. output rows.
         const int64_t bp = cand < 64 ? 32 * (cand + 1) : (cand - 63) * g->ow;
         if (cand >= 64 && (bp > 2048 || cand - 63 > g->oh)) break;
-        if (g_force_bp ? bp != g_force_bp || (cand >= 64 && bp % 32 == 0) : bp > np + 31) continue;
+        if (force_bp ? bp != force_bp || (cand >= 64 && bp % 32 == 0) : bp > np + 31) continue;
         const int64_t bands = (np + bp - 1) / bp, segs = std::min<int64_t>(g->n, (bp - 1) / plane + 2);
         // Field rows of a band, at most. Bands repeat their layout every plane / gcd(bp,
         // plane) bands; where that is few, the most over one period, else a bound: a segment
@@ -565,7 +567,7 @@ bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         if (period > 512)
             field = std::min<int64_t>((bp + segs * (g->ow - 2)) / g->ow, segs * (g->oh - 1)) * g->s + segs * kd;
         for (int bn = 64; bn <= 256; bn *= 2) {
-            if (g_force_bn ? bn != g_force_bn : bn > 64 && g->o <= bn / 2) continue;  // a narrower tile covers O
+            if (force_bn ? bn != force_bn : bn > 64 && g->o <= bn / 2) continue;  // a narrower tile covers O
             FusedPlan p;
             p.bn = bn;
             p.warps = bn == 256 ? 16 : 8;
@@ -634,7 +636,7 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         }
     Entry &e = cache[next];
     e.key = key;
-    e.found = plan_fused(g, classes, ld, esize, key.dev, &e.plan);
+    e.found = plan_fused(g, classes, ld, esize, key.dev, key.force_bn, key.force_bp, &e.plan);
     next = (next + 1) % kEntries;
     used = used < kEntries ? used + 1 : used;
     *out = e.plan;
@@ -678,7 +680,8 @@ extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const 
                                           int classes, const float *scale_a, const float *scale_w, void *out,
                                           const bie_cuda_conv_out *conv, bool *ran) {
     *ran = false;
-    g_last_bn = g_last_bp = 0;
+    g_last_bn = 0;
+    g_last_bp = 0;
     const int which = out_type_of(dtype);
     FusedPlan p;
     if (which < 0 || !fused_plan(g, classes, ld, (int)bie_dtype_size(dtype), &p)) return BIE_OK;
