@@ -166,7 +166,7 @@ bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_co
                                const bie_cuda_conv_out *conv, bool *ran);
 /* For the tests: plans of the fused kernel limited to bn channels (64, 128 or 256) and bands
  * of bp pixels (a multiple of 32 or of the output width, at most 2048); 0 lifts a limit. Where
- * no such plan fits, the two-kernel path runs. Not thread-safe: set it before the launches. */
+ * no such plan fits, the two-kernel path runs. Process-wide: set it before the calls it is for. */
 void bie_cuda_conv_fused_force_plan(int bn, int bp);
 /* For the tests: the plan of the last bie_cuda_conv_fused call (0, 0 when it did not run). */
 void bie_cuda_conv_fused_last_plan(int *bn, int *bp);
