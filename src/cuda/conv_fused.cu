@@ -64,6 +64,22 @@ struct Segment {
     int fa, fb, item0, rowbase;
 };
 
+// The part of a band in one image (its pixels [a, e) of that image's plane): output rows
+// lo..hi, the rows of its field ((hi - lo) s + kd, from padded row lo s) and the input rows
+// [iy0, iy1) among them. The kernel lays the fields out and the planner sizes them with it.
+template <typename I> struct SegRows {
+    I lo, hi, field, iy0, iy1;
+};
+template <typename I> __host__ __device__ SegRows<I> seg_rows(I a, I e, I ow, I s, I pad, I kd, I h) {
+    SegRows<I> r;
+    r.lo = a / ow;
+    r.hi = (e - 1) / ow;
+    r.field = (r.hi - r.lo) * s + kd;
+    r.iy0 = r.lo * s - pad > 0 ? r.lo * s - pad : 0;
+    r.iy1 = r.hi * s - pad + kd < h ? r.hi * s - pad + kd : h;
+    return r;
+}
+
 // Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
 // so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
 // popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field
@@ -277,10 +293,10 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         int fr = 0, items = 0;
         for (int j = 0; j < nseg; j++) {
             const int base = (n_first + j) * plane, a = max(px0 - base, 0), e = min(px0 + band_px - base, plane);
-            const int lo = a / ow, hi = (e - 1) / ow, iy0 = max(lo * s - pad, 0), iy1 = min(hi * s - pad + kd, H);
-            const int fa = iy0 * W, fb = max(iy1 * W, fa), f0 = fa / VP * VP;
-            sSeg[j] = {fa, fb, items, fr - (lo * s - pad)};
-            fr += (hi - lo) * s + kd;
+            const SegRows<int> sr = seg_rows(a, e, ow, s, pad, kd, H);
+            const int fa = sr.iy0 * W, fb = max(sr.iy1 * W, fa), f0 = fa / VP * VP;
+            sSeg[j] = {fa, fb, items, fr - (sr.lo * s - pad)};
+            fr += sr.field;
             items += (fb - f0 + 32 * VP - 1) / (32 * VP) * cw;
         }
         sSeg[nseg] = {0, 0, items, 0};
@@ -330,9 +346,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         wd = local - grp * cw;
         off = sSeg[j].fa / VP * VP + (grp * 32 + lane) * VP;
     };
-    auto load_item = [&](int it) {
-        int j, wd, off;
-        item_at(it, j, wd, off);
+    auto load_item = [&](int j, int wd, int off) {
         const int ch = wd * 32 + lane;
         bv = ch < C ? bias[ch] : NAN;  // channels past C: a NaN threshold, so their bits are zero
         if (off >= sSeg[j].fb) return;
@@ -346,20 +360,22 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             for (int c = 0; c < 32; c++) run[c].load(img + first + min(c, cn - 1) * hw);
         }
     };
-    if (warp < items) load_item(warp);
     uint32_t *thr = reinterpret_cast<uint32_t *>(sStage);  // the stage is free until the epilogue
+    int iseg = 0, iwd = 0, ioff = 0;  // the item in hand (its loads issued)
+    if (warp < items) {
+        item_at(warp, iseg, iwd, ioff);
+        load_item(iseg, iwd, ioff);
+    }
     for (int it = warp; it < items; it += kFusedWarps) {
-        int j, wd, off;
-        item_at(it, j, wd, off);
-        const Segment sg = sSeg[j];
+        const Segment sg = sSeg[iseg];
         __syncwarp();  // the previous item's thresholds are read
         thr[lane] = sign_threshold<T>(bv);
         __syncwarp();
-        if (off < sg.fb) {
+        if (ioff < sg.fb) {
             uint32_t sb[VP];
             PackBits<T, VP>::run(run, thr, sb);
-            const int iy0 = off / W, ix0 = off - iy0 * W;  // hw % VP == 0: the run is inside the plane
-            // Store j writes pixel (j + lane) % VP of each lane's run: neighbouring lanes'
+            const int iy0 = ioff / W, ix0 = ioff - iy0 * W;  // hw % VP == 0: the run is inside the plane
+            // Store jj writes pixel (jj + lane) % VP of each lane's run: neighbouring lanes'
             // pixels lie VP cells apart, so the rotation spreads one store over more banks.
 #pragma unroll
             for (int jj = 0; jj < VP; jj++) {
@@ -369,14 +385,17 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
                 for (int t = 1; t < VP; t++) v = r == t ? sb[t] : v;
                 int iy = iy0, ix = ix0 + r;
                 while (ix >= W) ix -= W, iy++;
-                if (ix < xw && off + r >= sg.fa && off + r < sg.fb) {
+                if (ix < xw && ioff + r >= sg.fa && ioff + r < sg.fb) {
                     const int cell = (sg.rowbase + iy) * p.wp + pad + ix;
-                    *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + wd * 4) = v;
+                    *reinterpret_cast<uint32_t *>(sImg + cell * p.pstride + iwd * 4) = v;
                     atomicAdd(sPpix + cell, __popc(v));
                 }
             }
         }
-        if (it + kFusedWarps < items) load_item(it + kFusedWarps);
+        if (it + kFusedWarps < items) {
+            item_at(it + kFusedWarps, iseg, iwd, ioff);
+            load_item(iseg, iwd, ioff);
+        }
     }
     cp_async_wait<0>();
     __syncthreads();  // the field and its popcounts; the column terms; the weight rows
@@ -484,8 +503,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     }
 }
 
-// The band starting at batch pixel px0: its field rows (the sum over its segments of
-// (hi - lo) s + kd) and the input rows it loads (those of the input).
+// The band starting at batch pixel px0: its field rows and the input rows it loads (sums
+// over its segments).
 struct BandRows {
     int64_t field, input;
 };
@@ -494,9 +513,9 @@ BandRows band_rows(const bie_cuda_conv_shape *g, int64_t px0, int64_t bp) {
     BandRows r = {0, 0};
     for (int64_t a = px0; a < end;) {
         const int64_t base = a / plane * plane, e = std::min(end, base + plane);
-        const int64_t lo = (a - base) / g->ow, hi = (e - 1 - base) / g->ow;
-        r.field += (hi - lo) * g->s + kd;
-        r.input += std::max<int64_t>(0, std::min(hi * g->s - g->p + kd, g->h) - std::max(lo * g->s - g->p, (int64_t)0));
+        const SegRows<int64_t> sr = seg_rows(a - base, e - base, g->ow, g->s, g->p, kd, g->h);
+        r.field += sr.field;
+        r.input += std::max<int64_t>(0, sr.iy1 - sr.iy0);
         a = e;
     }
     return r;
