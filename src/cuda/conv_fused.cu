@@ -33,9 +33,9 @@
 namespace bie_cuda {
 namespace {
 
-// Each warp's epilogue stage: 16 pixels x 32 channels of output values, rows an odd number
-// of 16-byte chunks apart (conflict-free 16-byte reads of a row).
-__host__ __device__ constexpr int stage_pitch(int esize) { return 32 * esize + 16; }
+// Each warp's epilogue stage: one m16 half of its tile as output values, 32 channel rows of
+// 16 pixels (16 esize bytes each; see stage_at).
+__host__ __device__ constexpr int stage_bytes(int esize) { return 32 * 16 * esize; }
 
 // Words between the column terms of two padding classes in shared memory: rows of several
 // classes read at once fall in different banks.
@@ -104,7 +104,7 @@ struct FusedSmem {
         xcls = ycls + (size_t)oh * sizeof(int);
         seg = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
         stage = seg + (size_t)(p.segs + 1) * sizeof(Segment);
-        total = stage + (size_t)p.warps * 16 * stage_pitch(p.esize);
+        total = stage + (size_t)p.warps * stage_bytes(p.esize);
     }
 };
 
@@ -189,28 +189,86 @@ template <int VP> struct PackBits<float, VP> {
     }
 };
 
-template <typename T> struct alignas(2 * sizeof(T)) Pair {
-    T x, y;
+// Two values as one 32-bit word of a 16-bit type (the first in the low half).
+template <typename T> __device__ __forceinline__ unsigned pack2(float a, float b) {
+    const T h[2] = {from_f32<T>(a), from_f32<T>(b)};
+    unsigned w;
+    memcpy(&w, h, 4);
+    return w;
+}
+
+// Four elements of T: read from shared memory, written whole to global memory (4-element
+// aligned).
+template <typename T> struct Quad {
+    uint32_t w[sizeof(T)];
+    __device__ __forceinline__ void load(unsigned at) {
+        if constexpr (sizeof(T) == 2) {
+            const uint2 v = lds64(at);
+            w[0] = v.x, w[1] = v.y;
+        } else {
+            const uint4 v = lds128(at);
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        }
+    }
+    __device__ __forceinline__ void store(T *o) const {
+        if constexpr (sizeof(T) == 2)
+            stg64(o, w[0], w[1]);
+        else
+            stg128(o, w[0], w[1], w[2], w[3]);
+    }
 };
+
+// Byte offset of (channel c, pixel p) in a warp's stage: channel rows of 16 pixels, their
+// 16-byte chunks swizzled so that both the writes in the accumulators' layout (stmatrix for
+// 16-bit types, single words for float) and the reads of 4 neighbouring pixels of a channel
+// spread over the banks.
+template <typename T> __device__ __forceinline__ int stage_at(int c, int p) {
+    constexpr int E = sizeof(T);
+    const int chunk = p * E / 16, f = E == 2 ? (c >> 2) & 1 : ((c >> 1) & 1) << 1;
+    return c * 16 * E + (chunk ^ f) * 16 + p * E % 16;
+}
 
 // One m16 half of a warp's tile (acc: lane's pixels g and g + 8, channel pairs 8 j + 2 t4)
 // into its stage as output values: (K - 2 popc(row) + the row class's column term + 4
 // popc(AND)) times the scale, the column term being correction - 2 popc(column). Rows
 // without padding taps (class 0) take the terms from registers (col0).
-template <typename T, int SP>
-__device__ __forceinline__ void stage_half(uint8_t *stage, const int (&acc)[4][4], const int (&term)[2],
+template <typename T>
+__device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4], const int (&term)[2],
                                            const int (&cls)[2], const int2 (&col0)[4], const int *corr, int cs,
-                                           int g, int t4, float scale) {
+                                           int lane, float scale) {
+    const int g = lane >> 2, t4 = lane & 3;
+    int2 ct[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            ct[j][r] = cls[r] != 0 ? *reinterpret_cast<const int2 *>(corr + cls[r] * cs + j * 8 + 2 * t4) : col0[j];
+    float v[4][2][2];
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const int c = j * 8 + 2 * t4;
-            const int2 ct = cls[r] != 0 ? *reinterpret_cast<const int2 *>(corr + cls[r] * cs + c) : col0[j];
-            const float v0 = (float)(term[r] + ct.x + 4 * acc[j][2 * r]) * scale;
-            const float v1 = (float)(term[r] + ct.y + 4 * acc[j][2 * r + 1]) * scale;
-            *reinterpret_cast<Pair<T> *>(stage + (g + 8 * r) * SP + c * sizeof(T)) = {from_f32<T>(v0), from_f32<T>(v1)};
+            v[j][r][0] = (float)(term[r] + ct[j][r].x + 4 * acc[j][2 * r]) * scale;
+            v[j][r][1] = (float)(term[r] + ct[j][r].y + 4 * acc[j][2 * r + 1]) * scale;
         }
+    if constexpr (sizeof(T) == 2) {
+        // Matrix (j, r) of a stmatrix is pixels 8 r.. x channels 8 j..: stored transposed,
+        // its row k (lane 8 m + k's address) is channel 8 j + k.
+        const int m = lane >> 3, k = lane & 7;
+#pragma unroll
+        for (int jb = 0; jb < 4; jb += 2) {
+            const unsigned at = stage + stage_at<T>(8 * (jb + (m >> 1)) + k, 8 * (m & 1));
+            stmatrix_x4_trans(at, pack2<T>(v[jb][0][0], v[jb][0][1]), pack2<T>(v[jb][1][0], v[jb][1][1]),
+                              pack2<T>(v[jb + 1][0][0], v[jb + 1][0][1]), pack2<T>(v[jb + 1][1][0], v[jb + 1][1][1]));
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) sts32(stage + stage_at<T>(8 * j + 2 * t4 + e, g + 8 * r), __float_as_uint(v[j][r][e]));
+    }
 }
 
 // WARPS: 8 (two blocks per SM) or 16. VP: input pixels per lane in the pack (one aligned
@@ -235,8 +293,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     Segment *sSeg = reinterpret_cast<Segment *>(smem + lay.seg);
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    constexpr int SP = stage_pitch((int)sizeof(T));
-    uint8_t *sStage = smem + lay.stage + warp * 16 * SP;
+    uint8_t *sStage = smem + lay.stage + warp * stage_bytes((int)sizeof(T));
     // The band: batch pixels [px0, px0 + band_px), of images n_first.. (N oh ow < 2^31).
     const int px0 = (int)blockIdx.x * p.bp, band_px = min(p.bp, (int)g64.n * plane - px0);
     const int n_first = px0 / plane, nseg = (px0 + band_px - 1) / plane - n_first + 1;
@@ -407,6 +464,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     const int q = lane >> 3, r8 = lane & 7, g = lane >> 2, t4 = lane & 3;
     const int nts = (cols + 31) / 32, units = (band_px + 31) / 32 * nts, ksteps = p.ldr / 32;
     T *out = static_cast<T *>(ep.out) + ((int64_t)n_first * O + n0) * plane;
+    const unsigned stage_at0 = smem_u32(sStage);
+    const bool vec4 = plane % 4 == 0 && p.bp % 4 == 0 && reinterpret_cast<uintptr_t>(ep.out) % (4 * sizeof(T)) == 0;
     const unsigned img_at = smem_u32(sImg);
     const int tap_row = dil * p.wp;
     int mt = warp / nts, nt = warp - mt * nts;
@@ -464,14 +523,15 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             mma(f1);
         }
         if (kc < ksteps) mma(f0);
-        // Each 16-pixel half of the tile goes through the warp's stage as output values so
-        // that lane = (pixel, channel half): a store writes two runs of 16 neighbouring pixels
-        // (contiguous in the plane, but where the band crosses into the next image). Offsets
-        // in 32 bits: segs O plane < 2^31 (fused_plan).
+        // Each 16-pixel half of the tile goes through the warp's stage as output values in
+        // channel rows. Where the band's 4-pixel groups lie whole and aligned in the output
+        // (vec4), lane = (4-pixel group, channel): one 4-element store per channel, each
+        // instruction 8 channels x 16 pixels; else lane = (pixel, channel parity), one element
+        // per store. Offsets in 32 bits: segs O plane < 2^31 (fused_plan).
         int2 col0[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) col0[j] = *reinterpret_cast<const int2 *>(sCorr + nt * 32 + j * 8 + 2 * t4);
-        const int pl = lane & 15, ch0 = (lane >> 4) * 16, ncol = min(16, cols - nt * 32 - ch0);
+        const int ncol = cols - nt * 32;
 #pragma unroll 1
         for (int i = 0; i < 2; i++) {
             const int term[2] = {__shfl_sync(~0u, rterm, i * 16 + g), __shfl_sync(~0u, rterm, i * 16 + g + 8)};
@@ -479,23 +539,34 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
             __syncwarp();  // the stage is free (the thresholds or the previous half are read)
             // Static indices into acc in both branches keep it in registers.
             if (i == 0)
-                stage_half<T, SP>(sStage, acc[0], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), g, t4, scale);
+                stage_half<T>(stage_at0, acc[0], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), lane, scale);
             else
-                stage_half<T, SP>(sStage, acc[1], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), g, t4, scale);
+                stage_half<T>(stage_at0, acc[1], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), lane, scale);
             __syncwarp();
-            const int rl = mt * 32 + i * 16 + pl;
-            if (rl < band_px) {
-                T v[16];
-                const unsigned src = smem_u32(sStage + pl * SP + ch0 * sizeof(T));
+            // All of a lane's reads, then its stores.
+            if (vec4) {
+                const int rl = mt * 32 + i * 16 + 4 * (lane & 3), sub = lane >> 2;
+                Quad<T> v[4];
 #pragma unroll
-                for (int w = 0; w < (int)sizeof(v) / 16; w++) {
-                    const uint4 q = lds128(src + 16 * w);
-                    memcpy(reinterpret_cast<uint8_t *>(v) + 16 * w, &q, 16);
+                for (int q = 0; q < 4; q++) v[q].load(stage_at0 + stage_at<T>(8 * q + sub, 4 * (lane & 3)));
+                if (rl < band_px) {
+                    T *o = out + (sOofs[rl] + (nt * 32 + sub) * plane);
+#pragma unroll
+                    for (int q = 0; q < 4; q++, o += 8 * plane)
+                        if (8 * q + sub < ncol) v[q].store(o);
                 }
-                T *o = out + (sOofs[rl] + (nt * 32 + ch0) * plane);
+            } else {
+                const int rl = mt * 32 + i * 16 + (lane & 15), par = lane >> 4;
+                T v[16];
 #pragma unroll
-                for (int c = 0; c < 16; c++, o += plane)
-                    if (c < ncol) *o = v[c];
+                for (int cc = 0; cc < 16; cc++)
+                    v[cc] = *reinterpret_cast<const T *>(sStage + stage_at<T>(2 * cc + par, lane & 15));
+                if (rl < band_px) {
+                    T *o = out + (sOofs[rl] + (nt * 32 + par) * plane);
+#pragma unroll
+                    for (int cc = 0; cc < 16; cc++, o += 2 * plane)
+                        if (2 * cc + par < ncol) *o = v[cc];
+                }
             }
         }
         nt += kFusedWarps;

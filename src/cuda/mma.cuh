@@ -38,6 +38,33 @@ __device__ __forceinline__ uint4 lds128(unsigned addr) {
     return v;
 }
 
+__device__ __forceinline__ uint2 lds64(unsigned addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Whole 8- and 16-byte global stores (the compiler split a vector store in two).
+__device__ __forceinline__ void stg64(void *p, unsigned a, unsigned b) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void stg128(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements, each stored transposed: lane l holds elements (l / 4,
+// 2 (l % 4) and + 1) of each matrix (the mma accumulator layout), and lanes 8q..8q+7 give the
+// addresses of rows 0..7 of matrix q in memory, row k being the matrix's column k.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2,
+                                                  unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // c += popcount(A AND B) for a 16x8 tile over 256 bits (Hopper runs AND-popc at full rate).
 __device__ __forceinline__ void mma_b1_and(int (&c)[4], const unsigned (&a)[4], unsigned b0,
                                            unsigned b1) {
