@@ -525,9 +525,11 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         if (kc < ksteps) mma(f0);
         // Each 16-pixel half of the tile goes through the warp's stage as output values in
         // channel rows. Where the band's 4-pixel groups lie whole and aligned in the output
-        // (vec4), lane = (4-pixel group, channel): one 4-element store per channel, each
-        // instruction 8 channels x 16 pixels; else lane = (pixel, channel parity), one element
-        // per store. Offsets in 32 bits: segs O plane < 2^31 (fused_plan).
+        // (vec4: the plane and the band are multiples of 4 pixels, so no group crosses into
+        // the next image, and the output is aligned), lane = (4-pixel group, channel): one
+        // 4-element store per channel, each instruction 8 channels x 16 pixels; else lane =
+        // (pixel, channel parity), one element per store. Offsets in 32 bits: segs O plane <
+        // 2^31 (fused_plan).
         int2 col0[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) col0[j] = *reinterpret_cast<const int2 *>(sCorr + nt * 32 + j * 8 + 2 * t4);

@@ -38,6 +38,7 @@ __device__ __forceinline__ uint4 lds128(unsigned addr) {
     return v;
 }
 
+// 8-byte shared load and 4-byte shared store by shared-window address.
 __device__ __forceinline__ uint2 lds64(unsigned addr) {
     uint2 v;
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
