@@ -251,7 +251,7 @@ __device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4
             v[j][r][0] = (float)(term[r] + ct[j][r].x + 4 * acc[j][2 * r]) * scale;
             v[j][r][1] = (float)(term[r] + ct[j][r].y + 4 * acc[j][2 * r + 1]) * scale;
         }
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (sizeof(T) == 2 && kStmatrix) {
         // Matrix (j, r) of a stmatrix is pixels 8 r.. x channels 8 j..: stored transposed,
         // its row k (lane 8 m + k's address) is channel 8 j + k.
         const int m = lane >> 3, k = lane & 7;
@@ -262,12 +262,23 @@ __device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4
                               pack2<T>(v[jb + 1][0][0], v[jb + 1][0][1]), pack2<T>(v[jb + 1][1][0], v[jb + 1][1][1]));
         }
     } else {
+        // Element by element (float; 16-bit types before compute capability 9.0).
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) sts32(stage + stage_at<T>(8 * j + 2 * t4 + e, g + 8 * r), __float_as_uint(v[j][r][e]));
+                for (int e = 0; e < 2; e++) {
+                    const unsigned at = stage + stage_at<T>(8 * j + 2 * t4 + e, g + 8 * r);
+                    if constexpr (sizeof(T) == 2) {
+                        const T h = from_f32<T>(v[j][r][e]);
+                        unsigned short bits;
+                        memcpy(&bits, &h, 2);
+                        sts16(at, bits);
+                    } else {
+                        sts32(at, __float_as_uint(v[j][r][e]));
+                    }
+                }
     }
 }
 

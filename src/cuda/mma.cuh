@@ -38,11 +38,14 @@ __device__ __forceinline__ uint4 lds128(unsigned addr) {
     return v;
 }
 
-// 8-byte shared load and 4-byte shared store by shared-window address.
+// 8-byte shared load and 2- and 4-byte shared stores by shared-window address.
 __device__ __forceinline__ uint2 lds64(unsigned addr) {
     uint2 v;
     asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
     return v;
+}
+__device__ __forceinline__ void sts16(unsigned addr, unsigned short v) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
 __device__ __forceinline__ void sts32(unsigned addr, unsigned v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -59,11 +62,21 @@ __device__ __forceinline__ void stg128(void *p, unsigned a, unsigned b, unsigned
 // Four 8x8 matrices of 16-bit elements, each stored transposed: lane l holds elements (l / 4,
 // 2 (l % 4) and + 1) of each matrix (the mma accumulator layout), and lanes 8q..8q+7 give the
 // addresses of rows 0..7 of matrix q in memory, row k being the matrix's column k.
+// Compute capability 9.0 and later (kStmatrix); callers store element by element before.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kStmatrix = true;
+#else
+constexpr bool kStmatrix = false;
+#endif
 __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2,
                                                   unsigned r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
                  "r"(r1), "r"(r2), "r"(r3)
                  : "memory");
+#else
+    __trap();
+#endif
 }
 
 // c += popcount(A AND B) for a 16x8 tile over 256 bits (Hopper runs AND-popc at full rate).
