@@ -52,7 +52,6 @@ struct FusedPlan {
     int pstride;  // bytes per packed pixel: cw words, padded to an odd number of 16-byte chunks
     int rows;     // bp rounded up to the 32-pixel warp tile
     int ldr;      // bytes of a weight row in shared memory (taps, padded to 32 bytes)
-    int parts;    // popcount parts per weight row (bie_cuda_popc_parts)
     int classes;
     int esize;    // bytes per input / output element
 };
@@ -80,30 +79,37 @@ template <typename I> __host__ __device__ SegRows<I> seg_rows(I a, I e, I ow, I 
     return r;
 }
 
-// Shared memory of a block: the weight rows (ldr + 16 bytes apart, as the two-kernel path's
-// so ldmatrix rows fall in distinct banks), the packed receptive field, its pixels'
-// popcounts, the tap offset of every 16-byte chunk of a GEMM row, each tile row's field
-// cell, padding class and output offset, the column terms (correction - 2 popcount(weight
-// column)) per class, the weight popcounts, the class tables, the segments (and one past the
-// last: the totals) and each warp's epilogue stage (which also holds the warp's sign
-// thresholds during the pack).
+// The weight image of a block of bn output channels, as the layer keeps it in global memory
+// (the blocks one after another) and a block copies it whole into its shared memory: bn
+// weight rows of ldr bytes, ldr + 16 apart so that ldmatrix rows fall in distinct banks (rows
+// past O and the gaps zero), then per padding class the column terms correction - 2
+// popcount(weight column), corr_stride(bn) apart (columns past O zero): 16-byte multiples.
+__host__ __device__ inline size_t image_block_bytes(const FusedPlan &p) {
+    return (size_t)p.bn * (p.ldr + 16) + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
+}
+
+// Shared memory of a block: the weight image (its rows at b, its column terms at corr), the
+// packed receptive field, its pixels' popcounts, the tap offset of every 16-byte chunk of a
+// GEMM row, each tile row's field cell, padding class and output offset, the class tables,
+// the segments (and one past the last: the totals), the image copy's mbarrier and each
+// warp's epilogue stage (which also holds the warp's sign thresholds during the pack).
 struct FusedSmem {
-    size_t b, img, ppix, delta, cell, rcls, oofs, corr, pop, ycls, xcls, seg, stage, total;
+    size_t b, corr, img, ppix, delta, cell, rcls, oofs, ycls, xcls, seg, bar, stage, total;
     __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
-        img = b + (size_t)p.bn * (p.ldr + 16);
+        corr = b + (size_t)p.bn * (p.ldr + 16);
+        img = b + image_block_bytes(p);
         ppix = img + cells * p.pstride;
         delta = ppix + cells * sizeof(int);
         cell = delta + (size_t)(p.ldr / 16) * sizeof(int);
         rcls = cell + (size_t)p.rows * sizeof(int);
         oofs = rcls + (size_t)p.rows * sizeof(int);
-        corr = (oofs + (size_t)p.rows * sizeof(int) + 15) / 16 * 16;
-        pop = corr + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
-        ycls = pop + (size_t)p.bn * p.parts * sizeof(int);
+        ycls = oofs + (size_t)p.rows * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
         seg = (xcls + (size_t)ow * sizeof(int) + 15) / 16 * 16;
-        stage = seg + (size_t)(p.segs + 1) * sizeof(Segment);
+        bar = seg + (size_t)(p.segs + 1) * sizeof(Segment);
+        stage = bar + 16;
         total = stage + (size_t)p.warps * stage_bytes(p.esize);
     }
 };
@@ -286,9 +292,8 @@ __device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4
 // load of VP elements). Input and output are both of type T.
 template <typename T, int VP, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
-    bconv_fused(const T *__restrict__ x, const float *__restrict__ bias, const uint8_t *__restrict__ wbits,
-                int64_t ld, const int *__restrict__ wpopc, bie_cuda_conv_shape g64, FusedPlan p,
-                Epilogue ep) {
+    bconv_fused(const T *__restrict__ x, const float *__restrict__ bias, const uint8_t *__restrict__ wimg,
+                bie_cuda_conv_shape g64, FusedPlan p, Epilogue ep) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, H = (int)g64.h, W = (int)g64.w;
     const int s = (int)g64.s, pad = (int)g64.p, dil = (int)g64.d, oh = (int)g64.oh, ow = (int)g64.ow;
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     int *sPpix = reinterpret_cast<int *>(smem + lay.ppix), *sDelta = reinterpret_cast<int *>(smem + lay.delta);
     int *sCell = reinterpret_cast<int *>(smem + lay.cell), *sRcls = reinterpret_cast<int *>(smem + lay.rcls);
     int *sOofs = reinterpret_cast<int *>(smem + lay.oofs);
-    int *sCorr = reinterpret_cast<int *>(smem + lay.corr), *sPop = reinterpret_cast<int *>(smem + lay.pop);
+    const int *sCorr = reinterpret_cast<const int *>(smem + lay.corr);
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
     Segment *sSeg = reinterpret_cast<Segment *>(smem + lay.seg);
 
@@ -314,39 +319,24 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
 
     pdl_trigger();  // the next kernel's preamble may overlap this one
     // Everything that does not depend on the input runs before pdl_wait, behind the kernel
-    // just ahead of this one. The layer prepares the weights, their popcounts, the
-    // corrections and pixel classes before that kernel (see conv.cu's implicit GEMM); they
-    // come in by cp.async: the correction columns, the weight popcount parts, the pixel
-    // classes of column 0 and of row 0 (waited for before the first barrier), then the
-    // weight rows (rows past O zero-filled; waited for only after the pack, so that their
-    // transfer overlaps the wait for the input and its loads).
-    {
-        const int lbn = __ffs(p.bn) - 1;  // bn is a power of two
-        for (int i = tid; i < p.classes * p.bn; i += kFusedThreads) {
-            const int cls = i >> lbn, col = i & (p.bn - 1);
-            const bool ok = ep.conv.corr && col < cols;
-            cp_async_n(smem_u32(sCorr + cls * corr_stride(p.bn) + col), ok ? ep.conv.corr + cls * O + n0 + col : wpopc, 4, ok);
-        }
-    }
-    for (int i = tid; i < p.bn * p.parts; i += kFusedThreads)
-        cp_async_n(smem_u32(sPop + i), wpopc + (int64_t)n0 * p.parts + (i < cols * p.parts ? i : 0), 4, i < cols * p.parts);
+    // just ahead of this one: the pixel classes of column 0 and of row 0 (4-byte cp.async,
+    // waited for before the first barrier), then the channel block's weight image (the
+    // weight rows and column terms, which the layer prepares before that kernel: see
+    // bie_cuda_conv_fused), by one bulk copy where the device has them, waited for only
+    // after the pack so that its transfer overlaps the wait for the input and its loads.
     for (int i = tid; i < oh + ow; i += kFusedThreads) {
         const int *pc = ep.conv.pix_class;
-        cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : wpopc, 4,
+        cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : reinterpret_cast<const int *>(wimg), 4,
                    pc != nullptr);
     }
     cp_async_commit();
     {
-        // Chunk (r, c) of the bn x chunks weight chunks, walked with one division.
-        const int dr = kFusedThreads / chunks, dc = kFusedThreads - dr * chunks;
-        int r = tid / chunks, c = tid - r * chunks;
-        const uint8_t *src = wbits + (int64_t)(n0 + r) * ld + c * 16;
-        unsigned dst = smem_u32(sB + r * bstride + c * 16);
-        const int64_t step = (int64_t)dr * ld + dc * 16, wrap = ld - (int64_t)chunks * 16;
-        for (; r < p.bn; r += dr, c += dc, src += step, dst += dr * bstride + dc * 16) {
-            if (c >= chunks) c -= chunks, r++, src += wrap, dst += bstride - chunks * 16;
-            if (r >= p.bn) break;
-            cp_async_n(dst, r < cols ? src : wbits, 16, r < cols);
+        const unsigned bytes = (unsigned)image_block_bytes(p);
+        const uint8_t *src = wimg + (size_t)blockIdx.y * bytes;
+        if (kBulk) {
+            if (tid == 0) bulk_load(smem_u32(sB), src, bytes, smem_u32(smem + lay.bar));
+        } else {
+            for (unsigned i = 16u * tid; i < bytes; i += 16u * kFusedThreads) cp_async_n(smem_u32(sB) + i, src + i, 16, true);
         }
     }
     cp_async_commit();
@@ -376,15 +366,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         const int tap = 4 * i / cw, off = 4 * i - tap * cw;
         sDelta[i] = tap < kk ? (((tap / k) * dil) * p.wp + (tap % k) * dil) * p.pstride + off * 4 : 0;
     }
-    cp_async_wait<1>();  // all but the weight rows
+    cp_async_wait<1>();  // all but the weight image
     __syncthreads();
-    // Column terms: correction - 2 popcount(weight column), per class, and the row tables
-    // (read after the barrier that ends the pack).
-    for (int col = tid; col < p.bn; col += kFusedThreads) {
-        int pc2 = 0;
-        for (int part = 0; part < p.parts; part++) pc2 += 2 * sPop[col * p.parts + part];
-        for (int cls = 0; cls < p.classes; cls++) sCorr[cls * corr_stride(p.bn) + col] -= pc2;
-    }
     // Each tile row (rows past the band repeat its last pixel): the field cell of its first
     // tap, its padding class, class(oy, 0) + class(0, ox) - class(0, 0), and the offset of
     // its output from the band's first image's (< 2^31: fused_plan).
@@ -466,7 +449,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
     }
     cp_async_wait<0>();
-    __syncthreads();  // the field and its popcounts; the column terms; the weight rows
+    if (kBulk) bulk_wait(smem_u32(smem + FusedSmem(p, oh, ow).bar));
+    __syncthreads();  // the field and its popcounts; the weight image
 
     // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
     // pixels, four n8 B fragments from the weight rows, per 256-bit k step.
@@ -622,7 +606,7 @@ std::atomic<int> g_force_bn{0}, g_force_bp{0}, g_last_bn{0}, g_last_bp{0};
 // x 196 17.4; 512->512 7x7 256 x 49 14.5 (picked), 128 x 49 15.6, 256 x 64 15.7, 128 x 98
 // 20.8. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more pack round
 // than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
-bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, int dev, int force_bn, int force_bp,
+bool plan_fused(const bie_cuda_conv_shape *g, int classes, int esize, int dev, int force_bn, int force_bp,
                 FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     const int64_t plane = g->oh * g->ow, np = g->n * plane, kd = (g->k - 1) * g->d + 1;
@@ -682,7 +666,6 @@ bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
             p.pstride = (int)pstride;
             p.rows = (int)((bp + 31) / 32 * 32);
             p.ldr = (int)ldr;
-            p.parts = bie_cuda_popc_parts(ld);
             p.classes = classes;
             p.esize = esize;
             const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
@@ -706,10 +689,9 @@ bool plan_fused(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
 
 // plan_fused, remembered per thread for the last few layer shapes (the search walks about
 // two hundred candidates).
-bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize, FusedPlan *out) {
+bool fused_plan(const bie_cuda_conv_shape *g, int classes, int esize, FusedPlan *out) {
     struct Key {
         bie_cuda_conv_shape g;
-        int64_t ld;
         int classes, esize, dev, force_bn, force_bp;
     };
     struct Entry {
@@ -727,7 +709,6 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         return false;
     }
     key.g = *g;
-    key.ld = ld;
     key.classes = classes;
     key.esize = esize;
     key.force_bn = g_force_bn;
@@ -739,15 +720,39 @@ bool fused_plan(const bie_cuda_conv_shape *g, int classes, int64_t ld, int esize
         }
     Entry &e = cache[next];
     e.key = key;
-    e.found = plan_fused(g, classes, ld, esize, key.dev, key.force_bn, key.force_bp, &e.plan);
+    e.found = plan_fused(g, classes, esize, key.dev, key.force_bn, key.force_bp, &e.plan);
     next = (next + 1) % kEntries;
     used = used < kEntries ? used + 1 : used;
     *out = e.plan;
     return e.found;
 }
 
+// The image of channel block blockIdx.x (see image_block_bytes) from the packed weight rows
+// (ld bytes apart), their popcount parts and the corrections (null: none).
+__global__ void build_wimg(const uint8_t *__restrict__ wbits, int64_t ld, const int *__restrict__ wpopc, int parts,
+                           const int *__restrict__ corr, FusedPlan p, int O, uint8_t *__restrict__ img) {
+    const int n0 = (int)blockIdx.x * p.bn, chunks = p.ldr / 16 + 1, cs = corr_stride(p.bn);
+    uint8_t *dst = img + (size_t)blockIdx.x * image_block_bytes(p);
+    for (int i = (int)threadIdx.x; i < p.bn * chunks; i += (int)blockDim.x) {
+        const int r = i / chunks, c = i - r * chunks;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (n0 + r < O && c < chunks - 1) v = *reinterpret_cast<const uint4 *>(wbits + (int64_t)(n0 + r) * ld + c * 16);
+        reinterpret_cast<uint4 *>(dst)[i] = v;
+    }
+    int *terms = reinterpret_cast<int *>(dst + (size_t)p.bn * (p.ldr + 16));
+    for (int i = (int)threadIdx.x; i < p.classes * cs; i += (int)blockDim.x) {
+        const int cls = i / cs, col = i - cls * cs, n = n0 + col;
+        int v = 0;
+        if (col < p.bn && n < O) {
+            for (int part = 0; part < parts; part++) v -= 2 * wpopc[(int64_t)n * parts + part];
+            if (corr) v += corr[(int64_t)cls * O + n];
+        }
+        terms[i] = v;
+    }
+}
+
 template <typename T, int VP>
-cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
+cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wimg, bool overlap,
                          const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
     const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
@@ -755,22 +760,22 @@ cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wbits,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)p.bands, (unsigned)((g->o + p.bn - 1) / p.bn));
-    return launch_after(fn, grid, dim3(32 * p.warps), smem, static_cast<const T *>(x), bias, wbits, ld, wpopc,
-                        *g, p, ep);
+    return launch_kernel(overlap, fn, grid, dim3(32 * p.warps), smem, static_cast<const T *>(x), bias, wimg, *g, p,
+                         ep);
 }
 
 // Input pixels per lane: the widest aligned run of at most 8 bytes that divides the input
 // plane (a run never crosses into the next channel).
 template <typename T>
-cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
+cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wimg, bool overlap,
                              const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
     int vp = 1;
     while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && (g->h * g->w) % (vp * 2) == 0)
         vp *= 2;
     constexpr int kWide = 8 / sizeof(T);
-    if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wbits, ld, wpopc, g, p, ep);
-    if (vp == 2) return launch_fused<T, 2>(x, bias, wbits, ld, wpopc, g, p, ep);
-    return launch_fused<T, 1>(x, bias, wbits, ld, wpopc, g, p, ep);
+    if (vp >= kWide) return launch_fused<T, kWide>(x, bias, wimg, overlap, g, p, ep);
+    if (vp == 2) return launch_fused<T, 2>(x, bias, wimg, overlap, g, p, ep);
+    return launch_fused<T, 1>(x, bias, wimg, overlap, g, p, ep);
 }
 
 }  // namespace
@@ -781,19 +786,43 @@ using namespace bie_cuda;
 extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
                                           const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
                                           int classes, const float *scale_a, const float *scale_w, void *out,
-                                          const bie_cuda_conv_out *conv, bool *ran) {
+                                          const bie_cuda_conv_out *conv, bie_cuda_fused_image *img, bool *ran) {
     *ran = false;
     g_last_bn = 0;
     g_last_bp = 0;
     const int which = out_type_of(dtype);
     FusedPlan p;
-    if (which < 0 || !fused_plan(g, classes, ld, (int)bie_dtype_size(dtype), &p)) return BIE_OK;
+    if (which < 0 || !fused_plan(g, classes, (int)bie_dtype_size(dtype), &p)) return BIE_OK;
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
+    // The weight image of the plan's channel blocks, rebuilt after a change of the weight or
+    // the geometry (the caller clears img->valid) or of the block width. The first launch
+    // after a rebuild does not overlap the build (the kernel reads the image before
+    // pdl_wait).
+    const bool fresh = !img->valid || img->bn != p.bn;
+    if (fresh) {
+        const int blocks = (int)((g->o + p.bn - 1) / p.bn);
+        const size_t bytes = image_block_bytes(p) * (size_t)blocks;
+        img->valid = false;
+        if (bytes > img->cap) {
+            if (img->data) BIE_CUDA_TRY(check(cudaFree(img->data), "cuda fused conv: weight image"));
+            img->data = nullptr;
+            img->cap = 0;
+            BIE_CUDA_TRY(check(cudaMalloc(&img->data, bytes), "cuda fused conv: weight image"));
+            img->cap = bytes;
+        }
+        build_wimg<<<blocks, 256, 0, current_stream>>>(wbits, ld, wpopc, bie_cuda_popc_parts(ld), conv->corr, p,
+                                                        (int)g->o, static_cast<uint8_t *>(img->data));
+        BIE_CUDA_TRY(check(cudaGetLastError(), "cuda fused conv: weight image"));
+        img->bn = p.bn;
+        img->valid = true;
+    }
+    const uint8_t *wimg = static_cast<const uint8_t *>(img->data);
+    const bool overlap = !fresh;
     cudaError_t e;
     switch (dtype) {
-    case BIE_F32: e = launch_fused_any<float>(x, bias, wbits, ld, wpopc, g, p, ep); break;
-    case BIE_BF16: e = launch_fused_any<__nv_bfloat16>(x, bias, wbits, ld, wpopc, g, p, ep); break;
-    default: e = launch_fused_any<__half>(x, bias, wbits, ld, wpopc, g, p, ep); break;
+    case BIE_F32: e = launch_fused_any<float>(x, bias, wimg, overlap, g, p, ep); break;
+    case BIE_BF16: e = launch_fused_any<__nv_bfloat16>(x, bias, wimg, overlap, g, p, ep); break;
+    default: e = launch_fused_any<__half>(x, bias, wimg, overlap, g, p, ep); break;
     }
     BIE_CUDA_TRY(check(e, "cuda fused conv"));
     *ran = true;

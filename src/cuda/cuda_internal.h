@@ -156,14 +156,26 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_sha
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv);
 
+/* The fused kernel's weight image (the weight rows and their column terms in its shared
+ * memory layout, per block of bn output channels), owned by the layer: built by
+ * bie_cuda_conv_fused when !valid or the plan's bn differs; the layer clears valid whenever
+ * the packed weight or the corrections change and frees data with cudaFree. Zero it first. */
+typedef struct bie_cuda_fused_image {
+    void *data;
+    size_t cap; /* bytes allocated */
+    int bn;
+    bool valid;
+} bie_cuda_fused_image;
+
 /* The inference forward in one kernel (the input's pack fused into the implicit GEMM;
  * conv_fused.cu) where it applies: ceil(C / 32) % 4 == 0 and the band's tiles fit in shared
  * memory. x, bias as bie_cuda_conv_pack_input (dtype is the input's and the output's), the
- * rest as bie_cuda_conv_implicit. *ran = false (and nothing launched) when it does not apply. */
+ * rest as bie_cuda_conv_implicit; img as above. *ran = false (and nothing launched) when it
+ * does not apply. */
 bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g, const float *bias,
                                const uint8_t *wbits, int64_t ld, const int *wpopc, int classes,
                                const float *scale_a, const float *scale_w, void *out,
-                               const bie_cuda_conv_out *conv, bool *ran);
+                               const bie_cuda_conv_out *conv, bie_cuda_fused_image *img, bool *ran);
 /* For the tests: plans of the fused kernel limited to bn channels (64, 128 or 256) and bands
  * of bp pixels (a multiple of 32 or of the output width, at most 2048); 0 lifts a limit. Where
  * no such plan fits, the two-kernel path runs. Process-wide: set it before the calls it is for. */

@@ -79,6 +79,43 @@ __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, un
 #endif
 }
 
+// One bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
+// shared memory by the copy engine, its completion counted on an mbarrier (compute capability
+// 9.0 and later: kBulk; callers copy otherwise). One thread initializes the barrier for one
+// arrival, fences the initialization, then arms it with the byte count and issues the copy;
+// after a block barrier every thread may wait for phase 0 to complete.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kBulk = true;
+#else
+constexpr bool kBulk = false;
+#endif
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_wait(unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" ::"r"(bar)
+        : "memory");
+#else
+    __trap();
+#endif
+}
+
 // c += popcount(A AND B) for a 16x8 tile over 256 bits (Hopper runs AND-popc at full rate).
 __device__ __forceinline__ void mma_b1_and(int (&c)[4], const unsigned (&a)[4], unsigned b0,
                                            unsigned b1) {

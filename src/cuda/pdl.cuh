@@ -29,9 +29,10 @@ __device__ __forceinline__ void pdl_trigger() {
 inline bool pdl_supported() { return device_cc() >= 90; }
 
 // kernel<<<grid, block, smem, current_stream>>>(args...), allowed to overlap the previous
-// kernel in the stream where the device supports it.
+// kernel in the stream where the device supports it and overlap is true.
 template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args &&...args) {
+cudaError_t launch_kernel(bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -41,8 +42,12 @@ cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_supported() ? 1 : 0;
+    cfg.numAttrs = overlap && pdl_supported() ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args &&...args) {
+    return launch_kernel(true, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 }  // namespace bie_cuda

@@ -29,6 +29,7 @@ struct bie_bc_cuda {
     int ny, nx;
     int *corr;   /* [ny nx][o] */
     bool corr_valid; /* corr matches the geometry and the packed weight */
+    bie_cuda_fused_image fimg; /* the fused inference kernel's weight image (valid with corr) */
     /* The forward's NHWC sign and mask words (kept for the backward). */
     uint32_t *signs, *mask;
     int64_t act_cap; /* words allocated */
@@ -76,6 +77,7 @@ void bie_bcc_free(bie_binary_conv2d *l) {
     bie_cbw_free_ptr(c->tapsum);
     bie_cbw_free_ptr(c->geo);
     bie_cbw_free_ptr(c->corr);
+    bie_cbw_free_ptr(c->fimg.data);
     bie_cbw_free_ptr(c->signs);
     bie_cbw_free_ptr(c->mask);
     free(c);
@@ -305,7 +307,10 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     const bool keep = l->training;
     const int64_t plane = g.oh * g.ow;
     const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
-    if (!c->corr_valid) BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+    if (!c->corr_valid) {
+        c->fimg.valid = false;
+        BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+    }
     c->corr_valid = true;
     const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
     const int classes = c->ny * c->nx;
@@ -314,7 +319,8 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
     if (!keep && l->kernel_id < 0) {
         bool ran = false;
         BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->ld, c->wpopc, classes,
-                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data, &conv, &ran));
+                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data, &conv, &c->fimg,
+                                    &ran));
         if (ran) return finish_forward(l, &g, keep);
     }
     BIE_TRY(bie_cuda_conv_pack_input(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A,

@@ -188,6 +188,15 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
         CHECK(ran >= 4);
     }
 #endif
+    /* A new weight while in inference: the packed rows, the corrections and the fused
+     * kernel's weight image follow it. */
+    CHECK_OK(bie_binary_conv2d_reset_parameters(p.cpu, 991 + (uint64_t)g.o));
+    CHECK_OK(bie_binary_conv2d_reset_parameters(p.gpu, 991 + (uint64_t)g.o));
+    CHECK_OK(bie_binary_conv2d_prepare_params(p.cpu));
+    CHECK_OK(bie_binary_conv2d_prepare_params(p.gpu));
+    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.gpu, true));
+    forward_matches(&p, &gx, &cx, "inference forward, new weight");
 
     bie_tensor_free(&gx);
     free(x);
