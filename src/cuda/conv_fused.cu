@@ -83,7 +83,8 @@ template <typename I> __host__ __device__ SegRows<I> seg_rows(I a, I e, I ow, I 
 // (the blocks one after another) and a block copies it whole into its shared memory: bn
 // weight rows of ldr bytes, ldr + 16 apart so that ldmatrix rows fall in distinct banks (rows
 // past O and the gaps zero), then per padding class the column terms correction - 2
-// popcount(weight column), corr_stride(bn) apart (columns past O zero): 16-byte multiples.
+// popcount(weight column) plus kTermBias (see stage_half), corr_stride(bn) apart (columns
+// past O: the bias alone): 16-byte multiples.
 __host__ __device__ inline size_t image_block_bytes(const FusedPlan &p) {
     return (size_t)p.bn * (p.ldr + 16) + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
 }
@@ -234,28 +235,33 @@ template <typename T> __device__ __forceinline__ int stage_at(int c, int p) {
     return c * 16 * E + (chunk ^ f) * 16 + p * E % 16;
 }
 
+// The weight image's column terms carry this bias, 1.5 2^23 as a float's bits: for |x| <
+// 2^22 the float with bits kTermBias + x is exactly 1.5 2^23 + x. So 4 popc(AND) + the
+// biased column term is the float 1.5 2^23 + 4 popc(AND) + column term after one integer
+// multiply-add (4 popc + term is the dot product minus the row term: at most 2 K < 2^22 in
+// magnitude, K <= 2^17 by fused_plan's row bound), and adding the row
+// term minus 1.5 2^23 (a float, exact) gives the exact dot product as a float (|dot| <= K),
+// without a quarter-rate int-to-float conversion.
+constexpr int kTermBias = 0x4B400000;
+constexpr float kTermBiasF = 12582912.0f;
+
 // One m16 half of a warp's tile (acc: lane's pixels g and g + 8, channel pairs 8 j + 2 t4)
 // into its stage as output values: (K - 2 popc(row) + the row class's column term + 4
-// popc(AND)) times the scale, the column term being correction - 2 popc(column). Rows
-// without padding taps (class 0) take the terms from registers (col0).
+// popc(AND)) times the scale, the column term being correction - 2 popc(column). rowf: the
+// two pixels' K - 2 popc(row) - 1.5 2^23; crow: their classes' biased column terms at the
+// lane's first channel pair.
 template <typename T>
-__device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4], const int (&term)[2],
-                                           const int (&cls)[2], const int2 (&col0)[4], const int *corr, int cs,
-                                           int lane, float scale) {
+__device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4], const float (&rowf)[2],
+                                           const int *const (&crow)[2], int lane, float scale) {
     const int g = lane >> 2, t4 = lane & 3;
-    int2 ct[4][2];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            ct[j][r] = cls[r] != 0 ? *reinterpret_cast<const int2 *>(corr + cls[r] * cs + j * 8 + 2 * t4) : col0[j];
     float v[4][2][2];
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            v[j][r][0] = (float)(term[r] + ct[j][r].x + 4 * acc[j][2 * r]) * scale;
-            v[j][r][1] = (float)(term[r] + ct[j][r].y + 4 * acc[j][2 * r + 1]) * scale;
+            const int2 ct = *reinterpret_cast<const int2 *>(crow[r] + j * 8);
+            v[j][r][0] = (__int_as_float(4 * acc[j][2 * r] + ct.x) + rowf[r]) * scale;
+            v[j][r][1] = (__int_as_float(4 * acc[j][2 * r + 1] + ct.y) + rowf[r]) * scale;
         }
     if constexpr (sizeof(T) == 2 && kStmatrix) {
         // Matrix (j, r) of a stmatrix is pixels 8 r.. x channels 8 j..: stored transposed,
@@ -524,48 +530,54 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         // the next image, and the output is aligned), lane = (4-pixel group, channel): one
         // 4-element store per channel, each instruction 8 channels x 16 pixels; else lane =
         // (pixel, channel parity), one element per store. Offsets in 32 bits: segs O plane <
-        // 2^31 (fused_plan).
-        int2 col0[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) col0[j] = *reinterpret_cast<const int2 *>(sCorr + nt * 32 + j * 8 + 2 * t4);
+        // 2^31 (fused_plan). One loop per store form (the other's predicates stay out).
         const int ncol = cols - nt * 32;
+        const float rowf = (float)rterm - kTermBiasF;
+        const int *const ccol = sCorr + nt * 32 + 2 * t4;
+        auto halves = [&](auto vec4_form) {
 #pragma unroll 1
-        for (int i = 0; i < 2; i++) {
-            const int term[2] = {__shfl_sync(~0u, rterm, i * 16 + g), __shfl_sync(~0u, rterm, i * 16 + g + 8)};
-            const int cls[2] = {__shfl_sync(~0u, rcls, i * 16 + g), __shfl_sync(~0u, rcls, i * 16 + g + 8)};
-            __syncwarp();  // the stage is free (the thresholds or the previous half are read)
-            // Static indices into acc in both branches keep it in registers.
-            if (i == 0)
-                stage_half<T>(stage_at0, acc[0], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), lane, scale);
-            else
-                stage_half<T>(stage_at0, acc[1], term, cls, col0, sCorr + nt * 32, corr_stride(p.bn), lane, scale);
-            __syncwarp();
-            // All of a lane's reads, then its stores.
-            if (vec4) {
-                const int rl = mt * 32 + i * 16 + 4 * (lane & 3), sub = lane >> 2;
-                Quad<T> v[4];
+            for (int i = 0; i < 2; i++) {
+                const float rf[2] = {__shfl_sync(~0u, rowf, i * 16 + g), __shfl_sync(~0u, rowf, i * 16 + g + 8)};
+                const int *const crow[2] = {ccol + __shfl_sync(~0u, rcls, i * 16 + g) * corr_stride(p.bn),
+                                            ccol + __shfl_sync(~0u, rcls, i * 16 + g + 8) * corr_stride(p.bn)};
+                __syncwarp();  // the stage is free (the thresholds or the previous half are read)
+                // Static indices into acc in both branches keep it in registers.
+                if (i == 0)
+                    stage_half<T>(stage_at0, acc[0], rf, crow, lane, scale);
+                else
+                    stage_half<T>(stage_at0, acc[1], rf, crow, lane, scale);
+                __syncwarp();
+                // All of a lane's reads, then its stores.
+                if constexpr (decltype(vec4_form)::value) {
+                    const int rl = mt * 32 + i * 16 + 4 * (lane & 3), sub = lane >> 2;
+                    Quad<T> v[4];
 #pragma unroll
-                for (int q = 0; q < 4; q++) v[q].load(stage_at0 + stage_at<T>(8 * q + sub, 4 * (lane & 3)));
-                if (rl < band_px) {
-                    T *o = out + (sOofs[rl] + (nt * 32 + sub) * plane);
+                    for (int q = 0; q < 4; q++) v[q].load(stage_at0 + stage_at<T>(8 * q + sub, 4 * (lane & 3)));
+                    if (rl < band_px) {
+                        T *o = out + (sOofs[rl] + (nt * 32 + sub) * plane);
 #pragma unroll
-                    for (int q = 0; q < 4; q++, o += 8 * plane)
-                        if (8 * q + sub < ncol) v[q].store(o);
-                }
-            } else {
-                const int rl = mt * 32 + i * 16 + (lane & 15), par = lane >> 4;
-                T v[16];
+                        for (int q = 0; q < 4; q++, o += 8 * plane)
+                            if (8 * q + sub < ncol) v[q].store(o);
+                    }
+                } else {
+                    const int rl = mt * 32 + i * 16 + (lane & 15), par = lane >> 4;
+                    T v[16];
 #pragma unroll
-                for (int cc = 0; cc < 16; cc++)
-                    v[cc] = *reinterpret_cast<const T *>(sStage + stage_at<T>(2 * cc + par, lane & 15));
-                if (rl < band_px) {
-                    T *o = out + (sOofs[rl] + (nt * 32 + par) * plane);
+                    for (int cc = 0; cc < 16; cc++)
+                        v[cc] = *reinterpret_cast<const T *>(sStage + stage_at<T>(2 * cc + par, lane & 15));
+                    if (rl < band_px) {
+                        T *o = out + (sOofs[rl] + (nt * 32 + par) * plane);
 #pragma unroll
-                    for (int cc = 0; cc < 16; cc++, o += 2 * plane)
-                        if (2 * cc + par < ncol) *o = v[cc];
+                        for (int cc = 0; cc < 16; cc++, o += 2 * plane)
+                            if (2 * cc + par < ncol) *o = v[cc];
+                    }
                 }
             }
-        }
+        };
+        if (vec4)
+            halves(std::true_type{});
+        else
+            halves(std::false_type{});
         nt += kFusedWarps;
         while (nt >= nts) nt -= nts, mt++;
     }
@@ -747,7 +759,7 @@ __global__ void build_wimg(const uint8_t *__restrict__ wbits, int64_t ld, const 
             for (int part = 0; part < parts; part++) v -= 2 * wpopc[(int64_t)n * parts + part];
             if (corr) v += corr[(int64_t)cls * O + n];
         }
-        terms[i] = v;
+        terms[i] = v + kTermBias;
     }
 }
 
