@@ -612,12 +612,10 @@ std::atomic<int> g_force_bn{0}, g_force_bp{0}, g_last_bn{0}, g_last_bp{0};
 // times a block's work in warp instructions (the pack about 2 per 32 input elements, over
 // the input rows of the first bands; a 32 x 32 warp tile's k step 14; the epilogue about 4
 // per 32 outputs), with 16-warp blocks (256 channels) counted 1.75 times as fast as 8-warp
-// ones. Two 8-warp blocks share an SM where shared memory allows. Measured on the H100
-// (N = 64, bf16, forward in us, one run): 256->256 14x14 256 x 96 pixels 14.1 (picked),
-// 128 x 98 14.2, 128 x 96 15.2, 128 x 128 17.2; 128->128 28x28 128 x 192 16.0 (picked), 128
-// x 196 17.4; 512->512 7x7 256 x 49 14.5 (picked), 128 x 49 15.6, 256 x 64 15.7, 128 x 98
-// 20.8. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more pack round
-// than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
+// ones. Two 8-warp blocks share an SM where shared memory allows. The picks at the
+// benchmark's shapes (N = 64) were checked against the other plans on the H100; the sweep is
+// in BENCHMARKS.md. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more
+// pack round than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
 bool plan_fused(const bie_cuda_conv_shape *g, int classes, int esize, int dev, int force_bn, int force_bp,
                 FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
