@@ -239,9 +239,9 @@ template <typename T> __device__ __forceinline__ int stage_at(int c, int p) {
 // 2^22 the float with bits kTermBias + x is exactly 1.5 2^23 + x. So 4 popc(AND) + the
 // biased column term is the float 1.5 2^23 + 4 popc(AND) + column term after one integer
 // multiply-add (4 popc + term is the dot product minus the row term: at most 2 K < 2^22 in
-// magnitude, K <= 2^17 by fused_plan's row bound), and adding the row
-// term minus 1.5 2^23 (a float, exact) gives the exact dot product as a float (|dot| <= K),
-// without a quarter-rate int-to-float conversion.
+// magnitude, K <= 2^17 by fused_plan's row bound), and adding the row term minus 1.5 2^23 (a
+// float, exact) gives the exact dot product as a float (|dot| <= K), without a quarter-rate
+// int-to-float conversion.
 constexpr int kTermBias = 0x4B400000;
 constexpr float kTermBiasF = 12582912.0f;
 
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     // after the pack so that its transfer overlaps the wait for the input and its loads.
     for (int i = tid; i < oh + ow; i += kFusedThreads) {
         const int *pc = ep.conv.pix_class;
-        cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh), pc ? pc + (i < oh ? i * ow : i - oh) : reinterpret_cast<const int *>(wimg), 4,
-                   pc != nullptr);
+        cp_async_n(smem_u32(i < oh ? sYcls + i : sXcls + i - oh),
+                   pc ? pc + (i < oh ? i * ow : i - oh) : reinterpret_cast<const int *>(wimg), 4, pc != nullptr);
     }
     cp_async_commit();
     {
@@ -342,7 +342,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         if (kBulk) {
             if (tid == 0) bulk_load(smem_u32(sB), src, bytes, smem_u32(smem + lay.bar));
         } else {
-            for (unsigned i = 16u * tid; i < bytes; i += 16u * kFusedThreads) cp_async_n(smem_u32(sB) + i, src + i, 16, true);
+            for (unsigned i = 16u * tid; i < bytes; i += 16u * kFusedThreads)
+                cp_async_n(smem_u32(sB) + i, src + i, 16, true);
         }
     }
     cp_async_commit();
