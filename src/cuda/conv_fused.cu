@@ -140,8 +140,9 @@ template <> __device__ __forceinline__ uint32_t sign_threshold<__half>(float b) 
 }
 
 // Sign words of VP pixels from their runs of 32 channels (thr: the channels' thresholds).
-// 16-bit types compare two pixels per instruction; the masks' bit c lands in one pixel's
-// word directly and, crossed over (bit c ^ 16), in the other's.
+// 16-bit types compare two pixels per instruction (mask: 0xffff in each true half); one
+// merge per channel keeps bits c % 16 and 16 + c % 16 of the mask in lo (channels 0..15) or
+// hi (16..31), so each half of lo and hi is one pixel's 16 channels.
 template <typename T, int VP> struct PackBits {
     static __device__ __forceinline__ void run(const RawRun<sizeof(T) * VP> (&r)[32], const uint32_t *thr,
                                                uint32_t (&out)[VP]) {
@@ -158,16 +159,18 @@ template <typename T, int VP> struct PackBits {
                 const int c = c4 + cc;
 #pragma unroll
                 for (int w = 0; w < NW; w++) {
-                    const uint32_t m = mask2(r[c].w[w], tv[cc]);
-                    lo[w] |= m & (1u << c);
-                    hi[w] |= m & (1u << (c ^ 16));
+                    const uint32_t m = mask2(r[c].w[w], tv[cc]) & (0x10001u << (c & 15));
+                    if (c < 16)
+                        lo[w] |= m;
+                    else
+                        hi[w] |= m;
                 }
             }
         }
 #pragma unroll
         for (int w = 0; w < NW; w++) {
             out[2 * w] = __byte_perm(lo[w], hi[w], 0x5410);
-            if (2 * w + 1 < VP) out[2 * w + 1] = __byte_perm(lo[w], hi[w], 0x3276);
+            if (2 * w + 1 < VP) out[2 * w + 1] = __byte_perm(lo[w], hi[w], 0x7632);
         }
     }
     static __device__ __forceinline__ uint32_t mask2(uint32_t x, uint32_t t) {
