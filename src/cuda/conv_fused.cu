@@ -84,9 +84,10 @@ template <typename I> __host__ __device__ SegRows<I> seg_rows(I a, I e, I ow, I 
 // weight rows of ldr bytes, ldr + 16 apart so that ldmatrix rows fall in distinct banks (rows
 // past O and the gaps zero), then per padding class the column terms correction - 2
 // popcount(weight column) plus kTermBias (see stage_half), corr_stride(bn) apart (columns
-// past O: the bias alone): 16-byte multiples.
+// past O: the bias alone): 16-byte multiples. image_terms: where the column terms start.
+__host__ __device__ inline size_t image_terms(const FusedPlan &p) { return (size_t)p.bn * (p.ldr + 16); }
 __host__ __device__ inline size_t image_block_bytes(const FusedPlan &p) {
-    return (size_t)p.bn * (p.ldr + 16) + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
+    return image_terms(p) + (size_t)p.classes * corr_stride(p.bn) * sizeof(int);
 }
 
 // Shared memory of a block: the weight image (its rows at b, its column terms at corr), the
@@ -99,7 +100,7 @@ struct FusedSmem {
     __host__ __device__ FusedSmem(const FusedPlan &p, int oh, int ow) {
         const size_t cells = (size_t)p.pr * p.wp;
         b = 0;
-        corr = b + (size_t)p.bn * (p.ldr + 16);
+        corr = b + image_terms(p);
         img = b + image_block_bytes(p);
         ppix = img + cells * p.pstride;
         delta = ppix + cells * sizeof(int);
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
         }
     }
     cp_async_wait<0>();
-    if (kBulk) bulk_wait(smem_u32(smem + FusedSmem(p, oh, ow).bar));
+    if (kBulk) bulk_wait(smem_u32(smem + lay.bar));
     __syncthreads();  // the field and its popcounts; the weight image
 
     // Warp tiles of 32 band pixels x 32 channels: two m16 A fragments from the packed
@@ -753,7 +754,7 @@ __global__ void build_wimg(const uint8_t *__restrict__ wbits, int64_t ld, const 
         if (n0 + r < O && c < chunks - 1) v = *reinterpret_cast<const uint4 *>(wbits + (int64_t)(n0 + r) * ld + c * 16);
         reinterpret_cast<uint4 *>(dst)[i] = v;
     }
-    int *terms = reinterpret_cast<int *>(dst + (size_t)p.bn * (p.ldr + 16));
+    int *terms = reinterpret_cast<int *>(dst + image_terms(p));
     for (int i = (int)threadIdx.x; i < p.classes * cs; i += (int)blockDim.x) {
         const int cls = i / cs, col = i - cls * cs, n = n0 + col;
         int v = 0;
