@@ -7,8 +7,7 @@
  *   3. threads and library information
  *   4. bit-packing (sign bits, SPEC §1)
  *   5. the kernel registry
- *   6. the binary linear layer (seed classes BinaryLinearBase, BinaryLinearCutlass,
- *      BinaryLinearForward)
+ *   6. layers: one handle for every kind and device (binary and 4-bit, linear and conv2d)
  *
  * Rules that hold for every function below:
  *   - every function returns a bie_status (BIE_OK on success) unless documented otherwise;
@@ -191,250 +190,182 @@ BIE_API bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t 
 BIE_API bie_status bie_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
                                int64_t lda, const int8_t *b, int64_t ldb, float scale, float *out);
 
-/* ------------------------------------------------------ 6. binary linear layer */
+/* ------------------------------------------------------------------ 6. layers */
 
-/* Opaque handle: counterpart of BinaryLinearBase / BinaryLinearCutlass. */
-typedef struct bie_binary_linear bie_binary_linear;
+/* Opaque handle shared by every layer kind and device: the counterpart of the seed classes
+ * BinaryLinearBase / BinaryLinearCutlass / BinaryLinearForward (binary linear),
+ * BinaryConv2dForward (binary conv2d), Q4Conv2dCutlassForward (4-bit conv2d) and the 4-bit
+ * linear layer. A layer is made by its kind's creator below; every other call is one
+ * bie_layer_* function that works for every kind on every device (a call that does not
+ * apply to a kind says so with BIE_ERR_UNSUPPORTED). */
+typedef struct bie_layer bie_layer;
 
-/* Parameters and buffers of a layer, for bie_*_param() and bie_*_grad(). */
+typedef enum bie_layer_kind {
+    BIE_KIND_BINARY_LINEAR = 0, /* SPEC §2: x [..., in] -> [..., out] */
+    BIE_KIND_BINARY_CONV2D = 1, /* SPEC §3: NCHW, weight [out_c, in_c, k, k] */
+    BIE_KIND_Q4_LINEAR = 2,     /* SPEC §4 as a matrix product */
+    BIE_KIND_Q4_CONV2D = 3      /* SPEC §4 */
+} bie_layer_kind;
+
+/* Parameters and buffers of a layer, for bie_layer_param() and bie_layer_grad(). */
 typedef enum bie_param {
-    BIE_PARAM_WEIGHT = 0,  /* [out, in] F32 before prepare_params, I8 after; absent after
+    BIE_PARAM_WEIGHT = 0,  /* binary: [out, fan_in] F32 before prepare_params, I8 after;
+                              4-bit: F32 always (straight-through); conv kinds shape it
+                              [out_c, in_c, k, k]; absent after
                               generate_quantized_weight(qweight_only) */
-    BIE_PARAM_QWEIGHT = 1, /* [out, ceil(in / W)] U8/U32/U64 packed signs, or absent */
-    BIE_PARAM_BIAS_A = 2,  /* [in] F32 */
+    BIE_PARAM_QWEIGHT = 1, /* binary: [out, ceil(fan_in / W)] U8/U32/U64 packed signs;
+                              4-bit: [out, ceil(fan_in / 2)] U8 nibbles; or absent */
+    BIE_PARAM_BIAS_A = 2,  /* [in] F32 (in_features or in_channels) */
     BIE_PARAM_SCALE_A = 3, /* [1] F32 */
     BIE_PARAM_SCALE_W = 4, /* [1] F32 */
     BIE_PARAM_WEIGHT_FLOAT_GRAD = 5 /* grad only: the float gradient of the weight */
 } bie_param;
 
-/* Create a layer (BinaryLinearBase.__init__): weight [out_features, in_features] filled by
+/* Everything a layer is (bie_layer_describe); fields that do not apply to a kind are 0. */
+typedef struct bie_layer_desc {
+    bie_layer_kind kind;
+    const char *name;  /* "binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d" */
+    int64_t in, out;   /* in/out features (linear kinds) or channels (conv kinds) */
+    int64_t fan_in;    /* weight columns: in (linear), in * k * k (conv) */
+    int kernel_size, stride, padding, dilation; /* conv kinds */
+    bie_device device;
+    bie_dtype dtype;
+    bool symmetric;       /* binary kinds (SPEC §2) */
+    bool training;        /* training (the default) or inference mode */
+    int kernel_id;        /* the selected GEMM kernel, -1 = the default per shape */
+    int bits_binary_word; /* binary kinds: 8, 32 or 64; 0 for 4-bit kinds */
+} bie_layer_desc;
+
+/* --- creators. Each makes a layer in training mode with its weight filled by
  * reset_parameters with seed 0, bias_a zeros, scale_a 0 (initialised by the first
- * set_activation), scale_w 1, bits_binary_word 8, training mode, default kernel.
- * Errors: NULL out, features < 1 or > 2^31 - 1, device not available, dtype not F32 on
- * the CPU. */
-BIE_API bie_status bie_binary_linear_create(bie_binary_linear **out, int64_t in_features,
+ * set_activation or float forward), scale_w 1, bits_binary_word 8 (binary kinds), the
+ * default kernel. Layers on CUDA take and return tensors on their device, in their dtype
+ * (F32, BF16 or F16); on the CPU the dtype is F32. Errors: NULL out, sizes out of range,
+ * device not available, dtype not accepted on the device. */
+
+/* BinaryLinearBase.__init__: weight [out_features, in_features]. Errors: features < 1 or
+ * > 2^31 - 1. */
+BIE_API bie_status bie_binary_linear_create(bie_layer **out, int64_t in_features,
                                             int64_t out_features, bie_device device,
                                             bie_dtype dtype, bool symmetric);
-/* Release the layer and everything it owns; NULL is fine. */
-BIE_API void bie_binary_linear_free(bie_binary_linear *layer);
-
-/* reset_parameters: Kaiming-uniform (a = sqrt(5)), i.e. uniform in ±1/sqrt(in_features),
- * from a generator seeded with `seed`. Makes the weight float again (drops int8/qweight). */
-BIE_API bie_status bie_binary_linear_reset_parameters(bie_binary_linear *layer, uint64_t seed);
-
-/* set_weight_data: copy w ([out, in], dtype = the layer's dtype) and call prepare_params.
- * Errors: NULL, dtype or shape mismatch, non-finite values. */
-BIE_API bie_status bie_binary_linear_set_weight_data(bie_binary_linear *layer,
-                                                     const bie_tensor *w);
-
-/* prepare_params: scale_w = mean|w|; the weight becomes the int8 quantization of
- * w - mean(w), with zeros replaced by sign (SPEC §2). A layer whose weight is already int8
- * is left unchanged. Errors: weight absent (qweight_only). */
-BIE_API bie_status bie_binary_linear_prepare_params(bie_binary_linear *layer);
-
-/* generate_quantized_weight: pack sign(weight) into qweight; with qweight_only the
- * float/int8 weight is freed and the layer becomes inference-only. Errors: no weight. */
-BIE_API bie_status bie_binary_linear_generate_quantized_weight(bie_binary_linear *layer,
-                                                               bool qweight_only);
-
-/* set_quantized_weight_data: install packed weights [out, ceil(in / W)] of dtype
- * U8/U32/U64 matching bits_binary_word (padding bits are ignored). */
-BIE_API bie_status bie_binary_linear_set_quantized_weight_data(bie_binary_linear *layer,
-                                                               const bie_tensor *q);
-
-/* set_bits_binary_word: 8, 32 or 64; an existing qweight is re-laid out. */
-BIE_API bie_status bie_binary_linear_set_bits_binary_word(bie_binary_linear *layer,
-                                                          int bits);
-BIE_API int bie_binary_linear_bits_binary_word(const bie_binary_linear *layer);
-
-/* opt_weight: a view of the weight in training mode; in inference mode the packed weight,
- * generated on first use. */
-BIE_API bie_status bie_binary_linear_opt_weight(bie_binary_linear *layer, bie_tensor *view);
-
-/* _check_forward: x must be a CPU tensor whose last extent is in_features (F32) or
- * ceil(in_features / W) (pre-packed U8/U32/U64 matching W), with rank 1..4. */
-BIE_API bie_status bie_binary_linear_check_forward(const bie_binary_linear *layer,
-                                                   const bie_tensor *x);
-
-/* set_activation: if scale_a == 0, set it to 2 mean|x| (symmetric) or 4 mean|x|; write
- * x + bias_a into x_out (same shape as x; may alias x). x_out may be NULL to initialise
- * scale_a only. Errors: check_forward's, x_out shape, an all-zero x (scale would be 0). */
-BIE_API bie_status bie_binary_linear_set_activation(bie_binary_linear *layer,
-                                                    const bie_tensor *x, bie_tensor *x_out);
-
-/* select_gemm_kernel: time every available kernel for this x's (m, n, k) and keep the
- * fastest. Does not change scale_a or any parameter. */
-BIE_API bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *layer,
-                                                        const bie_tensor *x);
-/* Use kernel `id` (-1 = the default per shape). Errors: unknown id, other device, not
- * available on this CPU. */
-BIE_API bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *layer, int id);
-BIE_API int bie_binary_linear_gemm_kernel(const bie_binary_linear *layer);
-
-/* Training (true, the default) or inference mode (module.train() / module.eval()). */
-BIE_API bie_status bie_binary_linear_set_training(bie_binary_linear *layer, bool training);
-BIE_API bool bie_binary_linear_training(const bie_binary_linear *layer);
-
-/* forward: x [..., in] F32 (or pre-packed, see check_forward) to out [..., out_features]
- * F32 with the same leading extents: out = scale_a * scale_w * sign(x + bias_a) . sign(w).
- * In training mode with float input, keeps the packed signs and clip mask of x + bias_a
- * for backward. Errors: check_forward's, out shape/dtype, weight absent in training. */
-BIE_API bie_status bie_binary_linear_forward(bie_binary_linear *layer, const bie_tensor *x,
-                                             bie_tensor *out);
-
-/* backward: grad_out shaped like the last forward's output. Writes grad_x (shaped like the
- * last input; may be NULL) and sets the layer's gradients (bie_binary_linear_grad).
- * Errors: no training forward before, shapes. */
-BIE_API bie_status bie_binary_linear_backward(bie_binary_linear *layer,
-                                              const bie_tensor *grad_out, bie_tensor *grad_x);
-
-/* A view of a parameter (writable: an optimizer updates it in place). Errors: absent. */
-BIE_API bie_status bie_binary_linear_param(bie_binary_linear *layer, bie_param which,
-                                           bie_tensor *view);
-/* A view of a gradient from the last backward: WEIGHT (I8 quantized if the weight is int8,
- * else F32), WEIGHT_FLOAT_GRAD (F32), BIAS_A, SCALE_A. Errors: no backward yet. */
-BIE_API bie_status bie_binary_linear_grad(bie_binary_linear *layer, bie_param which,
-                                          bie_tensor *view);
-/* Set scale_a directly (e.g. when loading a model). Errors: non-finite or negative. */
-BIE_API bie_status bie_binary_linear_set_scale_a(bie_binary_linear *layer, float scale_a);
-
-BIE_API int64_t bie_binary_linear_in_features(const bie_binary_linear *layer);
-BIE_API int64_t bie_binary_linear_out_features(const bie_binary_linear *layer);
-
-/* ------------------------------------------------------ 7. binary conv2d layer */
-
-/* Opaque handle: counterpart of BinaryConv2dForward and its layer (SPEC §3). Input and
- * output are NCHW float32; weight [out_c, in_c, k, k]; bias_a [in_c]; groups = 1. Every
- * function has the meaning of its bie_binary_linear_* namesake; the differences are listed
- * here. */
-typedef struct bie_binary_conv2d bie_binary_conv2d;
-
-/* Errors: channels < 1, kernel_size < 1, stride < 1, padding < 0, dilation < 1,
- * in_c * k * k >= 2^24, dtype not F32, device not available. */
-BIE_API bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels,
+/* Binary conv2d (SPEC §3): square kernel, groups 1. Errors: channels < 1, kernel_size < 1,
+ * stride < 1, padding < 0, dilation < 1, in_c * k * k >= 2^24. */
+BIE_API bie_status bie_binary_conv2d_create(bie_layer **out, int64_t in_channels,
                                             int64_t out_channels, int kernel_size, int stride,
                                             int padding, int dilation, bie_device device,
                                             bie_dtype dtype, bool symmetric);
-BIE_API void bie_binary_conv2d_free(bie_binary_conv2d *layer);
-/* Kaiming-uniform with fan_in = in_c * k * k. */
-BIE_API bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *layer, uint64_t seed);
-/* w: [out_c, in_c, k, k] F32. */
-BIE_API bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *layer, const bie_tensor *w);
-BIE_API bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *layer);
-/* qweight: [out_c, ceil(in_c * k * k / W)] words; the weight flattened in [c, i, j] order. */
-BIE_API bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *layer,
-                                                               bool qweight_only);
-BIE_API bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *layer,
-                                                               const bie_tensor *q);
-BIE_API bie_status bie_binary_conv2d_set_bits_binary_word(bie_binary_conv2d *layer, int bits);
-BIE_API int bie_binary_conv2d_bits_binary_word(const bie_binary_conv2d *layer);
-BIE_API bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *layer, bie_tensor *view);
-/* x: [N, in_c, H, W] F32 on the CPU with the padded input at least as large as the dilated
- * kernel: H + 2p >= d (k - 1) + 1 (same for W). */
-BIE_API bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *layer,
-                                                   const bie_tensor *x);
-/* Output extents for an input of H x W (0 when the kernel does not fit). */
-BIE_API bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *layer, int64_t h,
-                                                 int64_t w, int64_t *out_h, int64_t *out_w);
-/* x_out = x + bias_a[c] (per channel); may be NULL. */
-BIE_API bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *layer,
-                                                    const bie_tensor *x, bie_tensor *x_out);
-BIE_API bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *layer,
-                                                        const bie_tensor *x);
-BIE_API bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *layer, int id);
-BIE_API int bie_binary_conv2d_gemm_kernel(const bie_binary_conv2d *layer);
-BIE_API bie_status bie_binary_conv2d_set_training(bie_binary_conv2d *layer, bool training);
-BIE_API bool bie_binary_conv2d_training(const bie_binary_conv2d *layer);
-/* out: [N, out_c, OH, OW] F32, OH = floor((H + 2p - d(k - 1) - 1) / s) + 1. Taps outside
- * the input contribute 0 (zero padding). */
-BIE_API bie_status bie_binary_conv2d_forward(bie_binary_conv2d *layer, const bie_tensor *x,
-                                             bie_tensor *out);
-BIE_API bie_status bie_binary_conv2d_backward(bie_binary_conv2d *layer,
-                                              const bie_tensor *grad_out, bie_tensor *grad_x);
-/* WEIGHT is [out_c, in_c, k, k]; QWEIGHT [out_c, words]; BIAS_A [in_c]. */
-BIE_API bie_status bie_binary_conv2d_param(bie_binary_conv2d *layer, bie_param which,
-                                           bie_tensor *view);
-BIE_API bie_status bie_binary_conv2d_grad(bie_binary_conv2d *layer, bie_param which,
-                                          bie_tensor *view);
-BIE_API bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *layer, float scale_a);
-
-/* ------------------------------------------------------ 8. 4-bit linear layer */
-
-/* Opaque handle: the 4-bit linear layer (SPEC §4 with a matrix product in place of the
- * convolution): out = scale_a * scale_w * q4(x + bias_a, scale_a) . q4(w, scale_w), exact
- * integer dot products. The weight stays float for training (straight-through); qweight
- * holds the 4-bit codes, two per byte, even index in the low nibble. Functions have the
- * meaning of their bie_binary_linear_* namesakes except:
- *   prepare_params: scale_w = max(2 mean|w| / 5.6345, 1e-5) (the weight stays float);
- *   set_activation: scale_a = 2 mean|x| / 11.269 when 0;
- *   backward: grad_w is float only; the forward keeps 4-bit codes, the clip mask and an
- *   8-bit rounding residual per input element (13 bits instead of 32), so grad_scale_a is
- *   exact up to the residual's resolution of 1/254. */
-typedef struct bie_q4_linear bie_q4_linear;
-
-BIE_API bie_status bie_q4_linear_create(bie_q4_linear **out, int64_t in_features,
+/* 4-bit linear: out = scale_a scale_w q4(x + bias_a, scale_a) . q4(w, scale_w), exact
+ * integer dot products. Errors: in_features outside 1..2^24, out_features outside
+ * 1..2^31 - 1. */
+BIE_API bie_status bie_q4_linear_create(bie_layer **out, int64_t in_features,
                                         int64_t out_features, bie_device device, bie_dtype dtype);
-BIE_API void bie_q4_linear_free(bie_q4_linear *layer);
-BIE_API bie_status bie_q4_linear_reset_parameters(bie_q4_linear *layer, uint64_t seed);
-BIE_API bie_status bie_q4_linear_set_weight_data(bie_q4_linear *layer, const bie_tensor *w);
-BIE_API bie_status bie_q4_linear_prepare_params(bie_q4_linear *layer);
-BIE_API bie_status bie_q4_linear_generate_quantized_weight(bie_q4_linear *layer,
-                                                           bool qweight_only);
-/* q: [out, ceil(in / 2)] U8. */
-BIE_API bie_status bie_q4_linear_set_quantized_weight_data(bie_q4_linear *layer,
-                                                           const bie_tensor *q);
-BIE_API bie_status bie_q4_linear_opt_weight(bie_q4_linear *layer, bie_tensor *view);
-BIE_API bie_status bie_q4_linear_check_forward(const bie_q4_linear *layer, const bie_tensor *x);
-BIE_API bie_status bie_q4_linear_set_activation(bie_q4_linear *layer, const bie_tensor *x,
-                                                bie_tensor *x_out);
-BIE_API bie_status bie_q4_linear_set_gemm_kernel(bie_q4_linear *layer, int id);
-BIE_API bie_status bie_q4_linear_set_training(bie_q4_linear *layer, bool training);
-BIE_API bie_status bie_q4_linear_forward(bie_q4_linear *layer, const bie_tensor *x,
-                                         bie_tensor *out);
-BIE_API bie_status bie_q4_linear_backward(bie_q4_linear *layer, const bie_tensor *grad_out,
-                                          bie_tensor *grad_x);
-/* WEIGHT [out, in] F32; QWEIGHT [out, ceil(in / 2)] U8; BIAS_A; SCALE_A; SCALE_W. */
-BIE_API bie_status bie_q4_linear_param(bie_q4_linear *layer, bie_param which, bie_tensor *view);
-/* WEIGHT (= WEIGHT_FLOAT_GRAD), BIAS_A, SCALE_A. */
-BIE_API bie_status bie_q4_linear_grad(bie_q4_linear *layer, bie_param which, bie_tensor *view);
-BIE_API bie_status bie_q4_linear_set_scale_a(bie_q4_linear *layer, float scale_a);
-
-/* ------------------------------------------------------ 9. 4-bit conv2d layer */
-
-/* Opaque handle: counterpart of Q4Conv2dCutlassForward and its layer (SPEC §4). NCHW float32
- * input and output, weight [out_c, in_c, k, k] (float, straight-through), qweight
- * [out_c, ceil(in_c k k / 2)] nibbles in [c, i, j] order, bias_a [in_c]; no channel-count
- * constraints; zero padding is exact (padded taps have code 0). Functions mean what their
- * bie_q4_linear_* and bie_binary_conv2d_* namesakes mean. */
-typedef struct bie_q4_conv2d bie_q4_conv2d;
-
-BIE_API bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels,
+/* 4-bit conv2d (SPEC §4), no channel-count constraints; zero padding is exact. Errors: as
+ * bie_binary_conv2d_create. */
+BIE_API bie_status bie_q4_conv2d_create(bie_layer **out, int64_t in_channels,
                                         int64_t out_channels, int kernel_size, int stride,
                                         int padding, int dilation, bie_device device,
                                         bie_dtype dtype);
-BIE_API void bie_q4_conv2d_free(bie_q4_conv2d *layer);
-BIE_API bie_status bie_q4_conv2d_reset_parameters(bie_q4_conv2d *layer, uint64_t seed);
-BIE_API bie_status bie_q4_conv2d_set_weight_data(bie_q4_conv2d *layer, const bie_tensor *w);
-BIE_API bie_status bie_q4_conv2d_prepare_params(bie_q4_conv2d *layer);
-BIE_API bie_status bie_q4_conv2d_generate_quantized_weight(bie_q4_conv2d *layer,
-                                                           bool qweight_only);
-BIE_API bie_status bie_q4_conv2d_set_quantized_weight_data(bie_q4_conv2d *layer,
-                                                           const bie_tensor *q);
-BIE_API bie_status bie_q4_conv2d_opt_weight(bie_q4_conv2d *layer, bie_tensor *view);
-BIE_API bie_status bie_q4_conv2d_check_forward(const bie_q4_conv2d *layer, const bie_tensor *x);
-BIE_API bie_status bie_q4_conv2d_output_size(const bie_q4_conv2d *layer, int64_t h, int64_t w,
-                                             int64_t *out_h, int64_t *out_w);
-BIE_API bie_status bie_q4_conv2d_set_activation(bie_q4_conv2d *layer, const bie_tensor *x,
-                                                bie_tensor *x_out);
-BIE_API bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *layer, int id);
-BIE_API bie_status bie_q4_conv2d_set_training(bie_q4_conv2d *layer, bool training);
-BIE_API bie_status bie_q4_conv2d_forward(bie_q4_conv2d *layer, const bie_tensor *x,
-                                         bie_tensor *out);
-BIE_API bie_status bie_q4_conv2d_backward(bie_q4_conv2d *layer, const bie_tensor *grad_out,
-                                          bie_tensor *grad_x);
-BIE_API bie_status bie_q4_conv2d_param(bie_q4_conv2d *layer, bie_param which, bie_tensor *view);
-BIE_API bie_status bie_q4_conv2d_grad(bie_q4_conv2d *layer, bie_param which, bie_tensor *view);
-BIE_API bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *layer, float scale_a);
+
+/* Release the layer and everything it owns; NULL is fine. */
+BIE_API void bie_layer_free(bie_layer *layer);
+
+/* Kind, sizes, device, mode and kernel of a layer. Errors: NULL. */
+BIE_API bie_status bie_layer_describe(const bie_layer *layer, bie_layer_desc *desc);
+
+/* --- the weight. */
+
+/* reset_parameters: Kaiming-uniform (a = sqrt(5)), i.e. uniform in ±1/sqrt(fan_in), from a
+ * generator seeded with `seed`. Makes the weight float again (drops int8 weight and
+ * qweight); bias_a, scale_a and scale_w are kept. */
+BIE_API bie_status bie_layer_reset_parameters(bie_layer *layer, uint64_t seed);
+
+/* set_weight_data: copy w ([out, in] for linear kinds, [out_c, in_c, k, k] for conv kinds;
+ * the layer's dtype and device) and call prepare_params.
+ * Errors: NULL, dtype, device or shape mismatch, non-finite values. */
+BIE_API bie_status bie_layer_set_weight_data(bie_layer *layer, const bie_tensor *w);
+
+/* prepare_params. Binary kinds: scale_w = mean|w|; the weight becomes the int8 quantization
+ * of w - mean(w), with zeros replaced by sign (SPEC §2); a weight already int8 is left as it
+ * is. 4-bit kinds: scale_w = max(2 mean|w| / 5.6345, 1e-5); the weight stays float.
+ * Errors: weight absent (qweight_only). */
+BIE_API bie_status bie_layer_prepare_params(bie_layer *layer);
+
+/* generate_quantized_weight: pack the weight into qweight (signs, or 4-bit codes two per
+ * byte, even index in the low nibble); with qweight_only the float / int8 weight is freed
+ * and the layer becomes inference-only. Errors: no weight. */
+BIE_API bie_status bie_layer_generate_quantized_weight(bie_layer *layer, bool qweight_only);
+
+/* set_quantized_weight_data: install a packed weight of QWEIGHT's shape and dtype (binary:
+ * U8/U32/U64 matching bits_binary_word, padding bits ignored; 4-bit: U8). */
+BIE_API bie_status bie_layer_set_quantized_weight_data(bie_layer *layer, const bie_tensor *q);
+
+/* set_bits_binary_word (binary kinds): 8, 32 or 64; an existing qweight is re-laid out.
+ * Errors: other values; BIE_ERR_UNSUPPORTED on 4-bit kinds. */
+BIE_API bie_status bie_layer_set_bits_binary_word(bie_layer *layer, int bits);
+
+/* opt_weight: a view of the weight in training mode; in inference mode the packed weight,
+ * generated on first use. */
+BIE_API bie_status bie_layer_opt_weight(bie_layer *layer, bie_tensor *view);
+
+/* A view of a parameter (writable: an optimizer updates it in place; on CUDA a device
+ * tensor). Errors: NULL, a parameter the layer does not have now. */
+BIE_API bie_status bie_layer_param(bie_layer *layer, bie_param which, bie_tensor *view);
+
+/* Set scale_a directly (e.g. when loading a model); 0 = measure it on the next input.
+ * Errors: non-finite or negative. */
+BIE_API bie_status bie_layer_set_scale_a(bie_layer *layer, float scale_a);
+
+/* --- running it. */
+
+/* _check_forward: x must be on the layer's device with rank 1..4 and last extent in (linear
+ * kinds; binary linear also accepts pre-packed U8/U32/U64 rows of ceil(in / W) words
+ * matching W), or NCHW with in_c channels and room for the dilated kernel (conv kinds:
+ * H + 2p >= d (k - 1) + 1, same for W), in the layer's dtype. */
+BIE_API bie_status bie_layer_check_forward(const bie_layer *layer, const bie_tensor *x);
+
+/* Shape of the output for an input of `in_ndim` extents `in_shape` (what check_forward
+ * accepts): [..., out] for linear kinds, [N, out_c, OH, OW] with
+ * OH = floor((H + 2p - d (k - 1) - 1) / s) + 1 for conv kinds. out_shape has room for
+ * BIE_MAX_DIMS extents. Errors: NULL, a shape the layer does not accept. */
+BIE_API bie_status bie_layer_output_shape(const bie_layer *layer, int in_ndim,
+                                          const int64_t *in_shape, int *out_ndim,
+                                          int64_t *out_shape);
+
+/* set_activation: if scale_a == 0, set it from x (binary: 2 mean|x| symmetric, 4 mean|x|
+ * otherwise; 4-bit: 2 mean|x| / 11.269); write x + bias_a into x_out (shaped like x; may
+ * alias x; bias_a per feature or per channel). x_out may be NULL to initialise scale_a only.
+ * Errors: check_forward's, x_out shape, an all-zero x (the scale would be 0). */
+BIE_API bie_status bie_layer_set_activation(bie_layer *layer, const bie_tensor *x,
+                                            bie_tensor *x_out);
+
+/* select_gemm_kernel: time every available kernel of the layer's op and device on this x's
+ * GEMM shape and keep the fastest. Changes no parameter. */
+BIE_API bie_status bie_layer_select_gemm_kernel(bie_layer *layer, const bie_tensor *x);
+/* Use kernel `id` (-1 = the default per shape). Errors: unknown id, another op or device,
+ * not available on this CPU, cannot run the layer's rows. */
+BIE_API bie_status bie_layer_set_gemm_kernel(bie_layer *layer, int id);
+
+/* Training (true, the default) or inference mode (module.train() / module.eval()). */
+BIE_API bie_status bie_layer_set_training(bie_layer *layer, bool training);
+
+/* forward: out (the layer's dtype and device; shape from bie_layer_output_shape) =
+ * scale_a * scale_w * (sign or 4-bit code of x + bias_a) (.) (sign or code of w), exact
+ * integer dot products; conv kinds treat taps outside the input as 0. In training mode with
+ * float input the layer keeps what backward needs (packed signs or codes, clip mask).
+ * Errors: check_forward's, out shape / dtype / device, weight absent in training, scale_a 0
+ * with pre-packed input. */
+BIE_API bie_status bie_layer_forward(bie_layer *layer, const bie_tensor *x, bie_tensor *out);
+
+/* backward: grad_out shaped like the last training forward's output. Writes grad_x (shaped
+ * like the last input; may be NULL) and sets the layer's gradients (bie_layer_grad).
+ * Errors: no training forward before, shapes. */
+BIE_API bie_status bie_layer_backward(bie_layer *layer, const bie_tensor *grad_out,
+                                      bie_tensor *grad_x);
+
+/* A view of a gradient from the last backward: WEIGHT (binary kinds with an int8 weight: I8,
+ * the int8 quantization of the float gradient, SPEC §2; else F32), WEIGHT_FLOAT_GRAD (F32),
+ * BIAS_A, SCALE_A. Errors: no backward yet, no such gradient. */
+BIE_API bie_status bie_layer_grad(bie_layer *layer, bie_param which, bie_tensor *view);
 
 #ifdef __cplusplus
 }

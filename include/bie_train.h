@@ -130,17 +130,8 @@ BIE_API bie_status bie_model_add_prelu(bie_model *model, int64_t num_parameters)
 BIE_API bie_status bie_model_add_maxpool2d(bie_model *model, int kernel_size, int stride);
 /* [N, d1, ...] -> [N, d1 * ...]. */
 BIE_API bie_status bie_model_add_flatten(bie_model *model);
-/* bie's low-bit layers (bie.h), symmetric, 8-bit words, CPU, F32; the model owns them. */
-BIE_API bie_status bie_model_add_binary_linear(bie_model *model, int64_t in_features,
-                                               int64_t out_features);
-BIE_API bie_status bie_model_add_binary_conv2d(bie_model *model, int64_t in_channels,
-                                               int64_t out_channels, int kernel_size,
-                                               int stride, int padding, int dilation);
-BIE_API bie_status bie_model_add_q4_linear(bie_model *model, int64_t in_features,
-                                           int64_t out_features);
-BIE_API bie_status bie_model_add_q4_conv2d(bie_model *model, int64_t in_channels,
-                                           int64_t out_channels, int kernel_size, int stride,
-                                           int padding, int dilation);
+/* bie's low-bit layers (bie.h) are added with bie_model_add_layer (types BIE_LAYER_BINARY_*,
+ * BIE_LAYER_Q4_*); the model owns them. */
 
 /* Re-initialise every layer: layer i from a generator seeded with a value derived from
  * (seed, i), so one layer's values do not depend on the others. Float layers as their
@@ -250,14 +241,11 @@ BIE_API bie_status bie_model_layer_info(const bie_model *model, int index, bie_l
  * finite and > 0, momentum outside [0, 1], bits_binary_word not 8 / 32 / 64. */
 BIE_API bie_status bie_model_add_layer(bie_model *model, const bie_layer_info *info);
 
-/* The low-bit layer objects at `index`, for what the model does not wrap (kernel selection,
- * word size, ...). The model keeps ownership; don't free them, and keep them in the state
- * the model expects (don't pack or reset them directly). Errors: NULL, index out of range,
- * a layer of another type. */
-BIE_API bie_status bie_model_binary_linear(bie_model *model, int index, bie_binary_linear **layer);
-BIE_API bie_status bie_model_binary_conv2d(bie_model *model, int index, bie_binary_conv2d **layer);
-BIE_API bie_status bie_model_q4_linear(bie_model *model, int index, bie_q4_linear **layer);
-BIE_API bie_status bie_model_q4_conv2d(bie_model *model, int index, bie_q4_conv2d **layer);
+/* The low-bit layer object at `index` (bie.h's bie_layer_* calls), for what the model does
+ * not wrap (kernel selection, word size, ...). The model keeps ownership; don't free it, and
+ * keep it in the state the model expects (don't pack or reset it directly). Errors: NULL,
+ * index out of range, a float layer. */
+BIE_API bie_status bie_model_layer(bie_model *model, int index, bie_layer **layer);
 
 /* --------------------------------------------------- 5. parameter enumeration */
 
