@@ -43,6 +43,26 @@ static void check(bie_status st, const char *what) {
     exit(1);
 }
 
+/* The layer's selected GEMM kernel id (-1: the default per shape). */
+static int layer_kernel_id(const bie_layer *l) {
+    bie_layer_desc d;
+    check(bie_layer_describe(l, &d), "bie_layer_describe");
+    return d.kernel_id;
+}
+
+/* Output extents of a conv layer for one h x w image. */
+static bie_status layer_output_hw(const bie_layer *l, int64_t h, int64_t w, int64_t *oh, int64_t *ow) {
+    bie_layer_desc d;
+    bie_status st = bie_layer_describe(l, &d);
+    if (st != BIE_OK) return st;
+    const int64_t in_shape[4] = {1, d.in, h, w};
+    int64_t out_shape[BIE_MAX_DIMS];
+    int out_ndim = 0;
+    st = bie_layer_output_shape(l, 4, in_shape, &out_ndim, out_shape);
+    if (st == BIE_OK) *oh = out_shape[2], *ow = out_shape[3];
+    return st;
+}
+
 static void *xmalloc(size_t bytes) {
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (p == NULL) {
@@ -318,19 +338,19 @@ static void bench_bgemm(const char *name, int64_t m, int64_t n, int64_t k) {
 /* ---------------------------------------------------------------- layer cases */
 
 typedef struct layer_ctx {
-    bie_binary_linear *layer;
+    bie_layer *layer;
     bie_tensor x, out, grad_out, grad_x;
 } layer_ctx;
 
 static void run_forward(void *p) {
     layer_ctx *s = p;
-    check(bie_binary_linear_forward(s->layer, &s->x, &s->out), "bie_binary_linear_forward");
+    check(bie_layer_forward(s->layer, &s->x, &s->out), "bie_layer_forward");
 }
 
 static void run_backward(void *p) {
     layer_ctx *s = p;
-    check(bie_binary_linear_backward(s->layer, &s->grad_out, &s->grad_x),
-          "bie_binary_linear_backward");
+    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x),
+          "bie_layer_backward");
 }
 
 typedef enum layer_mode { LAYER_FWD, LAYER_BWD, LAYER_INFER } layer_mode;
@@ -341,7 +361,7 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
     memset(&s, 0, sizeof s);
     check(bie_binary_linear_create(&s.layer, in, outf, bie_cpu(), BIE_F32, true),
           "bie_binary_linear_create");
-    check(bie_binary_linear_prepare_params(s.layer), "bie_binary_linear_prepare_params");
+    check(bie_layer_prepare_params(s.layer), "bie_layer_prepare_params");
     float *x = random_floats(m * in), *y = xmalloc((size_t)(m * outf) * sizeof(float));
     float *g = random_floats(m * outf), *gx = xmalloc((size_t)(m * in) * sizeof(float));
     s.x = view2(x, BIE_F32, m, in);
@@ -349,9 +369,9 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
     s.grad_out = view2(g, BIE_F32, m, outf);
     s.grad_x = view2(gx, BIE_F32, m, in);
     if (mode == LAYER_INFER) {
-        check(bie_binary_linear_generate_quantized_weight(s.layer, false),
-              "bie_binary_linear_generate_quantized_weight");
-        check(bie_binary_linear_set_training(s.layer, false), "bie_binary_linear_set_training");
+        check(bie_layer_generate_quantized_weight(s.layer, false),
+              "bie_layer_generate_quantized_weight");
+        check(bie_layer_set_training(s.layer, false), "bie_layer_set_training");
     }
     if (mode == LAYER_BWD) run_forward(&s); /* saves what the backward needs */
 
@@ -370,13 +390,13 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
         kernel = NULL; /* the backward runs OpenBLAS sgemm, no bie kernel */
     } else {
         t = measure(run_forward, &s, run_sgemm, &fwd);
-        int id = bie_binary_linear_gemm_kernel(s.layer);
+        int id = layer_kernel_id(s.layer);
         kernel = kernel_name(id >= 0 ? id : default_kernel_id(m));
     }
     double total_ops = mode == LAYER_BWD ? 2 * ops : ops;
     emit(name, "layer", kernel, g_threads, m, outf, in, t, total_ops, total_ops, "");
 
-    bie_binary_linear_free(s.layer);
+    bie_layer_free(s.layer);
     float *bufs[] = {x, y, g, gx, w, c, fgx, fgw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
@@ -384,23 +404,23 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
 /* 4-bit linear forward (training mode, float weights quantized per call; or packed) vs a
  * float linear layer (sgemm) of the same shape. */
 typedef struct q4_ctx {
-    bie_q4_linear *layer;
+    bie_layer *layer;
     bie_tensor x, out;
 } q4_ctx;
 
 static void run_q4_forward(void *p) {
     q4_ctx *s = p;
-    check(bie_q4_linear_forward(s->layer, &s->x, &s->out), "bie_q4_linear_forward");
+    check(bie_layer_forward(s->layer, &s->x, &s->out), "bie_layer_forward");
 }
 
 static void bench_q4_layer(const char *name, bool packed, int64_t m, int64_t in, int64_t outf) {
     if (!selected(name)) return;
     q4_ctx s;
     check(bie_q4_linear_create(&s.layer, in, outf, bie_cpu(), BIE_F32), "bie_q4_linear_create");
-    check(bie_q4_linear_prepare_params(s.layer), "bie_q4_linear_prepare_params");
+    check(bie_layer_prepare_params(s.layer), "bie_layer_prepare_params");
     if (packed) {
-        check(bie_q4_linear_generate_quantized_weight(s.layer, true), "generate_quantized_weight");
-        check(bie_q4_linear_set_training(s.layer, false), "bie_q4_linear_set_training");
+        check(bie_layer_generate_quantized_weight(s.layer, true), "generate_quantized_weight");
+        check(bie_layer_set_training(s.layer, false), "bie_layer_set_training");
     }
     float *x = random_floats(m * in), *y = xmalloc((size_t)(m * outf) * sizeof(float));
     s.x = view2(x, BIE_F32, m, in);
@@ -412,7 +432,7 @@ static void bench_q4_layer(const char *name, bool packed, int64_t m, int64_t in,
     bie_kernel_info info;
     check(bie_kernel_default(BIE_OP_Q4_GEMM, m, &info), "bie_kernel_default");
     emit(name, "q4", info.name, g_threads, m, outf, in, t, ops, ops, "");
-    bie_q4_linear_free(s.layer);
+    bie_layer_free(s.layer);
     free(x), free(y), free(w), free(c);
 }
 
@@ -424,8 +444,8 @@ static void bench_q4_layer(const char *name, bool packed, int64_t m, int64_t in,
  * The baseline's im2col/col2im run on one thread: an OpenMP region between OpenBLAS
  * (pthreads) calls would fight its spinning threads (see measure()). */
 typedef struct conv_ctx {
-    bie_binary_conv2d *layer;
-    bie_q4_conv2d *q4; /* set for the 4-bit cases (forward only) */
+    bie_layer *layer;
+    bie_layer *q4; /* set for the 4-bit cases (forward only) */
     bie_tensor x, out, grad_out, grad_x;
     int64_t n, c, h, w, o, k, s, p, d, oh, ow;
     const float *fx, *fw, *fg; /* float input, weight [O, C k k], grad_out */
@@ -472,18 +492,18 @@ static void im2col_f32(const conv_ctx *s, float *x, float *cols, bool back) {
 
 static void run_conv_fwd(void *p) {
     conv_ctx *s = p;
-    check(bie_binary_conv2d_forward(s->layer, &s->x, &s->out), "bie_binary_conv2d_forward");
+    check(bie_layer_forward(s->layer, &s->x, &s->out), "bie_layer_forward");
 }
 
 static void run_q4conv_fwd(void *p) {
     conv_ctx *s = p;
-    check(bie_q4_conv2d_forward(s->q4, &s->x, &s->out), "bie_q4_conv2d_forward");
+    check(bie_layer_forward(s->q4, &s->x, &s->out), "bie_layer_forward");
 }
 
 static void run_conv_bwd(void *p) {
     conv_ctx *s = p;
-    check(bie_binary_conv2d_backward(s->layer, &s->grad_out, &s->grad_x),
-          "bie_binary_conv2d_backward");
+    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x),
+          "bie_layer_backward");
 }
 
 static void run_fconv_fwd(void *p) {
@@ -525,17 +545,17 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
     conv_ctx s = {.n = n, .c = c, .h = hw, .w = hw, .o = o, .k = k, .s = 1, .p = pad, .d = 1};
     if (four_bit) {
         check(bie_q4_conv2d_create(&s.q4, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32), "bie_q4_conv2d_create");
-        check(bie_q4_conv2d_prepare_params(s.q4), "bie_q4_conv2d_prepare_params");
+        check(bie_layer_prepare_params(s.q4), "bie_layer_prepare_params");
         if (mode == LAYER_INFER) {
-            check(bie_q4_conv2d_generate_quantized_weight(s.q4, true), "generate_quantized_weight");
-            check(bie_q4_conv2d_set_training(s.q4, false), "bie_q4_conv2d_set_training");
+            check(bie_layer_generate_quantized_weight(s.q4, true), "generate_quantized_weight");
+            check(bie_layer_set_training(s.q4, false), "bie_layer_set_training");
         }
     }
     check(bie_binary_conv2d_create(&s.layer, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32, true),
           "bie_binary_conv2d_create");
-    check(bie_binary_conv2d_prepare_params(s.layer), "bie_binary_conv2d_prepare_params");
-    check(bie_binary_conv2d_output_size(s.layer, hw, hw, &s.oh, &s.ow),
-          "bie_binary_conv2d_output_size");
+    check(bie_layer_prepare_params(s.layer), "bie_layer_prepare_params");
+    check(layer_output_hw(s.layer, hw, hw, &s.oh, &s.ow),
+          "bie_layer_output_shape");
     const int64_t kc = c * k * k, plane = s.oh * s.ow;
     float *x = random_floats(n * c * hw * hw), *y = xmalloc((size_t)(n * o * plane) * 4);
     float *g = random_floats(n * o * plane), *gx = xmalloc((size_t)(n * c * hw * hw) * 4);
@@ -544,9 +564,9 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
     s.grad_out = view4(g, n, o, s.oh, s.ow);
     s.grad_x = view4(gx, n, c, hw, hw);
     if (mode == LAYER_INFER && !four_bit) {
-        check(bie_binary_conv2d_generate_quantized_weight(s.layer, true),
-              "bie_binary_conv2d_generate_quantized_weight");
-        check(bie_binary_conv2d_set_training(s.layer, false), "bie_binary_conv2d_set_training");
+        check(bie_layer_generate_quantized_weight(s.layer, true),
+              "bie_layer_generate_quantized_weight");
+        check(bie_layer_set_training(s.layer, false), "bie_layer_set_training");
     }
     if (mode == LAYER_BWD) run_conv_fwd(&s); /* saves what the backward needs */
 
@@ -569,7 +589,7 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
                  (long long)n, (long long)c, (long long)o, (long long)hw, (long long)hw, k, pad);
     } else {
         t = measure(four_bit ? run_q4conv_fwd : run_conv_fwd, &s, run_fconv_fwd, &s);
-        int id = bie_binary_conv2d_gemm_kernel(s.layer);
+        int id = layer_kernel_id(s.layer);
         kernel = kernel_name(id >= 0 ? id : default_kernel_id(o)); /* the layer's m is O */
         if (four_bit) {
             bie_kernel_info info;
@@ -589,8 +609,8 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
     double total_ops = mode == LAYER_BWD ? 2 * ops : ops;
     emit(name, "conv2d", kernel, g_threads, o, n * plane, kc, t, total_ops, total_ops, extra);
 
-    bie_binary_conv2d_free(s.layer);
-    bie_q4_conv2d_free(s.q4);
+    bie_layer_free(s.layer);
+    bie_layer_free(s.q4);
     float *bufs[] = {x, y, g, gx, w, s.cols, s.fout, s.fgx, s.fgw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }

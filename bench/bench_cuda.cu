@@ -264,12 +264,12 @@ static void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t 
 // 8192, against cuBLAS bf16 y = x W^T; timed over many launches and as a replayed CUDA graph.
 static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
-    bie_binary_linear *l;
+    bie_layer *l;
     bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
-    bie_ok(bie_binary_linear_prepare_params(l), "prepare");
-    bie_ok(bie_binary_linear_set_scale_a(l, 1.0f), "scale_a");
-    bie_ok(bie_binary_linear_set_training(l, false), "eval");
-    bie_ok(bie_binary_linear_generate_quantized_weight(l, true), "pack");
+    bie_ok(bie_layer_prepare_params(l), "prepare");
+    bie_ok(bie_layer_set_scale_a(l, 1.0f), "scale_a");
+    bie_ok(bie_layer_set_training(l, false), "eval");
+    bie_ok(bie_layer_generate_quantized_weight(l, true), "pack");
     bie_tensor x = dev_tensor(BIE_BF16, m, nk), y = dev_tensor(BIE_BF16, m, nk);
     bie_tensor w = dev_tensor(BIE_BF16, nk, nk);
     fill_bf16(x.data, m * nk, 5);
@@ -278,7 +278,7 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     bie_ok(bie_cuda_set_stream(st), "stream");
     cublasSetStream(h, st);
-    auto ours = [&] { bie_ok(bie_binary_linear_forward(l, &x, &y), "forward"); };
+    auto ours = [&] { bie_ok(bie_layer_forward(l, &x, &y), "forward"); };
     auto base = [&] { gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk); };
     ours();
     CK(cudaStreamSynchronize(st));
@@ -320,16 +320,16 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
     cudaGraphDestroy(graph);
     cudaStreamDestroy(st);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&w);
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 }
 
 // A training step (forward + backward with grad_x) of a bfloat16 binary linear layer against
 // a bf16 linear layer's forward + backward in cuBLAS (three GEMMs).
 static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
-    bie_binary_linear *l;
+    bie_layer *l;
     bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
-    bie_ok(bie_binary_linear_prepare_params(l), "prepare");
+    bie_ok(bie_layer_prepare_params(l), "prepare");
     bie_tensor x = dev_tensor(BIE_BF16, m, nk), y = dev_tensor(BIE_BF16, m, nk);
     bie_tensor g = dev_tensor(BIE_BF16, m, nk), gx = dev_tensor(BIE_BF16, m, nk);
     bie_tensor w = dev_tensor(BIE_BF16, nk, nk), gw = dev_tensor(BIE_BF16, nk, nk);
@@ -337,10 +337,10 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
     fill_bf16(g.data, m * nk, 8);
     fill_bf16(w.data, nk * nk, 9);
     auto ours = [&] {
-        bie_ok(bie_binary_linear_forward(l, &x, &y), "forward");
-        bie_ok(bie_binary_linear_backward(l, &g, &gx), "backward");
+        bie_ok(bie_layer_forward(l, &x, &y), "forward");
+        bie_ok(bie_layer_backward(l, &g, &gx), "backward");
     };
-    auto ours_fwd = [&] { bie_ok(bie_binary_linear_forward(l, &x, &y), "forward"); };
+    auto ours_fwd = [&] { bie_ok(bie_layer_forward(l, &x, &y), "forward"); };
     auto base = [&] {
         gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk);  // y = x W^T
         gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_N, nk, m, nk, w.data, nk, g.data, nk, gx.data, nk); // gx = g W
@@ -357,7 +357,7 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
     fflush(stdout);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&g), bie_tensor_free(&gx);
     bie_tensor_free(&w), bie_tensor_free(&gw);
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 }
 
 int main(int argc, char **argv) {

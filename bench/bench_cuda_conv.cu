@@ -40,6 +40,13 @@ static void ok(bie_status s, const char *what) {
     }
 }
 
+// The layer's selected GEMM kernel id (-1: the default per shape).
+static int layer_kernel_id(const bie_layer *l) {
+    bie_layer_desc d;
+    ok(bie_layer_describe(l, &d), "describe");
+    return d.kernel_id;
+}
+
 static bool wanted(int argc, char **argv, const char *name) {
     if (argc < 2) return true;
     for (int i = 1; i < argc; i++)
@@ -189,29 +196,29 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     fill_bf16(w.data, bie_tensor_numel(&w), 2);
     fill_bf16(gy.data, bie_tensor_numel(&gy), 3);
 
-    bie_binary_conv2d *train, *infer;
+    bie_layer *train, *infer;
     ok(bie_binary_conv2d_create(&train, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true), "create");
     ok(bie_binary_conv2d_create(&infer, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true), "create");
-    ok(bie_binary_conv2d_prepare_params(train), "prepare");
-    ok(bie_binary_conv2d_prepare_params(infer), "prepare");
-    ok(bie_binary_conv2d_set_training(infer, false), "eval");
-    ok(bie_binary_conv2d_generate_quantized_weight(infer, true), "pack");
+    ok(bie_layer_prepare_params(train), "prepare");
+    ok(bie_layer_prepare_params(infer), "prepare");
+    ok(bie_layer_set_training(infer, false), "eval");
+    ok(bie_layer_generate_quantized_weight(infer, true), "pack");
     // The default path (implicit GEMM) and the im2col path with the kernel select_gemm_kernel
     // picks.
-    auto ours_fwd = [&] { ok(bie_binary_conv2d_forward(infer, &x, &y), "forward"); };
+    auto ours_fwd = [&] { ok(bie_layer_forward(infer, &x, &y), "forward"); };
     auto ours_train = [&] {
-        ok(bie_binary_conv2d_forward(train, &x, &y), "forward");
-        ok(bie_binary_conv2d_backward(train, &gy, &gx), "backward");
+        ok(bie_layer_forward(train, &x, &y), "forward");
+        ok(bie_layer_backward(train, &gy, &gx), "backward");
     };
     if (profile_only(name, ours_fwd, ours_train)) {
-        bie_binary_conv2d_free(train);
-        bie_binary_conv2d_free(infer);
+        bie_layer_free(train);
+        bie_layer_free(infer);
         return;
     }
-    ok(bie_binary_conv2d_select_gemm_kernel(infer, &x), "select");
-    const int im2col_kernel = bie_binary_conv2d_gemm_kernel(infer);
+    ok(bie_layer_select_gemm_kernel(infer, &x), "select");
+    const int im2col_kernel = layer_kernel_id(infer);
     const double f_im2col = time_it(ours_fwd, 20, 7);
-    ok(bie_binary_conv2d_set_gemm_kernel(infer, -1), "default kernel");
+    ok(bie_layer_set_gemm_kernel(infer, -1), "default kernel");
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
     auto base_fwd = [&](Dnn &d) { return [&] { d.forward(x.data, w.data, y.data); }; };
     auto base_train = [&](Dnn &d) {
@@ -241,8 +248,8 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
            f_nhwc, f_base / f_ours, f_host, g.flops() / f_ours / 1e12, g.flops() / f_base / 1e12, t_ours, t_nchw, t_nhwc,
            t_base / t_ours);
     fflush(stdout);
-    bie_binary_conv2d_free(train);
-    bie_binary_conv2d_free(infer);
+    bie_layer_free(train);
+    bie_layer_free(infer);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&gx), bie_tensor_free(&gy);
     bie_tensor_free(&w), bie_tensor_free(&gw);
 }
@@ -256,21 +263,21 @@ static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     fill_bf16(x.data, bie_tensor_numel(&x), 1);
     fill_bf16(w.data, bie_tensor_numel(&w), 2);
     fill_bf16(gy.data, bie_tensor_numel(&gy), 3);
-    bie_q4_conv2d *train, *infer;
+    bie_layer *train, *infer;
     ok(bie_q4_conv2d_create(&train, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16), "create");
     ok(bie_q4_conv2d_create(&infer, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16), "create");
-    ok(bie_q4_conv2d_prepare_params(train), "prepare");
-    ok(bie_q4_conv2d_prepare_params(infer), "prepare");
-    ok(bie_q4_conv2d_set_training(infer, false), "eval");
-    ok(bie_q4_conv2d_generate_quantized_weight(infer, true), "pack");
-    auto ours_fwd = [&] { ok(bie_q4_conv2d_forward(infer, &x, &y), "forward"); };
+    ok(bie_layer_prepare_params(train), "prepare");
+    ok(bie_layer_prepare_params(infer), "prepare");
+    ok(bie_layer_set_training(infer, false), "eval");
+    ok(bie_layer_generate_quantized_weight(infer, true), "pack");
+    auto ours_fwd = [&] { ok(bie_layer_forward(infer, &x, &y), "forward"); };
     auto ours_train = [&] {
-        ok(bie_q4_conv2d_forward(train, &x, &y), "forward");
-        ok(bie_q4_conv2d_backward(train, &gy, &gx), "backward");
+        ok(bie_layer_forward(train, &x, &y), "forward");
+        ok(bie_layer_backward(train, &gy, &gx), "backward");
     };
     if (profile_only(name, ours_fwd, ours_train)) {
-        bie_q4_conv2d_free(train);
-        bie_q4_conv2d_free(infer);
+        bie_layer_free(train);
+        bie_layer_free(infer);
         return;
     }
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
@@ -295,8 +302,8 @@ static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
            name, g.n, g.c, g.h, g.w, g.o, g.k, f_ours, f_base, f_base / f_ours, g.flops() / f_ours / 1e12, t_ours,
            t_base, t_base / t_ours);
     fflush(stdout);
-    bie_q4_conv2d_free(train);
-    bie_q4_conv2d_free(infer);
+    bie_layer_free(train);
+    bie_layer_free(infer);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&gx), bie_tensor_free(&gy);
     bie_tensor_free(&w), bie_tensor_free(&gw);
 }

@@ -183,7 +183,7 @@ typedef struct {
     int64_t scalar[5]; /* see SCALAR_NAMES */
 } snap;
 
-static void take_snap(snap *s, bie_binary_linear *l) {
+static void take_snap(snap *s, bie_layer *l) {
     static const bie_param which[9] = {BIE_PARAM_WEIGHT,  BIE_PARAM_QWEIGHT, BIE_PARAM_BIAS_A,
                                        BIE_PARAM_SCALE_A, BIE_PARAM_SCALE_W, BIE_PARAM_WEIGHT,
                                        BIE_PARAM_WEIGHT_FLOAT_GRAD, BIE_PARAM_BIAS_A,
@@ -191,19 +191,21 @@ static void take_snap(snap *s, bie_binary_linear *l) {
     memset(s, 0, sizeof *s);
     for (int i = 0; i < 9; i++) {
         item *it = &s->it[i];
-        it->st = i < 5 ? bie_binary_linear_param(l, which[i], &it->v)
-                       : bie_binary_linear_grad(l, which[i], &it->v);
+        it->st = i < 5 ? bie_layer_param(l, which[i], &it->v)
+                       : bie_layer_grad(l, which[i], &it->v);
         if (it->st != BIE_OK) continue;
         it->bytes = (size_t)bie_tensor_numel(&it->v) * bie_dtype_size(it->v.dtype);
         it->copy = malloc(it->bytes ? it->bytes : 1);
         if (it->copy == NULL) die("snapshot");
         memcpy(it->copy, it->v.data, it->bytes);
     }
-    s->scalar[0] = bie_binary_linear_bits_binary_word(l);
-    s->scalar[1] = bie_binary_linear_gemm_kernel(l);
-    s->scalar[2] = bie_binary_linear_training(l);
-    s->scalar[3] = bie_binary_linear_in_features(l);
-    s->scalar[4] = bie_binary_linear_out_features(l);
+    bie_layer_desc d;
+    if (bie_layer_describe(l, &d) != BIE_OK) die("describe");
+    s->scalar[0] = d.bits_binary_word;
+    s->scalar[1] = d.kernel_id;
+    s->scalar[2] = d.training;
+    s->scalar[3] = d.in;
+    s->scalar[4] = d.out;
 }
 
 static bool same_item(const item *a, const item *b) {
@@ -239,18 +241,19 @@ static void check_same(const char *file, int line, snap *a, snap *b) {
         check_same(__FILE__, __LINE__, &before_, &after_);                                     \
     } while (0)
 
-static bie_binary_linear *new_layer(void) {
-    bie_binary_linear *l = NULL;
+static bie_layer *new_layer(void) {
+    bie_layer *l = NULL;
     if (bie_binary_linear_create(&l, IN, OUT, bie_cpu(), BIE_F32, true) != BIE_OK) die("create");
     return l;
 }
 
-/* Id of the first CPU kernel (not the scalar reference) that is / is not available, or -1. */
+/* Id of the first binary CPU kernel (not the scalar reference) that is / is not available,
+ * or -1. */
 static int find_kernel(bool available) {
     for (int i = 0; i < bie_kernel_count(); i++) {
         bie_kernel_info info;
         if (bie_kernel_get(i, &info) == BIE_OK && info.available == available &&
-            info.device == BIE_DEVICE_CPU && info.id > 0)
+            info.device == BIE_DEVICE_CPU && info.op == BIE_OP_BINARY_GEMM && info.id > 0)
             return info.id;
     }
     return -1;
@@ -260,7 +263,7 @@ static int find_kernel(bool available) {
  * activations and gradients of one training step on x [2, 3, IN] with grad_out g. y and gx
  * are poisoned outputs of the right shapes. */
 typedef struct {
-    bie_binary_linear *l;
+    bie_layer *l;
     bie_tensor *x, *y, *g, *gx, *gx_ref;
 } fixture;
 
@@ -269,11 +272,11 @@ static void fixture_init(fixture *f) {
     f->x = F32(2, 3, IN);
     f->g = F32(2, 3, OUT);
     f->gx_ref = MK(BIE_F32, ZERO, 2, 3, IN);
-    if (bie_binary_linear_set_weight_data(f->l, F32(OUT, IN)) != BIE_OK ||
-        bie_binary_linear_generate_quantized_weight(f->l, false) != BIE_OK ||
-        bie_binary_linear_set_gemm_kernel(f->l, find_kernel(true)) != BIE_OK ||
-        bie_binary_linear_forward(f->l, f->x, MK(BIE_F32, ZERO, 2, 3, OUT)) != BIE_OK ||
-        bie_binary_linear_backward(f->l, f->g, f->gx_ref) != BIE_OK)
+    if (bie_layer_set_weight_data(f->l, F32(OUT, IN)) != BIE_OK ||
+        bie_layer_generate_quantized_weight(f->l, false) != BIE_OK ||
+        bie_layer_set_gemm_kernel(f->l, find_kernel(true)) != BIE_OK ||
+        bie_layer_forward(f->l, f->x, MK(BIE_F32, ZERO, 2, 3, OUT)) != BIE_OK ||
+        bie_layer_backward(f->l, f->g, f->gx_ref) != BIE_OK)
         die("fixture");
     f->y = OUTBUF(2, 3, OUT);
     f->gx = OUTBUF(2, 3, IN);
@@ -282,7 +285,7 @@ static void fixture_init(fixture *f) {
 /* The saved activations survived: a backward now gives the fixture's grad_x bit for bit. */
 static void check_saved(fixture *f, int line) {
     bie_tensor *gx2 = MK(BIE_F32, ZERO, 2, 3, IN);
-    bool ok = bie_binary_linear_backward(f->l, f->g, gx2) == BIE_OK &&
+    bool ok = bie_layer_backward(f->l, f->g, gx2) == BIE_OK &&
               memcmp(gx2->data, f->gx_ref->data, (size_t)2 * 3 * IN * sizeof(float)) == 0;
     report(ok, __FILE__, line, "saved activations changed (backward after the errors differs)");
 }
@@ -292,158 +295,158 @@ static void check_saved(fixture *f, int line) {
 static void test_forward(void) {
     fixture f;
     fixture_init(&f);
-    bie_binary_linear *l = f.l;
+    bie_layer *l = f.l;
     bie_tensor *x = f.x, *y = f.y, *y6 = OUTBUF(6, OUT);
 
     CASE("forward: NULL layer");
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_forward(NULL, x, y));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_forward(NULL, x, y));
     CASE("forward: NULL input");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_forward(l, NULL, y));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward(l, NULL, y));
     CASE("forward: NULL output");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_forward(l, x, NULL));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward(l, x, NULL));
     CASE("forward: input with NULL data");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_forward(l, WITH(x, data = NULL), y));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward(l, WITH(x, data = NULL), y));
     CASE("forward: output with NULL data");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_forward(l, x, WITH(y, data = NULL)));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward(l, x, WITH(y, data = NULL)));
     CASE("forward: input last extent != in_features");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, F32(6, IN + 1), y6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, F32(6, IN + 1), y6));
     CASE("forward: output last extent != out_features");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, x, OUTBUF(2, 3, OUT + 1)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, x, OUTBUF(2, 3, OUT + 1)));
     CASE("forward: output leading extents differ from the input's");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, x, OUTBUF(3, 2, OUT)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, x, OUTBUF(3, 2, OUT)));
     CASE("forward: output rank differs from the input's (same element count)");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, x, y6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, x, y6));
     CASE("forward: input of rank 0, of rank 5");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, WITH(x, ndim = 0), y));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, WITH(x, ndim = 5), y));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, WITH(x, ndim = 0), y));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, WITH(x, ndim = 5), y));
     CASE("forward: output of rank 0, of rank 5");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, x, WITH(y, ndim = 0)));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, x, WITH(y, ndim = 5)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, x, WITH(y, ndim = 0)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, x, WITH(y, ndim = 5)));
     CASE("forward: negative leading extent");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, WITH(x, shape[0] = -2), y));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, WITH(x, shape[0] = -2), y));
     CASE("forward: extents whose product overflows");
     EXPECT_L(l, BIE_ERR_OVERFLOW,
-             bie_binary_linear_forward(l, WITH(x, shape[0] = INT64_MAX / 2), y));
+             bie_layer_forward(l, WITH(x, shape[0] = INT64_MAX / 2), y));
     CASE("forward: input dtype int32");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_I32, RANDOM, 2, 3, IN), y));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_I32, RANDOM, 2, 3, IN), y));
     CASE("forward: input dtype int8");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_I8, RANDOM, 2, 3, IN), y));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_I8, RANDOM, 2, 3, IN), y));
     CASE("forward: input dtype bfloat16 on the CPU");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_BF16, RANDOM, 2, 3, IN), y));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_BF16, RANDOM, 2, 3, IN), y));
     CASE("forward: output dtype int32");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, x, MK(BIE_I32, POISON, 2, 3, OUT)));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, x, MK(BIE_I32, POISON, 2, 3, OUT)));
     CASE("forward: input on a CUDA device");
-    EXPECT_L(l, BIE_ERR_DEVICE, bie_binary_linear_forward(l, ON_CUDA(x), y));
+    EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_forward(l, ON_CUDA(x), y));
     CASE("forward: output on a CUDA device");
-    EXPECT_L(l, BIE_ERR_DEVICE, bie_binary_linear_forward(l, x, ON_CUDA(y)));
+    EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_forward(l, x, ON_CUDA(y)));
     CASE("forward: packed input U32, U64 while bits_binary_word is 8");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_U32, RANDOM, 6, W32), y6));
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_U64, RANDOM, 6, 1), y6));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_U32, RANDOM, 6, W32), y6));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_U64, RANDOM, 6, 1), y6));
     CASE("forward: packed U8 input whose width is not ceil(in / 8)");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, MK(BIE_U8, RANDOM, 6, W8 - 1), y6));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, MK(BIE_U8, RANDOM, 6, IN), y6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, MK(BIE_U8, RANDOM, 6, W8 - 1), y6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, MK(BIE_U8, RANDOM, 6, IN), y6));
 
     CASE("forward: scale_w made NaN through its parameter view");
     bie_tensor sw;
-    CHECK(bie_binary_linear_param(l, BIE_PARAM_SCALE_W, &sw) == BIE_OK);
+    CHECK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw) == BIE_OK);
     const float keep_sw = *(float *)sw.data;
     *(float *)sw.data = NAN;
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_forward(l, x, y));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_forward(l, x, y));
     *(float *)sw.data = keep_sw;
     check_saved(&f, __LINE__);
 
-    CHECK(bie_binary_linear_set_bits_binary_word(l, 32) == BIE_OK);
+    CHECK(bie_layer_set_bits_binary_word(l, 32) == BIE_OK);
     CASE("forward: packed U32 input of width ceil(in / 8) after set_bits_binary_word(32)");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_forward(l, MK(BIE_U32, RANDOM, 6, W8), y6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, MK(BIE_U32, RANDOM, 6, W8), y6));
     CASE("forward: packed U8 input after set_bits_binary_word(32)");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_forward(l, MK(BIE_U8, RANDOM, 6, W32), y6));
-    bie_binary_linear_free(l);
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_U8, RANDOM, 6, W32), y6));
+    bie_layer_free(l);
     pool_release();
 }
 
 /* Scales that cannot be measured or used; an inference-only layer. */
 static void test_forward_state(void) {
-    bie_binary_linear *l = new_layer(); /* scale_a == 0 */
+    bie_layer *l = new_layer(); /* scale_a == 0 */
     bie_tensor *x = F32(4, IN), *x0 = MK(BIE_F32, ZERO, 4, IN), *y = OUTBUF(4, OUT);
     bie_tensor *xinf = F32(4, IN), *packed = MK(BIE_U8, RANDOM, 4, W8);
     ((float *)xinf->data)[5] = INFINITY;
     CASE("forward: all-zero input while scale_a == 0");
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_forward(l, x0, y));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_forward(l, x0, y));
     CASE("forward: input holding +inf while scale_a == 0");
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_forward(l, xinf, y));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_forward(l, xinf, y));
     CASE("set_activation: all-zero input while scale_a == 0");
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_activation(l, x0, OUTBUF(4, IN)));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_activation(l, x0, OUTBUF(4, IN)));
     CASE("set_activation: x_out shape differs from x's");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_set_activation(l, x, OUTBUF(2, 2, IN)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_activation(l, x, OUTBUF(2, 2, IN)));
     CASE("forward: pre-packed input while scale_a == 0");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_forward(l, packed, y));
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_forward(l, packed, y));
     CASE("set_activation: pre-packed input");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_set_activation(l, packed, NULL));
-    bie_binary_linear_free(l);
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_set_activation(l, packed, NULL));
+    bie_layer_free(l);
 
     CASE("forward: scale_a * scale_w overflows to +inf");
     l = new_layer();
     bie_tensor *w = F32(OUT, IN);
     for (int i = 0; i < OUT * IN; i++) ((float *)w->data)[i] *= 1000.0f; /* scale_w ~ 500 */
-    CHECK(bie_binary_linear_set_weight_data(l, w) == BIE_OK);
-    CHECK(bie_binary_linear_set_scale_a(l, 3.0e38f) == BIE_OK);
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_forward(l, x, y));
-    bie_binary_linear_free(l);
+    CHECK(bie_layer_set_weight_data(l, w) == BIE_OK);
+    CHECK(bie_layer_set_scale_a(l, 3.0e38f) == BIE_OK);
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_forward(l, x, y));
+    bie_layer_free(l);
 
     l = new_layer();
-    CHECK(bie_binary_linear_generate_quantized_weight(l, true) == BIE_OK);
+    CHECK(bie_layer_generate_quantized_weight(l, true) == BIE_OK);
     CASE("forward: training forward after generate_quantized_weight(qweight_only)");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_forward(l, x, y));
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_forward(l, x, y));
     CASE("prepare_params after generate_quantized_weight(qweight_only)");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_prepare_params(l));
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_prepare_params(l));
     CASE("param WEIGHT after generate_quantized_weight(qweight_only)");
     bie_tensor v;
     watch_struct(&v, sizeof v);
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &v));
-    bie_binary_linear_free(l);
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_param(l, BIE_PARAM_WEIGHT, &v));
+    bie_layer_free(l);
     pool_release();
 }
 
 /* ---------------------------------------------------------------- backward */
 
 static void test_backward(void) {
-    bie_binary_linear *l = new_layer();
+    bie_layer *l = new_layer();
     bie_tensor *g6 = F32(6, OUT), *gx6 = OUTBUF(6, IN), v;
     watch_struct(&v, sizeof v);
     CASE("backward: before any forward");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_backward(l, g6, gx6));
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_backward(l, g6, gx6));
     CASE("backward: NULL layer");
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_backward(NULL, g6, gx6));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_backward(NULL, g6, gx6));
     CASE("grad: before any backward");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_grad(l, BIE_PARAM_BIAS_A, &v));
-    bie_binary_linear_free(l);
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_grad(l, BIE_PARAM_BIAS_A, &v));
+    bie_layer_free(l);
 
     fixture f;
     fixture_init(&f);
     l = f.l;
     bie_tensor *g = f.g, *gx = f.gx;
     CASE("backward: grad_out last extent != out_features");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_backward(l, F32(2, 3, OUT + 1), gx));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_backward(l, F32(2, 3, OUT + 1), gx));
     CASE("backward: grad_out leading extents differ from the forward's output");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_backward(l, F32(3, 2, OUT), gx));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_backward(l, F32(3, 2, OUT), gx));
     CASE("backward: grad_out of another rank (same element count)");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_backward(l, g6, gx));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_backward(l, g6, gx));
     CASE("backward: grad_x shape differs from the forward's input");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_backward(l, g, gx6));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_backward(l, g, OUTBUF(2, 3, IN - 1)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_backward(l, g, gx6));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_backward(l, g, OUTBUF(2, 3, IN - 1)));
     CASE("backward: NULL grad_out");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_backward(l, NULL, gx));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_backward(l, NULL, gx));
     CASE("backward: grad_out dtype int32");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_backward(l, MK(BIE_I32, RANDOM, 2, 3, OUT), gx));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_backward(l, MK(BIE_I32, RANDOM, 2, 3, OUT), gx));
     CASE("backward: grad_out on a CUDA device");
-    EXPECT_L(l, BIE_ERR_DEVICE, bie_binary_linear_backward(l, ON_CUDA(g), gx));
+    EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_backward(l, ON_CUDA(g), gx));
     CASE("grad: parameter without a gradient");
-    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_binary_linear_grad(l, BIE_PARAM_SCALE_W, &v));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_grad(l, BIE_PARAM_SCALE_W, &v));
     check_saved(&f, __LINE__);
     CASE("backward: after set_training(false)");
-    CHECK(bie_binary_linear_set_training(l, false) == BIE_OK);
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_backward(l, g, gx));
-    bie_binary_linear_free(l);
+    CHECK(bie_layer_set_training(l, false) == BIE_OK);
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_backward(l, g, gx));
+    bie_layer_free(l);
     pool_release();
 }
 
@@ -452,91 +455,91 @@ static void test_backward(void) {
 static void test_setters(void) {
     fixture f;
     fixture_init(&f);
-    bie_binary_linear *l = f.l;
+    bie_layer *l = f.l;
     bie_tensor v, *w;
     watch_struct(&v, sizeof v);
     static const int bad_bits[5] = {7, 0, 16, -8, 128};
     CASE("set_bits_binary_word(7), (0), (16), (-8), (128)");
     for (int i = 0; i < 5; i++)
         EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT,
-                 bie_binary_linear_set_bits_binary_word(l, bad_bits[i]));
+                 bie_layer_set_bits_binary_word(l, bad_bits[i]));
     CASE("set_gemm_kernel(9999), (-2): unknown ids");
-    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_binary_linear_set_gemm_kernel(l, 9999));
-    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_binary_linear_set_gemm_kernel(l, -2));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, 9999));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, -2));
     if (find_kernel(false) >= 0) {
         CASE("set_gemm_kernel: a kernel this CPU cannot run");
-        EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_binary_linear_set_gemm_kernel(l, find_kernel(false)));
+        EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_gemm_kernel(l, find_kernel(false)));
     }
     CASE("set_scale_a(NaN), (+inf), (-inf), (-1)");
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_scale_a(l, NAN));
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_scale_a(l, INFINITY));
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_scale_a(l, -INFINITY));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, NAN));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, INFINITY));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, -INFINITY));
     /* bie.h groups "non-finite or negative"; the library reports both as NOT_FINITE. */
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_scale_a(l, -1.0f));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, -1.0f));
 
     CASE("set_weight_data: shapes [out+1, in], [out, in+1], [1, out, in], [out*in]");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_set_weight_data(l, F32(OUT + 1, IN)));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_set_weight_data(l, F32(OUT, IN + 1)));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_set_weight_data(l, F32(1, OUT, IN)));
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_set_weight_data(l, F32(OUT * IN)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_weight_data(l, F32(OUT + 1, IN)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_weight_data(l, F32(OUT, IN + 1)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_weight_data(l, F32(1, OUT, IN)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_weight_data(l, F32(OUT * IN)));
     CASE("set_weight_data: dtype int8");
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_set_weight_data(l, MK(BIE_I8, RANDOM, OUT, IN)));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_set_weight_data(l, MK(BIE_I8, RANDOM, OUT, IN)));
     CASE("set_weight_data: a NaN inside, a -inf inside, all zeros");
     w = F32(OUT, IN);
     ((float *)w->data)[OUT * IN / 2] = NAN;
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_weight_data(l, w));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_weight_data(l, w));
     ((float *)w->data)[OUT * IN / 2] = -INFINITY;
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_set_weight_data(l, w));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_weight_data(l, w));
     EXPECT_L(l, BIE_ERR_NOT_FINITE,
-             bie_binary_linear_set_weight_data(l, MK(BIE_F32, ZERO, OUT, IN)));
+             bie_layer_set_weight_data(l, MK(BIE_F32, ZERO, OUT, IN)));
     CASE("set_weight_data: NULL tensor, NULL data");
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_set_weight_data(l, NULL));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_set_weight_data(l, NULL));
     EXPECT_L(l, BIE_ERR_NULL_POINTER,
-             bie_binary_linear_set_weight_data(l, WITH(F32(OUT, IN), data = NULL)));
+             bie_layer_set_weight_data(l, WITH(F32(OUT, IN), data = NULL)));
     CASE("set_weight_data: tensor on a CUDA device");
-    EXPECT_L(l, BIE_ERR_DEVICE, bie_binary_linear_set_weight_data(l, ON_CUDA(F32(OUT, IN))));
+    EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_set_weight_data(l, ON_CUDA(F32(OUT, IN))));
 
     CASE("set_quantized_weight_data: dtype U32, float32 while bits_binary_word is 8");
     EXPECT_L(l, BIE_ERR_DTYPE,
-             bie_binary_linear_set_quantized_weight_data(l, MK(BIE_U32, RANDOM, OUT, W32)));
-    EXPECT_L(l, BIE_ERR_DTYPE, bie_binary_linear_set_quantized_weight_data(l, F32(OUT, W8)));
+             bie_layer_set_quantized_weight_data(l, MK(BIE_U32, RANDOM, OUT, W32)));
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_set_quantized_weight_data(l, F32(OUT, W8)));
     CASE("set_quantized_weight_data: shapes [out, W-1], [out+1, W], [out*W]; NULL");
     EXPECT_L(l, BIE_ERR_SHAPE,
-             bie_binary_linear_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT, W8 - 1)));
+             bie_layer_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT, W8 - 1)));
     EXPECT_L(l, BIE_ERR_SHAPE,
-             bie_binary_linear_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT + 1, W8)));
+             bie_layer_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT + 1, W8)));
     EXPECT_L(l, BIE_ERR_SHAPE,
-             bie_binary_linear_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT * W8)));
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_set_quantized_weight_data(l, NULL));
+             bie_layer_set_quantized_weight_data(l, MK(BIE_U8, RANDOM, OUT * W8)));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_set_quantized_weight_data(l, NULL));
 
     CASE("param: unknown parameter, WEIGHT_FLOAT_GRAD (a gradient only), NULL view");
-    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_binary_linear_param(l, (bie_param)99, &v));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_param(l, (bie_param)99, &v));
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT,
-             bie_binary_linear_param(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &v));
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_param(l, BIE_PARAM_WEIGHT, NULL));
+             bie_layer_param(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &v));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_param(l, BIE_PARAM_WEIGHT, NULL));
     CASE("select_gemm_kernel: input with a wrong last extent, NULL input");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_select_gemm_kernel(l, F32(4, IN - 1)));
-    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_binary_linear_select_gemm_kernel(l, NULL));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_select_gemm_kernel(l, F32(4, IN - 1)));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_select_gemm_kernel(l, NULL));
     CASE("check_forward: input of rank 5");
-    EXPECT_L(l, BIE_ERR_SHAPE, bie_binary_linear_check_forward(l, WITH(f.x, ndim = 5)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_check_forward(l, WITH(f.x, ndim = 5)));
     check_saved(&f, __LINE__);
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 
     l = new_layer();
     CASE("prepare_params: NaN written into the float weight");
     bie_tensor wv;
-    CHECK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &wv) == BIE_OK && wv.dtype == BIE_F32);
+    CHECK(bie_layer_param(l, BIE_PARAM_WEIGHT, &wv) == BIE_OK && wv.dtype == BIE_F32);
     ((float *)wv.data)[3] = NAN;
-    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_binary_linear_prepare_params(l));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_prepare_params(l));
     CASE("param QWEIGHT before generate_quantized_weight");
-    EXPECT_L(l, BIE_ERR_STATE, bie_binary_linear_param(l, BIE_PARAM_QWEIGHT, &v));
-    bie_binary_linear_free(l);
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_param(l, BIE_PARAM_QWEIGHT, &v));
+    bie_layer_free(l);
     CASE("layer setters with a NULL layer");
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_set_bits_binary_word(NULL, 32));
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_set_gemm_kernel(NULL, -1));
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_set_scale_a(NULL, 1.0f));
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_prepare_params(NULL));
-    EXPECT(BIE_ERR_NULL_POINTER, bie_binary_linear_set_training(NULL, true));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_bits_binary_word(NULL, 32));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_gemm_kernel(NULL, -1));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_scale_a(NULL, 1.0f));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_prepare_params(NULL));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_training(NULL, true));
     pool_release();
 }
 
@@ -544,8 +547,8 @@ static void test_setters(void) {
 
 static void test_create(void) {
     static char sentinel_obj;
-    bie_binary_linear *const sentinel = (bie_binary_linear *)(void *)&sentinel_obj;
-    bie_binary_linear *p = sentinel;
+    bie_layer *const sentinel = (bie_layer *)(void *)&sentinel_obj;
+    bie_layer *p = sentinel;
     const bie_device cuda0 = {BIE_DEVICE_CUDA, 0}, cuda9999 = {BIE_DEVICE_CUDA, 9999};
     const bie_device unknown = {(bie_device_type)7, 0}, cpu = bie_cpu();
     bool has_cuda = false; /* a CUDA build lists CUDA kernels */

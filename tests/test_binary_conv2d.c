@@ -9,17 +9,17 @@ typedef struct {
 
 static int64_t out_size(int64_t in, const geom *g) { return (in + 2 * g->p - g->d * (g->k - 1) - 1) / g->s + 1; }
 
-static bie_binary_conv2d *make_layer(const geom *g, uint64_t seed) {
-    bie_binary_conv2d *l = NULL;
+static bie_layer *make_layer(const geom *g, uint64_t seed) {
+    bie_layer *l = NULL;
     if (bie_binary_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, bie_cpu(),
                                  BIE_F32, true) != BIE_OK) {
         fprintf(stderr, "create: %s\n", bie_last_error());
         exit(2);
     }
-    CHECK_OK(bie_binary_conv2d_reset_parameters(l, seed));
-    CHECK_OK(bie_binary_conv2d_prepare_params(l));
+    CHECK_OK(bie_layer_reset_parameters(l, seed));
+    CHECK_OK(bie_layer_prepare_params(l));
     bie_tensor b;
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
     tu_fill(b.data, g->c, -0.2f, 0.2f);
     return l;
 }
@@ -29,12 +29,12 @@ static int sx(const float *x, const float *bias, const geom *g, int64_t n, int64
     return x[((n * g->c + c) * g->h + y) * g->w + xx] + bias[c] >= 0 ? 1 : -1;
 }
 
-static void ref_forward(bie_binary_conv2d *l, const geom *g, const float *x, float *expect) {
+static void ref_forward(bie_layer *l, const geom *g, const float *x, float *expect) {
     bie_tensor w, b, sa, sw;
-    bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, &w);
-    bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b);
-    bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa);
-    bie_binary_conv2d_param(l, BIE_PARAM_SCALE_W, &sw);
+    bie_layer_param(l, BIE_PARAM_WEIGHT, &w);
+    bie_layer_param(l, BIE_PARAM_BIAS_A, &b);
+    bie_layer_param(l, BIE_PARAM_SCALE_A, &sa);
+    bie_layer_param(l, BIE_PARAM_SCALE_W, &sw);
     const int8_t *wq = w.data;
     float scale = *(float *)sa.data * *(float *)sw.data;
     int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
@@ -56,17 +56,17 @@ static void ref_forward(bie_binary_conv2d *l, const geom *g, const float *x, flo
 }
 
 static void test_forward(const geom *g) {
-    bie_binary_conv2d *l = make_layer(g, 11 + (uint64_t)g->c);
+    bie_layer *l = make_layer(g, 11 + (uint64_t)g->c);
     int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
     int64_t nx = g->n * g->c * g->h * g->w, no = g->n * g->o * oh * ow;
     float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *expect = tu_alloc((size_t)no * 4);
     tu_fill(x, nx, -1, 1);
     bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
     int64_t qh, qw;
-    CHECK_OK(bie_binary_conv2d_output_size(l, g->h, g->w, &qh, &qw));
+    CHECK_OK(tu_layer_output_hw(l, g->h, g->w, &qh, &qw));
     CHECK(qh == oh && qw == ow);
     tu_poison(out, no);
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     ref_forward(l, g, x, expect);
     int same = tu_same_bits(out, expect, no);
     CHECK(same);
@@ -78,31 +78,31 @@ static void test_forward(const geom *g) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
         if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
-        CHECK_OK(bie_binary_conv2d_set_gemm_kernel(l, info.id));
+        CHECK_OK(bie_layer_set_gemm_kernel(l, info.id));
         tu_poison(out, no);
-        CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+        CHECK_OK(bie_layer_forward(l, &tx, &to));
         same = tu_same_bits(out, expect, no);
         CHECK(same);
         if (!same) fprintf(stderr, "  %s differs (c%lld k%lld)\n", info.name, (long long)g->c, (long long)g->k);
     }
-    CHECK_OK(bie_binary_conv2d_select_gemm_kernel(l, &tx));
+    CHECK_OK(bie_layer_select_gemm_kernel(l, &tx));
     /* inference with packed weights, then without the int8 weight */
-    CHECK_OK(bie_binary_conv2d_set_training(l, false));
+    CHECK_OK(bie_layer_set_training(l, false));
     const int words[3] = {8, 32, 64};
-    CHECK_OK(bie_binary_conv2d_set_bits_binary_word(l, words[g->c % 3]));
+    CHECK_OK(bie_layer_set_bits_binary_word(l, words[g->c % 3]));
     tu_poison(out, no);
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, no));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(l, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(l, true));
     tu_poison(out, no);
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, no));
     bie_tensor ow_view;
-    CHECK_OK(bie_binary_conv2d_opt_weight(l, &ow_view));
-    CHECK(ow_view.shape[0] == g->o && ow_view.shape[1] == bie_packed_words(g->c * g->k * g->k, bie_binary_conv2d_bits_binary_word(l)));
-    CHECK_OK(bie_binary_conv2d_set_training(l, true));
-    CHECK(bie_binary_conv2d_forward(l, &tx, &to) == BIE_ERR_STATE);
-    bie_binary_conv2d_free(l);
+    CHECK_OK(bie_layer_opt_weight(l, &ow_view));
+    CHECK(ow_view.shape[0] == g->o && ow_view.shape[1] == bie_packed_words(g->c * g->k * g->k, tu_layer_bits(l)));
+    CHECK_OK(bie_layer_set_training(l, true));
+    CHECK(bie_layer_forward(l, &tx, &to) == BIE_ERR_STATE);
+    bie_layer_free(l);
     free(x);
     free(out);
     free(expect);
@@ -118,7 +118,7 @@ static double rel_err(const float *got, const double *ref, int64_t n) {
 }
 
 static void test_backward(const geom *g) {
-    bie_binary_conv2d *l = make_layer(g, 5 + (uint64_t)g->o);
+    bie_layer *l = make_layer(g, 5 + (uint64_t)g->o);
     int64_t oh = out_size(g->h, g), ow = out_size(g->w, g), hw = g->h * g->w;
     int64_t nx = g->n * g->c * hw, no = g->n * g->o * oh * ow, K = g->c * g->k * g->k;
     float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *go = tu_alloc((size_t)no * 4);
@@ -127,14 +127,14 @@ static void test_backward(const geom *g) {
     tu_fill(go, no, -1, 1);
     bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
     bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow), tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     tu_poison(gx, nx);
-    CHECK_OK(bie_binary_conv2d_backward(l, &tg, &tgx));
+    CHECK_OK(bie_layer_backward(l, &tg, &tgx));
     bie_tensor w, b, sa, sw;
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, &w));
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_BIAS_A, &b));
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa));
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_W, &sw));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     const int8_t *wq = w.data;
     const float *bias = b.data;
     double scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
@@ -167,10 +167,10 @@ static void test_backward(const geom *g) {
     rgs /= sqrt((double)nx);
     CHECK(rel_err(gx, rgx, nx) < 1e-5);
     bie_tensor ggw, ggb, ggs, ggq;
-    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggw));
-    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_BIAS_A, &ggb));
-    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_SCALE_A, &ggs));
-    CHECK_OK(bie_binary_conv2d_grad(l, BIE_PARAM_WEIGHT, &ggq));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggw));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_BIAS_A, &ggb));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_SCALE_A, &ggs));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggq));
     CHECK(ggq.dtype == BIE_I8 && ggq.ndim == 4);
     CHECK(rel_err(ggw.data, rgw, g->o * K) < 1e-5);
     CHECK(rel_err(ggb.data, rgb, g->c) < 1e-5);
@@ -182,13 +182,13 @@ static void test_backward(const geom *g) {
     free(out);
     free(go);
     free(gx);
-    bie_binary_conv2d_free(l);
+    bie_layer_free(l);
 }
 
 /* Inference uses an installed qweight, not the training weight (as binary linear does). */
 static void test_installed_qweight(void) {
     const geom g = {1, 5, 6, 6, 3, 3, 1, 1, 1};
-    bie_binary_conv2d *l = make_layer(&g, 3);
+    bie_layer *l = make_layer(&g, 3);
     int64_t words = bie_packed_words(g.c * g.k * g.k, 8), no = g.o * 36;
     uint8_t *ones = tu_alloc((size_t)(g.o * words)), *zeros = tu_alloc((size_t)(g.o * words));
     memset(ones, 0xff, (size_t)(g.o * words));
@@ -198,21 +198,21 @@ static void test_installed_qweight(void) {
     bie_tensor tx = tu_view(x, BIE_F32, 4, 1, 5, 6, 6), ta = tu_view(a, BIE_F32, 4, 1, 3, 6, 6);
     bie_tensor tb = tu_view(b, BIE_F32, 4, 1, 3, 6, 6);
     bie_tensor q1 = tu_view(ones, BIE_U8, 2, g.o, words, 0, 0), q0 = tu_view(zeros, BIE_U8, 2, g.o, words, 0, 0);
-    CHECK_OK(bie_binary_conv2d_set_training(l, false));
-    CHECK_OK(bie_binary_conv2d_set_quantized_weight_data(l, &q1));
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &ta));
-    CHECK_OK(bie_binary_conv2d_set_quantized_weight_data(l, &q0));
-    CHECK_OK(bie_binary_conv2d_forward(l, &tx, &tb));
+    CHECK_OK(bie_layer_set_training(l, false));
+    CHECK_OK(bie_layer_set_quantized_weight_data(l, &q1));
+    CHECK_OK(bie_layer_forward(l, &tx, &ta));
+    CHECK_OK(bie_layer_set_quantized_weight_data(l, &q0));
+    CHECK_OK(bie_layer_forward(l, &tx, &tb));
     int opposite = 1;
     for (int64_t i = 0; i < no; i++) opposite &= a[i] == -b[i];
     CHECK(opposite); /* all +1 weights vs all -1 weights */
     free(ones);
     free(zeros);
-    bie_binary_conv2d_free(l);
+    bie_layer_free(l);
 }
 
 static void test_bad_input(void) {
-    bie_binary_conv2d *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
@@ -226,18 +226,18 @@ static void test_bad_input(void) {
     bie_tensor chans = tu_view(x, BIE_F32, 4, 2, 6, 4, 2);
     bie_tensor small = tu_view(x, BIE_F32, 4, 2, 3, 4, 4); /* dilated kernel 5 > 4 */
     bie_tensor o = tu_view(out, BIE_F32, 4, 1, 4, 2, 2);
-    CHECK(bie_binary_conv2d_forward(l, &rank3, &o) == BIE_ERR_SHAPE);
-    CHECK(bie_binary_conv2d_forward(l, &chans, &o) == BIE_ERR_SHAPE);
-    CHECK(bie_binary_conv2d_forward(l, &small, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(l, &rank3, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(l, &chans, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(l, &small, &o) == BIE_ERR_SHAPE);
     CHECK(strstr(bie_last_error(), "larger than the padded input") != NULL);
-    CHECK(bie_binary_conv2d_backward(l, &o, NULL) == BIE_ERR_STATE);
+    CHECK(bie_layer_backward(l, &o, NULL) == BIE_ERR_STATE);
     float poison[64];
     tu_poison(poison, 64);
     CHECK(tu_same_bits(out, poison, 64));
     bie_tensor sa;
-    CHECK_OK(bie_binary_conv2d_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK(*(float *)sa.data == 0.0f);
-    bie_binary_conv2d_free(l);
+    bie_layer_free(l);
 }
 
 int main(void) {

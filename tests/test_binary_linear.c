@@ -9,29 +9,29 @@ typedef struct {
 } shape3;
 
 /* A layer with a random bias_a, prepared (int8) weights from `seed`. */
-static bie_binary_linear *make_layer(int64_t k, int64_t n, uint64_t seed) {
-    bie_binary_linear *l = NULL;
+static bie_layer *make_layer(int64_t k, int64_t n, uint64_t seed) {
+    bie_layer *l = NULL;
     if (bie_binary_linear_create(&l, k, n, bie_cpu(), BIE_F32, true) != BIE_OK) {
         fprintf(stderr, "create failed: %s\n", bie_last_error());
         exit(2);
     }
-    CHECK_OK(bie_binary_linear_reset_parameters(l, seed));
-    CHECK_OK(bie_binary_linear_prepare_params(l));
+    CHECK_OK(bie_layer_reset_parameters(l, seed));
+    CHECK_OK(bie_layer_prepare_params(l));
     bie_tensor b;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
     tu_fill(b.data, k, -0.1f, 0.1f);
     return l;
 }
 
 /* Expected forward output: (float)dot * (scale_a * scale_w), dot in 64-bit integers on the
  * signs of x + bias_a and of the weight. */
-static void ref_forward(bie_binary_linear *l, const float *x, int64_t m, float *expect) {
-    int64_t k = bie_binary_linear_in_features(l), n = bie_binary_linear_out_features(l);
+static void ref_forward(bie_layer *l, const float *x, int64_t m, float *expect) {
+    int64_t k = tu_layer_in(l), n = tu_layer_out(l);
     bie_tensor w, b, sa, sw;
-    bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &w);
-    bie_binary_linear_param(l, BIE_PARAM_BIAS_A, &b);
-    bie_binary_linear_param(l, BIE_PARAM_SCALE_A, &sa);
-    bie_binary_linear_param(l, BIE_PARAM_SCALE_W, &sw);
+    bie_layer_param(l, BIE_PARAM_WEIGHT, &w);
+    bie_layer_param(l, BIE_PARAM_BIAS_A, &b);
+    bie_layer_param(l, BIE_PARAM_SCALE_A, &sa);
+    bie_layer_param(l, BIE_PARAM_SCALE_W, &sw);
     const float *bias = b.data;
     float scale = *(float *)sa.data * *(float *)sw.data;
     for (int64_t i = 0; i < m; i++)
@@ -48,8 +48,8 @@ static void ref_forward(bie_binary_linear *l, const float *x, int64_t m, float *
 }
 
 static void test_forward_exact(shape3 s, int word_bits) {
-    bie_binary_linear *l = make_layer(s.k, s.n, 7 + (uint64_t)s.k);
-    CHECK_OK(bie_binary_linear_set_bits_binary_word(l, word_bits));
+    bie_layer *l = make_layer(s.k, s.n, 7 + (uint64_t)s.k);
+    CHECK_OK(bie_layer_set_bits_binary_word(l, word_bits));
     float *x = tu_alloc((size_t)(s.m * s.k) * sizeof(float));
     float *out = tu_alloc((size_t)(s.m * s.n) * sizeof(float));
     float *expect = tu_alloc((size_t)(s.m * s.n) * sizeof(float));
@@ -61,11 +61,11 @@ static void test_forward_exact(shape3 s, int word_bits) {
     /* scale_a initialised by the first forward: 2 mean|x| */
     tu_poison(train, s.m * s.n);
     bie_tensor tt = tu_view(train, BIE_F32, 2, s.m, s.n, 0, 0);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &tt));
+    CHECK_OK(bie_layer_forward(l, &tx, &tt));
     double sum = 0;
     for (int64_t i = 0; i < s.m * s.k; i++) sum += fabs((double)x[i]);
     bie_tensor sa;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK(*(float *)sa.data == (float)(2.0 * sum / (double)(s.m * s.k)));
     ref_forward(l, x, s.m, expect);
     CHECK(tu_same_bits(train, expect, s.m * s.n));
@@ -75,22 +75,22 @@ static void test_forward_exact(shape3 s, int word_bits) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
         if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
-        CHECK_OK(bie_binary_linear_set_gemm_kernel(l, info.id));
+        CHECK_OK(bie_layer_set_gemm_kernel(l, info.id));
         tu_poison(out, s.m * s.n);
-        CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+        CHECK_OK(bie_layer_forward(l, &tx, &to));
         int same = tu_same_bits(out, expect, s.m * s.n);
         CHECK(same);
         if (!same)
             fprintf(stderr, "  %s differs: m=%lld k=%lld n=%lld W=%d\n", info.name, (long long)s.m,
                     (long long)s.k, (long long)s.n, word_bits);
     }
-    CHECK_OK(bie_binary_linear_set_gemm_kernel(l, -1));
+    CHECK_OK(bie_layer_set_gemm_kernel(l, -1));
 
     /* pre-packed input: the signs of x + bias_a in words of W bits */
     int64_t words = bie_packed_words(s.k, word_bits);
     float *xb = tu_alloc((size_t)(s.m * s.k) * sizeof(float));
     bie_tensor bias;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_BIAS_A, &bias));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &bias));
     for (int64_t i = 0; i < s.m; i++)
         for (int64_t c = 0; c < s.k; c++) xb[i * s.k + c] = x[i * s.k + c] + ((float *)bias.data)[c];
     bie_dtype pdt = word_bits == 8 ? BIE_U8 : word_bits == 32 ? BIE_U32 : BIE_U64;
@@ -99,33 +99,33 @@ static void test_forward_exact(shape3 s, int word_bits) {
     bie_tensor tp = tu_view(packed, pdt, 2, s.m, words, 0, 0);
     CHECK_OK(bie_pack_signs(&txb, word_bits, &tp));
     tu_poison(out, s.m * s.n);
-    CHECK_OK(bie_binary_linear_forward(l, &tp, &to));
+    CHECK_OK(bie_layer_forward(l, &tp, &to));
     CHECK(tu_same_bits(out, expect, s.m * s.n));
 
     /* inference with packed weights, then weight-free (qweight_only) */
-    CHECK_OK(bie_binary_linear_set_training(l, false));
+    CHECK_OK(bie_layer_set_training(l, false));
     tu_poison(out, s.m * s.n);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, s.m * s.n));
     bie_tensor ow;
-    CHECK_OK(bie_binary_linear_opt_weight(l, &ow));
+    CHECK_OK(bie_layer_opt_weight(l, &ow));
     CHECK(ow.dtype == pdt && ow.shape[0] == s.n && ow.shape[1] == words);
-    CHECK_OK(bie_binary_linear_generate_quantized_weight(l, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(l, true));
     bie_tensor wv;
-    CHECK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &wv) == BIE_ERR_STATE);
+    CHECK(bie_layer_param(l, BIE_PARAM_WEIGHT, &wv) == BIE_ERR_STATE);
     tu_poison(out, s.m * s.n);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, s.m * s.n));
     /* a new word size re-lays out the packed weight; results stay the same */
-    CHECK_OK(bie_binary_linear_set_bits_binary_word(l, word_bits == 64 ? 8 : 64));
+    CHECK_OK(bie_layer_set_bits_binary_word(l, word_bits == 64 ? 8 : 64));
     tu_poison(out, s.m * s.n);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, s.m * s.n));
     /* training forward is refused once the weight is gone */
-    CHECK_OK(bie_binary_linear_set_training(l, true));
-    CHECK(bie_binary_linear_forward(l, &tx, &to) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_set_training(l, true));
+    CHECK(bie_layer_forward(l, &tx, &to) == BIE_ERR_STATE);
 
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
     free(x);
     free(xb);
     free(out);
@@ -136,7 +136,7 @@ static void test_forward_exact(shape3 s, int word_bits) {
 
 /* Backward in double precision straight from SPEC §2. */
 static void test_backward(shape3 s) {
-    bie_binary_linear *l = make_layer(s.k, s.n, 99 + (uint64_t)s.n);
+    bie_layer *l = make_layer(s.k, s.n, 99 + (uint64_t)s.n);
     const int64_t m = s.m, k = s.k, n = s.n;
     float *x = tu_alloc((size_t)(m * k) * sizeof(float));
     float *out = tu_alloc((size_t)(m * n) * sizeof(float));
@@ -146,15 +146,15 @@ static void test_backward(shape3 s) {
     tu_fill(g, m * n, -1, 1);
     bie_tensor tx = tu_view(x, BIE_F32, 2, m, k, 0, 0), to = tu_view(out, BIE_F32, 2, m, n, 0, 0);
     bie_tensor tg = tu_view(g, BIE_F32, 2, m, n, 0, 0), tgx = tu_view(gx, BIE_F32, 2, m, k, 0, 0);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     tu_poison(gx, m * k);
-    CHECK_OK(bie_binary_linear_backward(l, &tg, &tgx));
+    CHECK_OK(bie_layer_backward(l, &tg, &tgx));
 
     bie_tensor w, b, sa, sw;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &w));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_BIAS_A, &b));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_SCALE_A, &sa));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_SCALE_W, &sw));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     const int8_t *wq = w.data;
     const float *bias = b.data;
     double scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
@@ -183,10 +183,10 @@ static void test_backward(shape3 s) {
     }
     CHECK(sqrt(err) <= 1e-5 * sqrt(norm) + 1e-6);
     bie_tensor ggw, ggwf, ggb, ggs;
-    CHECK_OK(bie_binary_linear_grad(l, BIE_PARAM_WEIGHT, &ggw));
-    CHECK_OK(bie_binary_linear_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggwf));
-    CHECK_OK(bie_binary_linear_grad(l, BIE_PARAM_BIAS_A, &ggb));
-    CHECK_OK(bie_binary_linear_grad(l, BIE_PARAM_SCALE_A, &ggs));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggw));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggwf));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_BIAS_A, &ggb));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_SCALE_A, &ggs));
     CHECK(ggw.dtype == BIE_I8 && ggwf.dtype == BIE_F32);
     const float *gwf = ggwf.data;
     err = norm = 0;
@@ -214,8 +214,8 @@ static void test_backward(shape3 s) {
 
     /* grad_x may be NULL: the layer's gradients are still produced, identical */
     float gs_before = *(float *)ggs.data;
-    CHECK_OK(bie_binary_linear_backward(l, &tg, NULL));
-    CHECK_OK(bie_binary_linear_grad(l, BIE_PARAM_SCALE_A, &ggs));
+    CHECK_OK(bie_layer_backward(l, &tg, NULL));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_SCALE_A, &ggs));
     CHECK(*(float *)ggs.data == gs_before);
 
     free(rgx);
@@ -225,17 +225,17 @@ static void test_backward(shape3 s) {
     free(out);
     free(g);
     free(gx);
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 }
 
 /* prepare_params against SPEC §2 in double precision; reset_parameters bound and seeding. */
 static void test_prepare_params(void) {
     const int64_t k = 37, n = 11;
-    bie_binary_linear *l = NULL;
+    bie_layer *l = NULL;
     CHECK_OK(bie_binary_linear_create(&l, k, n, bie_cpu(), BIE_F32, true));
     bie_tensor w;
-    CHECK_OK(bie_binary_linear_reset_parameters(l, 5));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_layer_reset_parameters(l, 5));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
     CHECK(w.dtype == BIE_F32);
     float bound = 1.0f / sqrtf((float)k), first = ((float *)w.data)[0];
     int out_of_bound = 0, zeros = 0;
@@ -244,16 +244,16 @@ static void test_prepare_params(void) {
         zeros += ((float *)w.data)[i] == 0.0f;
     }
     CHECK(out_of_bound == 0 && zeros < 3);
-    CHECK_OK(bie_binary_linear_reset_parameters(l, 5));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_layer_reset_parameters(l, 5));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
     CHECK(((float *)w.data)[0] == first); /* same seed, same weights */
 
     float *src = tu_alloc((size_t)(n * k) * sizeof(float));
     tu_fill(src, n * k, -2, 3);
     src[3] = 0.5f; /* a value near the mean quantizes to 0 and must become ±1 */
     bie_tensor ts = tu_view(src, BIE_F32, 2, n, k, 0, 0);
-    CHECK_OK(bie_binary_linear_set_weight_data(l, &ts));
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_WEIGHT, &w));
+    CHECK_OK(bie_layer_set_weight_data(l, &ts));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
     CHECK(w.dtype == BIE_I8);
     double sum = 0, sabs = 0, amax = 0;
     for (int64_t i = 0; i < n * k; i++) {
@@ -270,58 +270,58 @@ static void test_prepare_params(void) {
     }
     CHECK(bad == 0);
     bie_tensor sw;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_SCALE_W, &sw));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     CHECK(*(float *)sw.data == (float)(sabs / (double)(n * k)));
     free(src);
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 }
 
 /* set_activation, leading shapes, select_gemm_kernel, asymmetric scale. */
 static void test_activation_and_shapes(void) {
     const int64_t k = 19, n = 5;
-    bie_binary_linear *l = make_layer(k, n, 3);
+    bie_layer *l = make_layer(k, n, 3);
     float x[2 * 3 * 19], xo[2 * 3 * 19], out[2 * 3 * 5], out2[2 * 3 * 5];
     tu_fill(x, 2 * 3 * k, -1, 1);
     bie_tensor tx = tu_view(x, BIE_F32, 3, 2, 3, k, 0), txo = tu_view(xo, BIE_F32, 3, 2, 3, k, 0);
-    CHECK_OK(bie_binary_linear_set_activation(l, &tx, &txo));
+    CHECK_OK(bie_layer_set_activation(l, &tx, &txo));
     bie_tensor b, sa;
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
     int bad = 0;
     for (int64_t i = 0; i < 6; i++)
         for (int64_t c = 0; c < k; c++) bad += xo[i * k + c] != x[i * k + c] + ((float *)b.data)[c];
     CHECK(bad == 0);
-    CHECK_OK(bie_binary_linear_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     float s1 = *(float *)sa.data;
     CHECK(s1 > 0);
     /* a second set_activation keeps the initialised scale */
-    CHECK_OK(bie_binary_linear_set_activation(l, &txo, NULL));
+    CHECK_OK(bie_layer_set_activation(l, &txo, NULL));
     CHECK(*(float *)sa.data == s1);
 
     /* [2, 3, k] -> [2, 3, n], equal to the [6, k] -> [6, n] result */
     bie_tensor to = tu_view(out, BIE_F32, 3, 2, 3, n, 0);
-    CHECK_OK(bie_binary_linear_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     bie_tensor tx2 = tu_view(x, BIE_F32, 2, 6, k, 0, 0), to2 = tu_view(out2, BIE_F32, 2, 6, n, 0, 0);
-    CHECK_OK(bie_binary_linear_select_gemm_kernel(l, &tx2));
+    CHECK_OK(bie_layer_select_gemm_kernel(l, &tx2));
     bie_kernel_info info;
-    CHECK_OK(bie_kernel_find(bie_binary_linear_gemm_kernel(l), &info));
+    CHECK_OK(bie_kernel_find(tu_layer_kernel(l), &info));
     CHECK(info.available);
-    CHECK_OK(bie_binary_linear_forward(l, &tx2, &to2));
+    CHECK_OK(bie_layer_forward(l, &tx2, &to2));
     CHECK(tu_same_bits(out, out2, 6 * n));
     /* 1-D input is one row */
     bie_tensor t1 = tu_view(x, BIE_F32, 1, k, 0, 0, 0), o1 = tu_view(out2, BIE_F32, 1, n, 0, 0, 0);
-    CHECK_OK(bie_binary_linear_forward(l, &t1, &o1));
+    CHECK_OK(bie_layer_forward(l, &t1, &o1));
     CHECK(tu_same_bits(out, out2, n));
-    bie_binary_linear_free(l);
+    bie_layer_free(l);
 
     /* asymmetric: scale_a = 4 mean|x| */
-    bie_binary_linear *a = NULL;
+    bie_layer *a = NULL;
     CHECK_OK(bie_binary_linear_create(&a, k, n, bie_cpu(), BIE_F32, false));
-    CHECK_OK(bie_binary_linear_set_activation(a, &tx, NULL));
-    CHECK_OK(bie_binary_linear_param(a, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_set_activation(a, &tx, NULL));
+    CHECK_OK(bie_layer_param(a, BIE_PARAM_SCALE_A, &sa));
     double sum = 0;
     for (int64_t i = 0; i < 6 * k; i++) sum += fabs((double)x[i]);
     CHECK(*(float *)sa.data == (float)(4.0 * sum / (double)(6 * k)));
-    bie_binary_linear_free(a);
+    bie_layer_free(a);
 }
 
 int main(void) {

@@ -15,7 +15,7 @@ static int8_t q4_ref(float v, float s) {
 static int64_t osz(int64_t in, const geom *g) { return (in + 2 * g->p - g->d * (g->k - 1) - 1) / g->s + 1; }
 
 static void run_case(const geom *g, int check_backward) {
-    bie_q4_conv2d *l = NULL;
+    bie_layer *l = NULL;
     CHECK_OK(bie_q4_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, bie_cpu(), BIE_F32));
     const int64_t oh = osz(g->h, g), ow = osz(g->w, g), hw = g->h * g->w, K = g->c * g->k * g->k;
     const int64_t nx = g->n * g->c * hw, no = g->n * g->o * oh * ow;
@@ -26,15 +26,15 @@ static void run_case(const geom *g, int check_backward) {
     tu_fill(x, nx, -2, 2);
     bie_tensor tw = tu_view(w, BIE_F32, 4, g->o, g->c, g->k, g->k), tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w);
     bie_tensor to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
-    CHECK_OK(bie_q4_conv2d_set_weight_data(l, &tw));
+    CHECK_OK(bie_layer_set_weight_data(l, &tw));
     bie_tensor bias, sa, sw;
-    CHECK_OK(bie_q4_conv2d_param(l, BIE_PARAM_BIAS_A, &bias));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &bias));
     tu_fill(bias.data, g->c, -0.1f, 0.1f);
     const float *b = bias.data;
     tu_poison(out, no);
-    CHECK_OK(bie_q4_conv2d_forward(l, &tx, &to));
-    CHECK_OK(bie_q4_conv2d_param(l, BIE_PARAM_SCALE_A, &sa));
-    CHECK_OK(bie_q4_conv2d_param(l, BIE_PARAM_SCALE_W, &sw));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     const float scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
     for (int64_t n = 0; n < g->n; n++)
         for (int64_t o = 0; o < g->o; o++)
@@ -56,23 +56,23 @@ static void run_case(const geom *g, int check_backward) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
         if (info.op != BIE_OP_Q4_GEMM || !info.available || info.device != BIE_DEVICE_CPU) continue;
-        CHECK_OK(bie_q4_conv2d_set_gemm_kernel(l, info.id));
+        CHECK_OK(bie_layer_set_gemm_kernel(l, info.id));
         tu_poison(out, no);
-        CHECK_OK(bie_q4_conv2d_forward(l, &tx, &to));
+        CHECK_OK(bie_layer_forward(l, &tx, &to));
         int same = tu_same_bits(out, expect, no);
         CHECK(same);
         if (!same) fprintf(stderr, "  %s differs (c%lld k%lld s%lld p%lld d%lld)\n", info.name, (long long)g->c,
                            (long long)g->k, (long long)g->s, (long long)g->p, (long long)g->d);
     }
-    CHECK_OK(bie_q4_conv2d_set_gemm_kernel(l, -1));
+    CHECK_OK(bie_layer_set_gemm_kernel(l, -1));
 
     if (check_backward) {
         float *go = tu_alloc((size_t)no * 4), *gx = tu_alloc((size_t)nx * 4);
         tu_fill(go, no, -1, 1);
         bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow), tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
-        CHECK_OK(bie_q4_conv2d_forward(l, &tx, &to));
+        CHECK_OK(bie_layer_forward(l, &tx, &to));
         tu_poison(gx, nx);
-        CHECK_OK(bie_q4_conv2d_backward(l, &tg, &tgx));
+        CHECK_OK(bie_layer_backward(l, &tg, &tgx));
         double *rgx = calloc((size_t)nx, sizeof(double)), *rgw = calloc((size_t)(g->o * K), sizeof(double));
         double *rgb = calloc((size_t)g->c, sizeof(double)), rgs = 0, bound = 0, e = 0, r = 0;
         for (int64_t n = 0; n < g->n; n++)
@@ -104,9 +104,9 @@ static void run_case(const geom *g, int check_backward) {
         rgs /= sqrt((double)nx * 7);
         bound = bound / 508.0 / sqrt((double)nx * 7) + 1e-6;
         bie_tensor ggw, ggb, ggs;
-        CHECK_OK(bie_q4_conv2d_grad(l, BIE_PARAM_WEIGHT, &ggw));
-        CHECK_OK(bie_q4_conv2d_grad(l, BIE_PARAM_BIAS_A, &ggb));
-        CHECK_OK(bie_q4_conv2d_grad(l, BIE_PARAM_SCALE_A, &ggs));
+        CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggw));
+        CHECK_OK(bie_layer_grad(l, BIE_PARAM_BIAS_A, &ggb));
+        CHECK_OK(bie_layer_grad(l, BIE_PARAM_SCALE_A, &ggs));
         e = r = 0;
         for (int64_t i = 0; i < g->o * K; i++) {
             double d = ((float *)ggw.data)[i] - rgw[i];
@@ -123,19 +123,19 @@ static void run_case(const geom *g, int check_backward) {
         free(rgx), free(rgw), free(rgb), free(go), free(gx);
     }
     /* packed-weight inference equals training; weight-free training refused */
-    CHECK_OK(bie_q4_conv2d_set_training(l, false));
-    CHECK_OK(bie_q4_conv2d_generate_quantized_weight(l, true));
+    CHECK_OK(bie_layer_set_training(l, false));
+    CHECK_OK(bie_layer_generate_quantized_weight(l, true));
     tu_poison(out, no);
-    CHECK_OK(bie_q4_conv2d_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
     CHECK(tu_same_bits(out, expect, no));
-    CHECK_OK(bie_q4_conv2d_set_training(l, true));
-    CHECK(bie_q4_conv2d_forward(l, &tx, &to) == BIE_ERR_STATE);
-    bie_q4_conv2d_free(l);
+    CHECK_OK(bie_layer_set_training(l, true));
+    CHECK(bie_layer_forward(l, &tx, &to) == BIE_ERR_STATE);
+    bie_layer_free(l);
     free(w), free(x), free(out), free(expect);
 }
 
 static void test_bad_input(void) {
-    bie_q4_conv2d *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
@@ -147,11 +147,11 @@ static void test_bad_input(void) {
     tu_poison(poison, 64);
     bie_tensor chans = tu_view(x, BIE_F32, 4, 2, 6, 4, 2), small = tu_view(x, BIE_F32, 4, 2, 3, 4, 4);
     bie_tensor o = tu_view(out, BIE_F32, 4, 1, 4, 2, 2);
-    CHECK(bie_q4_conv2d_forward(l, &chans, &o) == BIE_ERR_SHAPE);
-    CHECK(bie_q4_conv2d_forward(l, &small, &o) == BIE_ERR_SHAPE);
-    CHECK(bie_q4_conv2d_backward(l, &o, NULL) == BIE_ERR_STATE);
+    CHECK(bie_layer_forward(l, &chans, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(l, &small, &o) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_backward(l, &o, NULL) == BIE_ERR_STATE);
     CHECK(tu_same_bits(out, poison, 64));
-    bie_q4_conv2d_free(l);
+    bie_layer_free(l);
 }
 
 int main(void) {

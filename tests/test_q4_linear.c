@@ -47,7 +47,7 @@ static void test_gemm_kernels(void) {
 }
 
 static void test_layer(int64_t m, int64_t k, int64_t n) {
-    bie_q4_linear *l = NULL;
+    bie_layer *l = NULL;
     CHECK_OK(bie_q4_linear_create(&l, k, n, bie_cpu(), BIE_F32));
     float *w = tu_alloc((size_t)(n * k) * 4), *x = tu_alloc((size_t)(m * k) * 4);
     float *out = tu_alloc((size_t)(m * n) * 4), *expect = tu_alloc((size_t)(m * n) * 4), *o2 = tu_alloc((size_t)(m * n) * 4);
@@ -56,15 +56,15 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     tu_fill(x, m * k, -2, 2);
     bie_tensor tw = tu_view(w, BIE_F32, 2, n, k, 0, 0), tx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
     bie_tensor to = tu_view(out, BIE_F32, 2, m, n, 0, 0), to2 = tu_view(o2, BIE_F32, 2, m, n, 0, 0);
-    CHECK_OK(bie_q4_linear_set_weight_data(l, &tw));
+    CHECK_OK(bie_layer_set_weight_data(l, &tw));
     bie_tensor bias, sa, sw;
-    CHECK_OK(bie_q4_linear_param(l, BIE_PARAM_BIAS_A, &bias));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &bias));
     tu_fill(bias.data, k, -0.1f, 0.1f);
     const float *b = bias.data;
     tu_poison(out, m * n);
-    CHECK_OK(bie_q4_linear_forward(l, &tx, &to));
-    CHECK_OK(bie_q4_linear_param(l, BIE_PARAM_SCALE_A, &sa));
-    CHECK_OK(bie_q4_linear_param(l, BIE_PARAM_SCALE_W, &sw));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     float scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
     double sx = 0, swsum = 0;
     for (int64_t i = 0; i < m * k; i++) sx += fabs((double)x[i]);
@@ -85,7 +85,7 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     tu_fill(g, m * n, -1, 1);
     bie_tensor tg = tu_view(g, BIE_F32, 2, m, n, 0, 0), tgx = tu_view(gx, BIE_F32, 2, m, k, 0, 0);
     tu_poison(gx, m * k);
-    CHECK_OK(bie_q4_linear_backward(l, &tg, &tgx));
+    CHECK_OK(bie_layer_backward(l, &tg, &tgx));
     double *rgx = calloc((size_t)(m * k), sizeof(double)), *rgw = calloc((size_t)(n * k), sizeof(double));
     double rgs = 0, bound = 0, e = 0, r = 0;
     for (int64_t i = 0; i < m; i++)
@@ -106,8 +106,8 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     for (int64_t i = 0; i < m * k; i++) e += (gx[i] - rgx[i]) * (gx[i] - rgx[i]), r += rgx[i] * rgx[i];
     CHECK(sqrt(e) <= 1e-5 * sqrt(r) + 1e-6);
     bie_tensor ggw, ggs;
-    CHECK_OK(bie_q4_linear_grad(l, BIE_PARAM_WEIGHT, &ggw));
-    CHECK_OK(bie_q4_linear_grad(l, BIE_PARAM_SCALE_A, &ggs));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggw));
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_SCALE_A, &ggs));
     e = r = 0;
     for (int64_t i = 0; i < n * k; i++) {
         double d = ((float *)ggw.data)[i] - rgw[i];
@@ -117,32 +117,32 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     CHECK(fabs(*(float *)ggs.data - rgs) <= bound + 1e-4 * fabs(rgs));
 
     /* packed-weight inference equals training; qweight round trip; weight-free */
-    CHECK_OK(bie_q4_linear_set_training(l, false));
+    CHECK_OK(bie_layer_set_training(l, false));
     tu_poison(o2, m * n);
-    CHECK_OK(bie_q4_linear_forward(l, &tx, &to2));
+    CHECK_OK(bie_layer_forward(l, &tx, &to2));
     CHECK(tu_same_bits(o2, expect, m * n));
-    CHECK_OK(bie_q4_linear_generate_quantized_weight(l, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(l, true));
     bie_tensor qv;
-    CHECK_OK(bie_q4_linear_opt_weight(l, &qv));
+    CHECK_OK(bie_layer_opt_weight(l, &qv));
     CHECK(qv.dtype == BIE_U8 && qv.shape[1] == (k + 1) / 2);
     uint8_t *qcopy = tu_alloc((size_t)(n * qv.shape[1]));
     memcpy(qcopy, qv.data, (size_t)(n * qv.shape[1]));
     bie_tensor tq = tu_view(qcopy, BIE_U8, 2, n, qv.shape[1], 0, 0);
-    CHECK_OK(bie_q4_linear_set_quantized_weight_data(l, &tq));
+    CHECK_OK(bie_layer_set_quantized_weight_data(l, &tq));
     tu_poison(o2, m * n);
-    CHECK_OK(bie_q4_linear_forward(l, &tx, &to2));
+    CHECK_OK(bie_layer_forward(l, &tx, &to2));
     CHECK(tu_same_bits(o2, expect, m * n));
-    CHECK(bie_q4_linear_param(l, BIE_PARAM_WEIGHT, &qv) == BIE_ERR_STATE);
-    CHECK_OK(bie_q4_linear_set_training(l, true));
-    CHECK(bie_q4_linear_forward(l, &tx, &to2) == BIE_ERR_STATE);
+    CHECK(bie_layer_param(l, BIE_PARAM_WEIGHT, &qv) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_set_training(l, true));
+    CHECK(bie_layer_forward(l, &tx, &to2) == BIE_ERR_STATE);
     /* bad input leaves outputs untouched */
     bie_tensor bad = tu_view(x, BIE_F32, 2, m, k > 1 ? k - 1 : 2, 0, 0);
     tu_poison(o2, m * n);
     float *poison = tu_alloc((size_t)(m * n) * 4);
     tu_poison(poison, m * n);
-    CHECK(bie_q4_linear_forward(l, &bad, &to2) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(l, &bad, &to2) == BIE_ERR_SHAPE);
     CHECK(tu_same_bits(o2, poison, m * n));
-    CHECK(bie_q4_linear_set_gemm_kernel(l, 4) == BIE_ERR_INVALID_ARGUMENT); /* a binary kernel */
+    CHECK(bie_layer_set_gemm_kernel(l, 4) == BIE_ERR_INVALID_ARGUMENT); /* a binary kernel */
     free(poison);
     free(qcopy);
     free(rgx);
@@ -154,7 +154,7 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     free(out);
     free(o2);
     free(expect);
-    bie_q4_linear_free(l);
+    bie_layer_free(l);
 }
 
 int main(void) {

@@ -4,6 +4,7 @@
 #define BIE_TEST_UTIL_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,34 @@ static inline bie_tensor tu_view(void *data, bie_dtype dt, int ndim, int64_t d0,
         exit(2);
     }
     return t;
+}
+
+/* What the tests read of a layer through bie_layer_describe (exits on a NULL layer: a test
+ * bug, not a library error). */
+static inline bie_layer_desc tu_describe(const bie_layer *l) {
+    bie_layer_desc d;
+    if (bie_layer_describe(l, &d) != BIE_OK) {
+        fprintf(stderr, "describe failed: %s\n", bie_last_error());
+        exit(2);
+    }
+    return d;
+}
+static inline int tu_layer_bits(const bie_layer *l) { return tu_describe(l).bits_binary_word; }
+static inline bool tu_layer_training(const bie_layer *l) { return tu_describe(l).training; }
+static inline int tu_layer_kernel(const bie_layer *l) { return tu_describe(l).kernel_id; }
+static inline int64_t tu_layer_in(const bie_layer *l) { return tu_describe(l).in; }
+static inline int64_t tu_layer_out(const bie_layer *l) { return tu_describe(l).out; }
+/* Output extents of a conv layer for one image of h x w (bie_layer_output_shape). */
+static inline bie_status tu_layer_output_hw(const bie_layer *l, int64_t h, int64_t w,
+                                            int64_t *out_h, int64_t *out_w) {
+    int64_t in_shape[4] = {1, tu_describe(l).in, h, w}, out_shape[BIE_MAX_DIMS];
+    int out_ndim = 0;
+    bie_status st = bie_layer_output_shape(l, 4, in_shape, &out_ndim, out_shape);
+    if (st == BIE_OK) {
+        *out_h = out_shape[2];
+        *out_w = out_shape[3];
+    }
+    return st;
 }
 
 #endif

@@ -145,14 +145,11 @@ static inline void fill_input(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;
 }
 
-/* A layer's forward (the same call serves its CPU and its GPU instance). */
-typedef bie_status (*tu_forward_fn)(void *layer, const bie_tensor *x, bie_tensor *out);
-
 /* The GPU layer's forward (into a poisoned device output of dtype dt) against the CPU
  * layer's float32 forward (into a poisoned host output) rounded to dt, bit for bit. The
  * output has ndim (2 or 4) dimensions `shape`. Returns whether they match. */
-static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shape, tu_forward_fn forward,
-                                     void *gpu, void *cpu, const bie_tensor *gx, const bie_tensor *cx,
+static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shape, bie_layer *gpu,
+                                     bie_layer *cpu, const bie_tensor *gx, const bie_tensor *cx,
                                      const char *what) {
     int64_t count = 1;
     for (int d = 0; d < ndim; d++) count *= shape[d];
@@ -164,10 +161,10 @@ static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shap
     tu_poison(cout, count);
     bie_tensor ch = ndim == 4 ? tu_view(cout, BIE_F32, 4, shape[0], shape[1], shape[2], shape[3])
                               : tu_view(cout, BIE_F32, 2, shape[0], shape[1], 0, 0);
-    bie_status st = forward(gpu, gx, &gout);
+    bie_status st = bie_layer_forward(gpu, gx, &gout);
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
-    CHECK_OK(forward(cpu, cx, &ch));
+    CHECK_OK(bie_layer_forward(cpu, cx, &ch));
     download_as(&gout, got);
     for (int64_t i = 0; i < count; i++) cout[i] = round_to(dt, cout[i]);
     const int same = compare_exact(what, got, cout, count);

@@ -15,7 +15,7 @@ typedef struct geo {
 } geo;
 
 typedef struct pair {
-    bie_binary_conv2d *cpu, *gpu;
+    bie_layer *cpu, *gpu;
     bie_dtype dt;
     geo g;
     int64_t oh, ow;
@@ -26,24 +26,24 @@ static pair make_pair(bie_dtype dt, geo g, uint64_t seed) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     CHECK_OK(bie_binary_conv2d_create(&p.cpu, g.c, g.o, g.k, g.s, g.p, g.d, bie_cpu(), BIE_F32, true));
     CHECK_OK(bie_binary_conv2d_create(&p.gpu, g.c, g.o, g.k, g.s, g.p, g.d, cuda, dt, true));
-    CHECK_OK(bie_binary_conv2d_reset_parameters(p.cpu, seed));
-    CHECK_OK(bie_binary_conv2d_reset_parameters(p.gpu, seed));
-    CHECK_OK(bie_binary_conv2d_prepare_params(p.cpu));
-    CHECK_OK(bie_binary_conv2d_prepare_params(p.gpu));
-    CHECK_OK(bie_binary_conv2d_output_size(p.gpu, g.h, g.w, &p.oh, &p.ow));
+    CHECK_OK(bie_layer_reset_parameters(p.cpu, seed));
+    CHECK_OK(bie_layer_reset_parameters(p.gpu, seed));
+    CHECK_OK(bie_layer_prepare_params(p.cpu));
+    CHECK_OK(bie_layer_prepare_params(p.gpu));
+    CHECK_OK(tu_layer_output_hw(p.gpu, g.h, g.w, &p.oh, &p.ow));
     float *bias = tu_alloc((size_t)g.c * 4);
     tu_fill(bias, g.c, -0.3f, 0.3f);
     bie_tensor cb, gb, hb = tu_view(bias, BIE_F32, 1, g.c, 0, 0, 0);
-    CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)g.c * 4);
-    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
     CHECK(gb.device.type == BIE_DEVICE_CUDA);
     CHECK_OK(bie_tensor_copy(&gb, &hb));
     free(bias);
     bie_tensor cw, gw;
     const int64_t nw = g.o * g.c * g.k * g.k;
-    CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
-    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
     CHECK(cw.dtype == BIE_I8 && gw.dtype == BIE_I8 && gw.ndim == 4);
     float *a = tu_alloc((size_t)nw * 4), *b = tu_alloc((size_t)nw * 4);
     download_as(&gw, a);
@@ -55,21 +55,17 @@ static pair make_pair(bie_dtype dt, geo g, uint64_t seed) {
 }
 
 static void free_pair(pair *p) {
-    bie_binary_conv2d_free(p->cpu);
-    bie_binary_conv2d_free(p->gpu);
-}
-
-static bie_status conv_forward(void *l, const bie_tensor *x, bie_tensor *out) {
-    return bie_binary_conv2d_forward(l, x, out);
+    bie_layer_free(p->cpu);
+    bie_layer_free(p->gpu);
 }
 
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, const char *what) {
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
-    if (!forward_matches_as(p->dt, 4, shape, conv_forward, p->gpu, p->cpu, gx, cx, what))
+    if (!forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d)\n",
                 bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w,
-                (long long)g->o, g->k, g->s, g->p, g->d, bie_binary_conv2d_gemm_kernel(p->gpu));
+                (long long)g->o, g->k, g->s, g->p, g->d, tu_layer_kernel(p->gpu));
 }
 
 static void backward_matches(pair *p) {
@@ -86,31 +82,31 @@ static void backward_matches(pair *p) {
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)nx * 4), *got = tu_alloc((size_t)(nx > nw ? nx : nw) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 4, g->n, g->c, g->h, g->w);
-    bie_status st = bie_binary_conv2d_backward(p->gpu, &gg, &ggx);
+    bie_status st = bie_layer_backward(p->gpu, &gg, &ggx);
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
-    CHECK_OK(bie_binary_conv2d_backward(p->cpu, &cg, &cgxv));
+    CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
     download_as(&ggx, got);
     CHECK(compare_close("grad_x", got, cgx, nx, tol));
     bie_tensor a, b;
-    CHECK_OK(bie_binary_conv2d_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
-    CHECK_OK(bie_binary_conv2d_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_w", got, b.data, nw, 1e-5));
-    CHECK_OK(bie_binary_conv2d_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
-    CHECK_OK(bie_binary_conv2d_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
     download_as(&a, got);
     int64_t off = 0;
     for (int64_t i = 0; i < nw; i++) off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
     CHECK(off == 0);
-    CHECK_OK(bie_binary_conv2d_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
-    CHECK_OK(bie_binary_conv2d_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_bias_a", got, b.data, g->c, tol));
-    CHECK_OK(bie_binary_conv2d_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
-    CHECK_OK(bie_binary_conv2d_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
     download_as(&a, got);
     const float ref = *(float *)b.data;
     CHECK(fabs(got[0] - ref) <= tol * 10 * fabs(ref) + 1e-5);
@@ -130,16 +126,16 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     reshape4(&gx, g.n, g.c, g.h, g.w);
     bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, g.c, g.h, g.w);
 
-    CHECK_OK(bie_binary_conv2d_set_activation(p.gpu, &gx, NULL));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
     bie_tensor sa;
     float measured = 0;
-    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_SCALE_A, &sa));
     download_as(&sa, &measured);
     double s = 0;
     for (int64_t i = 0; i < nx; i++) s += fabs(x[i]);
     const float expect = (float)(2.0 * s / (double)nx);
     CHECK(fabsf(measured - expect) <= 1e-6f * expect);
-    CHECK_OK(bie_binary_conv2d_set_scale_a(p.cpu, measured));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, "training forward");
     backward_matches(&p);
@@ -147,23 +143,23 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
-            if (info.device != BIE_DEVICE_CUDA || bie_binary_conv2d_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
+            if (info.device != BIE_DEVICE_CUDA || bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, info.name);
         }
-        CHECK_OK(bie_binary_conv2d_select_gemm_kernel(p.gpu, &gx));
+        CHECK_OK(bie_layer_select_gemm_kernel(p.gpu, &gx));
         forward_matches(&p, &gx, &cx, "selected kernel");
-        CHECK_OK(bie_binary_conv2d_set_gemm_kernel(p.gpu, -1));
+        CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, -1));
     }
 
     /* Inference from the packed weight only (identical to the CPU's). */
-    CHECK_OK(bie_binary_conv2d_set_training(p.cpu, false));
-    CHECK_OK(bie_binary_conv2d_set_training(p.gpu, false));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.cpu, true));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.gpu, true));
+    CHECK_OK(bie_layer_set_training(p.cpu, false));
+    CHECK_OK(bie_layer_set_training(p.gpu, false));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.gpu, true));
     bie_tensor q, cq;
-    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
-    CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
     CHECK(device_bytes_match(&q, cq.data));
     forward_matches(&p, &gx, &cx, "inference forward");
 #ifdef BIE_TEST_CUDA_INTERNALS
@@ -190,12 +186,12 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
 #endif
     /* A new weight while in inference: the packed rows, the corrections and the fused
      * kernel's weight image follow it. */
-    CHECK_OK(bie_binary_conv2d_reset_parameters(p.cpu, 991 + (uint64_t)g.o));
-    CHECK_OK(bie_binary_conv2d_reset_parameters(p.gpu, 991 + (uint64_t)g.o));
-    CHECK_OK(bie_binary_conv2d_prepare_params(p.cpu));
-    CHECK_OK(bie_binary_conv2d_prepare_params(p.gpu));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.cpu, true));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.gpu, true));
+    CHECK_OK(bie_layer_reset_parameters(p.cpu, 991 + (uint64_t)g.o));
+    CHECK_OK(bie_layer_reset_parameters(p.gpu, 991 + (uint64_t)g.o));
+    CHECK_OK(bie_layer_prepare_params(p.cpu));
+    CHECK_OK(bie_layer_prepare_params(p.gpu));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.gpu, true));
     forward_matches(&p, &gx, &cx, "inference forward, new weight");
 
     bie_tensor_free(&gx);
@@ -216,9 +212,9 @@ static void special_values(bie_dtype dt, int64_t c) {
     float *bias = tu_alloc((size_t)c * 4);
     for (int64_t i = 0; i < c; i++) bias[i] = i % 3 == 0 ? biases[(i / 3) % nb] : (float)((i % 7) - 3) * 0.125f;
     bie_tensor cb, gb, hb = tu_view(bias, BIE_F32, 1, c, 0, 0, 0);
-    CHECK_OK(bie_binary_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)c * 4);
-    CHECK_OK(bie_binary_conv2d_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
     CHECK_OK(bie_tensor_copy(&gb, &hb));
     const int64_t nx = g.n * c * g.h * g.w, hw = g.h * g.w;
     float *x = tu_alloc((size_t)nx * 4);
@@ -232,12 +228,12 @@ static void special_values(bie_dtype dt, int64_t c) {
     bie_tensor gx = upload_as(dt, x, g.n * c * g.h, g.w);
     reshape4(&gx, g.n, c, g.h, g.w);
     bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, c, g.h, g.w);
-    CHECK_OK(bie_binary_conv2d_set_scale_a(p.cpu, 1.5f));
-    CHECK_OK(bie_binary_conv2d_set_scale_a(p.gpu, 1.5f));
-    CHECK_OK(bie_binary_conv2d_set_training(p.cpu, false));
-    CHECK_OK(bie_binary_conv2d_set_training(p.gpu, false));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.cpu, true));
-    CHECK_OK(bie_binary_conv2d_generate_quantized_weight(p.gpu, true));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, 1.5f));
+    CHECK_OK(bie_layer_set_scale_a(p.gpu, 1.5f));
+    CHECK_OK(bie_layer_set_training(p.cpu, false));
+    CHECK_OK(bie_layer_set_training(p.gpu, false));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.gpu, true));
     forward_matches(&p, &gx, &cx, "special values");
     bie_tensor_free(&gx);
     free(x);
@@ -257,22 +253,22 @@ static void bad_input(void) {
     bie_tensor out = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&out, 2, 4, 6, 6);
     poison_device(&out);
-    CHECK(bie_binary_conv2d_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
-    CHECK(bie_binary_conv2d_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
+    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
     bie_tensor wrong = device_empty(BIE_BF16, 2 * 4 * 6, 5);
     reshape4(&wrong, 2, 4, 6, 5);
-    CHECK(bie_binary_conv2d_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
     bie_tensor three = device_empty(BIE_BF16, 2 * 4, 6);
     reshape4(&three, 2, 4, 6, 1);
-    CHECK(bie_binary_conv2d_forward(p.gpu, &three, &out) == BIE_ERR_SHAPE); /* 4 channels, not 5 */
+    CHECK(bie_layer_forward(p.gpu, &three, &out) == BIE_ERR_SHAPE); /* 4 channels, not 5 */
     bie_tensor gout = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&gout, 2, 4, 6, 6);
-    CHECK(bie_binary_conv2d_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_binary_conv2d_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
-    CHECK(bie_binary_conv2d_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_binary_conv2d_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0}, nodev = {BIE_DEVICE_CUDA, 999};
-    bie_binary_conv2d *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, cuda, BIE_I8, true) == BIE_ERR_DTYPE && l == NULL);
     CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32, true) == BIE_ERR_DEVICE && l == NULL);
     CHECK(still_poisoned(&out)); /* failed calls wrote nothing */

@@ -9,7 +9,7 @@
 #include "gpu_util.h"
 
 typedef struct pair {
-    bie_binary_linear *cpu, *gpu;
+    bie_layer *cpu, *gpu;
     bie_dtype dt;
     int64_t k, n;
 } pair;
@@ -19,25 +19,25 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, uint64_t seed) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     CHECK_OK(bie_binary_linear_create(&p.cpu, k, n, bie_cpu(), BIE_F32, true));
     CHECK_OK(bie_binary_linear_create(&p.gpu, k, n, cuda, dt, true));
-    CHECK_OK(bie_binary_linear_reset_parameters(p.cpu, seed));
-    CHECK_OK(bie_binary_linear_reset_parameters(p.gpu, seed));
-    CHECK_OK(bie_binary_linear_prepare_params(p.cpu));
-    CHECK_OK(bie_binary_linear_prepare_params(p.gpu));
+    CHECK_OK(bie_layer_reset_parameters(p.cpu, seed));
+    CHECK_OK(bie_layer_reset_parameters(p.gpu, seed));
+    CHECK_OK(bie_layer_prepare_params(p.cpu));
+    CHECK_OK(bie_layer_prepare_params(p.gpu));
     /* The same random bias_a on both. */
     float *bias = tu_alloc((size_t)k * 4);
     tu_fill(bias, k, -0.3f, 0.3f);
     bie_tensor cb, gb;
-    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)k * 4);
-    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
     bie_tensor hb = tu_view(bias, BIE_F32, 1, k, 0, 0, 0);
     CHECK(gb.device.type == BIE_DEVICE_CUDA);
     CHECK_OK(bie_tensor_copy(&gb, &hb));
     free(bias);
     /* The int8 weights must agree after prepare_params. */
     bie_tensor cw, gw;
-    CHECK_OK(bie_binary_linear_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
-    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
     CHECK(cw.dtype == BIE_I8 && gw.dtype == BIE_I8);
     float *w_host = tu_alloc((size_t)(k * n) * 4), *w_cpu = tu_alloc((size_t)(k * n) * 4);
     download_as(&gw, w_host);
@@ -49,28 +49,24 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, uint64_t seed) {
 }
 
 static void free_pair(pair *p) {
-    bie_binary_linear_free(p->cpu);
-    bie_binary_linear_free(p->gpu);
-}
-
-static bie_status linear_forward(void *l, const bie_tensor *x, bie_tensor *out) {
-    return bie_binary_linear_forward(l, x, out);
+    bie_layer_free(p->cpu);
+    bie_layer_free(p->gpu);
 }
 
 /* GPU forward (output poisoned first) vs the CPU's float32 forward rounded to the dtype. */
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m,
                             const char *what) {
     const int64_t shape[2] = {m, p->n};
-    if (!forward_matches_as(p->dt, 2, shape, linear_forward, p->gpu, p->cpu, gx, cx, what))
+    if (!forward_matches_as(p->dt, 2, shape, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld kernel %d)\n", bie_dtype_name(p->dt), (long long)m,
-                (long long)p->k, (long long)p->n, bie_binary_linear_gemm_kernel(p->gpu));
+                (long long)p->k, (long long)p->n, tu_layer_kernel(p->gpu));
 }
 
 /* The GPU layer's qweight equals the CPU layer's, byte for byte. */
 static void qweight_matches(pair *p) {
     bie_tensor q = {0}, cq = {0};
-    CHECK_OK(bie_binary_linear_param(p->gpu, BIE_PARAM_QWEIGHT, &q));
-    CHECK_OK(bie_binary_linear_param(p->cpu, BIE_PARAM_QWEIGHT, &cq));
+    CHECK_OK(bie_layer_param(p->gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_layer_param(p->cpu, BIE_PARAM_QWEIGHT, &cq));
     if (q.data == NULL || cq.data == NULL) return;
     CHECK(device_bytes_match(&q, cq.data));
 }
@@ -84,31 +80,31 @@ static void backward_matches(pair *p, int64_t m) {
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 2, m, k, 0, 0);
-    bie_status st = bie_binary_linear_backward(p->gpu, &gg, &ggx);
+    bie_status st = bie_layer_backward(p->gpu, &gg, &ggx);
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
-    CHECK_OK(bie_binary_linear_backward(p->cpu, &cg, &cgxv));
+    CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
     download_as(&ggx, got);
     CHECK(compare_close("grad_x", got, cgx, m * k, tol));
     bie_tensor a, b;
-    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
-    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_w", got, b.data, n * k, 1e-5));
-    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
-    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
     download_as(&a, got);
     int64_t off = 0;
     for (int64_t i = 0; i < n * k; i++) off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
     CHECK(off == 0);
-    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
-    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_bias_a", got, b.data, k, tol));
-    CHECK_OK(bie_binary_linear_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
-    CHECK_OK(bie_binary_linear_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
     download_as(&a, got);
     float ref = *(float *)b.data;
     CHECK(fabs(got[0] - ref) <= tol * 10 * fabs(ref) + 1e-5);
@@ -126,16 +122,16 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     bie_tensor gx = upload_as(dt, x, m, k), cx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
 
     /* scale_a measured on the device, then the same value on the CPU layer. */
-    CHECK_OK(bie_binary_linear_set_activation(p.gpu, &gx, NULL));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
     bie_tensor sa;
     float measured = 0;
-    CHECK_OK(bie_binary_linear_param(p.gpu, BIE_PARAM_SCALE_A, &sa));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_SCALE_A, &sa));
     download_as(&sa, &measured);
     double s = 0;
     for (int64_t i = 0; i < m * k; i++) s += fabs(x[i]);
     float expect = (float)(2.0 * s / (double)(m * k));
     CHECK(fabsf(measured - expect) <= 1e-6f * expect);
-    CHECK_OK(bie_binary_linear_set_scale_a(p.cpu, measured));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, m, "training forward");
     backward_matches(&p, m);
@@ -144,26 +140,26 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
-            if (info.device != BIE_DEVICE_CUDA || bie_binary_linear_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
+            if (info.device != BIE_DEVICE_CUDA || bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, m, info.name);
         }
-        CHECK_OK(bie_binary_linear_select_gemm_kernel(p.gpu, &gx));
+        CHECK_OK(bie_layer_select_gemm_kernel(p.gpu, &gx));
         bie_kernel_info info;
-        CHECK_OK(bie_kernel_find(bie_binary_linear_gemm_kernel(p.gpu), &info));
+        CHECK_OK(bie_kernel_find(tu_layer_kernel(p.gpu), &info));
         CHECK(info.device == BIE_DEVICE_CUDA);
         forward_matches(&p, &gx, &cx, m, "selected kernel");
-        CHECK_OK(bie_binary_linear_set_gemm_kernel(p.gpu, -1));
+        CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, -1));
     }
 
     /* Inference: packed weights only, then pre-packed input. */
-    CHECK_OK(bie_binary_linear_set_training(p.cpu, false));
-    CHECK_OK(bie_binary_linear_set_training(p.gpu, false));
+    CHECK_OK(bie_layer_set_training(p.cpu, false));
+    CHECK_OK(bie_layer_set_training(p.gpu, false));
     /* The first inference forward packs qweight on both devices (opt_weight). */
     forward_matches(&p, &gx, &cx, m, "inference forward, packed on first use");
     qweight_matches(&p);
-    CHECK_OK(bie_binary_linear_generate_quantized_weight(p.cpu, true));
-    CHECK_OK(bie_binary_linear_generate_quantized_weight(p.gpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.gpu, true));
     qweight_matches(&p);
     forward_matches(&p, &gx, &cx, m, "inference forward");
 
@@ -192,17 +188,17 @@ static void bad_input(void) {
     bie_tensor gx = upload_as(BIE_BF16, x, 3, 40), hx = tu_view(x, BIE_F32, 2, 3, 40, 0, 0);
     bie_tensor out = device_empty(BIE_BF16, 3, 24), gx32 = upload_as(BIE_F32, x, 3, 40);
     poison_device(&out);
-    CHECK(bie_binary_linear_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);      /* host input */
-    CHECK(bie_binary_linear_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);     /* wrong dtype */
+    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);      /* host input */
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);     /* wrong dtype */
     bie_tensor wrong = device_empty(BIE_BF16, 3, 23);
-    CHECK(bie_binary_linear_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
     bie_tensor g = device_empty(BIE_BF16, 3, 24);
-    CHECK(bie_binary_linear_backward(p.gpu, &g, NULL) == BIE_ERR_STATE);       /* no forward yet */
-    CHECK(bie_binary_linear_set_gemm_kernel(p.gpu, 1) != BIE_OK);               /* a CPU kernel */
-    CHECK(bie_binary_linear_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_binary_linear_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_backward(p.gpu, &g, NULL) == BIE_ERR_STATE);       /* no forward yet */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);               /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
-    bie_binary_linear *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_binary_linear_create(&l, 4, 4, cuda, BIE_I8, true) == BIE_ERR_DTYPE && l == NULL);
     bie_device nodev = {BIE_DEVICE_CUDA, 999};
     CHECK(bie_binary_linear_create(&l, 4, 4, nodev, BIE_F32, true) == BIE_ERR_DEVICE && l == NULL);

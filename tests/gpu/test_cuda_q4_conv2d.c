@@ -16,16 +16,16 @@ typedef struct geo {
 } geo;
 
 typedef struct pair {
-    bie_q4_conv2d *cpu, *gpu;
+    bie_layer *cpu, *gpu;
     bie_dtype dt;
     geo g;
     int64_t oh, ow;
 } pair;
 
-static float param_scalar(bie_q4_conv2d *l, bie_param which) {
+static float param_scalar(bie_layer *l, bie_param which) {
     bie_tensor t;
     float v = NAN;
-    CHECK_OK(bie_q4_conv2d_param(l, which, &t));
+    CHECK_OK(bie_layer_param(l, which, &t));
     if (t.device.type == BIE_DEVICE_CUDA) download_as(&t, &v);
     else v = *(float *)t.data;
     return v;
@@ -43,20 +43,20 @@ static pair make_pair(bie_dtype dt, geo g, int random_weight) {
         for (int64_t i = 0; i < nw; i += 7) w[i] *= 16.0f;
         bie_tensor cw = tu_view(w, BIE_F32, 4, g.o, g.c, g.k, g.k), gw = upload_as(dt, w, g.o * g.c * g.k, g.k);
         reshape4(&gw, g.o, g.c, g.k, g.k);
-        CHECK_OK(bie_q4_conv2d_set_weight_data(p.cpu, &cw));
-        CHECK_OK(bie_q4_conv2d_set_weight_data(p.gpu, &gw));
+        CHECK_OK(bie_layer_set_weight_data(p.cpu, &cw));
+        CHECK_OK(bie_layer_set_weight_data(p.gpu, &gw));
         bie_tensor_free(&gw);
         free(w);
     } else {
-        CHECK_OK(bie_q4_conv2d_reset_parameters(p.cpu, 31 + (uint64_t)nw));
-        CHECK_OK(bie_q4_conv2d_reset_parameters(p.gpu, 31 + (uint64_t)nw));
-        CHECK_OK(bie_q4_conv2d_prepare_params(p.cpu));
-        CHECK_OK(bie_q4_conv2d_prepare_params(p.gpu));
+        CHECK_OK(bie_layer_reset_parameters(p.cpu, 31 + (uint64_t)nw));
+        CHECK_OK(bie_layer_reset_parameters(p.gpu, 31 + (uint64_t)nw));
+        CHECK_OK(bie_layer_prepare_params(p.cpu));
+        CHECK_OK(bie_layer_prepare_params(p.gpu));
     }
-    CHECK_OK(bie_q4_conv2d_output_size(p.gpu, g.h, g.w, &p.oh, &p.ow));
+    CHECK_OK(tu_layer_output_hw(p.gpu, g.h, g.w, &p.oh, &p.ow));
     bie_tensor cw, gw;
-    CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
-    CHECK_OK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
     CHECK(gw.dtype == BIE_F32 && gw.ndim == 4 && gw.device.type == BIE_DEVICE_CUDA);
     float *a = tu_alloc((size_t)nw * 4);
     download_as(&gw, a);
@@ -67,9 +67,9 @@ static pair make_pair(bie_dtype dt, geo g, int random_weight) {
     float *bias = tu_alloc((size_t)g.c * 4);
     tu_fill(bias, g.c, -0.3f, 0.3f);
     bie_tensor cb, gb, hb = tu_view(bias, BIE_F32, 1, g.c, 0, 0, 0);
-    CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)g.c * 4);
-    CHECK_OK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
     CHECK(gb.device.type == BIE_DEVICE_CUDA);
     CHECK_OK(bie_tensor_copy(&gb, &hb));
     free(bias);
@@ -77,18 +77,14 @@ static pair make_pair(bie_dtype dt, geo g, int random_weight) {
 }
 
 static void free_pair(pair *p) {
-    bie_q4_conv2d_free(p->cpu);
-    bie_q4_conv2d_free(p->gpu);
-}
-
-static bie_status conv_forward(void *l, const bie_tensor *x, bie_tensor *out) {
-    return bie_q4_conv2d_forward(l, x, out);
+    bie_layer_free(p->cpu);
+    bie_layer_free(p->gpu);
 }
 
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, const char *what) {
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
-    if (!forward_matches_as(p->dt, 4, shape, conv_forward, p->gpu, p->cpu, gx, cx, what))
+    if (!forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d)\n", bie_dtype_name(p->dt),
                 (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w, (long long)g->o, g->k, g->s,
                 g->p, g->d);
@@ -108,27 +104,27 @@ static void backward_matches(pair *p, int with_grad_x) {
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)nx * 4), *got = tu_alloc((size_t)(nx > nw ? nx : nw) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 4, g->n, g->c, g->h, g->w);
-    bie_status st = bie_q4_conv2d_backward(p->gpu, &gg, with_grad_x ? &ggx : NULL);
+    bie_status st = bie_layer_backward(p->gpu, &gg, with_grad_x ? &ggx : NULL);
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
-    CHECK_OK(bie_q4_conv2d_backward(p->cpu, &cg, &cgxv));
+    CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
     if (with_grad_x) {
         download_as(&ggx, got);
         CHECK(compare_close("grad_x", got, cgx, nx, tol));
     }
     bie_tensor a, b;
-    CHECK_OK(bie_q4_conv2d_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
-    CHECK_OK(bie_q4_conv2d_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_F32 && a.ndim == 4 && a.device.type == BIE_DEVICE_CUDA);
     download_as(&a, got);
     CHECK(compare_close("grad_w", got, b.data, nw, 1e-5));
-    CHECK_OK(bie_q4_conv2d_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
-    CHECK_OK(bie_q4_conv2d_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_bias_a", got, b.data, g->c, 1e-5));
-    CHECK_OK(bie_q4_conv2d_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
-    CHECK_OK(bie_q4_conv2d_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
     download_as(&a, got);
     const float ref = *(float *)b.data;
     double gmean = 0;
@@ -154,13 +150,13 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     reshape4(&gx, g.n, g.c, g.h, g.w);
     bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, g.c, g.h, g.w);
 
-    CHECK_OK(bie_q4_conv2d_set_activation(p.gpu, &gx, NULL));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
     const float measured = param_scalar(p.gpu, BIE_PARAM_SCALE_A);
     double s = 0;
     for (int64_t i = 0; i < nx; i++) s += fabs(x[i]);
     const float expect = (float)(2.0 / 11.269 * s / (double)nx);
     CHECK(fabsf(measured - expect) <= 1e-6f * expect);
-    CHECK_OK(bie_q4_conv2d_set_scale_a(p.cpu, measured));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, "training forward");
     backward_matches(&p, 1);
@@ -169,10 +165,10 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
             if (info.device != BIE_DEVICE_CUDA || info.op != BIE_OP_Q4_GEMM) continue;
-            CHECK_OK(bie_q4_conv2d_set_gemm_kernel(p.gpu, info.id));
+            CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, info.id));
             forward_matches(&p, &gx, &cx, info.name);
         }
-        CHECK_OK(bie_q4_conv2d_set_gemm_kernel(p.gpu, -1));
+        CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, -1));
         backward_matches(&p, 0);
     }
 
@@ -181,8 +177,8 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     reshape4(&xo, g.n, g.c, g.h, g.w);
     float *ref = tu_alloc((size_t)nx * 4), *got = tu_alloc((size_t)nx * 4);
     bie_tensor cxo = tu_view(ref, BIE_F32, 4, g.n, g.c, g.h, g.w);
-    CHECK_OK(bie_q4_conv2d_set_activation(p.gpu, &gx, &xo));
-    CHECK_OK(bie_q4_conv2d_set_activation(p.cpu, &cx, &cxo));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, &xo));
+    CHECK_OK(bie_layer_set_activation(p.cpu, &cx, &cxo));
     download_as(&xo, got);
     for (int64_t i = 0; i < nx; i++) ref[i] = round_to(dt, ref[i]);
     CHECK(compare_exact("set_activation", got, ref, nx));
@@ -191,17 +187,17 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     free(got);
 
     /* Inference: from the float weight, then from the packed weight only (equal to the CPU's). */
-    CHECK_OK(bie_q4_conv2d_set_training(p.cpu, false));
-    CHECK_OK(bie_q4_conv2d_set_training(p.gpu, false));
+    CHECK_OK(bie_layer_set_training(p.cpu, false));
+    CHECK_OK(bie_layer_set_training(p.gpu, false));
     forward_matches(&p, &gx, &cx, "inference forward (float weight)");
-    CHECK_OK(bie_q4_conv2d_generate_quantized_weight(p.cpu, true));
-    CHECK_OK(bie_q4_conv2d_generate_quantized_weight(p.gpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p.gpu, true));
     bie_tensor q, cq, v;
-    CHECK_OK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
-    CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_QWEIGHT, &cq));
     CHECK(device_bytes_match(&q, cq.data));
-    CHECK(bie_q4_conv2d_param(p.gpu, BIE_PARAM_WEIGHT, &v) == BIE_ERR_STATE);
-    CHECK_OK(bie_q4_conv2d_opt_weight(p.gpu, &v));
+    CHECK(bie_layer_param(p.gpu, BIE_PARAM_WEIGHT, &v) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_opt_weight(p.gpu, &v));
     CHECK(v.data == q.data);
     forward_matches(&p, &gx, &cx, "inference forward (qweight only)");
     if (all_kernels)
@@ -209,7 +205,7 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
             if (info.device != BIE_DEVICE_CUDA || info.op != BIE_OP_Q4_GEMM) continue;
-            CHECK_OK(bie_q4_conv2d_set_gemm_kernel(p.gpu, info.id));
+            CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, info.id));
             forward_matches(&p, &gx, &cx, info.name);
         }
 
@@ -229,10 +225,10 @@ static void check_halves(geo g) {
     bie_tensor gx = upload_as(BIE_F32, x, g.n * g.c * g.h, g.w);
     reshape4(&gx, g.n, g.c, g.h, g.w);
     bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, g.c, g.h, g.w), cb;
-    CHECK_OK(bie_q4_conv2d_set_activation(p.gpu, &gx, NULL));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
     const float s = param_scalar(p.gpu, BIE_PARAM_SCALE_A);
-    CHECK_OK(bie_q4_conv2d_set_scale_a(p.cpu, s));
-    CHECK_OK(bie_q4_conv2d_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, s));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     const float *bias = cb.data;
     for (int64_t i = 0; i < nx; i++) {
         const int h = (int)(tu_next() % 21) - 10;
@@ -244,8 +240,8 @@ static void check_halves(geo g) {
     gx = upload_as(BIE_F32, x, g.n * g.c * g.h, g.w);
     reshape4(&gx, g.n, g.c, g.h, g.w);
     forward_matches(&p, &gx, &cx, "training forward at the halves");
-    CHECK_OK(bie_q4_conv2d_set_training(p.cpu, false));
-    CHECK_OK(bie_q4_conv2d_set_training(p.gpu, false));
+    CHECK_OK(bie_layer_set_training(p.cpu, false));
+    CHECK_OK(bie_layer_set_training(p.gpu, false));
     forward_matches(&p, &gx, &cx, "inference forward at the halves");
     bie_tensor_free(&gx);
     free(x);
@@ -265,35 +261,35 @@ static void bad_input(void) {
     bie_tensor out = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&out, 2, 4, 6, 6);
     poison_device(&out);
-    CHECK(bie_q4_conv2d_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
-    CHECK(bie_q4_conv2d_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
-    CHECK(bie_q4_conv2d_forward(p.gpu, NULL, &out) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
+    CHECK(bie_layer_forward(p.gpu, NULL, &out) == BIE_ERR_NULL_POINTER);
     bie_tensor wrong = device_empty(BIE_BF16, 2 * 4 * 6, 5);
     reshape4(&wrong, 2, 4, 6, 5);
-    CHECK(bie_q4_conv2d_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
     bie_tensor three = device_empty(BIE_BF16, 2 * 4, 6);
     reshape4(&three, 2, 4, 6, 1);
-    CHECK(bie_q4_conv2d_forward(p.gpu, &three, &out) == BIE_ERR_SHAPE); /* 4 channels, not 5 */
+    CHECK(bie_layer_forward(p.gpu, &three, &out) == BIE_ERR_SHAPE); /* 4 channels, not 5 */
     bie_tensor gout = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&gout, 2, 4, 6, 6);
-    CHECK(bie_q4_conv2d_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_q4_conv2d_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
-    CHECK(bie_q4_conv2d_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_q4_conv2d_set_scale_a(p.gpu, INFINITY) != BIE_OK);
+    CHECK(bie_layer_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_set_scale_a(p.gpu, INFINITY) != BIE_OK);
     bie_tensor w_wrong = device_empty(BIE_F32, 4 * 5 * 3, 3); /* the layer is bfloat16 */
     reshape4(&w_wrong, 4, 5, 3, 3);
-    CHECK(bie_q4_conv2d_set_weight_data(p.gpu, &w_wrong) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_set_weight_data(p.gpu, &w_wrong) == BIE_ERR_DTYPE);
     bie_tensor q_wrong = device_empty(BIE_U8, 4, 22); /* 23 bytes per row */
-    CHECK(bie_q4_conv2d_set_quantized_weight_data(p.gpu, &q_wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_set_quantized_weight_data(p.gpu, &q_wrong) == BIE_ERR_SHAPE);
     bie_device cuda = {BIE_DEVICE_CUDA, 0}, nodev = {BIE_DEVICE_CUDA, 999};
-    bie_q4_conv2d *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_q4_conv2d_create(&l, 4, 4, 3, 1, 1, 1, cuda, BIE_I8) == BIE_ERR_DTYPE && l == NULL);
     CHECK(bie_q4_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32) == BIE_ERR_DEVICE && l == NULL);
     /* After a training forward, grad_out of another shape is refused. */
-    CHECK_OK(bie_q4_conv2d_forward(p.gpu, &gx, &out));
-    CHECK(bie_q4_conv2d_backward(p.gpu, &wrong, NULL) == BIE_ERR_SHAPE);
+    CHECK_OK(bie_layer_forward(p.gpu, &gx, &out));
+    CHECK(bie_layer_backward(p.gpu, &wrong, NULL) == BIE_ERR_SHAPE);
     poison_device(&out);
-    CHECK(bie_q4_conv2d_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);
     CHECK(still_poisoned(&out)); /* failed calls wrote nothing */
     bie_tensor_free(&gx);
     bie_tensor_free(&gx32);

@@ -10,15 +10,15 @@
 #include "gpu_util.h"
 
 typedef struct pair {
-    bie_q4_linear *cpu, *gpu;
+    bie_layer *cpu, *gpu;
     bie_dtype dt;
     int64_t k, n;
 } pair;
 
-static float param_scalar(bie_q4_linear *l, bie_param which) {
+static float param_scalar(bie_layer *l, bie_param which) {
     bie_tensor t;
     float v = NAN;
-    CHECK_OK(bie_q4_linear_param(l, which, &t));
+    CHECK_OK(bie_layer_param(l, which, &t));
     if (t.device.type == BIE_DEVICE_CUDA) download_as(&t, &v);
     else v = *(float *)t.data;
     return v;
@@ -39,20 +39,20 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, int random_weight) {
         float *w = tu_alloc((size_t)(n * k) * 4);
         fill_weight(w, n * k);
         bie_tensor cw = tu_view(w, BIE_F32, 2, n, k, 0, 0), gw = upload_as(dt, w, n, k);
-        CHECK_OK(bie_q4_linear_set_weight_data(p.cpu, &cw));
-        CHECK_OK(bie_q4_linear_set_weight_data(p.gpu, &gw));
+        CHECK_OK(bie_layer_set_weight_data(p.cpu, &cw));
+        CHECK_OK(bie_layer_set_weight_data(p.gpu, &gw));
         bie_tensor_free(&gw);
         free(w);
     } else { /* reset_parameters with the same seed, then prepare_params */
-        CHECK_OK(bie_q4_linear_reset_parameters(p.cpu, 77 + (uint64_t)k));
-        CHECK_OK(bie_q4_linear_reset_parameters(p.gpu, 77 + (uint64_t)k));
-        CHECK_OK(bie_q4_linear_prepare_params(p.cpu));
-        CHECK_OK(bie_q4_linear_prepare_params(p.gpu));
+        CHECK_OK(bie_layer_reset_parameters(p.cpu, 77 + (uint64_t)k));
+        CHECK_OK(bie_layer_reset_parameters(p.gpu, 77 + (uint64_t)k));
+        CHECK_OK(bie_layer_prepare_params(p.cpu));
+        CHECK_OK(bie_layer_prepare_params(p.gpu));
     }
     /* The same float weight and scale_w on both. */
     bie_tensor cw, gw;
-    CHECK_OK(bie_q4_linear_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
-    CHECK_OK(bie_q4_linear_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_WEIGHT, &cw));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_WEIGHT, &gw));
     CHECK(gw.dtype == BIE_F32 && gw.device.type == BIE_DEVICE_CUDA);
     float *w_host = tu_alloc((size_t)(k * n) * 4);
     download_as(&gw, w_host);
@@ -64,9 +64,9 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, int random_weight) {
     float *bias = tu_alloc((size_t)k * 4);
     tu_fill(bias, k, -0.3f, 0.3f);
     bie_tensor cb, gb;
-    CHECK_OK(bie_q4_linear_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
+    CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)k * 4);
-    CHECK_OK(bie_q4_linear_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
+    CHECK_OK(bie_layer_param(p.gpu, BIE_PARAM_BIAS_A, &gb));
     bie_tensor hb = tu_view(bias, BIE_F32, 1, k, 0, 0, 0);
     CHECK(gb.device.type == BIE_DEVICE_CUDA);
     CHECK_OK(bie_tensor_copy(&gb, &hb));
@@ -75,18 +75,14 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, int random_weight) {
 }
 
 static void free_pair(pair *p) {
-    bie_q4_linear_free(p->cpu);
-    bie_q4_linear_free(p->gpu);
-}
-
-static bie_status linear_forward(void *l, const bie_tensor *x, bie_tensor *out) {
-    return bie_q4_linear_forward(l, x, out);
+    bie_layer_free(p->cpu);
+    bie_layer_free(p->gpu);
 }
 
 /* GPU forward (output poisoned first) vs the CPU's float32 forward rounded to the dtype. */
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m, const char *what) {
     const int64_t shape[2] = {m, p->n};
-    if (!forward_matches_as(p->dt, 2, shape, linear_forward, p->gpu, p->cpu, gx, cx, what))
+    if (!forward_matches_as(p->dt, 2, shape, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld)\n", bie_dtype_name(p->dt), (long long)m,
                 (long long)p->k, (long long)p->n);
 }
@@ -100,30 +96,30 @@ static void backward_matches(pair *p, int64_t m, int with_grad_x) {
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 2, m, k, 0, 0);
-    bie_status st = bie_q4_linear_backward(p->gpu, &gg, with_grad_x ? &ggx : NULL);
+    bie_status st = bie_layer_backward(p->gpu, &gg, with_grad_x ? &ggx : NULL);
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
-    CHECK_OK(bie_q4_linear_backward(p->cpu, &cg, &cgxv));
+    CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
     if (with_grad_x) {
         download_as(&ggx, got);
         CHECK(compare_close("grad_x", got, cgx, m * k, tol));
     }
     bie_tensor a, b;
-    CHECK_OK(bie_q4_linear_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
-    CHECK_OK(bie_q4_linear_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_F32 && a.device.type == BIE_DEVICE_CUDA);
     download_as(&a, got);
     CHECK(compare_close("grad_w", got, b.data, n * k, 1e-5));
-    CHECK_OK(bie_q4_linear_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
     download_as(&a, got);
     CHECK(compare_close("grad_w (float)", got, b.data, n * k, 1e-5));
-    CHECK_OK(bie_q4_linear_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
-    CHECK_OK(bie_q4_linear_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_bias_a", got, b.data, k, 1e-5));
-    CHECK_OK(bie_q4_linear_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
-    CHECK_OK(bie_q4_linear_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
     download_as(&a, got);
     const float ref = *(float *)b.data;
     /* The mean |grad_x| bounds the size of a rounding difference in the sum. */
@@ -143,32 +139,32 @@ static void backward_matches(pair *p, int64_t m, int with_grad_x) {
 /* Inference with the weight's codes only: generated from the float weight, then installed
  * from the CPU layer's qweight into a fresh GPU layer. */
 static void inference_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m) {
-    CHECK_OK(bie_q4_linear_set_training(p->cpu, false));
-    CHECK_OK(bie_q4_linear_set_training(p->gpu, false));
+    CHECK_OK(bie_layer_set_training(p->cpu, false));
+    CHECK_OK(bie_layer_set_training(p->gpu, false));
     forward_matches(p, gx, cx, m, "inference forward (float weight)");
-    CHECK_OK(bie_q4_linear_generate_quantized_weight(p->cpu, true));
-    CHECK_OK(bie_q4_linear_generate_quantized_weight(p->gpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p->cpu, true));
+    CHECK_OK(bie_layer_generate_quantized_weight(p->gpu, true));
     bie_tensor q, cq, v;
-    CHECK_OK(bie_q4_linear_param(p->gpu, BIE_PARAM_QWEIGHT, &q));
-    CHECK_OK(bie_q4_linear_param(p->cpu, BIE_PARAM_QWEIGHT, &cq));
+    CHECK_OK(bie_layer_param(p->gpu, BIE_PARAM_QWEIGHT, &q));
+    CHECK_OK(bie_layer_param(p->cpu, BIE_PARAM_QWEIGHT, &cq));
     CHECK(q.dtype == BIE_U8 && q.ndim == 2 && q.shape[0] == p->n && q.shape[1] == (p->k + 1) / 2);
     uint8_t *qh = download_bytes(&q);
     CHECK(memcmp(qh, cq.data, (size_t)bie_tensor_numel(&q)) == 0);
-    CHECK(bie_q4_linear_param(p->gpu, BIE_PARAM_WEIGHT, &v) == BIE_ERR_STATE); /* freed */
-    CHECK_OK(bie_q4_linear_opt_weight(p->gpu, &v));
+    CHECK(bie_layer_param(p->gpu, BIE_PARAM_WEIGHT, &v) == BIE_ERR_STATE); /* freed */
+    CHECK_OK(bie_layer_opt_weight(p->gpu, &v));
     CHECK(v.data == q.data);
     forward_matches(p, gx, cx, m, "inference forward (qweight only)");
     for (int i = 0; i < bie_kernel_count(); i++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));
         if (info.device != BIE_DEVICE_CUDA || info.op != BIE_OP_Q4_GEMM) continue;
-        CHECK_OK(bie_q4_linear_set_gemm_kernel(p->gpu, info.id));
+        CHECK_OK(bie_layer_set_gemm_kernel(p->gpu, info.id));
         forward_matches(p, gx, cx, m, info.name);
     }
-    CHECK_OK(bie_q4_linear_set_gemm_kernel(p->gpu, -1));
+    CHECK_OK(bie_layer_set_gemm_kernel(p->gpu, -1));
 
     /* The same codes installed into a new layer (garbage in the odd k's unused nibble). */
-    bie_q4_linear *fresh = NULL;
+    bie_layer *fresh = NULL;
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     CHECK_OK(bie_q4_linear_create(&fresh, p->k, p->n, cuda, p->dt));
     const int64_t rb = (p->k + 1) / 2;
@@ -178,23 +174,23 @@ static void inference_matches(pair *p, const bie_tensor *gx, const bie_tensor *c
     int64_t qshape[2] = {p->n, rb};
     CHECK_OK(bie_cuda_tensor_alloc(&dq, BIE_U8, 2, qshape, 0));
     CHECK_OK(bie_tensor_copy(&dq, &hq));
-    CHECK_OK(bie_q4_linear_set_quantized_weight_data(fresh, &dq));
+    CHECK_OK(bie_layer_set_quantized_weight_data(fresh, &dq));
     const float sa = param_scalar(p->gpu, BIE_PARAM_SCALE_A), sw = param_scalar(p->gpu, BIE_PARAM_SCALE_W);
-    CHECK_OK(bie_q4_linear_set_scale_a(fresh, sa));
+    CHECK_OK(bie_layer_set_scale_a(fresh, sa));
     bie_tensor fsw;
-    CHECK_OK(bie_q4_linear_param(fresh, BIE_PARAM_SCALE_W, &fsw));
+    CHECK_OK(bie_layer_param(fresh, BIE_PARAM_SCALE_W, &fsw));
     bie_tensor hsw = tu_view((void *)&sw, BIE_F32, 1, 1, 0, 0, 0);
     CHECK_OK(bie_tensor_copy(&fsw, &hsw));
     bie_tensor fb, pb;
-    CHECK_OK(bie_q4_linear_param(fresh, BIE_PARAM_BIAS_A, &fb));
-    CHECK_OK(bie_q4_linear_param(p->gpu, BIE_PARAM_BIAS_A, &pb));
+    CHECK_OK(bie_layer_param(fresh, BIE_PARAM_BIAS_A, &fb));
+    CHECK_OK(bie_layer_param(p->gpu, BIE_PARAM_BIAS_A, &pb));
     CHECK_OK(bie_tensor_copy(&fb, &pb));
-    CHECK_OK(bie_q4_linear_set_training(fresh, false));
-    bie_q4_linear *keep = p->gpu;
+    CHECK_OK(bie_layer_set_training(fresh, false));
+    bie_layer *keep = p->gpu;
     p->gpu = fresh;
     forward_matches(p, gx, cx, m, "inference forward (installed qweight)");
     p->gpu = keep;
-    bie_q4_linear_free(fresh);
+    bie_layer_free(fresh);
     bie_tensor_free(&dq);
     free(qh);
 }
@@ -207,13 +203,13 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     bie_tensor gx = upload_as(dt, x, m, k), cx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
 
     /* scale_a measured on the device (SPEC §4), then the same value on the CPU layer. */
-    CHECK_OK(bie_q4_linear_set_activation(p.gpu, &gx, NULL));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
     const float measured = param_scalar(p.gpu, BIE_PARAM_SCALE_A);
     double s = 0;
     for (int64_t i = 0; i < m * k; i++) s += fabs(x[i]);
     const float expect = (float)(2.0 / 11.269 * s / (double)(m * k));
     CHECK(fabsf(measured - expect) <= 1e-6f * expect);
-    CHECK_OK(bie_q4_linear_set_scale_a(p.cpu, measured));
+    CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, m, "training forward");
     backward_matches(&p, m, 1);
@@ -222,10 +218,10 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
             if (info.device != BIE_DEVICE_CUDA || info.op != BIE_OP_Q4_GEMM) continue;
-            CHECK_OK(bie_q4_linear_set_gemm_kernel(p.gpu, info.id));
+            CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, info.id));
             forward_matches(&p, &gx, &cx, m, info.name);
         }
-        CHECK_OK(bie_q4_linear_set_gemm_kernel(p.gpu, -1));
+        CHECK_OK(bie_layer_set_gemm_kernel(p.gpu, -1));
         backward_matches(&p, m, 0); /* without grad_x: the parameter gradients alone */
     }
     inference_matches(&p, &gx, &cx, m);
@@ -245,8 +241,8 @@ static void activation_matches(bie_dtype dt) {
     bie_tensor gx = upload_as(dt, x, m, k), cx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
     bie_tensor gout = device_empty(dt, m, k), cout = tu_view(ref, BIE_F32, 2, m, k, 0, 0);
     poison_device(&gout);
-    CHECK_OK(bie_q4_linear_set_activation(p.gpu, &gx, &gout));
-    CHECK_OK(bie_q4_linear_set_activation(p.cpu, &cx, &cout));
+    CHECK_OK(bie_layer_set_activation(p.gpu, &gx, &gout));
+    CHECK_OK(bie_layer_set_activation(p.cpu, &cx, &cout));
     download_as(&gout, got);
     for (int64_t i = 0; i < m * k; i++) ref[i] = round_to(dt, ref[i]);
     CHECK(compare_exact("set_activation", got, ref, m * k));
@@ -267,42 +263,42 @@ static void bad_input(void) {
     bie_tensor gx = upload_as(BIE_BF16, x, 3, 40), hx = tu_view(x, BIE_F32, 2, 3, 40, 0, 0);
     bie_tensor out = device_empty(BIE_BF16, 3, 24), gx32 = upload_as(BIE_F32, x, 3, 40);
     poison_device(&out);
-    CHECK(bie_q4_linear_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
-    CHECK(bie_q4_linear_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
-    CHECK(bie_q4_linear_forward(p.gpu, NULL, &out) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
+    CHECK(bie_layer_forward(p.gpu, NULL, &out) == BIE_ERR_NULL_POINTER);
     bie_tensor wrong = device_empty(BIE_BF16, 3, 23), wrong_in = device_empty(BIE_BF16, 3, 41);
-    CHECK(bie_q4_linear_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
-    CHECK(bie_q4_linear_forward(p.gpu, &wrong_in, &out) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward(p.gpu, &wrong_in, &out) == BIE_ERR_SHAPE);
     bie_tensor g = device_empty(BIE_BF16, 3, 24);
-    CHECK(bie_q4_linear_backward(p.gpu, &g, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_q4_linear_set_gemm_kernel(p.gpu, 1) != BIE_OK);        /* a CPU kernel */
-    CHECK(bie_q4_linear_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_layer_backward(p.gpu, &g, NULL) == BIE_ERR_STATE); /* no forward yet */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);        /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     for (int i = 0; i < bie_kernel_count(); i++) { /* a CUDA binary kernel */
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));
         if (info.device == BIE_DEVICE_CUDA && info.op == BIE_OP_BINARY_GEMM) {
-            CHECK(bie_q4_linear_set_gemm_kernel(p.gpu, info.id) == BIE_ERR_INVALID_ARGUMENT);
+            CHECK(bie_layer_set_gemm_kernel(p.gpu, info.id) == BIE_ERR_INVALID_ARGUMENT);
             break;
         }
     }
-    CHECK(bie_q4_linear_set_scale_a(p.gpu, NAN) != BIE_OK);
-    CHECK(bie_q4_linear_set_scale_a(p.gpu, -1.0f) != BIE_OK);
+    CHECK(bie_layer_set_scale_a(p.gpu, NAN) != BIE_OK);
+    CHECK(bie_layer_set_scale_a(p.gpu, -1.0f) != BIE_OK);
     bie_tensor w_wrong = device_empty(BIE_F32, 24, 40); /* the layer is bfloat16 */
-    CHECK(bie_q4_linear_set_weight_data(p.gpu, &w_wrong) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_set_weight_data(p.gpu, &w_wrong) == BIE_ERR_DTYPE);
     bie_tensor q_wrong = device_empty(BIE_BF16, 24, 20);
-    CHECK(bie_q4_linear_set_quantized_weight_data(p.gpu, &q_wrong) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_set_quantized_weight_data(p.gpu, &q_wrong) == BIE_ERR_DTYPE);
     bie_tensor pv;
-    CHECK(bie_q4_linear_param(p.gpu, BIE_PARAM_QWEIGHT, &pv) == BIE_ERR_STATE);
-    CHECK(bie_q4_linear_grad(p.gpu, BIE_PARAM_WEIGHT, &pv) == BIE_ERR_STATE);
+    CHECK(bie_layer_param(p.gpu, BIE_PARAM_QWEIGHT, &pv) == BIE_ERR_STATE);
+    CHECK(bie_layer_grad(p.gpu, BIE_PARAM_WEIGHT, &pv) == BIE_ERR_STATE);
     /* After a training forward, grad_out of another shape is refused. */
-    CHECK_OK(bie_q4_linear_forward(p.gpu, &gx, &out));
+    CHECK_OK(bie_layer_forward(p.gpu, &gx, &out));
     bie_tensor g_wrong = device_empty(BIE_BF16, 4, 24);
-    CHECK(bie_q4_linear_backward(p.gpu, &g_wrong, NULL) == BIE_ERR_SHAPE);
-    CHECK(bie_q4_linear_backward(p.gpu, &g, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_backward(p.gpu, &g_wrong, NULL) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_backward(p.gpu, &g, &wrong) == BIE_ERR_SHAPE);
     poison_device(&out);
-    CHECK(bie_q4_linear_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
-    bie_q4_linear *l = NULL;
+    bie_layer *l = NULL;
     CHECK(bie_q4_linear_create(&l, 4, 4, cuda, BIE_I8) == BIE_ERR_DTYPE && l == NULL);
     bie_device nodev = {BIE_DEVICE_CUDA, 999};
     CHECK(bie_q4_linear_create(&l, 4, 4, nodev, BIE_F32) == BIE_ERR_DEVICE && l == NULL);
