@@ -36,27 +36,27 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < m * out; i++) gy[i] = (float)((i * 104729) % 11) - 5.0f;
     const int64_t xs[2] = {m, in}, ys[2] = {m, out};
     bie_tensor tx, ty, tgy, tgx;
-    bie_binary_linear *layer;
+    bie_layer *layer;
     if (check(bie_tensor_view(&tx, x, BIE_F32, 2, xs), "view") ||
         check(bie_tensor_view(&ty, y, BIE_F32, 2, ys), "view") ||
         check(bie_tensor_view(&tgy, gy, BIE_F32, 2, ys), "view") ||
         check(bie_tensor_view(&tgx, gx, BIE_F32, 2, xs), "view") ||
         check(bie_binary_linear_create(&layer, in, out, bie_cpu(), BIE_F32, true), "create") ||
-        check(bie_binary_linear_prepare_params(layer), "prepare") ||
-        check(bie_binary_linear_set_training(layer, train), "mode"))
+        check(bie_layer_prepare_params(layer), "prepare") ||
+        check(bie_layer_set_training(layer, train), "mode"))
         return 1;
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) { /* best of 5 runs of `iterations` calls */
         double t0 = now();
         for (long i = 0; i < iterations; i++) {
-            if (check(bie_binary_linear_forward(layer, &tx, &ty), "forward")) return 1;
-            if (train && check(bie_binary_linear_backward(layer, &tgy, &tgx), "backward")) return 1;
+            if (check(bie_layer_forward(layer, &tx, &ty), "forward")) return 1;
+            if (train && check(bie_layer_backward(layer, &tgy, &tgx), "backward")) return 1;
         }
         double per_call = (now() - t0) / (double)iterations;
         best = per_call < best ? per_call : best;
     }
     printf("%.9f\n", best);
-    bie_binary_linear_free(layer);
+    bie_layer_free(layer);
     free(x);
     free(y);
     free(gy);

@@ -1,24 +1,68 @@
-"""One C layer handle (``bie_binary_linear *`` and friends) and the calls made on it.
+"""One C layer handle (``bie_layer *``) and the calls made on it.
 
-A :class:`Layer` owns the handle, turns every failing status into :class:`BieError`, makes
-torch tensors over the layer's parameters and gradients, and counts the training forwards
-it runs (``generation``) so that a backward can tell whether the state the C layer kept for
-it is still there.
+Every kind of layer is one ``bie_layer`` in C: a kind's creator makes it and the one
+``bie_layer_*`` family does everything else. What differs between kinds is in :data:`KINDS`
+(the creator, the sizes it takes, whether it takes ``symmetric``). A :class:`Layer` owns the
+handle, turns every failing status into :class:`BieError`, makes torch tensors over the
+layer's parameters and gradients, and counts the training forwards it runs (``generation``)
+so that a backward can tell whether the state the C layer kept for it is still there.
 """
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
 from . import _lib
-from ._lib import BieError, Tensor, describe, fail
+from ._lib import BieError, LayerDesc, Tensor, describe, fail
 
 # bie_param (bie.h)
 WEIGHT, QWEIGHT, BIAS_A, SCALE_A, SCALE_W, WEIGHT_FLOAT_GRAD = range(6)
 
-# Kinds and what they can do.
-BINARY_KINDS = ("binary_linear", "binary_conv2d")
-CONV_KINDS = ("binary_conv2d", "q4_conv2d")
+
+class Kind(NamedTuple):
+    """What one layer kind is, for the package: its ``bie_layer_kind``, its C creator and the
+    arguments that creator takes."""
+
+    code: int  # bie_layer_kind
+    creator: str  # the C function that makes a layer of this kind
+    sizes: tuple  # names of the creator's size arguments, in order
+    binary: bool  # 1-bit (takes symmetric, has a word size) or 4-bit
+    conv: bool  # NCHW conv2d or linear
+
+    def arguments(self, sizes, device, dtype, symmetric):
+        """The creator's arguments after ``bie_layer **out``."""
+        sizes = tuple(int(s) for s in sizes)
+        if len(sizes) != len(self.sizes):
+            fail(_lib.ERR_SHAPE, f"{self.creator} takes {len(self.sizes)} sizes "
+                 f"({', '.join(self.sizes)}), got {len(sizes)}")
+        return sizes + (device, dtype) + ((bool(symmetric),) if self.binary else ())
+
+
+_LINEAR_SIZES = ("in_features", "out_features")
+_CONV_SIZES = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation")
+
+KINDS = {
+    "binary_linear": Kind(_lib.KIND_BINARY_LINEAR, "bie_binary_linear_create", _LINEAR_SIZES,
+                          binary=True, conv=False),
+    "binary_conv2d": Kind(_lib.KIND_BINARY_CONV2D, "bie_binary_conv2d_create", _CONV_SIZES,
+                          binary=True, conv=True),
+    "q4_linear": Kind(_lib.KIND_Q4_LINEAR, "bie_q4_linear_create", _LINEAR_SIZES,
+                      binary=False, conv=False),
+    "q4_conv2d": Kind(_lib.KIND_Q4_CONV2D, "bie_q4_conv2d_create", _CONV_SIZES,
+                      binary=False, conv=True),
+}
+
+# The smallest layer of each kind (sizes), used to ask the library whether it runs a kind.
+_PROBE_SIZES = {False: (1, 1), True: (1, 1, 1, 1, 0, 1)}
+
+
+def _kind(name):
+    spec = KINDS.get(name)
+    if spec is None:
+        fail(_lib.ERR_UNSUPPORTED, f"no bie layer kind {name!r} (kinds: {', '.join(KINDS)})")
+    return spec
+
 
 _probed_devices = {}
 
@@ -32,18 +76,12 @@ def _probe_device(kind, device):
     key = (kind, device.type, device.index)
     reason = _probed_devices.get(key)
     if reason is None:
-        bdev = _lib.bie_device(device)
+        spec = _kind(kind)
         handle = ctypes.c_void_p()
-        create = _lib.function(f"bie_{kind}_create")
-        if kind in CONV_KINDS:
-            args = (1, 1, 1, 1, 0, 1, bdev, _lib.F32)
-        else:
-            args = (1, 1, bdev, _lib.F32)
-        if kind in BINARY_KINDS:
-            args += (True,)
-        status = create(ctypes.byref(handle), *args)
+        args = spec.arguments(_PROBE_SIZES[spec.conv], _lib.bie_device(device), _lib.F32, True)
+        status = _lib.function(spec.creator)(ctypes.byref(handle), *args)
         if status == 0:
-            _lib.function(f"bie_{kind}_free")(handle)
+            _lib.function("bie_layer_free")(handle)
             reason = ""
         else:
             reason = (f"{kind} layers on {device} are not supported yet by this build of "
@@ -55,67 +93,123 @@ def _probe_device(kind, device):
 
 
 class Layer:
-    """A C layer of one kind (``"binary_linear"``, ``"binary_conv2d"``, ``"q4_linear"``,
-    ``"q4_conv2d"``) on one device."""
+    """A C layer of one kind (a key of :data:`KINDS`: ``"binary_linear"``,
+    ``"binary_conv2d"``, ``"q4_linear"``, ``"q4_conv2d"``) on one device."""
 
     def __init__(self, kind, sizes, device=None, symmetric=True, dtype=torch.float32):
         """sizes: (in, out) for linear kinds; (in_c, out_c, kernel_size, stride, padding,
         dilation) for conv kinds. dtype: the layer's float dtype (float32 on the CPU)."""
         self.handle = None
+        spec = _kind(kind)
         self.kind = kind
+        self.spec = spec
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.is_cuda = self.device.type == "cuda"
         if self.is_cuda:
             _probe_device(kind, self.device)
-        self.binary = kind in BINARY_KINDS
-        self.conv = kind in CONV_KINDS
+        self.binary = spec.binary
+        self.conv = spec.conv
         self.generation = 0  # training forwards and state changes so far
-        # Input and output features (linear) or channels (conv).
-        self.in_features, self.out_features = int(sizes[0]), int(sizes[1])
-        self._fns = {}
-        self.training = True  # the C layer's flag (layers start in training mode)
         self.keep_inputs = False  # see functional: recompute a lost forward state
-        bie_dtype = _lib.float_dtype(dtype)
-        args = tuple(int(s) for s in sizes) + (_lib.bie_device(self.device), bie_dtype)
-        if self.binary:
-            args += (bool(symmetric),)
+        args = spec.arguments(sizes, _lib.bie_device(self.device), _lib.float_dtype(dtype),
+                              symmetric)
+        create = _lib.function(spec.creator)
+        self._free = _lib.function("bie_layer_free")
+        self._forward = _lib.function("bie_layer_forward")
+        self._backward = _lib.function("bie_layer_backward")
+        self._param = _lib.function("bie_layer_param")
+        self._grad = _lib.function("bie_layer_grad")
         handle = ctypes.c_void_p()
         if self.is_cuda:
             _lib.enter_stream(self.device)
-        _lib.check(_lib.function(f"bie_{kind}_create")(ctypes.byref(handle), *args))
+        _lib.check(create(ctypes.byref(handle), *args))
         self.handle = handle
-        self._free = _lib.function(f"bie_{kind}_free")
-        self._forward = self.fn("forward")
-        self._grad = self.fn("grad")
         self._grad_desc = Tensor()  # reused by grad_copy
+        desc = self.describe()
+        if desc.kind != spec.code:
+            fail(_lib.ERR_STATE, f"{spec.creator} made a layer of kind {desc.kind}, "
+                 f"expected {spec.code}")
+        # Input and output features (linear) or channels (conv).
+        self.in_features, self.out_features = int(desc.in_), int(desc.out)
+        self.training = bool(desc.training)  # the C layer's flag, mirrored
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
         if handle is not None and getattr(self, "_free", None) is not None:
             self._free(handle)
 
-    def fn(self, op):
-        """The C function ``bie_<kind>_<op>``."""
-        f = self._fns.get(op)
-        if f is None:
-            f = self._fns[op] = _lib.function(f"bie_{self.kind}_{op}")
-        return f
-
-    def __call__(self, op, *args):
-        """Call ``bie_<kind>_<op>(handle, *args)``; BieError on failure."""
+    def _call(self, fn, *args):
+        """``fn(handle, *args)`` on this layer's device (torch's current stream on CUDA);
+        BieError on failure."""
         if self.is_cuda:
             _lib.enter_stream(self.device)
-        _lib.check(self.fn(op)(self.handle, *args))
+        _lib.check(fn(self.handle, *args))
 
-    def query(self, op):
-        """Value of a getter without status (``training``, ``gemm_kernel``, ...)."""
-        return self.fn(op)(self.handle)
+    # -------------------------------------------------------------- what it is
+
+    def describe(self):
+        """The layer's ``bie_layer_desc`` (kind, sizes, device, mode, kernel, word size)."""
+        desc = LayerDesc()
+        _lib.check(_lib.function("bie_layer_describe")(self.handle, ctypes.byref(desc)))
+        return desc
+
+    @property
+    def bits_binary_word(self):
+        """Bits of a packed word (8, 32 or 64) for binary kinds; 0 for 4-bit kinds."""
+        return self.describe().bits_binary_word
+
+    @property
+    def kernel_id(self):
+        """The selected GEMM kernel (-1: the default for each shape)."""
+        return self.describe().kernel_id
+
+    # -------------------------------------------------------------- the calls
+
+    def reset_parameters(self, seed):
+        self._call(_lib.function("bie_layer_reset_parameters"), ctypes.c_uint64(int(seed)))
+
+    def set_weight_data(self, w):
+        """w: a contiguous tensor kept alive by the caller during the call."""
+        self._call(_lib.function("bie_layer_set_weight_data"),
+                   ctypes.byref(describe(w, what="weight")))
+
+    def prepare_params(self):
+        self._call(_lib.function("bie_layer_prepare_params"))
+
+    def generate_quantized_weight(self, qweight_only):
+        self._call(_lib.function("bie_layer_generate_quantized_weight"), bool(qweight_only))
+
+    def set_quantized_weight_data(self, q):
+        self._call(_lib.function("bie_layer_set_quantized_weight_data"),
+                   ctypes.byref(describe(q, packed=True, what="qweight")))
+
+    def set_bits_binary_word(self, bits):
+        self._call(_lib.function("bie_layer_set_bits_binary_word"), int(bits))
+
+    def check_forward(self, x, packed=False):
+        self._call(_lib.function("bie_layer_check_forward"),
+                   ctypes.byref(describe(x, packed=packed, what="input")))
+
+    def set_activation(self, x, out):
+        self._call(_lib.function("bie_layer_set_activation"),
+                   ctypes.byref(describe(x, what="input")),
+                   ctypes.byref(describe(out, what="output")))
+
+    def select_gemm_kernel(self, x):
+        self._call(_lib.function("bie_layer_select_gemm_kernel"),
+                   ctypes.byref(describe(x, what="input")))
+
+    def set_gemm_kernel(self, kernel_id):
+        self._call(_lib.function("bie_layer_set_gemm_kernel"), int(kernel_id))
+
+    def set_scale_a(self, value):
+        self._call(_lib.function("bie_layer_set_scale_a"), ctypes.c_float(float(value)))
 
     def set_training(self, mode):
         """Training (True) or inference mode of the C layer; leaving training drops the state
         the last forward kept."""
         if bool(mode) != self.training:
-            self("set_training", bool(mode))
+            self._call(_lib.function("bie_layer_set_training"), bool(mode))
             self.training = bool(mode)
             self.changed()
 
@@ -129,7 +223,7 @@ class Layer:
         """A torch tensor over a parameter (or, with grad, a gradient of the last backward)
         in the layer's memory; None when the layer has none (e.g. no qweight yet)."""
         d = Tensor()
-        status = self.fn("grad" if grad else "param")(self.handle, which, ctypes.byref(d))
+        status = (self._grad if grad else self._param)(self.handle, which, ctypes.byref(d))
         if status == _lib.ERR_STATE:
             return None
         _lib.check(status)
@@ -149,19 +243,18 @@ class Layer:
         ctypes.memmove(out.data_ptr(), d.data, out.numel() * out.element_size())
         return out
 
-    def set_scale_a(self, value):
-        self("set_scale_a", ctypes.c_float(float(value)))
-
     # -------------------------------------------------------------- forward / backward
 
     def output_shape(self, x):
         """Shape of the forward's output for input x (checked by the library for convs)."""
         if self.conv:
-            xd = describe(x, what="input")
-            self("check_forward", ctypes.byref(xd))
-            oh, ow = ctypes.c_int64(), ctypes.c_int64()
-            self("output_size", x.shape[2], x.shape[3], ctypes.byref(oh), ctypes.byref(ow))
-            return (x.shape[0], self.out_features, oh.value, ow.value)
+            self.check_forward(x)
+            in_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*x.shape)
+            out_ndim = ctypes.c_int()
+            out_shape = (ctypes.c_int64 * _lib.MAX_DIMS)()
+            self._call(_lib.function("bie_layer_output_shape"), x.dim(), in_shape,
+                       ctypes.byref(out_ndim), out_shape)
+            return tuple(out_shape[:out_ndim.value])
         return tuple(x.shape[:-1]) + (self.out_features,)
 
     def forward(self, x, packed=False):
@@ -183,9 +276,9 @@ class Layer:
         if want_grad_x:
             grad_x = torch.empty(x_shape, dtype=grad_out.dtype, device=grad_out.device)
             gx_ptr = ctypes.byref(describe(grad_x, what="grad_input"))
-        self("backward", ctypes.byref(gd), gx_ptr)
+        self._call(self._backward, ctypes.byref(gd), gx_ptr)
         return grad_x
 
 
-__all__ = ["Layer", "BieError", "WEIGHT", "QWEIGHT", "BIAS_A", "SCALE_A", "SCALE_W",
+__all__ = ["Layer", "KINDS", "BieError", "WEIGHT", "QWEIGHT", "BIAS_A", "SCALE_A", "SCALE_W",
            "WEIGHT_FLOAT_GRAD"]

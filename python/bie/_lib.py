@@ -248,82 +248,99 @@ def _load():
     raise ImportError("bie: cannot load libbie: " + hint + "\n  " + "\n  ".join(errors))
 
 
-_P = ctypes.c_void_p
+_P = ctypes.c_void_p  # an opaque handle (bie_layer *)
 _T = ctypes.POINTER(Tensor)
 _I64 = ctypes.c_int64
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _B = ctypes.c_bool
 _I = ctypes.c_int
 
-# Per layer function suffix: (argtypes after the handle, restype). Status functions return int.
-_LAYER_OPS = {
-    "free": ((), None),
-    "reset_parameters": ((ctypes.c_uint64,), _I),
-    "set_weight_data": ((_T,), _I),
-    "prepare_params": ((), _I),
-    "generate_quantized_weight": ((_B,), _I),
-    "set_quantized_weight_data": ((_T,), _I),
-    "set_bits_binary_word": ((_I,), _I),
-    "bits_binary_word": ((), _I),
-    "opt_weight": ((_T,), _I),
-    "check_forward": ((_T,), _I),
-    "output_size": ((_I64, _I64, _I64P, _I64P), _I),
-    "set_activation": ((_T, _T), _I),
-    "select_gemm_kernel": ((_T,), _I),
-    "set_gemm_kernel": ((_I,), _I),
-    "gemm_kernel": ((), _I),
-    "set_training": ((_B,), _I),
-    "training": ((), _B),
-    "forward": ((_T, _T), _I),
-    "backward": ((_T, _T), _I),
-    "param": ((_I, _T), _I),
-    "grad": ((_I, _T), _I),
-    "set_scale_a": ((ctypes.c_float,), _I),
-    "in_features": ((), _I64),
-    "out_features": ((), _I64),
+# bie_layer_kind (bie.h)
+KIND_BINARY_LINEAR, KIND_BINARY_CONV2D, KIND_Q4_LINEAR, KIND_Q4_CONV2D = range(4)
+
+
+class LayerDesc(ctypes.Structure):
+    """ctypes mirror of ``bie_layer_desc`` (bie.h): what ``bie_layer_describe`` reports."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("name", ctypes.c_char_p),
+        ("in_", ctypes.c_int64),
+        ("out", ctypes.c_int64),
+        ("fan_in", ctypes.c_int64),
+        ("kernel_size", ctypes.c_int),
+        ("stride", ctypes.c_int),
+        ("padding", ctypes.c_int),
+        ("dilation", ctypes.c_int),
+        ("device", Device),
+        ("dtype", ctypes.c_int),
+        ("symmetric", ctypes.c_bool),
+        ("training", ctypes.c_bool),
+        ("kernel_id", ctypes.c_int),
+        ("bits_binary_word", ctypes.c_int),
+    ]
+
+
+_LD = ctypes.POINTER(LayerDesc)
+
+# Every C function the package calls: name -> (argtypes, restype). Status functions return int.
+_PROTOTYPES = {
+    "bie_status_name": ((_I,), ctypes.c_char_p),
+    "bie_last_error": ((), ctypes.c_char_p),
+    "bie_version_string": ((), ctypes.c_char_p),
+    "bie_set_num_threads": ((_I,), _I),
+    "bie_get_num_threads": ((), _I),
+    "bie_cpu_kernel_set": ((), ctypes.c_char_p),
+    "bie_kernel_count": ((), _I),
+    "bie_kernel_get": ((_I, _P), _I),
+    "bie_cuda_built": ((), _B),
+    "bie_cuda_device_count": ((), _I),
+    "bie_cuda_set_stream": ((_P,), _I),
+    "bie_cuda_tensor_alloc": ((_T, _I, _I, _I64P, _I), _I),
+    "bie_tensor_free": ((_T,), None),
+    "bie_pack_signs": ((_T, _I, _T), _I),
+    "bie_signflip_step": ((_T, _T, _T, _T, ctypes.c_float, ctypes.c_float, ctypes.c_float,
+                           _I64P), _I),
+    # The layers' creators, one per kind:
+    # (out, in, out, device, dtype[, symmetric]) for linear kinds,
+    # (out, in_c, out_c, kernel_size, stride, padding, dilation, device, dtype[, symmetric]).
+    "bie_binary_linear_create": ((ctypes.POINTER(_P), _I64, _I64, Device, _I, _B), _I),
+    "bie_binary_conv2d_create": ((ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I,
+                                  _B), _I),
+    "bie_q4_linear_create": ((ctypes.POINTER(_P), _I64, _I64, Device, _I), _I),
+    "bie_q4_conv2d_create": ((ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I), _I),
+    # Every other layer call: one function for every kind.
+    "bie_layer_free": ((_P,), None),
+    "bie_layer_describe": ((_P, _LD), _I),
+    "bie_layer_reset_parameters": ((_P, ctypes.c_uint64), _I),
+    "bie_layer_set_weight_data": ((_P, _T), _I),
+    "bie_layer_prepare_params": ((_P,), _I),
+    "bie_layer_generate_quantized_weight": ((_P, _B), _I),
+    "bie_layer_set_quantized_weight_data": ((_P, _T), _I),
+    "bie_layer_set_bits_binary_word": ((_P, _I), _I),
+    "bie_layer_opt_weight": ((_P, _T), _I),
+    "bie_layer_param": ((_P, _I, _T), _I),
+    "bie_layer_set_scale_a": ((_P, ctypes.c_float), _I),
+    "bie_layer_check_forward": ((_P, _T), _I),
+    "bie_layer_output_shape": ((_P, _I, _I64P, ctypes.POINTER(_I), _I64P), _I),
+    "bie_layer_set_activation": ((_P, _T, _T), _I),
+    "bie_layer_select_gemm_kernel": ((_P, _T), _I),
+    "bie_layer_set_gemm_kernel": ((_P, _I), _I),
+    "bie_layer_set_training": ((_P, _B), _I),
+    "bie_layer_forward": ((_P, _T, _T), _I),
+    "bie_layer_backward": ((_P, _T, _T), _I),
+    "bie_layer_grad": ((_P, _I, _T), _I),
 }
-
-LAYER_KINDS = ("binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d")
-
-_CREATE = {
-    # (out, in, out_features, device, dtype[, symmetric])
-    "binary_linear": (ctypes.POINTER(_P), _I64, _I64, Device, _I, _B),
-    "q4_linear": (ctypes.POINTER(_P), _I64, _I64, Device, _I),
-    # (out, in_c, out_c, kernel_size, stride, padding, dilation, device, dtype[, symmetric])
-    "binary_conv2d": (ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I, _B),
-    "q4_conv2d": (ctypes.POINTER(_P), _I64, _I64, _I, _I, _I, _I, Device, _I),
-}
-
-
-def _declare(handle, name, argtypes, restype):
-    fn = getattr(handle, name, None)
-    if fn is None:
-        return
-    fn.argtypes = list(argtypes)
-    fn.restype = restype
 
 
 def _prototype(h):
-    _declare(h, "bie_status_name", (_I,), ctypes.c_char_p)
-    _declare(h, "bie_last_error", (), ctypes.c_char_p)
-    _declare(h, "bie_version_string", (), ctypes.c_char_p)
-    _declare(h, "bie_set_num_threads", (_I,), _I)
-    _declare(h, "bie_get_num_threads", (), _I)
-    _declare(h, "bie_cpu_kernel_set", (), ctypes.c_char_p)
-    _declare(h, "bie_kernel_count", (), _I)
-    _declare(h, "bie_kernel_get", (_I, _P), _I)
-    _declare(h, "bie_cuda_built", (), _B)
-    _declare(h, "bie_cuda_device_count", (), _I)
-    _declare(h, "bie_cuda_set_stream", (_P,), _I)
-    _declare(h, "bie_cuda_tensor_alloc", (_T, _I, _I, _I64P, _I), _I)
-    _declare(h, "bie_tensor_free", (_T,), None)
-    _declare(h, "bie_pack_signs", (_T, _I, _T), _I)
-    _declare(h, "bie_signflip_step", (_T, _T, _T, _T, ctypes.c_float, ctypes.c_float,
-                                      ctypes.c_float, _I64P), _I)
-    for kind in LAYER_KINDS:
-        _declare(h, f"bie_{kind}_create", _CREATE[kind], _I)
-        for op, (args, restype) in _LAYER_OPS.items():
-            _declare(h, f"bie_{kind}_{op}", (_P,) + args, restype)
+    """Give every function of _PROTOTYPES this libbie has its argument and result types
+    (a function it lacks raises BieError when used; see ``function``)."""
+    for name, (argtypes, restype) in _PROTOTYPES.items():
+        fn = getattr(h, name, None)
+        if fn is not None:
+            fn.argtypes = list(argtypes)
+            fn.restype = restype
 
 
 def check(status, context=None):

@@ -47,7 +47,7 @@ def _standalone_layer(kind, sizes, weight, scale_a, scale_w, bias_a, is_train, k
     """A C layer holding copies of the given weight, scales and bias (for one call)."""
     layer = Layer(kind, sizes, weight.device)
     if weight.dtype == torch.int8 and layer.binary:
-        layer("prepare_params")  # the weight becomes int8; its values are replaced below
+        layer.prepare_params()  # the weight becomes int8; its values are replaced below
     elif weight.dtype != torch.float32:
         allowed = "float32 or int8" if layer.binary else "float32"
         fail(_lib.ERR_DTYPE, f"{kind}: weight has dtype {weight.dtype}, expected {allowed}")
@@ -57,7 +57,7 @@ def _standalone_layer(kind, sizes, weight, scale_a, scale_w, bias_a, is_train, k
     if bias_a is not None:
         _copy_into(layer.view(BIAS_A), bias_a, "bias_a")
     if kernel_id is not None and int(kernel_id) >= 0:
-        layer("set_gemm_kernel", int(kernel_id))
+        layer.set_gemm_kernel(int(kernel_id))
     layer.set_training(bool(is_train))
     return layer
 

@@ -2,7 +2,7 @@
 
 Where the parameters live: in the C layer. ``weight``, ``qweight``, ``bias_a``, ``scale_a`` and
 ``scale_w`` are ordinary ``nn.Parameter``s whose storage *is* the layer's memory (made with
-``torch.frombuffer`` over the pointers ``bie_*_param`` returns). An optimizer updating them in
+``torch.frombuffer`` over the pointers ``bie_layer_param`` returns). An optimizer updating them in
 place updates the layer; the forward reads them where they are, so no parameter is copied on
 any call. The module keeps this true across the calls that make bie replace a buffer
 (``prepare_params`` turns the float weight into an int8 one, ``generate_quantized_weight``,
@@ -19,7 +19,6 @@ CPU module) are detected: conversions raise at once, replacements at the next fo
 it should run on.
 """
 
-import ctypes
 from collections import OrderedDict
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 
 from . import _lib
 from ._layer import BIAS_A, QWEIGHT, SCALE_A, SCALE_W, WEIGHT, WEIGHT_FLOAT_GRAD, Layer
-from ._lib import WORD_DTYPE, describe, fail
+from ._lib import WORD_DTYPE, fail
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
                          Q4LinearForward)
 
@@ -91,11 +90,12 @@ class _BieLayerModule(nn.Module):
                  "set_weight_data() or load_state_dict(), and create the module on the "
                  "device and dtype it should run with")
 
-    def _lifecycle(self, op, *args):
-        """Run a C call that may replace buffers; keep the old Parameter objects valid."""
+    def _lifecycle(self, call, *args):
+        """Run ``call(*args)``, a method of the C layer that may replace buffers; keep the old
+        Parameter objects valid."""
         backups = {name: self._parameters[name].detach().clone()
                    for name in _MOVABLE if self._parameters.get(name) is not None}
-        self._layer(op, *args)
+        call(*args)
         self._layer.changed()
         for name, backup in backups.items():
             old = self._parameters[name]
@@ -142,9 +142,10 @@ class _BieLayerModule(nn.Module):
         state["_parameters"] = OrderedDict(
             (name, None if p is None else p.detach().clone())
             for name, p in self._parameters.items())
+        desc = layer.describe()
         state["_bie_layer"] = {"training": layer.training, "keep_inputs": layer.keep_inputs,
-                               "bits": layer.query("bits_binary_word") if layer.binary else 8,
-                               "kernel": self.gemm_kernel_id}
+                               "bits": desc.bits_binary_word if layer.binary else 8,
+                               "kernel": desc.kernel_id}
         return state
 
     def __setstate__(self, state):
@@ -169,33 +170,32 @@ class _BieLayerModule(nn.Module):
     def reset_parameters(self, seed=None):
         """Kaiming-uniform weight from a generator seeded with ``seed`` (default: drawn from
         torch's generator); the weight becomes float again."""
-        self._lifecycle("reset_parameters", ctypes.c_uint64(
-            _seed_from_torch() if seed is None else int(seed)))
+        self._lifecycle(self._layer.reset_parameters,
+                        _seed_from_torch() if seed is None else int(seed))
         self._qweight_installed = False
 
     def prepare_params(self):
         """SPEC §2/§4 prepare_params (binary: the weight becomes int8). Call before training
         and before creating the optimizer."""
-        self._lifecycle("prepare_params")
+        self._lifecycle(self._layer.prepare_params)
 
     def set_weight_data(self, x):
         """Copy x (the layer's shape and dtype) into the weight, then prepare_params."""
         x = x.detach().contiguous()
-        self._lifecycle("set_weight_data", ctypes.byref(describe(x, what="weight")))
+        self._lifecycle(self._layer.set_weight_data, x)
         self._qweight_installed = False
 
     def generate_quantized_weight(self, qweight_only=False):
         """Pack the weight into ``qweight``; with qweight_only, free the weight
         (inference-only layer)."""
-        self._lifecycle("generate_quantized_weight", bool(qweight_only))
+        self._lifecycle(self._layer.generate_quantized_weight, bool(qweight_only))
         self._qweight_installed = False
 
     def set_quantized_weight_data(self, x):
         """Install packed weights (binary: words of bits_binary_word bits as uint8 / int32 /
         int64; 4-bit: uint8 nibbles); used by inference from then on."""
         x = x.detach().contiguous()
-        self._lifecycle("set_quantized_weight_data",
-                        ctypes.byref(describe(x, packed=True, what="qweight")))
+        self._lifecycle(self._layer.set_quantized_weight_data, x)
         self._qweight_installed = True
 
     @property
@@ -211,16 +211,48 @@ class _BieLayerModule(nn.Module):
         """Raise BieError if x cannot be this layer's input."""
         x = x.contiguous()
         packed = self._layer.binary and not x.is_floating_point()
-        self._layer("check_forward", ctypes.byref(describe(x, packed=packed, what="input")))
+        self._layer.check_forward(x, packed)
 
     def set_activation(self, x):
         """Initialise scale_a from x if it is 0 and return ``x + bias_a`` (computed by bie;
         not part of the autograd graph: forward applies bias_a itself)."""
         x = x.detach().contiguous()
         out = torch.empty_like(x)
-        self._layer("set_activation", ctypes.byref(describe(x, what="input")),
-                    ctypes.byref(describe(out, what="output")))
+        self._layer.set_activation(x, out)
         return out
+
+    def select_gemm_kernel(self, x):
+        """Time every bie kernel of this layer's op and device that can run this input's
+        product and keep the fastest; returns its id. Changes no parameter."""
+        x = x.detach().contiguous()
+        self._layer.select_gemm_kernel(x)
+        return self.gemm_kernel_id
+
+    @property
+    def gemm_kernel_id(self):
+        """The selected bie kernel id (-1: the default for each shape); see bie.kernels()."""
+        return self._layer.kernel_id
+
+    @gemm_kernel_id.setter
+    def gemm_kernel_id(self, kernel_id):
+        self._layer.set_gemm_kernel(int(kernel_id))
+
+    def describe(self):
+        """What the C layer reports about itself (``bie_layer_describe``), as a dict: kind
+        ("binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d"), in and out (features or
+        channels), fan_in, kernel_size / stride / padding / dilation (conv kinds, else 0),
+        device, dtype, symmetric, training (the C layer's mode), kernel_id and
+        bits_binary_word (binary kinds, else 0)."""
+        d = self._layer.describe()
+        if d.device.type == _lib.DEVICE_CUDA:
+            device = torch.device("cuda", d.device.index)
+        else:
+            device = torch.device("cpu")
+        return {"kind": d.name.decode(), "in": d.in_, "out": d.out, "fan_in": d.fan_in,
+                "kernel_size": d.kernel_size, "stride": d.stride, "padding": d.padding,
+                "dilation": d.dilation, "device": device, "dtype": _lib.torch_dtype(d.dtype),
+                "symmetric": bool(d.symmetric), "training": bool(d.training),
+                "kernel_id": d.kernel_id, "bits_binary_word": d.bits_binary_word}
 
     def weight_float_grad(self):
         """The float gradient of the weight from the last backward (binary layers also give
@@ -271,36 +303,20 @@ class _BieLayerModule(nn.Module):
 
 
 class _BinaryMixin:
-    """Binary layers: word size and GEMM kernel selection."""
+    """Binary layers: the word size of packed weights and inputs."""
 
     def set_bits_binary_word(self, num_bit):
         """Words of 8, 32 or 64 bits for packed weights and inputs."""
-        self._lifecycle("set_bits_binary_word", int(num_bit))
+        self._lifecycle(self._layer.set_bits_binary_word, int(num_bit))
 
     @property
     def bits_binary_word(self):
-        return self._layer.query("bits_binary_word")
+        return self._layer.bits_binary_word
 
     @property
     def word_dtype(self):
         """torch dtype of packed words (uint8, int32 or int64 for 8, 32, 64 bits)."""
         return WORD_DTYPE[self.bits_binary_word]
-
-    def select_gemm_kernel(self, x):
-        """Time every bie kernel that can run this input's product and keep the fastest;
-        returns its id."""
-        x = x.detach().contiguous()
-        self._layer("select_gemm_kernel", ctypes.byref(describe(x, what="input")))
-        return self.gemm_kernel_id
-
-    @property
-    def gemm_kernel_id(self):
-        """The selected bie kernel id (-1: the default for each shape)."""
-        return self._layer.query("gemm_kernel")
-
-    @gemm_kernel_id.setter
-    def gemm_kernel_id(self, kernel_id):
-        self._layer("set_gemm_kernel", int(kernel_id))
 
 
 class BinaryLinearBase(_BinaryMixin, _BieLayerModule):
@@ -373,23 +389,7 @@ class BinaryConv2dCutlass(BinaryConv2dBase):
     """Seed ``BinaryConv2dCutlass``: the same layer as BinaryConv2dBase."""
 
 
-class _Q4Mixin:
-    """4-bit layers: kernel choice (no timing-based selection in bie for these yet)."""
-
-    _q4_kernel = -1
-
-    @property
-    def gemm_kernel_id(self):
-        """The bie 4-bit GEMM kernel id in use (-1: the default for each shape)."""
-        return self._q4_kernel
-
-    @gemm_kernel_id.setter
-    def gemm_kernel_id(self, kernel_id):
-        self._layer("set_gemm_kernel", int(kernel_id))
-        self._q4_kernel = int(kernel_id)
-
-
-class Q4LinearCutlass(_Q4Mixin, _BieLayerModule):
+class Q4LinearCutlass(_BieLayerModule):
     """4-bit linear layer (SPEC §4 with a matrix product) on bie's 4-bit linear layer.
 
     ``Q4LinearCutlass(input_features, out_features, device=None, dtype=torch.float32,
@@ -417,7 +417,7 @@ class Q4LinearCutlass(_Q4Mixin, _BieLayerModule):
         return f"input_features={self.input_features}, out_features={self.output_features}"
 
 
-class Q4Conv2dCutlass(_Q4Mixin, _BieLayerModule):
+class Q4Conv2dCutlass(_BieLayerModule):
     """4-bit conv2d layer (seed ``Q4Conv2dCutlass``; SPEC §4) on bie's 4-bit conv2d layer:
     NCHW, zero padding, any channel count.
 

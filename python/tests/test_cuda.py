@@ -95,3 +95,31 @@ def test_cuda_training_step_matches_cpu(cls, args, shape):
         assert (gpu.weight.grad.cpu().int() - cpu.weight.grad.int()).abs().max() <= 1
     else:
         torch.testing.assert_close(gpu.weight.grad.cpu(), cpu.weight.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cls,args,shape", [
+    (bie.BinaryLinearCutlass, (70, 24), (6, 70)),
+    (bie.BinaryConv2dCutlass, (3, 8, 3, 1, 1), (2, 3, 9, 9)),
+    (bie.Q4LinearCutlass, (70, 24), (6, 70)),
+    (bie.Q4Conv2dCutlass, (3, 8, 3, 1, 1), (2, 3, 9, 9)),
+])
+def test_cuda_describe_and_kernel_selection(cls, args, shape):
+    try:
+        gpu = cls(*args, device="cuda")
+    except bie.BieError:
+        pytest.skip(f"{cls.__name__} does not run on CUDA in this build yet")
+    d = gpu.describe()
+    assert d["device"] == torch.device("cuda", torch.cuda.current_device())
+    assert d["dtype"] == torch.float32 and d["training"] and d["kernel_id"] == -1
+    gpu.prepare_params()
+    x = torch.randn(*shape, device="cuda")
+    expect = gpu(x).detach()
+    op = "binary_gemm" if isinstance(gpu, (bie.BinaryLinearBase, bie.BinaryConv2dBase)) \
+        else "q4_gemm"
+    ids = {k["id"] for k in bie.kernels() if k["op"] == op and k["device"] == "cuda"}
+    kernel = gpu.select_gemm_kernel(x)
+    assert kernel in ids and gpu.gemm_kernel_id == kernel == gpu.describe()["kernel_id"]
+    assert torch.equal(gpu(x).detach(), expect)
+    gpu.eval()
+    assert not gpu.describe()["training"]
+    assert torch.equal(gpu(x), expect)

@@ -158,6 +158,63 @@ def test_select_gemm_kernel_and_kernel_ids():
         assert torch.equal(m(x), expect)
 
 
+BINARY_MODULES = (bie.BinaryLinearBase, bie.BinaryConv2dBase)
+EVERY_KIND = [bie.BinaryLinearCutlass, bie.BinaryConv2dCutlass, bie.Q4LinearCutlass,
+              bie.Q4Conv2dCutlass]
+
+
+@pytest.mark.parametrize("cls", EVERY_KIND)
+def test_select_gemm_kernel_on_every_kind(cls):
+    m, x = _make(cls)
+    m.prepare_params()
+    expect = m(x).detach()
+    op = "binary_gemm" if issubclass(cls, BINARY_MODULES) else "q4_gemm"
+    ids = {k["id"] for k in bie.kernels()
+           if k["available"] and k["op"] == op and k["device"] == "cpu"}
+    assert m.gemm_kernel_id == -1
+    kernel = m.select_gemm_kernel(x)
+    assert kernel in ids and m.gemm_kernel_id == kernel
+    assert torch.equal(m(x).detach(), expect)
+    for kid in sorted(ids):  # every kernel gives the same, exact result
+        m.gemm_kernel_id = kid
+        assert m.gemm_kernel_id == kid
+        assert torch.equal(m(x).detach(), expect)
+    m.gemm_kernel_id = -1
+    assert m.gemm_kernel_id == -1
+    m.gemm_kernel_id = kernel  # a copy keeps the choice
+    assert copy.deepcopy(m).gemm_kernel_id == kernel
+
+
+@pytest.mark.parametrize("cls", EVERY_KIND)
+def test_describe_reports_the_layer(cls):
+    m, _ = _make(cls)
+    binary = issubclass(cls, BINARY_MODULES)
+    conv = cls in CONV_MODULES
+    d = m.describe()
+    assert d["kind"] == {bie.BinaryLinearCutlass: "binary_linear",
+                         bie.BinaryConv2dCutlass: "binary_conv2d",
+                         bie.Q4LinearCutlass: "q4_linear", bie.Q4Conv2dCutlass: "q4_conv2d"}[cls]
+    assert (d["in"], d["out"], d["fan_in"]) == ((3, 5, 27) if conv else (37, 11, 37))
+    geometry = (d["kernel_size"], d["stride"], d["padding"], d["dilation"])
+    assert geometry == ((3, 1, 1, 1) if conv else (0, 0, 0, 0))
+    assert d["device"] == torch.device("cpu") and d["dtype"] == torch.float32
+    assert d["symmetric"] == binary
+    assert d["training"] and d["kernel_id"] == -1
+    assert d["bits_binary_word"] == (8 if binary else 0)
+    m.eval()
+    assert not m.describe()["training"]
+    m.train()
+    assert m.describe()["training"]
+    if binary:
+        m.set_bits_binary_word(64)
+        assert m.describe()["bits_binary_word"] == 64 == m.bits_binary_word
+    else:
+        assert not hasattr(m, "set_bits_binary_word")
+    asymmetric = cls(*((3, 5, 3) if conv else (37, 11)), symmetric=False) if binary else None
+    if asymmetric is not None:
+        assert not asymmetric.describe()["symmetric"]
+
+
 def test_reset_parameters_is_seeded():
     a, _ = _make(bie.BinaryLinearCutlass)
     b, _ = _make(bie.BinaryLinearCutlass)
