@@ -23,19 +23,19 @@ int main(void) {
     TRY(bie_tensor_view(&tgy, grad_y, BIE_F32, 2, ys));
     TRY(bie_tensor_view(&tgx, grad_x, BIE_F32, 2, xs));
 
-    bie_binary_linear *layer;
+    bie_layer *layer;
     TRY(bie_binary_linear_create(&layer, IN, OUT, bie_cpu(), BIE_F32, true));
-    TRY(bie_binary_linear_reset_parameters(layer, 42));
-    TRY(bie_binary_linear_prepare_params(layer)); /* int8 weights + scale_w */
+    TRY(bie_layer_reset_parameters(layer, 42));
+    TRY(bie_layer_prepare_params(layer)); /* int8 weights + scale_w */
 
     /* training step: forward, loss gradient (here: d(sum y^2 / 2) = y), backward */
-    TRY(bie_binary_linear_forward(layer, &tx, &ty));
+    TRY(bie_layer_forward(layer, &tx, &ty));
     for (int i = 0; i < BATCH * OUT; i++) grad_y[i] = y[i];
-    TRY(bie_binary_linear_backward(layer, &tgy, &tgx));
+    TRY(bie_layer_backward(layer, &tgy, &tgx));
     bie_tensor w, gw, gscale;
-    TRY(bie_binary_linear_param(layer, BIE_PARAM_WEIGHT, &w));  /* int8 [OUT, IN] */
-    TRY(bie_binary_linear_grad(layer, BIE_PARAM_WEIGHT, &gw));  /* int8-quantized grad */
-    TRY(bie_binary_linear_grad(layer, BIE_PARAM_SCALE_A, &gscale));
+    TRY(bie_layer_param(layer, BIE_PARAM_WEIGHT, &w));  /* int8 [OUT, IN] */
+    TRY(bie_layer_grad(layer, BIE_PARAM_WEIGHT, &gw));  /* int8-quantized grad */
+    TRY(bie_layer_grad(layer, BIE_PARAM_SCALE_A, &gscale));
     int flips = 0; /* a crude sign-flip update: flip where the gradient agrees with the sign */
     for (int i = 0; i < OUT * IN; i++) {
         int8_t *wi = (int8_t *)w.data + i, g = ((int8_t *)gw.data)[i];
@@ -48,10 +48,10 @@ int main(void) {
            (double)*(float *)gscale.data, flips);
 
     /* deployment: pack the weights (1 bit each), drop the int8 copy, run inference */
-    TRY(bie_binary_linear_generate_quantized_weight(layer, true));
-    TRY(bie_binary_linear_set_training(layer, false));
-    TRY(bie_binary_linear_forward(layer, &tx, &ty));
+    TRY(bie_layer_generate_quantized_weight(layer, true));
+    TRY(bie_layer_set_training(layer, false));
+    TRY(bie_layer_forward(layer, &tx, &ty));
     printf("packed inference: y[0] = %g\n", (double)y[0]);
-    bie_binary_linear_free(layer);
+    bie_layer_free(layer);
     return 0;
 }

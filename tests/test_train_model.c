@@ -41,31 +41,31 @@ static void free_problem(problem *p) {
 
 static void build_mlp(bie_model *m) {
     CHECK_OK(bie_model_add_flatten(m));
-    CHECK_OK(bie_model_add_q4_linear(m, 63, 32));
+    CHECK_OK(ttu_add_q4_linear(m, 63, 32));
     CHECK_OK(bie_model_add_batchnorm1d(m, 32));
-    CHECK_OK(bie_model_add_binary_linear(m, 32, 24));
+    CHECK_OK(ttu_add_binary_linear(m, 32, 24));
     CHECK_OK(bie_model_add_batchnorm1d(m, 24));
-    CHECK_OK(bie_model_add_binary_linear(m, 24, 16));
+    CHECK_OK(ttu_add_binary_linear(m, 24, 16));
     CHECK_OK(bie_model_add_batchnorm1d(m, 16));
     CHECK_OK(bie_model_add_linear(m, 16, 4, true));
 }
 
 static void build_cnn(bie_model *m) {
-    CHECK_OK(bie_model_add_q4_conv2d(m, 3, 8, 3, 1, 1, 1));
+    CHECK_OK(ttu_add_q4_conv2d(m, 3, 8, 3, 1, 1, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 8));
     CHECK_OK(bie_model_add_prelu(m, 8));
-    CHECK_OK(bie_model_add_binary_conv2d(m, 8, 12, 3, 1, 1, 1));
+    CHECK_OK(ttu_add_binary_conv2d(m, 8, 12, 3, 1, 1, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 12));
     CHECK_OK(bie_model_add_maxpool2d(m, 2, 2));
-    CHECK_OK(bie_model_add_binary_conv2d(m, 12, 16, 3, 1, 0, 1));
+    CHECK_OK(ttu_add_binary_conv2d(m, 12, 16, 3, 1, 0, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 16));
     CHECK_OK(bie_model_add_maxpool2d(m, 2, 0));
     CHECK_OK(bie_model_add_flatten(m));
-    CHECK_OK(bie_model_add_binary_linear(m, 64, 32));
+    CHECK_OK(ttu_add_binary_linear(m, 64, 32));
     CHECK_OK(bie_model_add_batchnorm1d(m, 32));
     /* ReLU only where no binary layer follows: all its outputs have sign +1 */
     CHECK_OK(bie_model_add_relu(m));
-    CHECK_OK(bie_model_add_q4_linear(m, 32, 5));
+    CHECK_OK(ttu_add_q4_linear(m, 32, 5));
 }
 
 static bie_model *new_model(void (*build)(bie_model *), uint64_t seed) {
@@ -337,15 +337,49 @@ static void test_names(void) {
           info.stride == 1 && info.padding == 1 && info.dilation == 1);
     CHECK_OK(bie_model_layer_info(c, 8, &info));
     CHECK(info.type == BIE_LAYER_MAXPOOL2D && info.kernel_size == 2 && info.stride == 2);
-    bie_binary_conv2d *bc = NULL;
-    CHECK_OK(bie_model_binary_conv2d(c, 3, &bc));
-    CHECK(bc != NULL && bie_binary_conv2d_bits_binary_word(bc) == 8);
-    bie_q4_conv2d *qc = NULL;
-    CHECK_OK(bie_model_q4_conv2d(c, 0, &qc));
-    CHECK(qc != NULL);
-    bie_binary_linear *bl = NULL;
-    CHECK(bie_model_binary_linear(c, 3, &bl) == BIE_ERR_INVALID_ARGUMENT && bl == NULL);
+    bie_layer *bc = NULL;
+    bie_layer_desc desc;
+    CHECK_OK(bie_model_layer(c, 3, &bc));
+    CHECK_OK(bie_layer_describe(bc, &desc));
+    CHECK(desc.kind == BIE_KIND_BINARY_CONV2D && desc.bits_binary_word == 8 && desc.symmetric &&
+          desc.in == 8 && desc.out == 12 && desc.kernel_size == 3 && desc.padding == 1);
+    bie_layer *qc = NULL;
+    CHECK_OK(bie_model_layer(c, 0, &qc));
+    CHECK_OK(bie_layer_describe(qc, &desc));
+    CHECK(desc.kind == BIE_KIND_Q4_CONV2D && desc.bits_binary_word == 0 && desc.training);
+    bie_layer *fl = NULL; /* batch norm, PReLU, max-pool: float layers have no bie_layer */
+    CHECK(bie_model_layer(c, 1, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
+    CHECK(bie_model_layer(c, 2, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
+    CHECK(bie_model_layer(c, -1, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
+    CHECK(bie_model_layer(c, bie_model_layer_count(c), &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
+    CHECK(bie_model_layer(NULL, 3, &fl) == BIE_ERR_NULL_POINTER && fl == NULL);
+    CHECK(bie_model_layer(c, 3, NULL) == BIE_ERR_NULL_POINTER);
     bie_model_free(c);
+
+    /* bie_model_add_layer honours symmetric and the word size; a new layer follows the
+     * model's mode */
+    bie_model *w = NULL;
+    CHECK_OK(bie_model_create(&w));
+    CHECK_OK(bie_model_set_training(w, false));
+    memset(&info, 0, sizeof info);
+    info.type = BIE_LAYER_BINARY_CONV2D;
+    info.in = 2;
+    info.out = 3;
+    info.kernel_size = 3;
+    info.stride = 2;
+    info.padding = 0;
+    info.dilation = 2;
+    info.bits_binary_word = 64;
+    info.symmetric = false;
+    CHECK_OK(bie_model_add_layer(w, &info));
+    bie_layer *wl = NULL;
+    CHECK_OK(bie_model_layer(w, 0, &wl));
+    CHECK_OK(bie_layer_describe(wl, &desc));
+    CHECK(desc.kind == BIE_KIND_BINARY_CONV2D && !desc.symmetric && desc.bits_binary_word == 64 &&
+          !desc.training && desc.stride == 2 && desc.dilation == 2 && desc.fan_in == 18);
+    CHECK_OK(bie_model_layer_info(w, 0, &info));
+    CHECK(!info.symmetric && info.bits_binary_word == 64 && info.dilation == 2);
+    bie_model_free(w);
 }
 
 static void test_bad_input(void) {
@@ -362,8 +396,8 @@ static void test_bad_input(void) {
 
     /* bad hyper-parameters, the model unchanged */
     CHECK(bie_model_add_linear(m, 0, 3, true) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_model_add_binary_conv2d(m, 3, 4, 3, 0, 1, 1) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_model_add_q4_conv2d(m, 3, 4, 3, 1, -1, 1) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(ttu_add_binary_conv2d(m, 3, 4, 3, 0, 1, 1) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(ttu_add_q4_conv2d(m, 3, 4, 3, 1, -1, 1) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_model_add_maxpool2d(m, 0, 1) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_model_add_prelu(m, 0) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_model_add_batchnorm1d(m, -2) == BIE_ERR_INVALID_ARGUMENT);

@@ -11,21 +11,53 @@
         if ((m) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", __func__); \
     } while (0)
 
-static const char *const kTypeNames[] = {
-    "linear", "batchnorm1d", "batchnorm2d", "relu", "prelu", "maxpool2d", "flatten",
-    "binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d",
+static bie_status create_binary_linear(const bie_layer_info *i, bie_device d, bie_layer **out) {
+    return bie_binary_linear_create(out, i->in, i->out, d, BIE_F32, i->symmetric);
+}
+static bie_status create_binary_conv2d(const bie_layer_info *i, bie_device d, bie_layer **out) {
+    return bie_binary_conv2d_create(out, i->in, i->out, i->kernel_size, i->stride, i->padding,
+                                    i->dilation, d, BIE_F32, i->symmetric);
+}
+static bie_status create_q4_linear(const bie_layer_info *i, bie_device d, bie_layer **out) {
+    return bie_q4_linear_create(out, i->in, i->out, d, BIE_F32);
+}
+static bie_status create_q4_conv2d(const bie_layer_info *i, bie_device d, bie_layer **out) {
+    return bie_q4_conv2d_create(out, i->in, i->out, i->kernel_size, i->stride, i->padding,
+                                i->dilation, d, BIE_F32);
+}
+
+/* Every layer type: name, low-bit, conv, kind of its weight, creator of its bie.h layer. */
+static const bie_layer_type_traits kTypes[] = {
+    [BIE_LAYER_LINEAR] = {"linear", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_BATCHNORM1D] = {"batchnorm1d", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_BATCHNORM2D] = {"batchnorm2d", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_RELU] = {"relu", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_PRELU] = {"prelu", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_MAXPOOL2D] = {"maxpool2d", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_FLATTEN] = {"flatten", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_BINARY_LINEAR] = {"binary_linear", true, false, BIE_PARAM_KIND_BINARY,
+                                 create_binary_linear},
+    [BIE_LAYER_BINARY_CONV2D] = {"binary_conv2d", true, true, BIE_PARAM_KIND_BINARY,
+                                 create_binary_conv2d},
+    [BIE_LAYER_Q4_LINEAR] = {"q4_linear", true, false, BIE_PARAM_KIND_FLOAT, create_q4_linear},
+    [BIE_LAYER_Q4_CONV2D] = {"q4_conv2d", true, true, BIE_PARAM_KIND_FLOAT, create_q4_conv2d},
 };
-#define TYPE_COUNT ((int)(sizeof kTypeNames / sizeof kTypeNames[0]))
+#define TYPE_COUNT ((int)(sizeof kTypes / sizeof kTypes[0]))
+
+const bie_layer_type_traits *bie_layer_type_traits_of(bie_layer_type type) {
+    return (int)type >= 0 && (int)type < TYPE_COUNT ? &kTypes[type] : NULL;
+}
 
 const char *bie_layer_type_name(bie_layer_type type) {
-    return (int)type >= 0 && (int)type < TYPE_COUNT ? kTypeNames[type] : NULL;
+    const bie_layer_type_traits *t = bie_layer_type_traits_of(type);
+    return t ? t->name : NULL;
 }
 
 bie_status bie_layer_type_from_name(const char *name, bie_layer_type *type) {
     BIE_CHECK_NULL(name);
     BIE_CHECK_NULL(type);
     for (int t = 0; t < TYPE_COUNT; t++)
-        if (strcmp(name, kTypeNames[t]) == 0) {
+        if (strcmp(name, kTypes[t].name) == 0) {
             *type = (bie_layer_type)t;
             return BIE_OK;
         }
@@ -44,7 +76,7 @@ bie_status bie_model_create(bie_model **out) {
     return BIE_OK;
 }
 
-void bie_model_layer_release(bie_model_layer *l) {
+void bie_model_layer_release(bie_train_layer *l) {
     const bie_train_ops *ops = bie_train_ops_for(l->device);
     if (ops) {
         float *const buffers[] = {l->weight,       l->bias,         l->grad_weight,
@@ -53,10 +85,7 @@ void bie_model_layer_release(bie_model_layer *l) {
                                   l->batch_var,    (float *)l->saved_argmax};
         for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) ops->release(buffers[i]);
     }
-    bie_binary_linear_free(l->binary_linear);
-    bie_binary_conv2d_free(l->binary_conv2d);
-    bie_q4_linear_free(l->q4_linear);
-    bie_q4_conv2d_free(l->q4_conv2d);
+    bie_layer_free(l->lowbit);
     memset(l, 0, sizeof *l);
 }
 
@@ -80,20 +109,18 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
     memset(&c, 0, sizeof c);
     c.type = in->type;
     const int64_t kMax = INT32_MAX;
-    switch (in->type) {
-    case BIE_LAYER_LINEAR:
-    case BIE_LAYER_BINARY_LINEAR:
-    case BIE_LAYER_Q4_LINEAR:
-    case BIE_LAYER_BINARY_CONV2D:
-    case BIE_LAYER_Q4_CONV2D:
+    const bie_layer_type_traits *t = bie_layer_type_traits_of(in->type);
+    if (t == NULL)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: unknown layer type %d", who, (int)in->type);
+    if (in->type == BIE_LAYER_LINEAR || t->low_bit) {
         if (in->in < 1 || in->out < 1 || in->in > kMax || in->out > kMax)
             return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: %s sizes (%lld, %lld) must be in "
-                            "[1, 2^31 - 1]", who, kTypeNames[in->type], (long long)in->in,
+                            "[1, 2^31 - 1]", who, t->name, (long long)in->in,
                             (long long)in->out);
         c.in = in->in;
         c.out = in->out;
         c.bias = in->type == BIE_LAYER_LINEAR && in->bias;
-        if (in->type == BIE_LAYER_BINARY_CONV2D || in->type == BIE_LAYER_Q4_CONV2D) {
+        if (t->conv) {
             if (in->kernel_size < 1 || in->stride < 1 || in->padding < 0 || in->dilation < 1)
                 return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: conv needs kernel_size >= 1, "
                                 "stride >= 1, padding >= 0, dilation >= 1 (got %d, %d, %d, %d)",
@@ -103,14 +130,17 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
             c.padding = in->padding;
             c.dilation = in->dilation;
         }
-        if (in->type == BIE_LAYER_BINARY_LINEAR || in->type == BIE_LAYER_BINARY_CONV2D) {
+        if (t->weight == BIE_PARAM_KIND_BINARY) {
             if (in->bits_binary_word != 8 && in->bits_binary_word != 32 && in->bits_binary_word != 64)
                 return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: bits_binary_word = %d must be 8, "
                                 "32 or 64", who, in->bits_binary_word);
             c.symmetric = in->symmetric;
             c.bits_binary_word = in->bits_binary_word;
         }
-        break;
+        *out = c;
+        return BIE_OK;
+    }
+    switch (in->type) {
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
         if (in->in < 1 || in->in > kMax)
@@ -137,11 +167,8 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
         c.kernel_size = in->kernel_size;
         c.stride = in->stride == 0 ? in->kernel_size : in->stride;
         break;
-    case BIE_LAYER_RELU:
-    case BIE_LAYER_FLATTEN:
+    default: /* ReLU, flatten: no hyper-parameters */
         break;
-    default:
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: unknown layer type %d", who, (int)in->type);
     }
     *out = c;
     return BIE_OK;
@@ -150,7 +177,7 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
 
 /* Storage and the low-bit object of a new layer; nothing is initialised yet. */
 bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
-                                 bie_model_layer *l, const char *who) {
+                                 bie_train_layer *l, const char *who) {
     memset(l, 0, sizeof *l);
     l->info = *info;
     l->device = device;
@@ -198,28 +225,14 @@ bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
         if (!l->weight || !l->grad_weight)
             st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: PReLU slopes", who);
         break;
-    case BIE_LAYER_BINARY_LINEAR:
-        st = bie_binary_linear_create(&l->binary_linear, in, out, device, BIE_F32,
-                                      info->symmetric);
-        if (st == BIE_OK)
-            st = bie_binary_linear_set_bits_binary_word(l->binary_linear, info->bits_binary_word);
+    default: { /* low-bit types: their bie.h layer */
+        const bie_layer_type_traits *t = bie_layer_type_traits_of(info->type);
+        if (t == NULL || !t->low_bit) break;
+        st = t->create(info, device, &l->lowbit);
+        if (st == BIE_OK && t->weight == BIE_PARAM_KIND_BINARY)
+            st = bie_layer_set_bits_binary_word(l->lowbit, info->bits_binary_word);
         break;
-    case BIE_LAYER_BINARY_CONV2D:
-        st = bie_binary_conv2d_create(&l->binary_conv2d, in, out, info->kernel_size, info->stride,
-                                      info->padding, info->dilation, device, BIE_F32,
-                                      info->symmetric);
-        if (st == BIE_OK)
-            st = bie_binary_conv2d_set_bits_binary_word(l->binary_conv2d, info->bits_binary_word);
-        break;
-    case BIE_LAYER_Q4_LINEAR:
-        st = bie_q4_linear_create(&l->q4_linear, in, out, device, BIE_F32);
-        break;
-    case BIE_LAYER_Q4_CONV2D:
-        st = bie_q4_conv2d_create(&l->q4_conv2d, in, out, info->kernel_size, info->stride,
-                                  info->padding, info->dilation, device, BIE_F32);
-        break;
-    default:
-        break;
+    }
     }
 #undef alloc_floats
     if (st != BIE_OK) bie_model_layer_release(l);
@@ -233,30 +246,17 @@ static uint64_t layer_seed(uint64_t seed, int index) {
 }
 
 /* Zero a low-bit layer's bias_a and scale_a, which reset_parameters leaves alone. */
-static bie_status clear_activation_params(bie_model_layer *l) {
+static bie_status clear_activation_params(bie_train_layer *l) {
     bie_tensor bias;
-    bie_status st;
-    if (l->binary_linear) {
-        BIE_TRY(bie_binary_linear_param(l->binary_linear, BIE_PARAM_BIAS_A, &bias));
-        st = bie_binary_linear_set_scale_a(l->binary_linear, 0.0f);
-    } else if (l->binary_conv2d) {
-        BIE_TRY(bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_BIAS_A, &bias));
-        st = bie_binary_conv2d_set_scale_a(l->binary_conv2d, 0.0f);
-    } else if (l->q4_linear) {
-        BIE_TRY(bie_q4_linear_param(l->q4_linear, BIE_PARAM_BIAS_A, &bias));
-        st = bie_q4_linear_set_scale_a(l->q4_linear, 0.0f);
-    } else {
-        BIE_TRY(bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_BIAS_A, &bias));
-        st = bie_q4_conv2d_set_scale_a(l->q4_conv2d, 0.0f);
-    }
-    if (st != BIE_OK) return st;
+    BIE_TRY(bie_layer_param(l->lowbit, BIE_PARAM_BIAS_A, &bias));
+    BIE_TRY(bie_layer_set_scale_a(l->lowbit, 0.0f));
     return bie_train_ops_for(l->device)->zero(bias.data,
                                               (size_t)bie_tensor_numel(&bias) * sizeof(float));
 }
 
 /* Fill `count` floats of layer memory with `value`, or (value NaN) uniformly in ±bound. The
  * numbers are made on the host, so a layer on any device gets the same ones. */
-static bie_status fill_layer(const bie_model_layer *l, float *dst, int64_t count, float value,
+static bie_status fill_layer(const bie_train_layer *l, float *dst, int64_t count, float value,
                              double bound, uint64_t *state) {
     float *host = malloc((size_t)count * sizeof(float));
     if (host == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "model: initial values");
@@ -270,7 +270,7 @@ static bie_status fill_layer(const bie_model_layer *l, float *dst, int64_t count
 }
 
 bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
-    bie_model_layer *l = &m->layers[index];
+    bie_train_layer *l = &m->layers[index];
     uint64_t s = layer_seed(seed, index);
     const int64_t in = l->info.in, out = l->info.out;
     l->has_grad = false;
@@ -290,20 +290,10 @@ bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
         return fill_layer(l, l->running_var, in, 1.0f, 0, &s);
     case BIE_LAYER_PRELU:
         return fill_layer(l, l->weight, in, 0.25f, 0, &s);
-    case BIE_LAYER_BINARY_LINEAR:
-        BIE_TRY(bie_binary_linear_reset_parameters(l->binary_linear, s));
-        return clear_activation_params(l);
-    case BIE_LAYER_BINARY_CONV2D:
-        BIE_TRY(bie_binary_conv2d_reset_parameters(l->binary_conv2d, s));
-        return clear_activation_params(l);
-    case BIE_LAYER_Q4_LINEAR:
-        BIE_TRY(bie_q4_linear_reset_parameters(l->q4_linear, s));
-        return clear_activation_params(l);
-    case BIE_LAYER_Q4_CONV2D:
-        BIE_TRY(bie_q4_conv2d_reset_parameters(l->q4_conv2d, s));
-        return clear_activation_params(l);
     default:
-        return BIE_OK;
+        if (l->lowbit == NULL) return BIE_OK; /* ReLU, max-pool, flatten */
+        BIE_TRY(bie_layer_reset_parameters(l->lowbit, s));
+        return clear_activation_params(l);
     }
 }
 
@@ -327,7 +317,7 @@ bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
     /* Grow every per-layer array first, so a failure leaves the model as it was. */
     if (m->count == m->capacity) {
         const int cap = m->capacity ? 2 * m->capacity : 8;
-        bie_model_layer *layers = realloc(m->layers, (size_t)cap * sizeof *layers);
+        bie_train_layer *layers = realloc(m->layers, (size_t)cap * sizeof *layers);
         if (layers == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
         m->layers = layers;
         float **acts = realloc(m->acts, (size_t)(cap + 1) * sizeof *acts);
@@ -342,7 +332,7 @@ bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
         }
         m->capacity = cap;
     }
-    bie_model_layer l;
+    bie_train_layer l;
     BIE_TRY(bie_model_build_layer(&c, m->device, &l, who));
     m->layers[m->count] = l;
     bie_status st = bie_model_layer_reset(m, m->count, 0);
@@ -351,11 +341,8 @@ bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
         return st;
     }
     if (!m->training) { /* the new layer follows the model's mode */
-        bie_model_layer *nl = &m->layers[m->count];
-        if (nl->binary_linear) st = bie_binary_linear_set_training(nl->binary_linear, false);
-        if (nl->binary_conv2d) st = bie_binary_conv2d_set_training(nl->binary_conv2d, false);
-        if (nl->q4_linear) st = bie_q4_linear_set_training(nl->q4_linear, false);
-        if (nl->q4_conv2d) st = bie_q4_conv2d_set_training(nl->q4_conv2d, false);
+        bie_train_layer *nl = &m->layers[m->count];
+        if (nl->lowbit) st = bie_layer_set_training(nl->lowbit, false);
         if (st != BIE_OK) {
             bie_model_layer_release(nl);
             return st;
@@ -417,38 +404,6 @@ bie_status bie_model_add_flatten(bie_model *m) {
     return bie_model_add_layer(m, &i);
 }
 
-bie_status bie_model_add_binary_linear(bie_model *m, int64_t in, int64_t out) {
-    bie_layer_info i = base_info(BIE_LAYER_BINARY_LINEAR, in, out);
-    return bie_model_add_layer(m, &i);
-}
-
-static bie_layer_info conv_info(bie_layer_type type, int64_t in_c, int64_t out_c, int k, int s,
-                                int p, int d) {
-    bie_layer_info i = base_info(type, in_c, out_c);
-    i.kernel_size = k;
-    i.stride = s;
-    i.padding = p;
-    i.dilation = d;
-    return i;
-}
-
-bie_status bie_model_add_binary_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k, int s,
-                                       int p, int d) {
-    bie_layer_info i = conv_info(BIE_LAYER_BINARY_CONV2D, in_c, out_c, k, s, p, d);
-    return bie_model_add_layer(m, &i);
-}
-
-bie_status bie_model_add_q4_linear(bie_model *m, int64_t in, int64_t out) {
-    bie_layer_info i = base_info(BIE_LAYER_Q4_LINEAR, in, out);
-    return bie_model_add_layer(m, &i);
-}
-
-bie_status bie_model_add_q4_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k, int s,
-                                   int p, int d) {
-    bie_layer_info i = conv_info(BIE_LAYER_Q4_CONV2D, in_c, out_c, k, s, p, d);
-    return bie_model_add_layer(m, &i);
-}
-
 bie_status bie_model_reset_parameters(bie_model *m, uint64_t seed) {
     CHECK_MODEL(m);
     if (m->packed)
@@ -464,20 +419,17 @@ bie_status bie_model_prepare_params(bie_model *m) {
         return bie_fail(BIE_ERR_STATE, "model_prepare_params: the model is packed (inference-only)");
     bool any = false;
     for (int i = 0; i < m->count; i++) {
-        bie_model_layer *l = &m->layers[i];
-        bie_tensor w;
-        if (l->binary_linear || l->binary_conv2d) { /* a no-op once the weight is int8 */
-            BIE_TRY(l->binary_linear ? bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w)
-                                     : bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w));
+        bie_train_layer *l = &m->layers[i];
+        if (l->lowbit && bie_layer_type_traits_of(l->info.type)->weight == BIE_PARAM_KIND_BINARY) {
+            bie_tensor w; /* a no-op once the weight is int8 */
+            BIE_TRY(bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &w));
             if (w.dtype != BIE_I8) {
-                BIE_TRY(l->binary_linear ? bie_binary_linear_prepare_params(l->binary_linear)
-                                         : bie_binary_conv2d_prepare_params(l->binary_conv2d));
+                BIE_TRY(bie_layer_prepare_params(l->lowbit));
                 any = true;
             }
-        } else if ((l->q4_linear || l->q4_conv2d) && !l->prepared) {
+        } else if (l->lowbit && !l->prepared) {
             /* scale_w stays fixed once set (here or loaded) while the float weight trains */
-            BIE_TRY(l->q4_linear ? bie_q4_linear_prepare_params(l->q4_linear)
-                                 : bie_q4_conv2d_prepare_params(l->q4_conv2d));
+            BIE_TRY(bie_layer_prepare_params(l->lowbit));
             any = true;
         }
         l->prepared = true;
@@ -486,12 +438,8 @@ bie_status bie_model_prepare_params(bie_model *m) {
     return BIE_OK;
 }
 
-static bie_status layer_set_training(bie_model_layer *l, bool training) {
-    if (l->binary_linear) return bie_binary_linear_set_training(l->binary_linear, training);
-    if (l->binary_conv2d) return bie_binary_conv2d_set_training(l->binary_conv2d, training);
-    if (l->q4_linear) return bie_q4_linear_set_training(l->q4_linear, training);
-    if (l->q4_conv2d) return bie_q4_conv2d_set_training(l->q4_conv2d, training);
-    return BIE_OK;
+static bie_status layer_set_training(bie_train_layer *l, bool training) {
+    return l->lowbit ? bie_layer_set_training(l->lowbit, training) : BIE_OK;
 }
 
 bie_status bie_model_set_training(bie_model *m, bool training) {
@@ -515,23 +463,12 @@ bie_status bie_model_pack(bie_model *m) {
     if (m->packed) return BIE_OK;
     /* Check first that every low-bit layer still has a weight to pack. */
     for (int i = 0; i < m->count; i++) {
-        bie_model_layer *l = &m->layers[i];
         bie_tensor w;
-        bie_status st = BIE_OK;
-        if (l->binary_linear) st = bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w);
-        if (l->binary_conv2d) st = bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w);
-        if (l->q4_linear) st = bie_q4_linear_param(l->q4_linear, BIE_PARAM_WEIGHT, &w);
-        if (l->q4_conv2d) st = bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_WEIGHT, &w);
-        if (st != BIE_OK) return st;
+        if (m->layers[i].lowbit) BIE_TRY(bie_layer_param(m->layers[i].lowbit, BIE_PARAM_WEIGHT, &w));
     }
     for (int i = 0; i < m->count; i++) {
-        bie_model_layer *l = &m->layers[i];
-        if (l->binary_linear)
-            BIE_TRY(bie_binary_linear_generate_quantized_weight(l->binary_linear, true));
-        if (l->binary_conv2d)
-            BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l->binary_conv2d, true));
-        if (l->q4_linear) BIE_TRY(bie_q4_linear_generate_quantized_weight(l->q4_linear, true));
-        if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l->q4_conv2d, true));
+        bie_train_layer *l = &m->layers[i];
+        if (l->lowbit) BIE_TRY(bie_layer_generate_quantized_weight(l->lowbit, true));
         BIE_TRY(layer_set_training(l, false));
         l->has_grad = false;
     }
@@ -554,46 +491,16 @@ bie_status bie_model_layer_info(const bie_model *m, int index, bie_layer_info *i
     return BIE_OK;
 }
 
-static bie_status layer_of_type(bie_model *m, int index, bie_layer_type type, const char *who,
-                                bie_model_layer **out) {
+bie_status bie_model_layer(bie_model *m, int index, bie_layer **layer) {
+    static const char *who = "model_layer";
     CHECK_MODEL(m);
+    BIE_CHECK_NULL(layer);
     if (index < 0 || index >= m->count)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: index %d outside [0, %d)", who, index, m->count);
-    if (m->layers[index].info.type != type)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: layer %d is a %s, not a %s", who, index,
-                        kTypeNames[m->layers[index].info.type], kTypeNames[type]);
-    *out = &m->layers[index];
-    return BIE_OK;
-}
-
-bie_status bie_model_binary_linear(bie_model *m, int index, bie_binary_linear **layer) {
-    BIE_CHECK_NULL(layer);
-    bie_model_layer *l = NULL;
-    BIE_TRY(layer_of_type(m, index, BIE_LAYER_BINARY_LINEAR, "model_binary_linear", &l));
-    *layer = l->binary_linear;
-    return BIE_OK;
-}
-
-bie_status bie_model_binary_conv2d(bie_model *m, int index, bie_binary_conv2d **layer) {
-    BIE_CHECK_NULL(layer);
-    bie_model_layer *l = NULL;
-    BIE_TRY(layer_of_type(m, index, BIE_LAYER_BINARY_CONV2D, "model_binary_conv2d", &l));
-    *layer = l->binary_conv2d;
-    return BIE_OK;
-}
-
-bie_status bie_model_q4_linear(bie_model *m, int index, bie_q4_linear **layer) {
-    BIE_CHECK_NULL(layer);
-    bie_model_layer *l = NULL;
-    BIE_TRY(layer_of_type(m, index, BIE_LAYER_Q4_LINEAR, "model_q4_linear", &l));
-    *layer = l->q4_linear;
-    return BIE_OK;
-}
-
-bie_status bie_model_q4_conv2d(bie_model *m, int index, bie_q4_conv2d **layer) {
-    BIE_CHECK_NULL(layer);
-    bie_model_layer *l = NULL;
-    BIE_TRY(layer_of_type(m, index, BIE_LAYER_Q4_CONV2D, "model_q4_conv2d", &l));
-    *layer = l->q4_conv2d;
+    const bie_train_layer *l = &m->layers[index];
+    if (l->lowbit == NULL)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: layer %d is a %s, not a low-bit layer", who,
+                        index, bie_layer_type_name(l->info.type));
+    *layer = l->lowbit;
     return BIE_OK;
 }

@@ -156,7 +156,7 @@ static bie_status copy_state(bie_model *from, bie_model *to) {
     return BIE_OK;
 }
 
-static void release_layers(bie_model_layer *layers, int count) {
+static void release_layers(bie_train_layer *layers, int count) {
     for (int i = 0; i < count; i++) bie_model_layer_release(&layers[i]);
     free(layers);
 }
@@ -178,7 +178,7 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
     }
     /* The new layers are built and filled beside the old ones: a failure leaves the model
      * where and as it was. */
-    bie_model_layer *layers = calloc((size_t)(m->capacity > 0 ? m->capacity : 1), sizeof *layers);
+    bie_train_layer *layers = calloc((size_t)(m->capacity > 0 ? m->capacity : 1), sizeof *layers);
     if (layers == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
     bie_model moved;
     memset(&moved, 0, sizeof moved);
@@ -193,11 +193,8 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
         st = bie_model_build_layer(&m->layers[i].info, device, &layers[i], who);
         if (st != BIE_OK) break;
         moved.count = i + 1;
-        bie_model_layer *l = &layers[i];
-        if (l->binary_linear) st = bie_binary_linear_set_training(l->binary_linear, m->training);
-        if (l->binary_conv2d) st = bie_binary_conv2d_set_training(l->binary_conv2d, m->training);
-        if (l->q4_linear) st = bie_q4_linear_set_training(l->q4_linear, m->training);
-        if (l->q4_conv2d) st = bie_q4_conv2d_set_training(l->q4_conv2d, m->training);
+        bie_train_layer *l = &layers[i];
+        if (l->lowbit) st = bie_layer_set_training(l->lowbit, m->training);
     }
     /* A packed model's new layers are packed first, so that they have qweight to load. */
     if (st == BIE_OK && m->packed) st = bie_model_pack(&moved);

@@ -10,11 +10,6 @@
 /* Parameters of the float layers, in `bie_param_entry.which`. */
 enum { SLOT_WEIGHT, SLOT_BIAS, SLOT_RUNNING_MEAN, SLOT_RUNNING_VAR };
 
-static bool is_binary(bie_layer_type t) {
-    return t == BIE_LAYER_BINARY_LINEAR || t == BIE_LAYER_BINARY_CONV2D;
-}
-static bool is_q4(bie_layer_type t) { return t == BIE_LAYER_Q4_LINEAR || t == BIE_LAYER_Q4_CONV2D; }
-
 static void add_entry(bie_param_entry *list, int *n, int layer, const char *name,
                       bie_param_kind kind, int which) {
     if (list) {
@@ -32,6 +27,17 @@ static int list_params(const bie_model *m, bie_param_entry *list) {
     int n = 0;
     for (int i = 0; i < m->count; i++) {
         const bie_layer_info *c = &m->layers[i].info;
+        if (m->layers[i].lowbit) {
+            if (m->packed)
+                add_entry(list, &n, i, "qweight", BIE_PARAM_KIND_PACKED, BIE_PARAM_QWEIGHT);
+            else
+                add_entry(list, &n, i, "weight", bie_layer_type_traits_of(c->type)->weight,
+                          BIE_PARAM_WEIGHT);
+            add_entry(list, &n, i, "bias_a", BIE_PARAM_KIND_FLOAT, BIE_PARAM_BIAS_A);
+            add_entry(list, &n, i, "scale_a", BIE_PARAM_KIND_FLOAT, BIE_PARAM_SCALE_A);
+            add_entry(list, &n, i, "scale_w", BIE_PARAM_KIND_BUFFER, BIE_PARAM_SCALE_W);
+            continue;
+        }
         switch (c->type) {
         case BIE_LAYER_LINEAR:
             add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
@@ -46,20 +52,6 @@ static int list_params(const bie_model *m, bie_param_entry *list) {
             break;
         case BIE_LAYER_PRELU:
             add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
-            break;
-        case BIE_LAYER_BINARY_LINEAR:
-        case BIE_LAYER_BINARY_CONV2D:
-        case BIE_LAYER_Q4_LINEAR:
-        case BIE_LAYER_Q4_CONV2D:
-            if (m->packed)
-                add_entry(list, &n, i, "qweight", BIE_PARAM_KIND_PACKED, BIE_PARAM_QWEIGHT);
-            else
-                add_entry(list, &n, i, "weight",
-                          is_binary(c->type) ? BIE_PARAM_KIND_BINARY : BIE_PARAM_KIND_FLOAT,
-                          BIE_PARAM_WEIGHT);
-            add_entry(list, &n, i, "bias_a", BIE_PARAM_KIND_FLOAT, BIE_PARAM_BIAS_A);
-            add_entry(list, &n, i, "scale_a", BIE_PARAM_KIND_FLOAT, BIE_PARAM_SCALE_A);
-            add_entry(list, &n, i, "scale_w", BIE_PARAM_KIND_BUFFER, BIE_PARAM_SCALE_W);
             break;
         default:
             break;
@@ -83,32 +75,18 @@ bie_status bie_model_refresh_params(bie_model *m) {
 
 int bie_model_param_count(const bie_model *m) { return m ? list_params(m, NULL) : 0; }
 
-static bie_status low_bit_param(bie_model_layer *l, bie_param which, bie_tensor *v) {
-    if (l->binary_linear) return bie_binary_linear_param(l->binary_linear, which, v);
-    if (l->binary_conv2d) return bie_binary_conv2d_param(l->binary_conv2d, which, v);
-    if (l->q4_linear) return bie_q4_linear_param(l->q4_linear, which, v);
-    return bie_q4_conv2d_param(l->q4_conv2d, which, v);
-}
-
-static bie_status low_bit_grad(bie_model_layer *l, bie_param which, bie_tensor *v) {
-    if (l->binary_linear) return bie_binary_linear_grad(l->binary_linear, which, v);
-    if (l->binary_conv2d) return bie_binary_conv2d_grad(l->binary_conv2d, which, v);
-    if (l->q4_linear) return bie_q4_linear_grad(l->q4_linear, which, v);
-    return bie_q4_conv2d_grad(l->q4_conv2d, which, v);
-}
-
 /* Value and gradient views of one entry. */
 static bie_status fill_param(bie_model *m, const bie_param_entry *e, bie_model_param *p) {
-    bie_model_layer *l = &m->layers[e->layer];
+    bie_train_layer *l = &m->layers[e->layer];
     bie_model_param r;
     memset(&r, 0, sizeof r);
     r.name = e->name;
     r.layer = e->layer;
     r.kind = e->kind;
-    if (is_binary(l->info.type) || is_q4(l->info.type)) {
-        BIE_TRY(low_bit_param(l, (bie_param)e->which, &r.value));
+    if (l->lowbit) {
+        BIE_TRY(bie_layer_param(l->lowbit, (bie_param)e->which, &r.value));
         if (l->has_grad && e->kind != BIE_PARAM_KIND_BUFFER && e->kind != BIE_PARAM_KIND_PACKED)
-            BIE_TRY(low_bit_grad(l, (bie_param)e->which, &r.grad));
+            BIE_TRY(bie_layer_grad(l->lowbit, (bie_param)e->which, &r.grad));
         *p = r;
         return BIE_OK;
     }
@@ -195,7 +173,7 @@ static bie_status on_model_device(const bie_model *m, const bie_tensor *src, bie
 }
 
 /* A binary layer's weight from an F32 or I8 source (see bie_model_set_param). */
-static bie_status set_binary_weight(bie_model *m, bie_model_layer *l, const bie_tensor *src,
+static bie_status set_binary_weight(bie_model *m, bie_train_layer *l, const bie_tensor *src,
                                     const bie_tensor *cur, const char *who) {
     if (src->dtype == BIE_I8) {
         const int8_t *q = src->data;
@@ -203,12 +181,11 @@ static bie_status set_binary_weight(bie_model *m, bie_model_layer *l, const bie_
             if (q[i] == INT8_MIN)
                 return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: int8 weights must be in [-127, 127]", who);
         if (cur->dtype != BIE_I8) { /* make the layer's weight int8 first, then overwrite it */
-            if (l->binary_linear) BIE_TRY(bie_binary_linear_prepare_params(l->binary_linear));
-            else BIE_TRY(bie_binary_conv2d_prepare_params(l->binary_conv2d));
+            BIE_TRY(bie_layer_prepare_params(l->lowbit));
             m->generation++;
         }
         bie_tensor now;
-        BIE_TRY(low_bit_param(l, BIE_PARAM_WEIGHT, &now));
+        BIE_TRY(bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &now));
         BIE_TRY(m->ops->copy(now.data, src->data, (size_t)bie_tensor_numel(src)));
         l->prepared = true;
         return BIE_OK;
@@ -220,21 +197,16 @@ static bie_status set_binary_weight(bie_model *m, bie_model_layer *l, const bie_
         return m->ops->copy(cur->data, src->data, (size_t)bie_tensor_numel(src) * sizeof(float));
     bie_tensor staged;
     BIE_TRY(on_model_device(m, src, &staged));
-    bie_status st = l->binary_linear ? bie_binary_linear_set_weight_data(l->binary_linear, &staged)
-                                     : bie_binary_conv2d_set_weight_data(l->binary_conv2d, &staged);
+    bie_status st = bie_layer_set_weight_data(l->lowbit, &staged);
     if (staged.owns_data) bie_tensor_free(&staged);
     if (st == BIE_OK) m->generation++; /* the int8 weight was reallocated */
     return st;
 }
 
-static bie_status set_packed(bie_model *m, bie_model_layer *l, const bie_tensor *src) {
+static bie_status set_packed(bie_model *m, bie_train_layer *l, const bie_tensor *src) {
     bie_tensor staged;
     BIE_TRY(on_model_device(m, src, &staged));
-    bie_status st = BIE_OK;
-    if (l->binary_linear) st = bie_binary_linear_set_quantized_weight_data(l->binary_linear, &staged);
-    if (l->binary_conv2d) st = bie_binary_conv2d_set_quantized_weight_data(l->binary_conv2d, &staged);
-    if (l->q4_linear) st = bie_q4_linear_set_quantized_weight_data(l->q4_linear, &staged);
-    if (l->q4_conv2d) st = bie_q4_conv2d_set_quantized_weight_data(l->q4_conv2d, &staged);
+    bie_status st = bie_layer_set_quantized_weight_data(l->lowbit, &staged);
     if (staged.owns_data) bie_tensor_free(&staged);
     return st;
 }
@@ -246,8 +218,8 @@ static bie_status set_from_host(bie_model *m, const bie_param_entry *e, const bi
     BIE_TRY(fill_param(m, e, &p));
     if (!bie_train_same_shape(src, &p.value))
         return bie_fail(BIE_ERR_SHAPE, "%s: '%s' has another shape than the source", who, name);
-    bie_model_layer *l = &m->layers[e->layer];
-    const bool low_bit = is_binary(l->info.type) || is_q4(l->info.type);
+    bie_train_layer *l = &m->layers[e->layer];
+    const bool low_bit = l->lowbit != NULL;
     if (e->kind == BIE_PARAM_KIND_BINARY) {
         BIE_TRY(set_binary_weight(m, l, src, &p.value, who));
     } else if (e->kind == BIE_PARAM_KIND_PACKED) {
@@ -263,10 +235,7 @@ static bie_status set_from_host(bie_model *m, const bie_param_entry *e, const bi
                     return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: '%s' must not be negative", who, name);
         const float v0 = *(const float *)src->data;
         if (low_bit && e->which == BIE_PARAM_SCALE_A) {
-            if (l->binary_linear) BIE_TRY(bie_binary_linear_set_scale_a(l->binary_linear, v0));
-            if (l->binary_conv2d) BIE_TRY(bie_binary_conv2d_set_scale_a(l->binary_conv2d, v0));
-            if (l->q4_linear) BIE_TRY(bie_q4_linear_set_scale_a(l->q4_linear, v0));
-            if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_set_scale_a(l->q4_conv2d, v0));
+            BIE_TRY(bie_layer_set_scale_a(l->lowbit, v0));
         } else {
             if (low_bit && e->which == BIE_PARAM_SCALE_W) {
                 if (!(v0 > 0))

@@ -12,7 +12,7 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
     return n;
 }
 
-static bie_status shape_error(int index, const bie_model_layer *l, const char *what) {
+static bie_status shape_error(int index, const bie_train_layer *l, const char *what) {
     return bie_fail(BIE_ERR_SHAPE, "model: layer %d (%s): %s", index,
                     bie_layer_type_name(l->info.type), what);
 }
@@ -26,15 +26,29 @@ static int64_t conv_extent(int64_t size, const bie_layer_info *c) {
 
 bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
                                      const int64_t *shape, int *out_ndim, int64_t *out) {
-    const bie_model_layer *l = &m->layers[index];
+    const bie_train_layer *l = &m->layers[index];
     const bie_layer_info *c = &l->info;
     char msg[160];
     *out_ndim = ndim;
     memcpy(out, shape, (size_t)ndim * sizeof *out);
-    switch (c->type) {
-    case BIE_LAYER_LINEAR:
-    case BIE_LAYER_BINARY_LINEAR:
-    case BIE_LAYER_Q4_LINEAR:
+    const bie_layer_type_traits *t = bie_layer_type_traits_of(c->type);
+    if (t == NULL) return shape_error(index, l, "unknown layer type");
+    if (t->conv) {
+        if (ndim != 4 || shape[1] != c->in) {
+            snprintf(msg, sizeof msg, "expects NCHW input with %lld channels", (long long)c->in);
+            return shape_error(index, l, msg);
+        }
+        out[1] = c->out;
+        out[2] = conv_extent(shape[2], c);
+        out[3] = conv_extent(shape[3], c);
+        if (out[2] < 1 || out[3] < 1) {
+            snprintf(msg, sizeof msg, "input %lld x %lld is smaller than the dilated kernel",
+                     (long long)shape[2], (long long)shape[3]);
+            return shape_error(index, l, msg);
+        }
+        return BIE_OK;
+    }
+    if (c->type == BIE_LAYER_LINEAR || t->low_bit) {
         if (shape[ndim - 1] != c->in) {
             snprintf(msg, sizeof msg, "the input's last extent is %lld, expected in_features = %lld",
                      (long long)shape[ndim - 1], (long long)c->in);
@@ -42,6 +56,8 @@ bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
         }
         out[ndim - 1] = c->out;
         return BIE_OK;
+    }
+    switch (c->type) {
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D: {
         const int want = c->type == BIE_LAYER_BATCHNORM1D ? 2 : 4;
@@ -76,21 +92,8 @@ bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
         *out_ndim = 2;
         out[1] = numel_of(ndim - 1, shape + 1);
         return BIE_OK;
-    case BIE_LAYER_BINARY_CONV2D:
-    case BIE_LAYER_Q4_CONV2D:
-        if (ndim != 4 || shape[1] != c->in) {
-            snprintf(msg, sizeof msg, "expects NCHW input with %lld channels", (long long)c->in);
-            return shape_error(index, l, msg);
-        }
-        out[1] = c->out;
-        out[2] = conv_extent(shape[2], c);
-        out[3] = conv_extent(shape[3], c);
-        if (out[2] < 1 || out[3] < 1) {
-            snprintf(msg, sizeof msg, "input %lld x %lld is smaller than the dilated kernel",
-                     (long long)shape[2], (long long)shape[3]);
-            return shape_error(index, l, msg);
-        }
-        return BIE_OK;
+    default:
+        break;
     }
     return shape_error(index, l, "unknown layer type");
 }
@@ -166,7 +169,7 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
     /* Copied before any other buffer moves: x may be a view of the previous output. */
     BIE_TRY(m->ops->copy(m->acts[0], x->data, (size_t)numel_of(nd, shape) * sizeof(float)));
     for (int i = 0; i < m->count; i++) {
-        bie_model_layer *l = &m->layers[i];
+        bie_train_layer *l = &m->layers[i];
         int on;
         int64_t os[BIE_MAX_DIMS];
         BIE_TRY(bie_model_layer_out_shape(m, i, nd, shape, &on, os));
@@ -185,11 +188,10 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
         if (m->training && t == BIE_LAYER_MAXPOOL2D &&
             !ensure(m, &l->saved_argmax, &l->saved_cap, out_n))
             return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
-        if (m->training && (t == BIE_LAYER_BINARY_LINEAR || t == BIE_LAYER_BINARY_CONV2D)) {
+        if (m->training && l->lowbit &&
+            bie_layer_type_traits_of(t)->weight == BIE_PARAM_KIND_BINARY) {
             bie_tensor w;
-            bie_status st = t == BIE_LAYER_BINARY_LINEAR
-                                ? bie_binary_linear_param(l->binary_linear, BIE_PARAM_WEIGHT, &w)
-                                : bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_WEIGHT, &w);
+            bie_status st = bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &w);
             if (st != BIE_OK || w.dtype != BIE_I8)
                 return bie_fail(BIE_ERR_STATE, "%s: layer %d's binary weight is not int8: call "
                                 "bie_model_prepare_params before training", who, i);
@@ -206,42 +208,31 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
 
 #define view(data, ndim, shape) bie_model_view(m, (data), BIE_F32, (ndim), (shape))
 
-static float scale_a_of(const bie_model *m, bie_model_layer *l) {
+static float scale_a_of(const bie_model *m, bie_train_layer *l) {
     bie_tensor s = {0};
-    if (l->binary_linear) bie_binary_linear_param(l->binary_linear, BIE_PARAM_SCALE_A, &s);
-    if (l->binary_conv2d) bie_binary_conv2d_param(l->binary_conv2d, BIE_PARAM_SCALE_A, &s);
-    if (l->q4_linear) bie_q4_linear_param(l->q4_linear, BIE_PARAM_SCALE_A, &s);
-    if (l->q4_conv2d) bie_q4_conv2d_param(l->q4_conv2d, BIE_PARAM_SCALE_A, &s);
+    if (l->lowbit && bie_layer_param(l->lowbit, BIE_PARAM_SCALE_A, &s) != BIE_OK) s.data = NULL;
     float v = 0.0f;
     if (s.data && m->ops->copy(&v, s.data, sizeof v) != BIE_OK) v = 0.0f;
     return v;
 }
 
-static void set_scale_a(bie_model_layer *l, float v) {
-    if (l->binary_linear) bie_binary_linear_set_scale_a(l->binary_linear, v);
-    if (l->binary_conv2d) bie_binary_conv2d_set_scale_a(l->binary_conv2d, v);
-    if (l->q4_linear) bie_q4_linear_set_scale_a(l->q4_linear, v);
-    if (l->q4_conv2d) bie_q4_conv2d_set_scale_a(l->q4_conv2d, v);
+static void set_scale_a(bie_train_layer *l, float v) {
+    if (l->lowbit) bie_layer_set_scale_a(l->lowbit, v);
 }
 
 /* Evaluation packs low-bit weights once; they are packed again after they changed. */
 static bie_status refresh_qweights(bie_model *m) {
     if (m->packed || !m->qweight_stale) return BIE_OK;
     for (int i = 0; i < m->count; i++) {
-        bie_model_layer *l = &m->layers[i];
-        if (l->binary_linear)
-            BIE_TRY(bie_binary_linear_generate_quantized_weight(l->binary_linear, false));
-        if (l->binary_conv2d)
-            BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l->binary_conv2d, false));
-        if (l->q4_linear) BIE_TRY(bie_q4_linear_generate_quantized_weight(l->q4_linear, false));
-        if (l->q4_conv2d) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l->q4_conv2d, false));
+        bie_train_layer *l = &m->layers[i];
+        if (l->lowbit) BIE_TRY(bie_layer_generate_quantized_weight(l->lowbit, false));
     }
     m->qweight_stale = false;
     return BIE_OK;
 }
 
 static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
-    bie_model_layer *l = &m->layers[i];
+    bie_train_layer *l = &m->layers[i];
     const bie_layer_info *c = &l->info;
     const int64_t *s = l->in_shape;
     const int64_t n = numel_of(l->in_ndim, s);
@@ -272,10 +263,9 @@ static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
                                   m->training ? l->saved_argmax : NULL);
     case BIE_LAYER_FLATTEN:
         return k->copy(y, x, (size_t)n * sizeof(float));
-    case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_forward(l->binary_linear, &tx, &ty);
-    case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_forward(l->binary_conv2d, &tx, &ty);
-    case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_forward(l->q4_linear, &tx, &ty);
-    case BIE_LAYER_Q4_CONV2D: return bie_q4_conv2d_forward(l->q4_conv2d, &tx, &ty);
+    default:
+        if (l->lowbit) return bie_layer_forward(l->lowbit, &tx, &ty);
+        break;
     }
     return bie_fail(BIE_ERR_INTERNAL, "model_forward: unknown layer type");
 }
@@ -313,7 +303,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     free(scale_before);
     if (m->training) {
         for (int i = 0; i < m->count; i++) {
-            bie_model_layer *l = &m->layers[i];
+            bie_train_layer *l = &m->layers[i];
             if (l->info.type == BIE_LAYER_BATCHNORM1D || l->info.type == BIE_LAYER_BATCHNORM2D)
                 BIE_TRY(m->ops->batchnorm_update_running(l->info.in, l->info.momentum,
                                                          l->batch_mean, l->batch_var,
@@ -321,13 +311,13 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
         }
         m->can_backward = true;
     }
-    const bie_model_layer *last = &m->layers[m->count - 1];
+    const bie_train_layer *last = &m->layers[m->count - 1];
     *out = view(m->acts[m->count], last->out_ndim, last->out_shape);
     return BIE_OK;
 }
 
 static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx) {
-    bie_model_layer *l = &m->layers[i];
+    bie_train_layer *l = &m->layers[i];
     const bie_layer_info *c = &l->info;
     const int64_t *s = l->in_shape;
     const int64_t n = numel_of(l->in_ndim, s);
@@ -358,10 +348,9 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
                   : BIE_OK;
     case BIE_LAYER_FLATTEN:
         return dx ? k->copy(dx, dy, (size_t)n * sizeof(float)) : BIE_OK;
-    case BIE_LAYER_BINARY_LINEAR: return bie_binary_linear_backward(l->binary_linear, &tdy, pdx);
-    case BIE_LAYER_BINARY_CONV2D: return bie_binary_conv2d_backward(l->binary_conv2d, &tdy, pdx);
-    case BIE_LAYER_Q4_LINEAR: return bie_q4_linear_backward(l->q4_linear, &tdy, pdx);
-    case BIE_LAYER_Q4_CONV2D: return bie_q4_conv2d_backward(l->q4_conv2d, &tdy, pdx);
+    default:
+        if (l->lowbit) return bie_layer_backward(l->lowbit, &tdy, pdx);
+        break;
     }
     return bie_fail(BIE_ERR_INTERNAL, "model_backward: unknown layer type");
 }
@@ -391,7 +380,7 @@ bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tens
     BIE_TRY(check_io(m, grad_out, "grad_out", who));
     if (!m->can_backward || !m->training)
         return bie_fail(BIE_ERR_STATE, "%s: no training forward since the model last changed", who);
-    const bie_model_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
+    const bie_train_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
     bie_tensor like = view(NULL, last->out_ndim, last->out_shape);
     if (!bie_train_same_shape(grad_out, &like))
         return bie_fail(BIE_ERR_SHAPE, "%s: grad_out must have the shape of the last output", who);

@@ -18,8 +18,21 @@ bool bie_train_same_shape(const bie_tensor *a, const bie_tensor *b);
 uint64_t bie_train_splitmix64(uint64_t *state);
 void bie_train_fill_uniform(float *dst, int64_t n, double bound, uint64_t *state);
 
+/* What differs between layer types, in one table (model.c). */
+typedef struct bie_layer_type_traits {
+    const char *name;        /* bie_layer_type_name */
+    bool low_bit;            /* a bie.h layer (bie_train_layer.lowbit) */
+    bool conv;               /* kernel_size, stride, padding, dilation of a conv2d */
+    bie_param_kind weight;   /* the kind of its "weight" (BINARY: symmetric, word size) */
+    /* low-bit types: make the bie.h layer that `info` describes on `device` (F32) */
+    bie_status (*create)(const bie_layer_info *info, bie_device device, bie_layer **out);
+} bie_layer_type_traits;
+
+/* The row of `type`; NULL for an unknown type. */
+const bie_layer_type_traits *bie_layer_type_traits_of(bie_layer_type type);
+
 /* One layer of a model. Float parameters live here; low-bit layers are bie.h objects. */
-typedef struct bie_model_layer {
+typedef struct bie_train_layer {
     bie_layer_info info;
     bie_device device; /* where its buffers live (the model's device) */
 
@@ -30,10 +43,7 @@ typedef struct bie_model_layer {
     float *running_mean, *running_var;
     bool has_grad; /* the gradients above come from a backward */
 
-    bie_binary_linear *binary_linear;
-    bie_binary_conv2d *binary_conv2d;
-    bie_q4_linear *q4_linear;
-    bie_q4_conv2d *q4_conv2d;
+    bie_layer *lowbit; /* the bie.h layer of a low-bit type, else NULL */
     bool prepared; /* prepare_params ran (or a prepared weight / scale_w was loaded) */
 
     /* Saved by a training forward for the backward: batch norm's normalised input and
@@ -46,7 +56,7 @@ typedef struct bie_model_layer {
     /* Shapes of the last forward. */
     int in_ndim, out_ndim;
     int64_t in_shape[BIE_MAX_DIMS], out_shape[BIE_MAX_DIMS];
-} bie_model_layer;
+} bie_train_layer;
 
 /* A named parameter of the model's current state (see bie_model_param). */
 typedef struct bie_param_entry {
@@ -57,7 +67,7 @@ typedef struct bie_param_entry {
 } bie_param_entry;
 
 struct bie_model {
-    bie_model_layer *layers;
+    bie_train_layer *layers;
     int count, capacity;
     bie_device device;          /* every buffer below and every layer lives there */
     const struct bie_train_ops *ops; /* the float kernels and memory of that device */
@@ -178,9 +188,9 @@ bie_status bie_model_refresh_params(bie_model *m);
 /* Initialise layer `index` from `seed` (reset_parameters of one layer). */
 bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed);
 /* Free what a layer owns. */
-void bie_model_layer_release(bie_model_layer *layer);
+void bie_model_layer_release(bie_train_layer *layer);
 /* Build the storage and the low-bit object of a layer on `device` (nothing initialised). */
 bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
-                                 bie_model_layer *l, const char *who);
+                                 bie_train_layer *l, const char *who);
 
 #endif

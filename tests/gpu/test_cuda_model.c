@@ -41,20 +41,20 @@ static problem make_problem(const int64_t *shape, int64_t classes, uint64_t seed
 /* Every layer type: 4-bit conv, batch norm 2d, PReLU, binary conv, max-pool (overlapping
  * windows too), flatten, binary linear, batch norm 1d, 4-bit linear, ReLU, float linear. */
 static void build_all(bie_model *m) {
-    CHECK_OK(bie_model_add_q4_conv2d(m, 3, 8, 3, 1, 1, 1));
+    CHECK_OK(ttu_add_q4_conv2d(m, 3, 8, 3, 1, 1, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 8));
     CHECK_OK(bie_model_add_prelu(m, 8));
-    CHECK_OK(bie_model_add_binary_conv2d(m, 8, 12, 3, 1, 1, 1));
+    CHECK_OK(ttu_add_binary_conv2d(m, 8, 12, 3, 1, 1, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 12));
     CHECK_OK(bie_model_add_maxpool2d(m, 3, 2));
-    CHECK_OK(bie_model_add_binary_conv2d(m, 12, 16, 3, 1, 0, 1));
+    CHECK_OK(ttu_add_binary_conv2d(m, 12, 16, 3, 1, 0, 1));
     CHECK_OK(bie_model_add_batchnorm2d(m, 16));
     CHECK_OK(bie_model_add_maxpool2d(m, 2, 0));
     CHECK_OK(bie_model_add_flatten(m));
-    CHECK_OK(bie_model_add_binary_linear(m, 16, 33));
+    CHECK_OK(ttu_add_binary_linear(m, 16, 33));
     CHECK_OK(bie_model_add_batchnorm1d(m, 33));
     CHECK_OK(bie_model_add_prelu(m, 1));
-    CHECK_OK(bie_model_add_q4_linear(m, 33, 19));
+    CHECK_OK(ttu_add_q4_linear(m, 33, 19));
     CHECK_OK(bie_model_add_relu(m));
     CHECK_OK(bie_model_add_linear(m, 19, 5, true));
 }

@@ -28,6 +28,38 @@ static inline bie_tensor ttu_view(float *data, int ndim, const int64_t *shape) {
     return t;
 }
 
+/* Append a low-bit layer as bie_model_add_layer describes it: binary layers symmetric with
+ * 8-bit words; conv2d with the given kernel_size, stride, padding, dilation. */
+static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int64_t in,
+                                         int64_t out, int k, int s, int p, int d) {
+    bie_layer_info i;
+    memset(&i, 0, sizeof i);
+    i.type = type;
+    i.in = in;
+    i.out = out;
+    i.kernel_size = k;
+    i.stride = s;
+    i.padding = p;
+    i.dilation = d;
+    i.symmetric = true;
+    i.bits_binary_word = 8;
+    return bie_model_add_layer(m, &i);
+}
+static inline bie_status ttu_add_binary_linear(bie_model *m, int64_t in, int64_t out) {
+    return ttu_add_low_bit(m, BIE_LAYER_BINARY_LINEAR, in, out, 0, 0, 0, 0);
+}
+static inline bie_status ttu_add_q4_linear(bie_model *m, int64_t in, int64_t out) {
+    return ttu_add_low_bit(m, BIE_LAYER_Q4_LINEAR, in, out, 0, 0, 0, 0);
+}
+static inline bie_status ttu_add_binary_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k,
+                                               int s, int p, int d) {
+    return ttu_add_low_bit(m, BIE_LAYER_BINARY_CONV2D, in_c, out_c, k, s, p, d);
+}
+static inline bie_status ttu_add_q4_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k,
+                                           int s, int p, int d) {
+    return ttu_add_low_bit(m, BIE_LAYER_Q4_CONV2D, in_c, out_c, k, s, p, d);
+}
+
 /* L = sum(y * r) over the model's output for input x (in double); NAN if the forward fails. */
 static inline double ttu_loss(bie_model *m, const bie_tensor *x, const float *r) {
     bie_tensor y;

@@ -16,8 +16,27 @@ int64_t preset_default_width(const char *name) {
     return name && strcmp(name, "mlp") == 0 ? MLP_DEFAULT_WIDTH : CNN_DEFAULT_WIDTH;
 }
 
+/* A low-bit layer: binary ones symmetric with 8-bit words; conv2d 3x3, stride 1, padding 1
+ * (the size is kept). */
+static bie_status add_low_bit(bie_model *m, bie_layer_type type, int64_t in, int64_t out) {
+    bie_layer_info i;
+    memset(&i, 0, sizeof i);
+    i.type = type;
+    i.in = in;
+    i.out = out;
+    i.symmetric = true;
+    i.bits_binary_word = 8;
+    if (type == BIE_LAYER_BINARY_CONV2D || type == BIE_LAYER_Q4_CONV2D) {
+        i.kernel_size = 3;
+        i.stride = 1;
+        i.padding = 1;
+        i.dilation = 1;
+    }
+    return bie_model_add_layer(m, &i);
+}
+
 static bie_status add_first_or_last_linear(bie_model *m, bool q4, int64_t in, int64_t out) {
-    return q4 ? bie_model_add_q4_linear(m, in, out) : bie_model_add_linear(m, in, out, true);
+    return q4 ? add_low_bit(m, BIE_LAYER_Q4_LINEAR, in, out) : bie_model_add_linear(m, in, out, true);
 }
 
 /* flatten | first 784->H | BN | binary H->H | BN | binary H->H | BN | PReLU | last H->10 */
@@ -26,7 +45,7 @@ static int build_mlp(bie_model *m, bool q4, int64_t h) {
     TOOL_TRY_BIE(add_first_or_last_linear(m, q4, FMNIST_PIXELS, h));
     TOOL_TRY_BIE(bie_model_add_batchnorm1d(m, h));
     for (int i = 0; i < 2; i++) {
-        TOOL_TRY_BIE(bie_model_add_binary_linear(m, h, h));
+        TOOL_TRY_BIE(add_low_bit(m, BIE_LAYER_BINARY_LINEAR, h, h));
         TOOL_TRY_BIE(bie_model_add_batchnorm1d(m, h));
     }
     TOOL_TRY_BIE(bie_model_add_prelu(m, h));
@@ -40,16 +59,16 @@ static int build_mlp(bie_model *m, bool q4, int64_t h) {
  * backward passes (float GEMMs and im2col) cost a quarter of what they would at 28x28.
  * The first layer is a 4-bit conv in both variants: the library has no float conv2d. */
 static int build_cnn(bie_model *m, bool q4, int64_t c) {
-    TOOL_TRY_BIE(bie_model_add_q4_conv2d(m, 1, c, 3, 1, 1, 1));
+    TOOL_TRY_BIE(add_low_bit(m, BIE_LAYER_Q4_CONV2D, 1, c));
     TOOL_TRY_BIE(bie_model_add_maxpool2d(m, 2, 2));
     TOOL_TRY_BIE(bie_model_add_batchnorm2d(m, c));
-    TOOL_TRY_BIE(bie_model_add_binary_conv2d(m, c, 2 * c, 3, 1, 1, 1));
+    TOOL_TRY_BIE(add_low_bit(m, BIE_LAYER_BINARY_CONV2D, c, 2 * c));
     TOOL_TRY_BIE(bie_model_add_maxpool2d(m, 2, 2));
     TOOL_TRY_BIE(bie_model_add_batchnorm2d(m, 2 * c));
-    TOOL_TRY_BIE(bie_model_add_binary_conv2d(m, 2 * c, 4 * c, 3, 1, 1, 1));
+    TOOL_TRY_BIE(add_low_bit(m, BIE_LAYER_BINARY_CONV2D, 2 * c, 4 * c));
     TOOL_TRY_BIE(bie_model_add_batchnorm2d(m, 4 * c));
     TOOL_TRY_BIE(bie_model_add_flatten(m));
-    TOOL_TRY_BIE(bie_model_add_binary_linear(m, 4 * c * 7 * 7, CNN_DENSE_UNITS));
+    TOOL_TRY_BIE(add_low_bit(m, BIE_LAYER_BINARY_LINEAR, 4 * c * 7 * 7, CNN_DENSE_UNITS));
     TOOL_TRY_BIE(bie_model_add_batchnorm1d(m, CNN_DENSE_UNITS));
     TOOL_TRY_BIE(bie_model_add_prelu(m, CNN_DENSE_UNITS));
     TOOL_TRY_BIE(add_first_or_last_linear(m, q4, CNN_DENSE_UNITS, FMNIST_CLASSES));
