@@ -1,13 +1,12 @@
 /* Binary conv2d (SPEC §3) against direct loops: forward bit-exact (64-bit integer dot over
  * the taps inside the input, zero padding) for every kernel and many geometries, inference
  * with packed weights equal to training, backward against double precision, bad input. */
+#include "layer_ref.h"
 #include "test_util.h"
 
-typedef struct {
-    int64_t n, c, h, w, o, k, s, p, d;
-} geom;
+typedef ref_geom geom;
 
-static int64_t out_size(int64_t in, const geom *g) { return (in + 2 * g->p - g->d * (g->k - 1) - 1) / g->s + 1; }
+static int64_t out_size(int64_t in, const geom *g) { return ref_out_size(in, g->k, g->s, g->p, g->d); }
 
 static bie_layer *make_layer(const geom *g, uint64_t seed) {
     bie_layer *l = NULL;
@@ -24,35 +23,24 @@ static bie_layer *make_layer(const geom *g, uint64_t seed) {
     return l;
 }
 
-/* x' sign and weight sign */
-static int sx(const float *x, const float *bias, const geom *g, int64_t n, int64_t c, int64_t y, int64_t xx) {
-    return x[((n * g->c + c) * g->h + y) * g->w + xx] + bias[c] >= 0 ? 1 : -1;
+/* The layer's weight codes: the signs of its int8 weight. */
+static int8_t *weight_signs(bie_layer *l, const geom *g) {
+    bie_tensor w;
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    const int64_t nw = g->o * ref_fan_in(g);
+    int8_t *codes = tu_alloc((size_t)nw);
+    for (int64_t i = 0; i < nw; i++) codes[i] = REF_BINARY.weight_code(&w, i, 1.0f);
+    return codes;
 }
 
-static void ref_forward(bie_layer *l, const geom *g, const float *x, float *expect) {
-    bie_tensor w, b, sa, sw;
-    bie_layer_param(l, BIE_PARAM_WEIGHT, &w);
+static void ref_forward_layer(bie_layer *l, const geom *g, const float *x, float *expect) {
+    bie_tensor b, sa, sw;
     bie_layer_param(l, BIE_PARAM_BIAS_A, &b);
     bie_layer_param(l, BIE_PARAM_SCALE_A, &sa);
     bie_layer_param(l, BIE_PARAM_SCALE_W, &sw);
-    const int8_t *wq = w.data;
-    float scale = *(float *)sa.data * *(float *)sw.data;
-    int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t o = 0; o < g->o; o++)
-            for (int64_t y = 0; y < oh; y++)
-                for (int64_t xx = 0; xx < ow; xx++) {
-                    int64_t dot = 0;
-                    for (int64_t c = 0; c < g->c; c++)
-                        for (int64_t i = 0; i < g->k; i++)
-                            for (int64_t j = 0; j < g->k; j++) {
-                                int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue; /* zero padding */
-                                int sv = wq[((o * g->c + c) * g->k + i) * g->k + j] >= 0 ? 1 : -1;
-                                dot += sx(x, b.data, g, n, c, iy, ix) * sv;
-                            }
-                    expect[((n * g->o + o) * oh + y) * ow + xx] = (float)dot * scale;
-                }
+    int8_t *codes = weight_signs(l, g);
+    ref_forward(g, &REF_BINARY, x, b.data, codes, *(float *)sa.data, *(float *)sw.data, expect);
+    free(codes);
 }
 
 static void test_forward(const geom *g) {
@@ -67,7 +55,7 @@ static void test_forward(const geom *g) {
     CHECK(qh == oh && qw == ow);
     tu_poison(out, no);
     CHECK_OK(bie_layer_forward(l, &tx, &to));
-    ref_forward(l, g, x, expect);
+    ref_forward_layer(l, g, x, expect);
     int same = tu_same_bits(out, expect, no);
     CHECK(same);
     if (!same)
@@ -130,41 +118,16 @@ static void test_backward(const geom *g) {
     CHECK_OK(bie_layer_forward(l, &tx, &to));
     tu_poison(gx, nx);
     CHECK_OK(bie_layer_backward(l, &tg, &tgx));
-    bie_tensor w, b, sa, sw;
-    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    bie_tensor b, sa, sw;
     CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &b));
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
-    const int8_t *wq = w.data;
-    const float *bias = b.data;
-    double scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
-    double *rgx = calloc((size_t)nx, sizeof(double)), *rgw = calloc((size_t)(g->o * K), sizeof(double));
-    double *rgb = calloc((size_t)g->c, sizeof(double)), rgs = 0;
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t o = 0; o < g->o; o++)
-            for (int64_t y = 0; y < oh; y++)
-                for (int64_t xx = 0; xx < ow; xx++) {
-                    double gout = go[((n * g->o + o) * oh + y) * ow + xx];
-                    for (int64_t c = 0; c < g->c; c++)
-                        for (int64_t i = 0; i < g->k; i++)
-                            for (int64_t j = 0; j < g->k; j++) {
-                                int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                int64_t wi = ((o * g->c + c) * g->k + i) * g->k + j;
-                                rgx[((n * g->c + c) * g->h + iy) * g->w + ix] += gout * (wq[wi] >= 0 ? 1 : -1) * scale_w;
-                                rgw[wi] += gout * sx(x, bias, g, n, c, iy, ix) * scale_a;
-                            }
-                }
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t c = 0; c < g->c; c++)
-            for (int64_t i = 0; i < hw; i++) {
-                int64_t idx = (n * g->c + c) * hw + i;
-                float xp = x[idx] + bias[c], v = xp / (float)scale_a;
-                if (!(v >= -1 && v <= 1)) rgx[idx] = 0;
-                rgs += rgx[idx] * (xp >= 0 ? 1 : -1);
-                rgb[c] += rgx[idx];
-            }
-    rgs /= sqrt((double)nx);
+    int8_t *codes = weight_signs(l, g);
+    double *rgx = tu_alloc((size_t)nx * sizeof(double)), *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
+    double *rgb = tu_alloc((size_t)g->c * sizeof(double)), rgs = 0, gs_tol = 0;
+    ref_backward(g, &REF_BINARY, x, b.data, codes, *(float *)sa.data, *(float *)sw.data, go, rgx, rgw, rgb, &rgs,
+                 &gs_tol);
+    free(codes);
     CHECK(rel_err(gx, rgx, nx) < 1e-5);
     bie_tensor ggw, ggb, ggs, ggq;
     CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &ggw));

@@ -1,18 +1,12 @@
 /* 4-bit conv2d (SPEC §4) against direct loops: forward exact for every 4-bit kernel and many
  * geometries (zero padding, stride, dilation, odd channels, batch), packed-weight inference
  * equal to training, backward against double precision, bad input. */
+#include "layer_ref.h"
 #include "test_util.h"
 
-typedef struct {
-    int64_t n, c, h, w, o, k, s, p, d;
-} geom;
+typedef ref_geom geom;
 
-static int8_t q4_ref(float v, float s) {
-    float q = nearbyintf(v / s);
-    return (int8_t)(q < -8 ? -8 : q > 7 ? 7 : q);
-}
-
-static int64_t osz(int64_t in, const geom *g) { return (in + 2 * g->p - g->d * (g->k - 1) - 1) / g->s + 1; }
+static int64_t osz(int64_t in, const geom *g) { return ref_out_size(in, g->k, g->s, g->p, g->d); }
 
 static void run_case(const geom *g, int check_backward) {
     bie_layer *l = NULL;
@@ -36,21 +30,9 @@ static void run_case(const geom *g, int check_backward) {
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     const float scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
-    for (int64_t n = 0; n < g->n; n++)
-        for (int64_t o = 0; o < g->o; o++)
-            for (int64_t y = 0; y < oh; y++)
-                for (int64_t xx = 0; xx < ow; xx++) {
-                    int64_t dot = 0;
-                    for (int64_t c = 0; c < g->c; c++)
-                        for (int64_t i = 0; i < g->k; i++)
-                            for (int64_t j = 0; j < g->k; j++) {
-                                int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
-                                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                dot += (int64_t)q4_ref(x[((n * g->c + c) * g->h + iy) * g->w + ix] + b[c], scale_a) *
-                                       q4_ref(w[((o * g->c + c) * g->k + i) * g->k + j], scale_w);
-                            }
-                    expect[((n * g->o + o) * oh + y) * ow + xx] = (float)dot * (scale_a * scale_w);
-                }
+    int8_t *wcode = tu_alloc((size_t)(g->o * K));
+    for (int64_t i = 0; i < g->o * K; i++) wcode[i] = ref_q4(w[i], scale_w);
+    ref_forward(g, &REF_Q4, x, b, wcode, scale_a, scale_w, expect);
     CHECK(tu_same_bits(out, expect, no));
     for (int idx = 0; idx < bie_kernel_count(); idx++) {
         bie_kernel_info info;
@@ -73,36 +55,15 @@ static void run_case(const geom *g, int check_backward) {
         CHECK_OK(bie_layer_forward(l, &tx, &to));
         tu_poison(gx, nx);
         CHECK_OK(bie_layer_backward(l, &tg, &tgx));
-        double *rgx = calloc((size_t)nx, sizeof(double)), *rgw = calloc((size_t)(g->o * K), sizeof(double));
-        double *rgb = calloc((size_t)g->c, sizeof(double)), rgs = 0, bound = 0, e = 0, r = 0;
-        for (int64_t n = 0; n < g->n; n++)
-            for (int64_t o = 0; o < g->o; o++)
-                for (int64_t y = 0; y < oh; y++)
-                    for (int64_t xx = 0; xx < ow; xx++) {
-                        double gout = go[((n * g->o + o) * oh + y) * ow + xx];
-                        for (int64_t c = 0; c < g->c; c++)
-                            for (int64_t i = 0; i < g->k; i++)
-                                for (int64_t j = 0; j < g->k; j++) {
-                                    int64_t iy = y * g->s - g->p + i * g->d, ix = xx * g->s - g->p + j * g->d;
-                                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                                    int64_t xi = ((n * g->c + c) * g->h + iy) * g->w + ix, wi = ((o * g->c + c) * g->k + i) * g->k + j;
-                                    rgx[xi] += gout * q4_ref(w[wi], scale_w) * scale_w;
-                                    rgw[wi] += gout * q4_ref(x[xi] + b[c], scale_a) * scale_a;
-                                }
-                    }
+        double *rgx = tu_alloc((size_t)nx * sizeof(double)), *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
+        double *rgb = tu_alloc((size_t)g->c * sizeof(double)), rgs = 0, bound = 0, e = 0, r = 0;
+        ref_backward(g, &REF_Q4, x, b, wcode, scale_a, scale_w, go, rgx, rgw, rgb, &rgs, &bound);
         for (int64_t i = 0; i < nx; i++) {
-            int64_t c = (i / hw) % g->c;
-            float xp = x[i] + b[c], v = xp / scale_a;
-            if (!(v >= -8 && v <= 7)) rgx[i] = 0;
-            rgs += rgx[i] * (nearbyintf(v) - v);
-            bound += fabs(rgx[i]);
-            rgb[c] += rgx[i];
             e += (gx[i] - rgx[i]) * (gx[i] - rgx[i]);
             r += rgx[i] * rgx[i];
         }
         CHECK(sqrt(e) <= 1e-5 * sqrt(r) + 1e-6);
-        rgs /= sqrt((double)nx * 7);
-        bound = bound / 508.0 / sqrt((double)nx * 7) + 1e-6;
+        bound += 1e-6; /* the rounding residual's resolution (layer_ref.h), and a little */
         bie_tensor ggw, ggb, ggs;
         CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggw));
         CHECK_OK(bie_layer_grad(l, BIE_PARAM_BIAS_A, &ggb));
@@ -131,7 +92,7 @@ static void run_case(const geom *g, int check_backward) {
     CHECK_OK(bie_layer_set_training(l, true));
     CHECK(bie_layer_forward(l, &tx, &to) == BIE_ERR_STATE);
     bie_layer_free(l);
-    free(w), free(x), free(out), free(expect);
+    free(w), free(x), free(out), free(expect), free(wcode);
 }
 
 static void test_bad_input(void) {

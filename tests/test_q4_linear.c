@@ -1,12 +1,10 @@
 /* 4-bit GEMM kernels and the 4-bit linear layer (SPEC §4) against direct implementations:
  * exact integer results for every kernel, packed-weight inference equal to training,
  * backward against double precision. */
+#include "layer_ref.h"
 #include "test_util.h"
 
-static int8_t q4_ref(float v, float s) { /* clamp(rint(v / s), -8, 7), half to even */
-    float q = nearbyintf(v / s);
-    return (int8_t)(q < -8 ? -8 : q > 7 ? 7 : q);
-}
+#define q4_ref ref_q4 /* clamp(rint(v / s), -8, 7), half to even */
 
 static void test_gemm_kernels(void) {
     const int64_t shapes[][3] = {{1, 1, 1}, {1, 5, 7}, {3, 2, 31}, {4, 4, 32}, {5, 3, 33},
