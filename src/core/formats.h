@@ -17,6 +17,14 @@
 
 #define BIE_SIGN_BIT(v) ((v) >= 0) /* sign(0) = +1 */
 
+/* The geometry of one convolution call, shared by the C and CUDA code: input N x C x H x W,
+ * output N x O x OH x OW, square kernel k, stride s, padding p, dilation d. */
+typedef struct bie_conv_geom {
+    int64_t n, c, h, w; /* input */
+    int64_t o, oh, ow;  /* output */
+    int64_t k, s, p, d;
+} bie_conv_geom;
+
 static inline int bie_word_bits_ok(int w) { return w == 8 || w == 32 || w == 64; }
 
 /* Bytes of one packed row of `cols` elements in words of `w` bits. */

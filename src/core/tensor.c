@@ -1,6 +1,6 @@
 #include <string.h>
 
-#include "../cuda/cuda_internal.h"
+#include "device.h"
 #include "internal.h"
 
 bie_device bie_cpu(void) {
@@ -83,8 +83,9 @@ bie_status bie_tensor_alloc(bie_tensor *out, bie_dtype dtype, int ndim, const in
 void bie_tensor_free(bie_tensor *t) {
     if (t == NULL) return;
     if (t->owns_data) {
-        if (t->device.type == BIE_DEVICE_CUDA)
-            bie_cuda_free_ptr(t->data);
+        const bie_device_iface *dev = bie_device_get(t->device.type);
+        if (dev)
+            dev->free_ptr(t->data);
         else
             bie_free_aligned(t->data);
     }

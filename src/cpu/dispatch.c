@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../core/internal.h"
-#include "../cuda/cuda_internal.h"
+#include "../core/device.h"
 
 #define ANY_M INT64_MAX
 
@@ -113,18 +113,31 @@ static void describe(const bie_cpu_kernel *k, bie_kernel_info *info) {
     info->available = bie_cpu_kernel_available(k);
 }
 
-/* Position i < NKERNELS: CPU kernels; then the CUDA backend's, if built. */
-int bie_kernel_count(void) { return NKERNELS + bie_cuda_kernel_count_internal(); }
+/* Position i < NKERNELS: CPU kernels; then each registered device's, in registry order. */
+int bie_kernel_count(void) {
+    int n = NKERNELS;
+    for (int i = 0; i < bie_device_count(); i++) n += bie_device_at(i)->kernel_count();
+    return n;
+}
 
 bie_status bie_kernel_get(int index, bie_kernel_info *info) {
     BIE_CHECK_NULL(info);
     if (index < 0 || index >= bie_kernel_count())
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_get: index %d outside 0..%d", index,
                         bie_kernel_count() - 1);
-    if (index < NKERNELS)
+    if (index < NKERNELS) {
         describe(&kernels[index], info);
-    else
-        bie_cuda_kernel_describe(index - NKERNELS, info);
+        return BIE_OK;
+    }
+    index -= NKERNELS;
+    for (int i = 0; i < bie_device_count(); i++) {
+        const bie_device_iface *dev = bie_device_at(i);
+        if (index < dev->kernel_count()) {
+            dev->kernel_describe(index, info);
+            break;
+        }
+        index -= dev->kernel_count();
+    }
     return BIE_OK;
 }
 
@@ -135,10 +148,13 @@ bie_status bie_kernel_find(int id, bie_kernel_info *info) {
         describe(k, info);
         return BIE_OK;
     }
-    int cuda = bie_cuda_kernel_index(id);
-    if (cuda >= 0) {
-        bie_cuda_kernel_describe(cuda, info);
-        return BIE_OK;
+    for (int i = 0; i < bie_device_count(); i++) {
+        const bie_device_iface *dev = bie_device_at(i);
+        const int at = dev->kernel_index(id);
+        if (at >= 0) {
+            dev->kernel_describe(at, info);
+            return BIE_OK;
+        }
     }
     return bie_fail(BIE_ERR_INVALID_ARGUMENT, "no kernel with id %d", id);
 }

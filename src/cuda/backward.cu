@@ -213,7 +213,7 @@ __device__ __forceinline__ bool word_bit(const uint32_t *w, int64_t bit) { retur
 
 // ±1 weight [o][c k k] from the forward's tap-layout rows: block (element block, rows).
 template <typename T>
-__global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, bie_cuda_conv_shape g64, int words, T *dst) {
+__global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, bie_conv_geom g64, int words, T *dst) {
     const int C = (int)g64.c, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k), K = C * kk, O = (int)g64.o;
     const int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= K) return;
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, b
 // kernel size fixed at compile time (0: from the shape), so that the taps' loads unroll.
 template <typename T, int KF>
 __global__ void __launch_bounds__(256)
-    conv_sign_cols(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, T *__restrict__ dst) {
+    conv_sign_cols(const uint32_t *__restrict__ signs, bie_conv_geom g64, T *__restrict__ dst) {
     const int C = (int)g64.c, cw = (C + 31) / 32, k = KF ? KF : (int)g64.k, kk = k * k;
     const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow);
     const int rows = (int)g64.n * plane, r = blockIdx.x * 256 + threadIdx.x, word = blockIdx.y;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(256)
 
 // G [o][n oh ow] from grad_out [n][o][oh ow]: block (pixel block, channels).
 template <typename T>
-__global__ void __launch_bounds__(256) conv_grad_rows(const T *grad_out, bie_cuda_conv_shape g64, T *dst) {
+__global__ void __launch_bounds__(256) conv_grad_rows(const T *grad_out, bie_conv_geom g64, T *dst) {
     const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
     const int r = blockIdx.x * 256 + threadIdx.x;
     if (r >= rows) return;
@@ -275,7 +275,7 @@ struct NhwcMask {
 
 // One warp per (n, c) plane of g: its sum and its dot with sign(x'), in double, fixed order.
 __global__ void __launch_bounds__(256)
-    conv_plane_sums(const float *g, const uint32_t *signs, bie_cuda_conv_shape g64, double *plane_sum,
+    conv_plane_sums(const float *g, const uint32_t *signs, bie_conv_geom g64, double *plane_sum,
                     double *plane_dot) {
     const int C = (int)g64.c, cw = (C + 31) / 32, hw = (int)(g64.h * g64.w), lane = threadIdx.x & 31;
     const int nc = blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -321,7 +321,7 @@ __global__ void conv_bias_scale(const double *plane_sum, const double *plane_dot
 template <typename T>
 bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
-    const bie_cuda_conv_shape &g = a.g;
+    const bie_conv_geom &g = a.g;
     const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow;
     // Workspace: ±1 weight [o, K], sign columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, amax partials, masked grad_x (f32).
@@ -386,7 +386,7 @@ done:
     return check(free_err, "cudaFreeAsync");
 }
 
-void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_cuda_conv_shape &g, void *dst) {
+void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst) {
     const dim3 grid((unsigned)((g.n * g.oh * g.ow + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096));
     if (dtype == BIE_F32)
         conv_grad_rows<float><<<grid, 256, 0, current_stream>>>(static_cast<const float *>(grad_out), g,

@@ -23,7 +23,7 @@ void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *o
 void sum_over(const double *parts, int64_t count, double denom, float *out);
 // Convolutions: G [o][n oh ow] of grad_out [n][o][oh ow] (f32/bf16/f16), and from per-plane
 // sums and dots [n][c]: grad_bias[c] = sum_n plane_sum, *grad_scale = sum plane_dot / denom.
-void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_cuda_conv_shape &g, void *dst);
+void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c, double denom,
                           float *grad_bias, float *grad_scale);
 
@@ -36,7 +36,7 @@ void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int6
 // once (the sum keeps its order).
 template <typename T, bool UNIT, int KF, class Mask>
 __global__ void __launch_bounds__(256)
-    conv_col2im_mask(const float *cols, Mask mask, bie_cuda_conv_shape g64, T *grad_x, float *g) {
+    conv_col2im_mask(const float *cols, Mask mask, bie_conv_geom g64, T *grad_x, float *g) {
     const int C = (int)g64.c, k = KF ? KF : (int)g64.k, kk = k * k, s = (int)g64.s;
     const int p = (int)g64.p, d = (int)g64.d, h = (int)g64.h, w = (int)g64.w, hw = h * w;
     const int oh = (int)g64.oh, ow = (int)g64.ow, rows = (int)g64.n * oh * ow;
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T, class Mask>
-void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_cuda_conv_shape &g, T *grad_x, float *gm) {
+void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_conv_geom &g, T *grad_x, float *gm) {
     const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
     auto fn = g.k == 3 ? (g.s == 1 ? conv_col2im_mask<T, true, 3, Mask> : conv_col2im_mask<T, false, 3, Mask>)
                        : (g.s == 1 ? conv_col2im_mask<T, true, 0, Mask> : conv_col2im_mask<T, false, 0, Mask>);

@@ -38,7 +38,7 @@ constexpr int kPackMinWarps = 1024; // enough warps to fill a large GPU before l
 // CPU's float arithmetic. Pixel indices in 32 bits (the layer caps n h w), element offsets in 64.
 template <typename T, int VP, bool TRAIN>
 __global__ void __launch_bounds__(256)
-    pack_input(const T *__restrict__ x, bie_cuda_conv_shape g64, int wc, int pg, const float *__restrict__ bias,
+    pack_input(const T *__restrict__ x, bie_conv_geom g64, int wc, int pg, const float *__restrict__ bias,
                const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
     extern __shared__ uint32_t pack_tile[];
     const int hw = (int)(g64.h * g64.w), C = (int)g64.c, cw = (C + 31) / 32;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T, int VP>
-void launch_pack_input(const T *x, const bie_cuda_conv_shape *g, int64_t cw, const float *bias,
+void launch_pack_input(const T *x, const bie_conv_geom *g, int64_t cw, const float *bias,
                        const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs,
                        uint32_t *mask) {
     const int64_t nhw = g->n * g->h * g->w;
@@ -125,7 +125,7 @@ void launch_pack_input(const T *x, const bie_cuda_conv_shape *g, int64_t cw, con
 // Pixels per lane: the widest aligned run of at most 8 bytes, narrowed while the grid would
 // have too few warps (small inputs gain more from lanes than from wider loads).
 template <typename T>
-void pack_input_any(const void *xv, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
+void pack_input_any(const void *xv, const bie_conv_geom *g, const float *bias, const float *scale_a,
                     const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
     const T *x = static_cast<const T *>(xv);
     const int64_t hw = g->h * g->w, nhw = g->n * hw, cw = bie_cuda_conv_cw(g);
@@ -153,7 +153,7 @@ template <> __device__ __forceinline__ bool weight_sign<uint8_t>(const uint8_t *
 // Block (row, part): the 256 words of popcount part `part` of weight row `row`.
 template <typename S>
 __global__ void __launch_bounds__(256)
-    pack_weight(const S *__restrict__ src, int64_t rb, bie_cuda_conv_shape g, int64_t cw, int64_t ld,
+    pack_weight(const S *__restrict__ src, int64_t rb, bie_conv_geom g, int64_t cw, int64_t ld,
                 uint32_t *bits, int *popc) {
     const int64_t row = blockIdx.x, words = ld / 4, kk = g.k * g.k;
     const int64_t q = (int64_t)blockIdx.y * 256 + threadIdx.x;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(256)
 }
 
 // tapsum[o][t] = 2 * (ones among the tap's C bits) - C.
-__global__ void tap_sums(const uint32_t *bits, bie_cuda_conv_shape g, int64_t cw, int64_t ld, int *tapsum) {
+__global__ void tap_sums(const uint32_t *bits, bie_conv_geom g, int64_t cw, int64_t ld, int *tapsum) {
     const int64_t kk = g.k * g.k, words = ld / 4;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * kk;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -190,7 +190,7 @@ __global__ void tap_sums(const uint32_t *bits, bie_cuda_conv_shape g, int64_t cw
 // One warp per output pixel: its row of k k taps (cw words each, zero outside the input)
 // and the row's popcount. 32-bit index math.
 __global__ void __launch_bounds__(256)
-    im2col_bits(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, int words, uint32_t *cols, int *popc) {
+    im2col_bits(const uint32_t *__restrict__ signs, bie_conv_geom g64, int words, uint32_t *cols, int *popc) {
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
     const int h = (int)g64.h, w = (int)g64.w, oh = (int)g64.oh, ow = (int)g64.ow;
     const int plane = oh * ow, rows = (int)g64.n * plane, used = k * k * cw;
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(256)
     if (lane == 0) popc[r] = count;
 }
 
-__global__ void corrections(const int *tapsum, bie_cuda_conv_shape g, const int *ylim, const int *xlim,
+__global__ void corrections(const int *tapsum, bie_conv_geom g, const int *ylim, const int *xlim,
                             int ny, int nx, int *corr) {
     const int64_t kk = g.k * g.k;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)ny * nx * g.o;
@@ -274,7 +274,7 @@ struct ConvSmem {
 // neighbouring pixels of a channel at once (even planes, output aligned to two elements).
 template <int BN, int UNIT>
 __global__ void __launch_bounds__(2 * BN, 1)
-    bconv_implicit(const uint32_t *__restrict__ signs, bie_cuda_conv_shape g64, const uint8_t *__restrict__ wbits,
+    bconv_implicit(const uint32_t *__restrict__ signs, bie_conv_geom g64, const uint8_t *__restrict__ wbits,
                    int64_t ld, const int *__restrict__ wpopc, int ldr, int classes, int tiles, bool pairs,
                    Epilogue ep) {
     constexpr int THREADS = 2 * BN, WARPS_N = BN / 32, NT = 4, TPR = THREADS / kConvBM;
@@ -446,7 +446,7 @@ using namespace bie_cuda;
 
 extern "C" {
 
-bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask) {
     switch (dtype) {
@@ -459,7 +459,7 @@ bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cu
 }
 
 bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
-                                     const bie_cuda_conv_shape *g, int64_t ld, uint8_t *bits,
+                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits,
                                      int *popc, int *tapsum) {
     const int64_t cw = bie_cuda_conv_cw(g), K = g->c * g->k * g->k;
     const dim3 grid((unsigned)g->o, (unsigned)bie_cuda_popc_parts(ld));
@@ -477,7 +477,7 @@ bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t s
     return check(cudaGetLastError(), "cuda conv pack weight");
 }
 
-bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape *g, int64_t ld,
+bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, int64_t ld,
                                 uint8_t *cols, int *popc) {
     const int64_t rows = g->n * g->oh * g->ow;
     im2col_bits<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, current_stream>>>(
@@ -485,7 +485,7 @@ bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape
     return check(cudaGetLastError(), "cuda conv im2col");
 }
 
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g,
                                      const int *ylim, int ny, const int *xlim, int nx, int *corr) {
     corrections<<<blocks_for((int64_t)ny * nx * g->o, 256), 256, 0, current_stream>>>(tapsum, *g, ylim, xlim,
                                                                                      ny, nx, corr);
@@ -493,7 +493,7 @@ bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shap
 }
 
 
-int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes) {
+int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     int dev = 0, max_smem = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -516,7 +516,7 @@ int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes) {
     return best;
 }
 
-bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g, const uint8_t *wbits,
                                   int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv) {

@@ -303,7 +303,7 @@ __device__ __forceinline__ void stage_half(unsigned stage, const int (&acc)[4][4
 template <typename T, int VP, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
     bconv_fused(const T *__restrict__ x, const float *__restrict__ bias, const uint8_t *__restrict__ wimg,
-                bie_cuda_conv_shape g64, FusedPlan p, Epilogue ep) {
+                bie_conv_geom g64, FusedPlan p, Epilogue ep) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, H = (int)g64.h, W = (int)g64.w;
     const int s = (int)g64.s, pad = (int)g64.p, dil = (int)g64.d, oh = (int)g64.oh, ow = (int)g64.ow;
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 8 ? 2 : 1)
 struct BandRows {
     int64_t field, input;
 };
-BandRows band_rows(const bie_cuda_conv_shape *g, int64_t px0, int64_t bp) {
+BandRows band_rows(const bie_conv_geom *g, int64_t px0, int64_t bp) {
     const int64_t plane = g->oh * g->ow, end = std::min(px0 + bp, g->n * plane), kd = (g->k - 1) * g->d + 1;
     BandRows r = {0, 0};
     for (int64_t a = px0; a < end;) {
@@ -621,7 +621,7 @@ std::atomic<int> g_force_bn{0}, g_force_bp{0}, g_last_bn{0}, g_last_bp{0};
 // benchmark's shapes (N = 64) were checked against the other plans on the H100; the sweep is
 // in BENCHMARKS.md. Bands of 96 pixels at 14x14 touch 10 input rows (140 pixels), one more
 // pack round than 98-pixel ones, which ate the 25 % fewer tile rows with 128-channel blocks.
-bool plan_fused(const bie_cuda_conv_shape *g, int classes, int esize, int dev, int force_bn, int force_bp,
+bool plan_fused(const bie_conv_geom *g, int classes, int esize, int dev, int force_bn, int force_bp,
                 FusedPlan *out) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     const int64_t plane = g->oh * g->ow, np = g->n * plane, kd = (g->k - 1) * g->d + 1;
@@ -704,9 +704,9 @@ bool plan_fused(const bie_cuda_conv_shape *g, int classes, int esize, int dev, i
 
 // plan_fused, remembered per thread for the last few layer shapes (the search walks about
 // two hundred candidates).
-bool fused_plan(const bie_cuda_conv_shape *g, int classes, int esize, FusedPlan *out) {
+bool fused_plan(const bie_conv_geom *g, int classes, int esize, FusedPlan *out) {
     struct Key {
-        bie_cuda_conv_shape g;
+        bie_conv_geom g;
         int classes, esize, dev, force_bn, force_bp;
     };
     struct Entry {
@@ -768,7 +768,7 @@ __global__ void build_wimg(const uint8_t *__restrict__ wbits, int64_t ld, const 
 
 template <typename T, int VP>
 cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wimg, bool overlap,
-                         const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
+                         const bie_conv_geom *g, const FusedPlan &p, const Epilogue &ep) {
     auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
     const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
     cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
@@ -783,7 +783,7 @@ cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wimg, 
 // plane (a run never crosses into the next channel).
 template <typename T>
 cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wimg, bool overlap,
-                             const bie_cuda_conv_shape *g, const FusedPlan &p, const Epilogue &ep) {
+                             const bie_conv_geom *g, const FusedPlan &p, const Epilogue &ep) {
     int vp = 1;
     while (vp * 2 * sizeof(T) <= 8 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0 && (g->h * g->w) % (vp * 2) == 0)
         vp *= 2;
@@ -798,7 +798,7 @@ cudaError_t launch_fused_any(const void *x, const float *bias, const uint8_t *wi
 
 using namespace bie_cuda;
 
-extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+extern "C" bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                           const float *bias, const uint8_t *wbits, int64_t ld, const int *wpopc,
                                           int classes, const float *scale_a, const float *scale_w, void *out,
                                           const bie_cuda_conv_out *conv, bie_cuda_fused_image *img, bool *ran) {

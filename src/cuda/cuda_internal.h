@@ -3,6 +3,7 @@
 #define BIE_CUDA_INTERNAL_H
 
 #include "bie.h"
+#include "../core/formats.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -120,38 +121,33 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
  * zero in both operands, so the AND form's k is C k k). Taps outside the input are zero bits
  * (-1) in the im2col rows, and the epilogue adds back, per output channel, the sum over those
  * taps of sum_c sign(w) (class corrections, see bie_cuda_conv_out). */
-typedef struct bie_cuda_conv_shape {
-    int64_t n, c, h, w; /* input */
-    int64_t o, oh, ow;  /* output */
-    int64_t k, s, p, d;
-} bie_cuda_conv_shape;
-static inline int64_t bie_cuda_conv_cw(const bie_cuda_conv_shape *g) { return (g->c + 31) / 32; }
+static inline int64_t bie_cuda_conv_cw(const bie_conv_geom *g) { return (g->c + 31) / 32; }
 
 /* signs (and mask when not NULL) [n h w][cw] of x (NCHW, f32/bf16/f16) + bias[c]; the mask
  * bit is -1 <= v / *scale_a <= 1; saved_scales as bie_cuda_pack_act. */
-bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask);
 /* Weight rows [o][ld] in the tap layout with bie_cuda_popc_parts(ld) counts per row, and
  * tapsum [o][k k] = sum_c sign(w[o, c, tap]). src: int8 or f32 [o, c k k] (sign: >= 0), or
  * (dtype U8) rows of src_row_bytes bytes of packed bits in [c, i, j] order (the user format). */
 bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
-                                     const bie_cuda_conv_shape *g, int64_t ld, uint8_t *bits,
+                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits,
                                      int *popc, int *tapsum);
 /* Bit im2col: row r = output pixel r (over all images) [n oh ow][ld], one popcount per row. */
-bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_cuda_conv_shape *g, int64_t ld,
+bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, int64_t ld,
                                 uint8_t *cols, int *popc);
 /* corr [ny nx][o]: class cy * nx + cx has valid taps i in [ylim[2 cy], ylim[2 cy + 1]) and
  * j in [xlim[2 cx], xlim[2 cx + 1]); corr = sum of tapsum over the other taps. */
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g,
                                      const int *ylim, int ny, const int *xlim, int nx, int *corr);
 
 /* The implicit-GEMM forward (no im2col pass): the channel-tile width it runs with for this
  * shape (with `classes` padding classes) on the current device (256, 128 or 64), or 0 when
  * the weight rows do not fit in shared memory (then use bie_cuda_conv_im2col + bie_cuda_bgemm_launch). wbits/wpopc/ld as
  * bie_cuda_conv_pack_weight wrote them; the output and scales as bie_cuda_bgemm_launch. */
-int bie_cuda_conv_implicit_bn(const bie_cuda_conv_shape *g, int classes);
-bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_cuda_conv_shape *g, const uint8_t *wbits,
+int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes);
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g, const uint8_t *wbits,
                                   int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv);
@@ -172,7 +168,7 @@ typedef struct bie_cuda_fused_image {
  * memory. x, bias as bie_cuda_conv_pack_input (dtype is the input's and the output's), the
  * rest as bie_cuda_conv_implicit; img as above. *ran = false (and nothing launched) when it
  * does not apply. */
-bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g, const float *bias,
+bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_conv_geom *g, const float *bias,
                                const uint8_t *wbits, int64_t ld, const int *wpopc, int classes,
                                const float *scale_a, const float *scale_w, void *out,
                                const bie_cuda_conv_out *conv, bie_cuda_fused_image *img, bool *ran);
@@ -185,7 +181,7 @@ void bie_cuda_conv_fused_last_plan(int *bn, int *bp);
 
 typedef struct bie_cuda_bconv_backward_args {
     bie_dtype dtype;             /* of grad_out and grad_x */
-    bie_cuda_conv_shape g;
+    bie_conv_geom g;
     const void *grad_out;        /* [n, o, oh, ow] */
     void *grad_x;                /* [n, c, h, w] or NULL */
     const uint8_t *wbits;        /* the forward's weight rows (tap layout) */
@@ -237,31 +233,31 @@ bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args);
  * bytes), with the clip bits and residuals in the layout of bie_cuda_q4_pack_act (flat over
  * N C H W, bias of channel c on plane c). GEMM rows: one per output pixel, the C k k taps in
  * [c, i, j] order (the weight's own order), code 0 for taps outside the input. */
-bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                    const float *bias, const float *scale_a, uint8_t *codes,
                                    uint8_t *mask, int8_t *resid);
 /* cols [n oh ow][ld] 4-bit layout rows (ld = bie_cuda_q4_row_stride(C k k)). */
-bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_shape *g, int64_t ld,
+bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g, int64_t ld,
                                    uint8_t *cols);
 
 /* The implicit-GEMM forward (no im2col): the input's codes NHWC, each pixel's C codes as
  * nibbles padded with code 0 to cb = bie_cuda_q4_conv_cb(C) bytes (a multiple of 64), and
  * the weight rows [o][k k cb] in tap order ([i, j], then the channels). */
 int64_t bie_cuda_q4_conv_cb(int64_t c);
-bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                         const float *bias, const float *scale_a, uint8_t *codes);
 /* Weight rows of the GEMM layout ([c, i, j] codes, `ld` bytes) to the tap layout. */
-bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_conv_geom *g,
                                         uint8_t *taps);
 /* out (NCHW, out_dtype) = scale_a scale_w (codes * taps); variant: the tile shape, an index
  * of q4gemm.cu's q4_conv_kernels (< 0: the default for the shape). */
-bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_conv_geom *g,
                                     const uint8_t *wtaps, const float *scale_a, const float *scale_w,
                                     bie_dtype out_dtype, void *out);
 
 typedef struct bie_cuda_q4conv_backward_args {
     bie_dtype dtype;             /* of grad_out and grad_x */
-    bie_cuda_conv_shape g;
+    bie_conv_geom g;
     const void *grad_out;        /* [n, o, oh, ow] */
     void *grad_x;                /* [n, c, h, w] or NULL */
     const uint8_t *wcodes;       /* the forward's weight codes (4-bit layout rows [o][ld]) */

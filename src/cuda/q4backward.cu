@@ -114,7 +114,7 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
 // compile time (0: from the shape), so that the taps' loads unroll.
 template <typename T, int KF>
 __global__ void __launch_bounds__(256)
-    q4_conv_value_cols(const uint8_t *__restrict__ codes, bie_cuda_conv_shape g64, T *__restrict__ dst) {
+    q4_conv_value_cols(const uint8_t *__restrict__ codes, bie_conv_geom g64, T *__restrict__ dst) {
     const int k = KF ? KF : (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow;
     const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, d = (int)g64.d;
     const int r = blockIdx.x * 256 + threadIdx.x;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(256)
 template <typename T>
 bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
-    const bie_cuda_conv_shape &g = a.g;
+    const bie_conv_geom &g = a.g;
     const int64_t K = g.c * g.k * g.k, rows = g.n * g.oh * g.ow, planes = g.n * g.c, hw = g.h * g.w;
     // Workspace: weight values [o, K], code columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, masked grad_x (f32).

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256)
 // codes each): the codes of taps e = 8 q .. 8 q + 7 in [c, i, j] order, 0 outside the input
 // and past C k k. 32-bit index math (the layer checks the extents).
 __global__ void __launch_bounds__(128)
-    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_cuda_conv_shape g64, int words, unsigned *__restrict__ cols) {
+    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_conv_geom g64, int words, unsigned *__restrict__ cols) {
     const int r = blockIdx.x, k = (int)g64.k, kk = k * k, C = (int)g64.c, K = C * kk;
     const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), d = (int)g64.d;
     const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T>
-void launch_encode_nhwc(const void *x, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
+void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias, const float *scale_a,
                         uint8_t *codes) {
     const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4), hw = (int)(g->h * g->w);
     const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
@@ -185,7 +185,7 @@ void launch_encode_nhwc(const void *x, const bie_cuda_conv_shape *g, const float
 }
 
 template <typename T>
-void launch_encode(const void *x, const bie_cuda_conv_shape *g, const float *bias, const float *scale_a,
+void launch_encode(const void *x, const bie_conv_geom *g, const float *bias, const float *scale_a,
                    uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const int64_t total = g->n * g->c * g->h * g->w;
     q4_conv_encode<T><<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
@@ -200,7 +200,7 @@ using namespace bie_cuda;
 
 extern "C" {
 
-bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                    const float *bias, const float *scale_a, uint8_t *codes, uint8_t *mask,
                                    int8_t *resid) {
     switch (dtype) {
@@ -212,13 +212,13 @@ bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_cud
     return check(cudaGetLastError(), "cuda 4-bit conv encode");
 }
 
-bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_cuda_conv_shape *g, int64_t ld, uint8_t *cols) {
+bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g, int64_t ld, uint8_t *cols) {
     q4_conv_im2col<<<(unsigned)(g->n * g->oh * g->ow), 128, 0, current_stream>>>(codes, *g, (int)(ld / 4),
                                                                                reinterpret_cast<unsigned *>(cols));
     return check(cudaGetLastError(), "cuda 4-bit conv im2col");
 }
 
-bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                         const float *bias, const float *scale_a, uint8_t *codes) {
     switch (dtype) {
     case BIE_F32: launch_encode_nhwc<float>(x, g, bias, scale_a, codes); break;
@@ -229,7 +229,7 @@ bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bi
     return check(cudaGetLastError(), "cuda 4-bit conv encode (NHWC)");
 }
 
-bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_conv_geom *g,
                                         uint8_t *taps) {
     const int64_t cb = bie_cuda_q4_conv_cb(g->c), total = g->o * g->k * g->k * cb;
     q4_conv_weight_taps<<<blocks_for(total), 256, 0, current_stream>>>(wcodes, ld, (int)g->o, (int)g->c,

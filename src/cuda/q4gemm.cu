@@ -502,7 +502,7 @@ int64_t bie_cuda_q4_conv_cb(int64_t c) {
     return (bytes + kConvBKB - 1) / kConvBKB * kConvBKB;
 }
 
-bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_cuda_conv_shape *g,
+bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_conv_geom *g,
                                     const uint8_t *wtaps, const float *scale_a, const float *scale_w,
                                     bie_dtype out_dtype, void *out) {
     static const char *who = "cuda 4-bit implicit conv";

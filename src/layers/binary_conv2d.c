@@ -8,213 +8,19 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
-#include "binary_conv2d_cuda.h"
-#include "binary_conv2d_impl.h"
-#include "binary_linear_impl.h"
+#include "layer_cpu.h"
 #include "conv_common.h"
 
-static const char *const MODULE = "binary_conv2d";
-
-#define CHECK_LAYER(l)                                                                         \
-    do {                                                                                       \
-        if ((l) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", __func__); \
-    } while (0)
-
-static void drop_saved(bie_binary_conv2d *l) {
-    bie_free_aligned(l->saved_signs);
-    bie_free_aligned(l->saved_mask);
-    bie_free_aligned(l->saved_wbits);
-    l->saved_signs = l->saved_mask = l->saved_wbits = NULL;
-    l->has_saved = false;
-}
-
-static int64_t fan_in(const bie_binary_conv2d *l) { return l->in_c * l->k * l->k; }
-
-bie_status bie_binary_conv2d_create(bie_binary_conv2d **out, int64_t in_channels,
-                                    int64_t out_channels, int kernel_size, int stride, int padding,
-                                    int dilation, bie_device device, bie_dtype dtype, bool symmetric) {
-    BIE_CHECK_NULL(out);
-    BIE_TRY(bie_conv_check_params(in_channels, out_channels, kernel_size, stride, padding, dilation, MODULE));
-    const int64_t k2c = in_channels * kernel_size * (int64_t)kernel_size;
-    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
-    bie_binary_conv2d *l = calloc(1, sizeof *l);
-    if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
-    l->in_c = in_channels;
-    l->out_c = out_channels;
-    l->k = kernel_size;
-    l->stride = stride;
-    l->padding = padding;
-    l->dilation = dilation;
-    l->device = device;
-    l->dtype = dtype;
-    l->symmetric = symmetric;
-    l->training = true;
-    l->kernel_id = -1;
-    bie_bw_init(&l->w, out_channels, k2c);
-    l->bias_a = bie_layer_bias_alloc(in_channels);
-    bie_status st = l->bias_a ? bie_bw_reset(&l->w, 0) : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
-#ifdef BIE_HAVE_CUDA
-    if (st == BIE_OK && device.type == BIE_DEVICE_CUDA && (st = bie_bcc_create(l)) == BIE_OK)
-        st = bie_bcc_reset(l, 0);
-#endif
-    if (st != BIE_OK) {
-        bie_binary_conv2d_free(l);
-        return st;
-    }
-    *out = l;
-    return BIE_OK;
-}
-
-void bie_binary_conv2d_free(bie_binary_conv2d *l) {
-    if (l == NULL) return;
-#ifdef BIE_HAVE_CUDA
-    bie_bcc_free(l);
-#endif
-    drop_saved(l);
-    bie_bw_free(&l->w);
-    bie_free_aligned(l->bias_a);
-    bie_grads_free(&l->grads);
-    free(l);
-}
-
-bie_status bie_binary_conv2d_reset_parameters(bie_binary_conv2d *l, uint64_t seed) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_reset(l, seed));
-    BIE_TRY(bie_bw_reset(&l->w, seed));
-    drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_prepare_params(bie_binary_conv2d *l) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_prepare(l));
-    bool was_float = l->w.f32 != NULL;
-    BIE_TRY(bie_bw_prepare(&l->w, "binary_conv2d_prepare_params"));
-    if (was_float) drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_weight_data(l, w));
-    static const char *who = "binary_conv2d_set_weight_data";
-    BIE_TRY(bie_check_rows_tensor(w, "weight", l->dtype, l->k, NULL, who));
-    if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld, %lld, %lld]", who,
-                        (long long)l->out_c, (long long)l->in_c, (long long)l->k, (long long)l->k);
-    BIE_TRY(bie_bw_set_data(&l->w, w->data, who));
-    drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_generate_quantized_weight(l, qweight_only));
-    BIE_TRY(bie_bw_generate_qweight(&l->w, qweight_only, "binary_conv2d_generate_quantized_weight"));
-    if (qweight_only) drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_quantized_weight_data(l, q));
-    static const char *who = "binary_conv2d_set_quantized_weight_data";
-    int64_t words = bie_packed_words(fan_in(l), l->w.word_bits);
-    BIE_TRY(bie_check_rows_tensor(q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out_c)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c,
-                        (long long)words);
-    return bie_bw_set_qweight(&l->w, q->data, who);
-}
-
-bie_status bie_binary_conv2d_set_bits_binary_word(bie_binary_conv2d *l, int bits) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_bits(l, bits));
-    return bie_bw_set_word_bits(&l->w, bits, MODULE);
-}
-
-int bie_binary_conv2d_bits_binary_word(const bie_binary_conv2d *l) { return l ? l->w.word_bits : 0; }
-
-bie_status bie_binary_conv2d_set_training(bie_binary_conv2d *l, bool training) {
-    CHECK_LAYER(l);
-    if (!training) drop_saved(l);
-    l->training = training;
-    return BIE_OK;
-}
-
-bool bie_binary_conv2d_training(const bie_binary_conv2d *l) { return l && l->training; }
-
-bie_status bie_binary_conv2d_set_scale_a(bie_binary_conv2d *l, float scale_a) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_scale_a(l, scale_a));
-    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
-    l->scale_a = scale_a;
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_param(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    BIE_ON_CUDA(l, bie_bcc_param(l, which, v));
-    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-        if (l->w.i8) return bie_tensor_view(v, l->w.i8, BIE_I8, 4, wshape);
-        if (l->w.f32) return bie_tensor_view(v, l->w.f32, BIE_F32, 4, wshape);
-        return bie_bw_no_weight("binary_conv2d_param");
-    case BIE_PARAM_QWEIGHT: {
-        if (l->w.qweight == NULL)
-            return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", MODULE);
-        int64_t qshape[2] = {l->out_c, bie_packed_words(fan_in(l), l->w.word_bits)};
-        return bie_tensor_view(v, l->w.qweight, bie_bw_word_dtype(l->w.word_bits), 2, qshape);
-    }
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->bias_a, BIE_F32, 1, &l->in_c);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->scale_a, BIE_F32, 1, &one);
-    case BIE_PARAM_SCALE_W: return bie_tensor_view(v, &l->w.scale_w, BIE_F32, 1, &one);
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", MODULE, (int)which);
-}
-
-bie_status bie_binary_conv2d_opt_weight(bie_binary_conv2d *l, bie_tensor *v) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    if (l->training) return bie_binary_conv2d_param(l, BIE_PARAM_WEIGHT, v);
-#ifdef BIE_HAVE_CUDA
-    const bool has_q = l->cuda ? bie_bcc_has_qweight(l) : l->w.qweight != NULL;
-#else
-    const bool has_q = l->w.qweight != NULL;
-#endif
-    if (!has_q) BIE_TRY(bie_binary_conv2d_generate_quantized_weight(l, false));
-    return bie_binary_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
-}
 
 /* ---------------------------------------------------------------- geometry and checks */
 
-static int64_t out_extent(const bie_binary_conv2d *l, int64_t in) {
-    return bie_conv_out_extent(in, l->k, l->stride, l->padding, l->dilation);
-}
-
-bie_status bie_binary_conv2d_output_size(const bie_binary_conv2d *l, int64_t h, int64_t w,
-                                         int64_t *out_h, int64_t *out_w) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(out_h);
-    BIE_CHECK_NULL(out_w);
-    if (h < 1 || w < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", MODULE);
-    *out_h = out_extent(l, h);
-    *out_w = out_extent(l, w);
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_check_forward(l, x));
-    return bie_conv_check_input(x, l->in_c, l->k, l->stride, l->padding, l->dilation,
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
+    return bie_conv_check_input(x, l->in, l->k, l->stride, l->padding, l->dilation,
                                 "binary_conv2d_check_forward");
 }
 
-static bie_conv_geom geometry(const bie_binary_conv2d *l, const bie_tensor *x) {
-    return bie_conv_geometry(x, l->out_c, l->k, l->stride, l->padding, l->dilation);
+static bie_conv_geom geometry(const bie_layer *l, const bie_tensor *x) {
+    return bie_conv_geometry(x, l->out, l->k, l->stride, l->padding, l->dilation);
 }
 
 static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, const char *what,
@@ -223,16 +29,14 @@ static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, cons
     return bie_conv_check_shape4(t, shape, what, who);
 }
 
-static bie_status activation_scale(const bie_binary_conv2d *l, const bie_tensor *x, float *scale) {
-    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), l->symmetric ? 2.0 : 4.0, MODULE, scale);
+static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
+    return bie_layer_activation_scale(l, x, scale);
 }
 
-bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tensor *x,
+static bie_status set_activation(bie_layer *l, const bie_tensor *x,
                                             bie_tensor *x_out) {
     static const char *who = "binary_conv2d_set_activation";
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_activation(l, x, x_out));
-    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     if (x_out) {
         BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, x->shape[3], x, who));
     }
@@ -243,8 +47,8 @@ bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tens
         int64_t plane = x->shape[2] * x->shape[3];
         const float *src = x->data;
         float *dst = x_out->data;
-        for (int64_t nc = 0; nc < x->shape[0] * l->in_c; nc++)
-            for (int64_t i = 0; i < plane; i++) dst[nc * plane + i] = src[nc * plane + i] + l->bias_a[nc % l->in_c];
+        for (int64_t nc = 0; nc < x->shape[0] * l->in; nc++)
+            for (int64_t i = 0; i < plane; i++) dst[nc * plane + i] = src[nc * plane + i] + l->bias_a[nc % l->in];
     }
     return BIE_OK;
 }
@@ -252,7 +56,7 @@ bie_status bie_binary_conv2d_set_activation(bie_binary_conv2d *l, const bie_tens
 /* ---------------------------------------------------------------- forward */
 
 /* Sign and clip bit planes of x' = x + bias_a[c], one plane of H W bits per (n, c). */
-static void pack_planes(const bie_binary_conv2d *l, const bie_conv_geom *g, const float *x,
+static void pack_planes(const bie_layer *l, const bie_conv_geom *g, const float *x,
                         float scale_a, uint8_t *signs, uint8_t *mask) {
     const int64_t plane = g->h * g->w, pb = bie_conv_plane_bytes(g);
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->n * g->c * plane > 65536)
@@ -287,25 +91,25 @@ static void or_bits(uint64_t *dst, int64_t off, const uint64_t *src, int64_t bit
 /* Weight sign bits in [i, j, c] order (rows of wrb bytes) and, per output channel and tap,
  * sum_c sign(w) (the padding correction). In inference mode from qweight when the layer has
  * one (as binary linear does), otherwise from the training weight. */
-static bie_status weight_taps(const bie_binary_conv2d *l, uint8_t **wbits_out, int64_t wrb,
+static bie_status weight_taps(const bie_layer *l, uint8_t **wbits_out, int64_t wrb,
                               int32_t **tapsum_out, const char *who) {
-    const int64_t kk = l->k * l->k, C = l->in_c, K = C * kk;
+    const int64_t kk = l->k * l->k, C = l->in, K = C * kk;
     uint8_t *flat = NULL; /* [c, i, j] order sign rows */
     int64_t frb = (K + 7) / 8;
     const bool use_q = !l->training && l->w.qweight != NULL;
     if (!use_q) BIE_TRY(bie_bw_pack(&l->w, frb, &flat, who));
     const uint8_t *src = use_q ? l->w.qweight : flat;
     const int64_t srb = use_q ? bie_packed_row_bytes(K, l->w.word_bits) : frb;
-    uint8_t *wbits = bie_alloc_aligned((size_t)(l->out_c * wrb));
-    int32_t *tapsum = bie_alloc_aligned((size_t)(l->out_c * kk) * sizeof(int32_t));
+    uint8_t *wbits = bie_alloc_aligned((size_t)(l->out * wrb));
+    int32_t *tapsum = bie_alloc_aligned((size_t)(l->out * kk) * sizeof(int32_t));
     if (wbits == NULL || tapsum == NULL) {
         bie_free_aligned(flat);
         bie_free_aligned(wbits);
         bie_free_aligned(tapsum);
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", who);
     }
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (l->out_c * K > 65536)
-    for (int64_t o = 0; o < l->out_c; o++) {
+#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (l->out * K > 65536)
+    for (int64_t o = 0; o < l->out; o++) {
         const uint8_t *s = src + o * srb;
         uint8_t *d = wbits + o * wrb;
         memset(d, 0, (size_t)wrb);
@@ -397,16 +201,14 @@ static void border_taps(const bie_conv_geom *g, int32_t *outside) {
     }
 }
 
-static const bie_cpu_kernel *forward_kernel(const bie_binary_conv2d *l, int64_t m) {
+static const bie_cpu_kernel *forward_kernel(const bie_layer *l, int64_t m) {
     if (l->kernel_id >= 0) return bie_cpu_kernel_by_id(l->kernel_id);
     return bie_cpu_default_kernel(m);
 }
 
-bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_forward(l, x, out));
-    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     const bie_conv_geom g = geometry(l, x);
     BIE_TRY(check_output(&g, out, "output", who));
     if (!bie_bw_has_training_weight(&l->w) && (l->training || l->w.qweight == NULL))
@@ -469,7 +271,7 @@ bie_status bie_binary_conv2d_forward(bie_binary_conv2d *l, const bie_tensor *x, 
 
     l->scale_a = scale_a;
     if (l->training) {
-        drop_saved(l);
+        bie_layer_drop_saved(l);
         l->saved_signs = signs;
         l->saved_mask = mask;
         l->saved_wbits = wbits;
@@ -492,15 +294,13 @@ done:
     return st;
 }
 
-bie_status bie_binary_conv2d_set_gemm_kernel(bie_binary_conv2d *l, int id) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_bcc_set_kernel(l, id));
-    if (id != -1) {
-        const bie_cpu_kernel *kern;
-        BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_BINARY_GEMM, id, 1, "binary_conv2d_set_gemm_kernel", &kern));
-    }
-    l->kernel_id = id;
-    return BIE_OK;
-}
-
-int bie_binary_conv2d_gemm_kernel(const bie_binary_conv2d *l) { return l ? l->kernel_id : -1; }
+const bie_layer_ops bie_binary_conv2d_cpu_ops = {
+    .weight = &bie_binary_weight_cpu_ops,
+    .check_rows = bie_cpu_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = bie_bc_cpu_backward,
+    .check_kernel = bie_layer_check_cpu_kernel,
+    .select_kernel = bie_cpu_select_kernel,
+};

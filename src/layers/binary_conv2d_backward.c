@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "../cpu/frame/pack.h"
-#include "binary_conv2d_cuda.h"
 #include "conv_common.h"
+#include "layer_cpu.h"
 
 /* cols [c k k][oh ow] of image n: scale_a * sign(x') under each tap, 0 outside the input.
  * At stride 1 a tap's pixels along a row are neighbouring bits, expanded 8 at a time
@@ -54,11 +54,10 @@ static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n
     }
 }
 
-bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *grad_out,
+bie_status bie_bc_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
                                       bie_tensor *grad_x) {
     static const char *who = "binary_conv2d_backward";
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
-    BIE_ON_CUDA(l, bie_bcc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
@@ -141,11 +140,4 @@ bie_status bie_binary_conv2d_backward(bie_binary_conv2d *l, const bie_tensor *gr
     free(plane_dot);
     free(plane_sum);
     return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_conv2d_grad: layer is NULL");
-    BIE_ON_CUDA(l, bie_bcc_grad(l, which, v));
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "binary_conv2d_grad");
 }

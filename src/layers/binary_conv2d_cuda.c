@@ -8,13 +8,13 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "binary_conv2d_cuda.h"
+#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
 #include "conv_common.h"
 
 struct bie_bc_cuda {
     bie_cuda_bw d;           /* weight, bias_a, scalars, gradients */
-    bie_cuda_conv_shape g;   /* of the last forward */
+    bie_conv_geom g;   /* of the last forward */
     int64_t ld;              /* GEMM row bytes: k k taps of cw words, padded to 64 bytes */
     /* Weight rows in the GEMM layout with popcounts and per-tap sums: packed by every
      * training forward (the optimizer may have changed the weight), or kept for inference
@@ -35,6 +35,8 @@ struct bie_bc_cuda {
     int64_t act_cap; /* words allocated */
 };
 
+static inline struct bie_bc_cuda *CU(const bie_layer *l) { return (struct bie_bc_cuda *)l->backend; }
+
 static const char *const MODULE = "binary_conv2d (cuda)";
 
 #define DEV_FREE(p)                                                                            \
@@ -47,29 +49,31 @@ static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
     return bie_cbw_alloc(p, bytes, MODULE, what);
 }
 
-static int64_t fan_in(const bie_binary_conv2d *l) { return l->in_c * l->k * l->k; }
+static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
 
 /* ---------------------------------------------------------------- life cycle */
 
-bie_status bie_bcc_create(bie_binary_conv2d *l) {
+static void release(bie_layer *l);
+
+static bie_status init(bie_layer *l) {
     struct bie_bc_cuda *c = calloc(1, sizeof *c);
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
-    l->cuda = c;
-    const int64_t cw = (l->in_c + 31) / 32;
+    l->backend = c;
+    const int64_t cw = (l->in + 31) / 32;
     /* Rows padded to 64 bytes only (not BIE_CUDA_ROW_ALIGN): for 256 channels and 3x3 taps
      * that is 320 bytes instead of 512, and the kernels with 64-byte k blocks run them. */
     c->ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out_c, fan_in(l), l->in_c, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out_c * c->ld), "weight bits");
+    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, fan_in(l), l->in, MODULE);
+    if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), "weight bits");
     if (st == BIE_OK)
-        st = dev_alloc((void **)&c->wpopc, (size_t)(l->out_c * bie_cuda_popc_parts(c->ld)) * sizeof(int), "weight bits");
-    if (st == BIE_OK) st = dev_alloc((void **)&c->tapsum, (size_t)(l->out_c * l->k * l->k) * sizeof(int), "weight bits");
-    if (st != BIE_OK) bie_bcc_free(l);
+        st = dev_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->ld)) * sizeof(int), "weight bits");
+    if (st == BIE_OK) st = dev_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int), "weight bits");
+    if (st != BIE_OK) release(l);
     return st;
 }
 
-void bie_bcc_free(bie_binary_conv2d *l) {
-    struct bie_bc_cuda *c = l->cuda;
+static void release(bie_layer *l) {
+    struct bie_bc_cuda *c = CU(l);
     if (c == NULL) return;
     bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wbits);
@@ -81,87 +85,35 @@ void bie_bcc_free(bie_binary_conv2d *l) {
     bie_cbw_free_ptr(c->signs);
     bie_cbw_free_ptr(c->mask);
     free(c);
-    l->cuda = NULL;
+    l->backend = NULL;
 }
-
-bie_status bie_bcc_reset(bie_binary_conv2d *l, uint64_t seed) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_reset(&l->cuda->d, &l->w, seed));
-}
-
-bie_status bie_bcc_prepare(bie_binary_conv2d *l) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_conv2d_prepare_params"));
-}
-
-bie_status bie_bcc_set_weight_data(bie_binary_conv2d *l, const bie_tensor *w) {
-    static const char *who = "binary_conv2d_set_weight_data";
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->k, NULL, who));
-    if (w->ndim != 4 || w->shape[0] != l->out_c || w->shape[1] != l->in_c || w->shape[2] != l->k)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld, %lld, %lld]", who,
-                        (long long)l->out_c, (long long)l->in_c, (long long)l->k, (long long)l->k);
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
-}
-
-bie_status bie_bcc_generate_quantized_weight(bie_binary_conv2d *l, bool qweight_only) {
-    bie_status st = bie_cbw_generate_qweight(&l->cuda->d, &l->w, qweight_only,
-                                             "binary_conv2d_generate_quantized_weight");
-    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
-}
-
-bie_status bie_bcc_set_quantized_weight_data(bie_binary_conv2d *l, const bie_tensor *q) {
-    static const char *who = "binary_conv2d_set_quantized_weight_data";
-    const int64_t words = bie_packed_words(fan_in(l), l->w.word_bits);
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", bie_bw_word_dtype(l->w.word_bits), words,
-                                 NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out_c)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c,
-                        (long long)words);
-    return bie_cbw_set_qweight(&l->cuda->d, &l->w, q, who);
-}
-
-bie_status bie_bcc_set_bits(bie_binary_conv2d *l, int bits) { return bie_cbw_set_bits(&l->cuda->d, &l->w, bits); }
-
-bie_status bie_bcc_param(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_cbw_param(&l->cuda->d, &l->w, which, 4, wshape, v);
-}
-
-bie_status bie_bcc_grad(bie_binary_conv2d *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_cbw_grad(&l->cuda->d, which, 4, wshape, v);
-}
-
-bie_status bie_bcc_set_scale_a(bie_binary_conv2d *l, float scale_a) {
-    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
-}
-
-bool bie_bcc_has_qweight(const bie_binary_conv2d *l) { return l->cuda->d.qweight != NULL; }
 
 /* ---------------------------------------------------------------- forward */
 
-bie_status bie_bcc_check_forward(const bie_binary_conv2d *l, const bie_tensor *x) {
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
     static const char *who = "binary_conv2d_check_forward";
     bie_tensor h;
     BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
-    return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
+    return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding, l->dilation, who);
 }
 
-static bie_status ensure_scale_a(bie_binary_conv2d *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x),
+static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x),
                                   l->symmetric ? 2.0 : 4.0, who);
 }
 
-bie_status bie_bcc_set_activation(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
+static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "binary_conv2d_set_activation";
-    BIE_TRY(bie_bcc_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
-    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
-                                    l->cuda->d.bias_a, x_out->data);
+    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in, x->shape[2] * x->shape[3],
+                                    CU(l)->d.bias_a, x_out->data);
 }
 
-static bie_cuda_conv_shape shape_of(const bie_binary_conv2d *l, const bie_tensor *x) {
-    bie_cuda_conv_shape g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
+static bie_conv_geom shape_of(const bie_layer *l, const bie_tensor *x) {
+    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out,
                              bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
                              bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
                              l->k, l->stride, l->padding, l->dilation};
@@ -192,8 +144,8 @@ static int axis_classes(int64_t out, int64_t in, int64_t k, int64_t s, int64_t p
 }
 
 /* The padding classes of the geometry (host computation, uploaded once per input size). */
-static bie_status ensure_geometry(bie_binary_conv2d *l, const bie_cuda_conv_shape *g) {
-    struct bie_bc_cuda *c = l->cuda;
+static bie_status ensure_geometry(bie_layer *l, const bie_conv_geom *g) {
+    struct bie_bc_cuda *c = CU(l);
     if (c->geo && c->geo_h == g->h && c->geo_w == g->w) return BIE_OK;
     const int64_t plane = g->oh * g->ow;
     int *ycls = malloc((size_t)g->oh * sizeof(int)), *xcls = malloc((size_t)g->ow * sizeof(int));
@@ -242,8 +194,8 @@ done:
 }
 
 /* The weight rows the forward multiplies with (see struct bie_bc_cuda). */
-static bie_status forward_weight(bie_binary_conv2d *l, const bie_cuda_conv_shape *g) {
-    struct bie_bc_cuda *c = l->cuda;
+static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g) {
+    struct bie_bc_cuda *c = CU(l);
     if (!l->training && c->w_inference && c->wversion == c->d.version) return BIE_OK;
     c->w_inference = false;
     c->corr_valid = false;
@@ -259,8 +211,8 @@ static bie_status forward_weight(bie_binary_conv2d *l, const bie_cuda_conv_shape
     return BIE_OK;
 }
 
-static bie_status reserve_activations(bie_binary_conv2d *l, int64_t words) {
-    struct bie_bc_cuda *c = l->cuda;
+static bie_status reserve_activations(bie_layer *l, int64_t words) {
+    struct bie_bc_cuda *c = CU(l);
     if (words <= c->act_cap) return BIE_OK;
     l->has_saved = false;
     DEV_FREE(c->signs);
@@ -273,8 +225,8 @@ static bie_status reserve_activations(bie_binary_conv2d *l, int64_t words) {
 }
 
 /* After a forward's launches: what the backward needs. */
-static bie_status finish_forward(bie_binary_conv2d *l, const bie_cuda_conv_shape *g, bool keep) {
-    l->cuda->g = *g;
+static bie_status finish_forward(bie_layer *l, const bie_conv_geom *g, bool keep) {
+    CU(l)->g = *g;
     if (keep) {
         bie_conv_geom sg = {g->n, g->c, g->h, g->w, g->o, g->oh, g->ow, g->k, g->s, g->p, g->d};
         l->saved_geom = sg;
@@ -283,11 +235,11 @@ static bie_status finish_forward(bie_binary_conv2d *l, const bie_cuda_conv_shape
     return BIE_OK;
 }
 
-bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
-    struct bie_bc_cuda *c = l->cuda;
-    BIE_TRY(bie_bcc_check_forward(l, x));
-    const bie_cuda_conv_shape g = shape_of(l, x);
+    struct bie_bc_cuda *c = CU(l);
+    BIE_TRY(check_forward(l, x));
+    const bie_conv_geom g = shape_of(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
@@ -353,12 +305,12 @@ bie_status bie_bcc_forward(bie_binary_conv2d *l, const bie_tensor *x, bie_tensor
 
 /* ---------------------------------------------------------------- backward */
 
-bie_status bie_bcc_backward(bie_binary_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "binary_conv2d_backward";
-    struct bie_bc_cuda *c = l->cuda;
+    struct bie_bc_cuda *c = CU(l);
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
-    const bie_cuda_conv_shape g = c->g;
+    const bie_conv_geom g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
@@ -380,17 +332,24 @@ bie_status bie_bcc_backward(bie_binary_conv2d *l, const bie_tensor *grad_out, bi
 
 /* ---------------------------------------------------------------- kernel selection */
 
-bie_status bie_bcc_set_kernel(bie_binary_conv2d *l, int id) {
-    BIE_TRY(bie_cbw_check_kernel(id, l->cuda->ld, "set_gemm_kernel"));
-    l->kernel_id = id;
-    return BIE_OK;
+static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
+    return bie_cbw_check_kernel(id, CU(l)->ld, who);
 }
 
-bie_status bie_bcc_select_kernel(bie_binary_conv2d *l, const bie_tensor *x) {
-    BIE_TRY(bie_bcc_check_forward(l, x));
-    const bie_cuda_conv_shape g = shape_of(l, x);
-    int id = -1;
-    BIE_TRY(bie_cbw_select_bgemm(g.n * g.oh * g.ow, l->out_c, fan_in(l), l->cuda->ld, &id));
-    l->kernel_id = id;
-    return BIE_OK;
+static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+    const bie_conv_geom g = shape_of(l, x);
+    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, g.n * g.oh * g.ow, l->out, fan_in(l), CU(l)->ld, id);
 }
+
+const bie_layer_ops bie_binary_conv2d_cuda_ops = {
+    .weight = &bie_binary_weight_cuda_ops,
+    .init = init,
+    .release = release,
+    .check_rows = bie_cuda_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = backward,
+    .check_kernel = check_kernel,
+    .select_kernel = select_kernel,
+};

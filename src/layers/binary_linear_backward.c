@@ -5,12 +5,11 @@
 #include <string.h>
 
 #include "../cpu/frame/pack.h"
-#include "binary_linear_cuda.h"
-#include "binary_linear_impl.h"
+#include "layer_cpu.h"
 
 /* grad_x *= clip mask; per-row sums of grad_x * sign(x') into row_dot (summed in a fixed
  * order afterwards, so the result does not depend on the thread count). */
-static void apply_mask(const bie_binary_linear *l, int64_t m, float *gx, double *row_dot) {
+static void apply_mask(const bie_layer *l, int64_t m, float *gx, double *row_dot) {
     const int64_t k = l->in, rb = bie_bl_row_bytes(l);
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (m * k > 65536)
     for (int64_t i = 0; i < m; i++) {
@@ -39,11 +38,9 @@ static void column_sums(const float *gx, int64_t m, int64_t k, float *out) {
     }
 }
 
-bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *grad_out,
+bie_status bie_bl_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
                                       bie_tensor *grad_x) {
     static const char *who = "binary_linear_backward";
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
-    BIE_ON_CUDA(l, bie_blc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
                         "on float input first", who);
@@ -97,12 +94,4 @@ bie_status bie_binary_linear_backward(bie_binary_linear *l, const bie_tensor *gr
     if (!grad_x) bie_free_aligned(gx);
     free(row_dot);
     return BIE_OK;
-}
-
-bie_status bie_binary_linear_grad(bie_binary_linear *l, bie_param which, bie_tensor *v) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "binary_linear_grad: layer is NULL");
-    BIE_CHECK_NULL(v);
-    BIE_ON_CUDA(l, bie_blc_grad(l, which, v));
-    const int64_t wshape[2] = {l->out, l->in};
-    return bie_grads_view(&l->grads, which, 2, wshape, &l->in, v, "binary_linear_grad");
 }

@@ -11,7 +11,7 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "binary_linear_cuda.h"
+#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
 
 struct bie_bl_cuda {
@@ -32,6 +32,8 @@ struct bie_bl_cuda {
     int *wpopc;
 };
 
+static inline struct bie_bl_cuda *CU(const bie_layer *l) { return (struct bie_bl_cuda *)l->backend; }
+
 static const char *const MODULE = "binary_linear (cuda)";
 
 #define DEV_FREE(p)                                                                            \
@@ -46,20 +48,20 @@ static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
 
 /* ---------------------------------------------------------------- life cycle */
 
-bie_status bie_blc_create(bie_binary_linear *l) {
+static void release(bie_layer *l);
+
+static bie_status init(bie_layer *l) {
     struct bie_bl_cuda *c = calloc(1, sizeof *c);
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     c->ld = bie_cuda_row_stride(l->in);
     c->parts = bie_cuda_popc_parts(c->ld);
-    l->cuda = c;
+    l->backend = c;
     bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, l->in, l->in, MODULE);
     if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), "weight bits");
     if (st == BIE_OK) st = dev_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), "weight bits");
-    if (st != BIE_OK) bie_blc_free(l);
+    if (st != BIE_OK) release(l);
     return st;
 }
-
-void bie_blc_drop_saved(bie_binary_linear *l) { l->has_saved = false; }
 
 static void free_activations(struct bie_bl_cuda *c) {
     DEV_FREE(c->abits);
@@ -68,8 +70,8 @@ static void free_activations(struct bie_bl_cuda *c) {
     c->a_cap = 0;
 }
 
-void bie_blc_free(bie_binary_linear *l) {
-    struct bie_bl_cuda *c = l->cuda;
+static void release(bie_layer *l) {
+    struct bie_bl_cuda *c = CU(l);
     if (c == NULL) return;
     free_activations(c);
     bie_cbw_free(&c->d);
@@ -78,62 +80,12 @@ void bie_blc_free(bie_binary_linear *l) {
     bie_cbw_free_ptr(c->wbits);
     bie_cbw_free_ptr(c->wpopc);
     free(c);
-    l->cuda = NULL;
+    l->backend = NULL;
 }
-
-bie_status bie_blc_reset(bie_binary_linear *l, uint64_t seed) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_reset(&l->cuda->d, &l->w, seed));
-}
-
-bie_status bie_blc_prepare(bie_binary_linear *l) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_prepare(&l->cuda->d, &l->w, "binary_linear_prepare_params"));
-}
-
-bie_status bie_blc_set_weight_data(bie_binary_linear *l, const bie_tensor *w) {
-    static const char *who = "binary_linear_set_weight_data";
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->in, NULL, who));
-    if (w->ndim != 2 || w->shape[0] != l->out)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
-                        (long long)l->in);
-    return bie_cbw_weight_changed(&l->has_saved, bie_cbw_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
-}
-
-bie_status bie_blc_generate_quantized_weight(bie_binary_linear *l, bool qweight_only) {
-    bie_status st = bie_cbw_generate_qweight(&l->cuda->d, &l->w, qweight_only, "generate_quantized_weight");
-    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
-}
-
-bie_status bie_blc_set_quantized_weight_data(bie_binary_linear *l, const bie_tensor *q) {
-    static const char *who = "binary_linear_set_quantized_weight_data";
-    const int64_t words = bie_packed_words(l->in, l->w.word_bits);
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", bie_bw_word_dtype(l->w.word_bits), words, NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out,
-                        (long long)words);
-    return bie_cbw_set_qweight(&l->cuda->d, &l->w, q, who);
-}
-
-bie_status bie_blc_set_bits(bie_binary_linear *l, int bits) { return bie_cbw_set_bits(&l->cuda->d, &l->w, bits); }
-
-bie_status bie_blc_param(bie_binary_linear *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[2] = {l->out, l->in};
-    return bie_cbw_param(&l->cuda->d, &l->w, which, 2, wshape, v);
-}
-
-bie_status bie_blc_grad(bie_binary_linear *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[2] = {l->out, l->in};
-    return bie_cbw_grad(&l->cuda->d, which, 2, wshape, v);
-}
-
-bie_status bie_blc_set_scale_a(bie_binary_linear *l, float scale_a) {
-    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
-}
-
-bool bie_blc_has_qweight(const bie_binary_linear *l) { return l->cuda->d.qweight != NULL; }
 
 /* ---------------------------------------------------------------- forward */
 
-bie_status bie_blc_check_forward(const bie_binary_linear *l, const bie_tensor *x) {
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
     static const char *who = "binary_linear_check_forward";
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->device.type != BIE_DEVICE_CUDA || x->device.index != l->device.index)
@@ -153,24 +105,24 @@ bie_status bie_blc_check_forward(const bie_binary_linear *l, const bie_tensor *x
 }
 
 /* Measure scale_a on x when it is still 0 (SPEC §2: factor * mean|x|, before the shift). */
-static bie_status ensure_scale_a(bie_binary_linear *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x),
+static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x),
                                   l->symmetric ? 2.0 : 4.0, who);
 }
 
-bie_status bie_blc_set_activation(bie_binary_linear *l, const bie_tensor *x, bie_tensor *x_out) {
+static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "binary_linear_set_activation";
     BIE_TRY(bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who));
     if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     const int64_t m = bie_tensor_numel(x) / l->in;
-    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, l->cuda->d.bias_a, x_out->data);
+    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, CU(l)->d.bias_a, x_out->data);
 }
 
 /* Room for the packed activations of m rows (contents are not kept). */
-static bie_status reserve_activations(bie_binary_linear *l, int64_t m) {
-    struct bie_bl_cuda *c = l->cuda;
+static bie_status reserve_activations(bie_layer *l, int64_t m) {
+    struct bie_bl_cuda *c = CU(l);
     if (m <= c->a_cap) return BIE_OK;
     l->has_saved = false;
     free_activations(c);
@@ -186,11 +138,11 @@ static bie_status reserve_activations(bie_binary_linear *l, int64_t m) {
 /* The packed weight the forward multiplies with: the training weight's signs, packed now
  * (the optimizer may have changed it), or the inference cache: qweight in the GEMM layout,
  * built after each weight change (qweight itself is generated on first use). */
-static bie_status forward_weight(bie_binary_linear *l, const uint8_t **bits, const int **popc) {
-    struct bie_bl_cuda *c = l->cuda;
+static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int **popc) {
+    struct bie_bl_cuda *c = CU(l);
     const bool training = l->training;
     /* As on the CPU (opt_weight): inference packs the weight into qweight on first use. */
-    if (!training && c->d.qweight == NULL) BIE_TRY(bie_blc_generate_quantized_weight(l, false));
+    if (!training && c->d.qweight == NULL) BIE_TRY(bie_layer_generate_quantized_weight(l, false));
     if (!training && c->qbits && c->qversion == c->d.version) {
         *bits = c->qbits;
         *popc = c->qpopc;
@@ -220,10 +172,10 @@ static bie_status forward_weight(bie_binary_linear *l, const uint8_t **bits, con
     return BIE_OK;
 }
 
-bie_status bie_blc_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor *out) {
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_linear_forward";
-    struct bie_bl_cuda *c = l->cuda;
-    BIE_TRY(bie_blc_check_forward(l, x));
+    struct bie_bl_cuda *c = CU(l);
+    BIE_TRY(check_forward(l, x));
     BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     const bool packed_input = x->dtype != l->dtype;
     const bool keep = l->training && !packed_input;
@@ -265,9 +217,9 @@ bie_status bie_blc_forward(bie_binary_linear *l, const bie_tensor *x, bie_tensor
 
 /* ---------------------------------------------------------------- backward */
 
-bie_status bie_blc_backward(bie_binary_linear *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "binary_linear_backward";
-    struct bie_bl_cuda *c = l->cuda;
+    struct bie_bl_cuda *c = CU(l);
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
                         "on float input first", who);
@@ -295,17 +247,24 @@ bie_status bie_blc_backward(bie_binary_linear *l, const bie_tensor *grad_out, bi
 /* ---------------------------------------------------------------- kernel selection */
 
 
-bie_status bie_blc_set_kernel(bie_binary_linear *l, int id) {
-    BIE_TRY(bie_cbw_check_kernel(id, l->cuda->ld, "set_gemm_kernel"));
-    l->kernel_id = id;
-    return BIE_OK;
+static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
+    return bie_cbw_check_kernel(id, CU(l)->ld, who);
 }
 
-bie_status bie_blc_select_kernel(bie_binary_linear *l, const bie_tensor *x) {
-    BIE_TRY(bie_blc_check_forward(l, x));
+static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
-    int id = -1;
-    BIE_TRY(bie_cbw_select_bgemm(m, l->out, l->in, l->cuda->ld, &id));
-    l->kernel_id = id;
-    return BIE_OK;
+    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, m, l->out, l->in, CU(l)->ld, id);
 }
+
+const bie_layer_ops bie_binary_linear_cuda_ops = {
+    .weight = &bie_binary_weight_cuda_ops,
+    .init = init,
+    .release = release,
+    .check_rows = bie_cuda_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = backward,
+    .check_kernel = check_kernel,
+    .select_kernel = select_kernel,
+};

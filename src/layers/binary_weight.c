@@ -1,3 +1,4 @@
+#include "../core/device.h"
 #include "binary_weight.h"
 
 #include <math.h>
@@ -286,10 +287,8 @@ bie_status bie_grads_view(bie_layer_grads *g, bie_param which, int wndim, const 
 }
 
 bie_status bie_layer_check_device(bie_device device, bie_dtype dtype, const char *who) {
-#ifndef BIE_HAVE_CUDA
-    if (device.type == BIE_DEVICE_CUDA)
+    if (device.type == BIE_DEVICE_CUDA && bie_device_get(device.type) == NULL)
         return bie_fail(BIE_ERR_DEVICE, "%s: this build has no CUDA backend", who);
-#endif
     if (device.type != BIE_DEVICE_CPU && device.type != BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: unknown device type %d", who, (int)device.type);
     if (device.type == BIE_DEVICE_CPU && dtype != BIE_F32)

@@ -78,15 +78,4 @@ bie_status bie_check_rows_tensor(const bie_tensor *t, const char *what, bie_dtyp
  * with the backend) float32 / bfloat16 / float16. */
 bie_status bie_layer_check_device(bie_device device, bie_dtype dtype, const char *who);
 
-/* Delegate a public call of a layer to its CUDA implementation when the layer lives on a
- * CUDA device (l->cuda set). */
-#ifdef BIE_HAVE_CUDA
-#define BIE_ON_CUDA(l, call)                                                                   \
-    do {                                                                                       \
-        if ((l)->cuda) return call;                                                            \
-    } while (0)
-#else
-#define BIE_ON_CUDA(l, call) ((void)0)
-#endif
-
 #endif

@@ -146,10 +146,27 @@ bie_status bie_cbw_check_kernel(int id, int64_t ld, const char *who) {
 
 static bie_status select_ok(cudaError_t err, const char *what) { return bie_cbw_cuda_ok(err, "select_gemm_kernel", what); }
 
-/* Times every CUDA binary kernel that fits on the layer's shape (random bits, best of a few
- * launches measured with events) and keeps the fastest. */
-bie_status bie_cbw_select_bgemm(int64_t m, int64_t n, int64_t k, int64_t ld, int *id) {
+/* One launch of CUDA kernel `id` of `op` on the operands in ws (a: m rows, b: n rows of ld
+ * bytes, then the popcounts of binary rows), writing float32 into out. */
+static bie_status launch_one(bie_op op, int id, int64_t m, int64_t n, int64_t k, int64_t ld,
+                             const uint8_t *ws, size_t bits, float *out) {
+    const uint8_t *a = ws, *b = ws + m * ld;
+    if (op == BIE_OP_Q4_GEMM)
+        return bie_cuda_q4gemm_launch(id, m, n, k, a, b, ld, 1.0f, NULL, NULL, BIE_F32, out, NULL);
     const int64_t parts = bie_cuda_popc_parts(ld);
+    const int *pa = (const int *)(ws + bits), *pb = pa + m * parts;
+    return bie_cuda_bgemm_launch(id, m, n, k, a, b, ld, pa, (int)parts, pb, 1.0f, NULL, NULL, BIE_F32,
+                                 out, NULL);
+}
+
+static bool fits(bie_op op, int id, int64_t k, int64_t ld) {
+    return op == BIE_OP_Q4_GEMM ? bie_cuda_q4_kernel_fits(id, k) : bie_cuda_bgemm_kernel_fits_ld(id, ld);
+}
+
+/* Times every CUDA kernel of `op` that fits the layer's shape (random operands, best of a
+ * few launches measured with events) and keeps the fastest. */
+bie_status bie_cbw_select_kernel(bie_op op, int64_t m, int64_t n, int64_t k, int64_t ld, int *id) {
+    const int64_t parts = op == BIE_OP_BINARY_GEMM ? bie_cuda_popc_parts(ld) : 0;
     uint8_t *ws = NULL;
     const size_t bits = (size_t)((m + n) * ld), counts = (size_t)((m + n) * parts) * sizeof(int);
     const size_t outb = (size_t)(m * n) * sizeof(float);
@@ -165,17 +182,14 @@ bie_status bie_cbw_select_bgemm(int64_t m, int64_t n, int64_t k, int64_t ld, int
     const int count = bie_kernel_count();
     for (int i = 0; i < count && st == BIE_OK; i++) {
         bie_kernel_info info;
-        if (bie_kernel_get(i, &info) != BIE_OK || info.device != BIE_DEVICE_CUDA ||
-            info.op != BIE_OP_BINARY_GEMM || !bie_cuda_bgemm_kernel_fits_ld(info.id, ld))
+        if (bie_kernel_get(i, &info) != BIE_OK || info.device != BIE_DEVICE_CUDA || info.op != op ||
+            !fits(op, info.id, k, ld))
             continue;
-        const uint8_t *a = ws, *b = ws + m * ld;
-        const int *pa = (const int *)(ws + bits), *pb = pa + m * parts;
         float *out = (float *)(ws + bits + counts);
         float t_best = 1e30f;
         for (int rep = 0; rep < 4 && st == BIE_OK; rep++) { /* rep 0 warms up */
             cudaEventRecord(e0, stream);
-            st = bie_cuda_bgemm_launch(info.id, m, n, k, a, b, ld, pa, (int)parts, pb, 1.0f, NULL, NULL,
-                                       BIE_F32, out, NULL);
+            st = launch_one(op, info.id, m, n, k, ld, ws, bits, out);
             cudaEventRecord(e1, stream);
             if (st == BIE_OK) st = select_ok(cudaEventSynchronize(e1), "select_gemm_kernel");
             float ms = 0;

@@ -10,7 +10,6 @@
 
 #include "cuda_layer.h"
 
-#ifdef BIE_HAVE_CUDA
 
 /* Host staging: copy the device weight into host's buffers / upload host's buffers as the new
  * device weight (host's buffers are freed either way). */
@@ -35,8 +34,7 @@ bie_status bie_cbw_param(bie_cuda_bw *d, const bie_binary_weight *host, bie_para
 
 /* Kernel id -1 (default) or a CUDA binary GEMM kernel that runs rows of ld bytes. */
 bie_status bie_cbw_check_kernel(int id, int64_t ld, const char *who);
-/* The fastest CUDA binary GEMM kernel for (m, n, k) on rows of ld bytes, timed with events. */
-bie_status bie_cbw_select_bgemm(int64_t m, int64_t n, int64_t k, int64_t ld, int *id);
+/* The fastest CUDA GEMM kernel of `op` for (m, n, k) on rows of ld bytes, timed with events. */
+bie_status bie_cbw_select_kernel(bie_op op, int64_t m, int64_t n, int64_t k, int64_t ld, int *id);
 
-#endif
 #endif

@@ -2,7 +2,15 @@
 #ifndef BIE_CONV_COMMON_H
 #define BIE_CONV_COMMON_H
 
-#include "binary_conv2d_impl.h"
+#include "layer.h"
+
+/* Input row index of output row `o` and tap `i` (may be outside 0..h-1). */
+static inline int64_t bie_conv_in(const bie_conv_geom *g, int64_t o, int64_t i) {
+    return o * g->s - g->p + i * g->d;
+}
+
+/* Bit plane bytes of one (n, c) plane. */
+static inline int64_t bie_conv_plane_bytes(const bie_conv_geom *g) { return (g->h * g->w + 7) / 8; }
 
 /* Create-time checks of a convolution's hyper-parameters (SPEC §3: square kernel, groups 1);
  * fan_in = in_c k k must stay below 2^24. */

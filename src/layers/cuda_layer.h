@@ -14,7 +14,6 @@
 
 #include "binary_weight.h"
 
-#ifdef BIE_HAVE_CUDA
 
 enum { BIE_CBW_SCALE_A = 0, BIE_CBW_SCALE_W = 1, BIE_CBW_SAVED_SCALES = 2 };
 
@@ -86,5 +85,4 @@ static inline bie_status bie_cbw_weight_changed(bool *has_saved, bie_status st) 
 bie_status bie_cbw_view(int device, bie_tensor *v, void *data, bie_dtype dt, int ndim,
                         const int64_t *shape);
 
-#endif
 #endif

@@ -9,204 +9,23 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
-#include "q4_conv2d_cuda.h"
+#include "conv_common.h"
+#include "layer_cpu.h"
 
-static const char *const MODULE = "q4_conv2d";
 
-#define CHECK_LAYER(l)                                                                         \
-    do {                                                                                       \
-        if ((l) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", __func__); \
-    } while (0)
+static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
 
-static int64_t fan_in(const bie_q4_conv2d *l) { return l->in_c * l->k * l->k; }
-
-static void drop_saved(bie_q4_conv2d *l) {
-    bie_free_aligned(l->saved_codes);
-    bie_free_aligned(l->saved_mask);
-    bie_free_aligned(l->saved_resid);
-    bie_free_aligned(l->saved_wcodes);
-    l->saved_codes = l->saved_mask = NULL;
-    l->saved_resid = l->saved_wcodes = NULL;
-    l->has_saved = false;
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
+    return bie_conv_check_input(x, l->in, l->k, l->stride, l->padding, l->dilation, "q4_conv2d_check_forward");
 }
 
-bie_status bie_q4_conv2d_create(bie_q4_conv2d **out, int64_t in_channels, int64_t out_channels,
-                                int kernel_size, int stride, int padding, int dilation,
-                                bie_device device, bie_dtype dtype) {
-    BIE_CHECK_NULL(out);
-    BIE_TRY(bie_conv_check_params(in_channels, out_channels, kernel_size, stride, padding, dilation, MODULE));
-    BIE_TRY(bie_layer_check_device(device, dtype, MODULE));
-    bie_q4_conv2d *l = calloc(1, sizeof *l);
-    if (l == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
-    l->in_c = in_channels;
-    l->out_c = out_channels;
-    l->k = kernel_size;
-    l->stride = stride;
-    l->padding = padding;
-    l->dilation = dilation;
-    l->device = device;
-    l->dtype = dtype;
-    l->training = true;
-    l->kernel_id = -1;
-    bie_q4w_init(&l->w, out_channels, fan_in(l));
-    l->bias_a = bie_layer_bias_alloc(in_channels);
-    bie_status st = l->bias_a ? BIE_OK : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: bias_a", MODULE);
-#ifdef BIE_HAVE_CUDA
-    if (st == BIE_OK && device.type == BIE_DEVICE_CUDA) st = bie_q4cc_create(l);
-#endif
-    if (st == BIE_OK) st = bie_q4_conv2d_reset_parameters(l, 0);
-    if (st != BIE_OK) {
-        bie_q4_conv2d_free(l);
-        return st;
-    }
-    *out = l;
-    return BIE_OK;
+static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
+    return bie_layer_activation_scale(l, x, scale);
 }
 
-void bie_q4_conv2d_free(bie_q4_conv2d *l) {
-    if (l == NULL) return;
-#ifdef BIE_HAVE_CUDA
-    bie_q4cc_free(l);
-#endif
-    drop_saved(l);
-    bie_q4w_free(&l->w);
-    bie_free_aligned(l->bias_a);
-    bie_grads_free(&l->grads);
-    free(l);
-}
-
-bie_status bie_q4_conv2d_reset_parameters(bie_q4_conv2d *l, uint64_t seed) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_reset(l, seed));
-    BIE_TRY(bie_q4w_reset(&l->w, seed));
-    drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_prepare_params(bie_q4_conv2d *l) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_prepare(l));
-    BIE_TRY(bie_q4w_prepare(&l->w, "q4_conv2d_prepare_params"));
-    drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_set_weight_data(l, w));
-    static const char *who = "q4_conv2d_set_weight_data";
-    const int64_t shape[4] = {l->out_c, l->in_c, l->k, l->k};
-    BIE_TRY(bie_conv_check_shape4(w, shape, "weight", who));
-    BIE_TRY(bie_q4w_set_data(&l->w, w->data, who));
-    drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_generate_quantized_weight(bie_q4_conv2d *l, bool qweight_only) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_generate_quantized_weight(l, qweight_only));
-    BIE_TRY(bie_q4w_generate_qweight(&l->w, qweight_only, "q4_conv2d_generate_quantized_weight"));
-    if (qweight_only) drop_saved(l);
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_set_quantized_weight_data(bie_q4_conv2d *l, const bie_tensor *q) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_set_quantized_weight_data(l, q));
-    static const char *who = "q4_conv2d_set_quantized_weight_data";
-    const int64_t rb = bie_nibble_row_bytes(fan_in(l));
-    BIE_TRY(bie_check_rows_tensor(q, "qweight", BIE_U8, rb, NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out_c)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c, (long long)rb);
-    return bie_q4w_set_qweight(&l->w, q->data, who);
-}
-
-bie_status bie_q4_conv2d_set_training(bie_q4_conv2d *l, bool training) {
-    CHECK_LAYER(l);
-    if (!training) drop_saved(l); /* on CUDA too: has_saved is shared */
-    l->training = training;
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_set_gemm_kernel(bie_q4_conv2d *l, int id) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_set_kernel(l, id));
-    if (id != -1) {
-        const bie_cpu_kernel *kern;
-        BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, id, 1, "q4_conv2d_set_gemm_kernel", &kern));
-    }
-    l->kernel_id = id;
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_set_scale_a(bie_q4_conv2d *l, float scale_a) {
-    CHECK_LAYER(l);
-    BIE_TRY(bie_check_scale_a(scale_a, MODULE));
-    BIE_ON_CUDA(l, bie_q4cc_set_scale_a(l, scale_a));
-    l->scale_a = scale_a;
-    return BIE_OK;
-}
-
-bie_status bie_q4_conv2d_param(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    BIE_ON_CUDA(l, bie_q4cc_param(l, which, v));
-    int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k}, one = 1;
-    int64_t qshape[2] = {l->out_c, bie_nibble_row_bytes(fan_in(l))};
-    switch (which) {
-    case BIE_PARAM_WEIGHT:
-        if (l->w.f32 == NULL) return bie_bw_no_weight("q4_conv2d_param");
-        return bie_tensor_view(v, l->w.f32, BIE_F32, 4, wshape);
-    case BIE_PARAM_QWEIGHT:
-        if (l->w.qweight == NULL)
-            return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", MODULE);
-        return bie_tensor_view(v, l->w.qweight, BIE_U8, 2, qshape);
-    case BIE_PARAM_BIAS_A: return bie_tensor_view(v, l->bias_a, BIE_F32, 1, &l->in_c);
-    case BIE_PARAM_SCALE_A: return bie_tensor_view(v, &l->scale_a, BIE_F32, 1, &one);
-    case BIE_PARAM_SCALE_W: return bie_tensor_view(v, &l->w.scale_w, BIE_F32, 1, &one);
-    default: break;
-    }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", MODULE, (int)which);
-}
-
-bie_status bie_q4_conv2d_opt_weight(bie_q4_conv2d *l, bie_tensor *v) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(v);
-    if (l->training) return bie_q4_conv2d_param(l, BIE_PARAM_WEIGHT, v);
-#ifdef BIE_HAVE_CUDA
-    if (l->cuda && !bie_q4cc_has_qweight(l)) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l, false));
-    if (l->cuda) return bie_q4_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
-#endif
-    if (l->w.qweight == NULL) BIE_TRY(bie_q4_conv2d_generate_quantized_weight(l, false));
-    return bie_q4_conv2d_param(l, BIE_PARAM_QWEIGHT, v);
-}
-
-bie_status bie_q4_conv2d_check_forward(const bie_q4_conv2d *l, const bie_tensor *x) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_check_forward(l, x));
-    return bie_conv_check_input(x, l->in_c, l->k, l->stride, l->padding, l->dilation, "q4_conv2d_check_forward");
-}
-
-bie_status bie_q4_conv2d_output_size(const bie_q4_conv2d *l, int64_t h, int64_t w, int64_t *out_h,
-                                     int64_t *out_w) {
-    CHECK_LAYER(l);
-    BIE_CHECK_NULL(out_h);
-    BIE_CHECK_NULL(out_w);
-    if (h < 1 || w < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", MODULE);
-    *out_h = bie_conv_out_extent(h, l->k, l->stride, l->padding, l->dilation);
-    *out_w = bie_conv_out_extent(w, l->k, l->stride, l->padding, l->dilation);
-    return BIE_OK;
-}
-
-static bie_status activation_scale(const bie_q4_conv2d *l, const bie_tensor *x, float *scale) {
-    return bie_activation_scale(l->scale_a, x->data, bie_tensor_numel(x), 2.0 / 11.269, MODULE, scale);
-}
-
-bie_status bie_q4_conv2d_set_activation(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_set_activation(l, x, x_out));
+static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "q4_conv2d_set_activation";
-    BIE_TRY(bie_q4_conv2d_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     if (x_out) BIE_TRY(bie_conv_check_shape4(x_out, x->shape, "output", who));
     float scale = 0;
     BIE_TRY(activation_scale(l, x, &scale));
@@ -215,7 +34,7 @@ bie_status bie_q4_conv2d_set_activation(bie_q4_conv2d *l, const bie_tensor *x, b
         const int64_t hw = x->shape[2] * x->shape[3], n = bie_tensor_numel(x);
         const float *src = x->data;
         float *dst = x_out->data;
-        for (int64_t i = 0; i < n; i++) dst[i] = src[i] + l->bias_a[(i / hw) % l->in_c];
+        for (int64_t i = 0; i < n; i++) dst[i] = src[i] + l->bias_a[(i / hw) % l->in];
     }
     return BIE_OK;
 }
@@ -239,18 +58,16 @@ static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols
     }
 }
 
-bie_status bie_q4_conv2d_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *out) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_forward(l, x, out));
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_conv2d_forward";
-    BIE_TRY(bie_q4_conv2d_check_forward(l, x));
-    const bie_conv_geom g = bie_conv_geometry(x, l->out_c, l->k, l->stride, l->padding, l->dilation);
+    BIE_TRY(check_forward(l, x));
+    const bie_conv_geom g = bie_conv_geometry(x, l->out, l->k, l->stride, l->padding, l->dilation);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_conv_check_shape4(out, oshape, "output", who));
-    if (l->w.f32 == NULL && (l->training || l->w.qweight == NULL)) return bie_bw_no_weight(who);
+    if (l->qw.f32 == NULL && (l->training || l->qw.qweight == NULL)) return bie_bw_no_weight(who);
     float scale_a = 0;
     BIE_TRY(activation_scale(l, x, &scale_a));
-    const float scale = scale_a * l->w.scale_w;
+    const float scale = scale_a * l->qw.scale_w;
     if (!isfinite(scale)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, g.o, who, &kern));
@@ -266,7 +83,7 @@ bie_status bie_q4_conv2d_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tens
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
-    if ((st = bie_q4w_codes(&l->w, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
+    if ((st = bie_q4w_codes(&l->qw, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
     bie_q4_encode(x->data, n_in, l->bias_a, g.h * g.w, g.c, scale_a, codes, mask, resid);
     float *o = out->data;
     for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
@@ -278,14 +95,14 @@ bie_status bie_q4_conv2d_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tens
     l->scale_a = scale_a;
     if (keep) {
         bie_q4_pack_nibbles(codes, 1, n_in, nib);
-        drop_saved(l);
+        bie_layer_drop_saved(l);
         l->saved_codes = nib;
         l->saved_mask = mask;
         l->saved_resid = resid;
         l->saved_wcodes = wcodes;
         l->saved_geom = g;
         l->saved_scale_a = scale_a;
-        l->saved_scale_w = l->w.scale_w;
+        l->saved_scale_w = l->qw.scale_w;
         l->has_saved = true;
         nib = mask = NULL;
         resid = wcodes = NULL;
@@ -300,10 +117,8 @@ done:
     return st;
 }
 
-bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_conv2d_backward";
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_backward(l, grad_out, grad_x));
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
@@ -363,9 +178,13 @@ bie_status bie_q4_conv2d_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, 
     return BIE_OK;
 }
 
-bie_status bie_q4_conv2d_grad(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
-    CHECK_LAYER(l);
-    BIE_ON_CUDA(l, bie_q4cc_grad(l, which, v));
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_grads_view(&l->grads, which, 4, wshape, &l->in_c, v, "q4_conv2d_grad");
-}
+const bie_layer_ops bie_q4_conv2d_cpu_ops = {
+    .weight = &bie_q4_weight_cpu_ops,
+    .check_rows = bie_cpu_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = backward,
+    .check_kernel = bie_layer_check_cpu_kernel,
+    .select_kernel = bie_cpu_select_kernel,
+};

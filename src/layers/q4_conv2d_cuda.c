@@ -12,12 +12,14 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "q4_conv2d_cuda.h"
+#include "layer_cuda.h"
+#include "binary_weight_cuda.h"
+#include "conv_common.h"
 #include "q4_weight_cuda.h"
 
 struct bie_q4c_cuda {
     bie_cuda_bw d;         /* weight, bias_a, scalars, gradients */
-    bie_cuda_conv_shape g; /* of the last forward */
+    bie_conv_geom g; /* of the last forward */
     int64_t ld;            /* GEMM-layout row bytes for in_c k k codes */
     /* Weight codes in the GEMM layout (rows in the weight's [c, i, j] order): of the last
      * forward that read the float weight (kept for the backward), and the inference cache
@@ -36,6 +38,8 @@ struct bie_q4c_cuda {
     int64_t a_cap, s_cap;
 };
 
+static inline struct bie_q4c_cuda *CU(const bie_layer *l) { return (struct bie_q4c_cuda *)l->backend; }
+
 static const char *const MODULE = "q4_conv2d (cuda)";
 
 #define DEV_FREE(p)                                                                            \
@@ -48,23 +52,25 @@ static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
     return bie_cbw_alloc(p, bytes, MODULE, what);
 }
 
-static int64_t fan_in(const bie_q4_conv2d *l) { return l->in_c * l->k * l->k; }
+static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
 
 /* ---------------------------------------------------------------- life cycle */
 
-bie_status bie_q4cc_create(bie_q4_conv2d *l) {
+static void release(bie_layer *l);
+
+static bie_status init(bie_layer *l) {
     struct bie_q4c_cuda *c = calloc(1, sizeof *c);
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     c->ld = bie_cuda_q4_row_stride(fan_in(l));
-    l->cuda = c;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out_c, fan_in(l), l->in_c, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out_c * c->ld), "weight codes");
-    if (st != BIE_OK) bie_q4cc_free(l);
+    l->backend = c;
+    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, fan_in(l), l->in, MODULE);
+    if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), "weight codes");
+    if (st != BIE_OK) release(l);
     return st;
 }
 
-void bie_q4cc_free(bie_q4_conv2d *l) {
-    struct bie_q4c_cuda *c = l->cuda;
+static void release(bie_layer *l) {
+    struct bie_q4c_cuda *c = CU(l);
     if (c == NULL) return;
     bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wcodes);
@@ -74,86 +80,38 @@ void bie_q4cc_free(bie_q4_conv2d *l) {
     bie_cbw_free_ptr(c->mask);
     bie_cbw_free_ptr(c->resid);
     free(c);
-    l->cuda = NULL;
+    l->backend = NULL;
 }
 
-bie_status bie_q4cc_reset(bie_q4_conv2d *l, uint64_t seed) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
-}
-
-bie_status bie_q4cc_prepare(bie_q4_conv2d *l) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_conv2d_prepare_params"));
-}
-
-bie_status bie_q4cc_set_weight_data(bie_q4_conv2d *l, const bie_tensor *w) {
-    static const char *who = "q4_conv2d_set_weight_data";
-    const int64_t shape[4] = {l->out_c, l->in_c, l->k, l->k};
-    BIE_TRY(bie_cbw_check_shape4(l->device.index, w, l->dtype, shape, "weight", who));
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
-}
-
-bie_status bie_q4cc_generate_quantized_weight(bie_q4_conv2d *l, bool qweight_only) {
-    bie_status st = bie_cq4w_generate_qweight(&l->cuda->d, &l->w, qweight_only,
-                                              "q4_conv2d_generate_quantized_weight");
-    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
-}
-
-bie_status bie_q4cc_set_quantized_weight_data(bie_q4_conv2d *l, const bie_tensor *q) {
-    static const char *who = "q4_conv2d_set_quantized_weight_data";
-    const int64_t rb = bie_nibble_row_bytes(fan_in(l));
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", BIE_U8, rb, NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out_c)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out_c, (long long)rb);
-    return bie_cq4w_set_qweight(&l->cuda->d, &l->w, q, who);
-}
-
-bie_status bie_q4cc_param(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_cq4w_param(&l->cuda->d, which, 4, wshape, v);
-}
-
-bie_status bie_q4cc_grad(bie_q4_conv2d *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[4] = {l->out_c, l->in_c, l->k, l->k};
-    return bie_cbw_grad(&l->cuda->d, which, 4, wshape, v);
-}
-
-bie_status bie_q4cc_set_scale_a(bie_q4_conv2d *l, float scale_a) {
-    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
-}
-
-bool bie_q4cc_has_qweight(const bie_q4_conv2d *l) { return l->cuda->d.qweight != NULL; }
-
-bie_status bie_q4cc_set_kernel(bie_q4_conv2d *l, int id) {
-    BIE_TRY(bie_cq4w_check_kernel(id, fan_in(l), "q4_conv2d_set_gemm_kernel"));
-    l->kernel_id = id;
-    return BIE_OK;
+static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
+    return bie_cq4w_check_kernel(id, fan_in(l), who);
 }
 
 /* ---------------------------------------------------------------- forward */
 
-bie_status bie_q4cc_check_forward(const bie_q4_conv2d *l, const bie_tensor *x) {
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
     static const char *who = "q4_conv2d_check_forward";
     bie_tensor h;
     BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
-    return bie_conv_check_input_as(&h, l->dtype, l->in_c, l->k, l->stride, l->padding, l->dilation, who);
+    return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding, l->dilation, who);
 }
 
-static bie_status ensure_scale_a(bie_q4_conv2d *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
+static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
 }
 
-bie_status bie_q4cc_set_activation(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *x_out) {
+static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "q4_conv2d_set_activation";
-    BIE_TRY(bie_q4cc_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
-    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in_c, x->shape[2] * x->shape[3],
-                                    l->cuda->d.bias_a, x_out->data);
+    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in, x->shape[2] * x->shape[3],
+                                    CU(l)->d.bias_a, x_out->data);
 }
 
-static bie_cuda_conv_shape shape_of(const bie_q4_conv2d *l, const bie_tensor *x) {
-    bie_cuda_conv_shape g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out_c,
+static bie_conv_geom shape_of(const bie_layer *l, const bie_tensor *x) {
+    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out,
                              bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
                              bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
                              l->k, l->stride, l->padding, l->dilation};
@@ -162,8 +120,8 @@ static bie_cuda_conv_shape shape_of(const bie_q4_conv2d *l, const bie_tensor *x)
 
 /* Room for the codes of n_in inputs (contents are not kept); with `keep`, also for the
  * backward's clip bits and residuals. */
-static bie_status reserve_activations(bie_q4_conv2d *l, int64_t n_in, bool keep) {
-    struct bie_q4c_cuda *c = l->cuda;
+static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
+    struct bie_q4c_cuda *c = CU(l);
     if (n_in > c->a_cap) {
         l->has_saved = false;
         DEV_FREE(c->codes);
@@ -186,17 +144,17 @@ static bie_status reserve_activations(bie_q4_conv2d *l, int64_t n_in, bool keep)
 /* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
  * now (the optimizer may have changed it), or in inference the codes of qweight, unpacked
  * once after each weight change. */
-static bie_status forward_weight(bie_q4_conv2d *l, const uint8_t **codes) {
-    struct bie_q4c_cuda *c = l->cuda;
+static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
+    struct bie_q4c_cuda *c = CU(l);
     const int64_t K = fan_in(l);
     if (l->training || c->d.qweight == NULL) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out_c, K, c->d.scalars + BIE_CBW_SCALE_W, c->ld, c->wcodes));
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W, c->ld, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(dev_alloc((void **)&c->qcodes, (size_t)(l->out_c * c->ld), "weight codes"));
-        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out_c, K, c->ld, c->qcodes));
+        if (c->qcodes == NULL) BIE_TRY(dev_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), "weight codes"));
+        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, K, c->ld, c->qcodes));
         c->qversion = c->d.version;
     }
     *codes = c->qcodes;
@@ -205,19 +163,19 @@ static bie_status forward_weight(bie_q4_conv2d *l, const uint8_t **codes) {
 
 /* The implicit GEMM serves inputs of 32 to 2048 channels (fewer: mostly padding codes;
  * more: its encode's tile outgrows shared memory) when no kernel was chosen. */
-static bool use_implicit(const bie_q4_conv2d *l, const bie_cuda_conv_shape *g) {
+static bool use_implicit(const bie_layer *l, const bie_conv_geom *g) {
     return l->kernel_id < 0 && g->c >= 32 && g->c <= 2048;
 }
 
 /* The forward weight codes in the implicit GEMM's tap order (cached in inference). */
-static bie_status forward_taps(bie_q4_conv2d *l, const bie_cuda_conv_shape *g, const uint8_t *wcodes,
+static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8_t *wcodes,
                                const uint8_t **taps) {
-    struct bie_q4c_cuda *c = l->cuda;
+    struct bie_q4c_cuda *c = CU(l);
     const bool cache = !l->training && c->d.qweight != NULL;
     if (!(cache && c->taps_cached && c->tversion == c->d.version)) {
         if (c->wtaps == NULL)
             BIE_TRY(dev_alloc((void **)&c->wtaps,
-                              (size_t)(l->out_c * l->k * l->k * bie_cuda_q4_conv_cb(l->in_c)), "weight taps"));
+                              (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), "weight taps"));
         c->taps_cached = false;
         BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->ld, g, c->wtaps));
         c->taps_cached = cache;
@@ -228,9 +186,9 @@ static bie_status forward_taps(bie_q4_conv2d *l, const bie_cuda_conv_shape *g, c
 }
 
 /* The implicit GEMM: NHWC codes in a stream-ordered workspace, then the GEMM. */
-static bie_status forward_implicit(bie_q4_conv2d *l, const bie_tensor *x, const bie_cuda_conv_shape *g,
+static bie_status forward_implicit(bie_layer *l, const bie_tensor *x, const bie_conv_geom *g,
                                    const uint8_t *wcodes, bie_tensor *out) {
-    struct bie_q4c_cuda *c = l->cuda;
+    struct bie_q4c_cuda *c = CU(l);
     const uint8_t *taps = NULL;
     BIE_TRY(forward_taps(l, g, wcodes, &taps));
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
@@ -248,9 +206,9 @@ static bie_status forward_implicit(bie_q4_conv2d *l, const bie_tensor *x, const 
 }
 
 /* The im2col path: the flat codes' im2col in a stream-ordered workspace, then the GEMM. */
-static bie_status forward_im2col(bie_q4_conv2d *l, const bie_cuda_conv_shape *g, const uint8_t *wcodes,
+static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uint8_t *wcodes,
                                  int64_t cols_bytes, bie_tensor *out) {
-    struct bie_q4c_cuda *c = l->cuda;
+    struct bie_q4c_cuda *c = CU(l);
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;
     BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
@@ -265,11 +223,11 @@ static bie_status forward_im2col(bie_q4_conv2d *l, const bie_cuda_conv_shape *g,
     return fst;
 }
 
-bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *out) {
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_conv2d_forward";
-    struct bie_q4c_cuda *c = l->cuda;
-    BIE_TRY(bie_q4cc_check_forward(l, x));
-    const bie_cuda_conv_shape g = shape_of(l, x);
+    struct bie_q4c_cuda *c = CU(l);
+    BIE_TRY(check_forward(l, x));
+    const bie_conv_geom g = shape_of(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
@@ -303,12 +261,12 @@ bie_status bie_q4cc_forward(bie_q4_conv2d *l, const bie_tensor *x, bie_tensor *o
 
 /* ---------------------------------------------------------------- backward */
 
-bie_status bie_q4cc_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_conv2d_backward";
-    struct bie_q4c_cuda *c = l->cuda;
+    struct bie_q4c_cuda *c = CU(l);
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
-    const bie_cuda_conv_shape g = c->g;
+    const bie_conv_geom g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
@@ -327,3 +285,21 @@ bie_status bie_q4cc_backward(bie_q4_conv2d *l, const bie_tensor *grad_out, bie_t
     c->d.has_grads = true;
     return BIE_OK;
 }
+
+static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+    const bie_conv_geom g = shape_of(l, x);
+    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, g.n * g.oh * g.ow, l->out, fan_in(l), CU(l)->ld, id);
+}
+
+const bie_layer_ops bie_q4_conv2d_cuda_ops = {
+    .weight = &bie_q4_weight_cuda_ops,
+    .init = init,
+    .release = release,
+    .check_rows = bie_cuda_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = backward,
+    .check_kernel = check_kernel,
+    .select_kernel = select_kernel,
+};

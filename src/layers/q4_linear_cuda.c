@@ -10,7 +10,8 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "q4_linear_cuda.h"
+#include "layer_cuda.h"
+#include "binary_weight_cuda.h"
 #include "q4_weight_cuda.h"
 
 struct bie_q4l_cuda {
@@ -28,6 +29,8 @@ struct bie_q4l_cuda {
     int64_t a_cap, s_cap;
 };
 
+static inline struct bie_q4l_cuda *CU(const bie_layer *l) { return (struct bie_q4l_cuda *)l->backend; }
+
 static const char *const MODULE = "q4_linear (cuda)";
 
 #define DEV_FREE(p)                                                                            \
@@ -42,19 +45,21 @@ static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
 
 /* ---------------------------------------------------------------- life cycle */
 
-bie_status bie_q4lc_create(bie_q4_linear *l) {
+static void release(bie_layer *l);
+
+static bie_status init(bie_layer *l) {
     struct bie_q4l_cuda *c = calloc(1, sizeof *c);
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
     c->ld = bie_cuda_q4_row_stride(l->in);
-    l->cuda = c;
+    l->backend = c;
     bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, l->in, l->in, MODULE);
     if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), "weight codes");
-    if (st != BIE_OK) bie_q4lc_free(l);
+    if (st != BIE_OK) release(l);
     return st;
 }
 
-void bie_q4lc_free(bie_q4_linear *l) {
-    struct bie_q4l_cuda *c = l->cuda;
+static void release(bie_layer *l) {
+    struct bie_q4l_cuda *c = CU(l);
     if (c == NULL) return;
     bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wcodes);
@@ -63,66 +68,16 @@ void bie_q4lc_free(bie_q4_linear *l) {
     bie_cbw_free_ptr(c->amask);
     bie_cbw_free_ptr(c->aresid);
     free(c);
-    l->cuda = NULL;
+    l->backend = NULL;
 }
 
-bie_status bie_q4lc_reset(bie_q4_linear *l, uint64_t seed) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_reset(&l->cuda->d, &l->w, seed));
-}
-
-bie_status bie_q4lc_prepare(bie_q4_linear *l) {
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_prepare(&l->cuda->d, &l->w, "q4_linear_prepare_params"));
-}
-
-bie_status bie_q4lc_set_weight_data(bie_q4_linear *l, const bie_tensor *w) {
-    static const char *who = "q4_linear_set_weight_data";
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, w, "weight", l->dtype, l->in, NULL, who));
-    if (w->ndim != 2 || w->shape[0] != l->out)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight must be [%lld, %lld]", who, (long long)l->out,
-                        (long long)l->in);
-    return bie_cbw_weight_changed(&l->has_saved, bie_cq4w_set_weight_data(&l->cuda->d, &l->w, l->dtype, w, who));
-}
-
-bie_status bie_q4lc_generate_quantized_weight(bie_q4_linear *l, bool qweight_only) {
-    bie_status st = bie_cq4w_generate_qweight(&l->cuda->d, &l->w, qweight_only,
-                                              "q4_linear_generate_quantized_weight");
-    return qweight_only ? bie_cbw_weight_changed(&l->has_saved, st) : st;
-}
-
-bie_status bie_q4lc_set_quantized_weight_data(bie_q4_linear *l, const bie_tensor *q) {
-    static const char *who = "q4_linear_set_quantized_weight_data";
-    const int64_t rb = bie_nibble_row_bytes(l->in);
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, q, "qweight", BIE_U8, rb, NULL, who));
-    if (q->ndim != 2 || q->shape[0] != l->out)
-        return bie_fail(BIE_ERR_SHAPE, "%s: qweight must be [%lld, %lld]", who, (long long)l->out, (long long)rb);
-    return bie_cq4w_set_qweight(&l->cuda->d, &l->w, q, who);
-}
-
-bie_status bie_q4lc_param(bie_q4_linear *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[2] = {l->out, l->in};
-    return bie_cq4w_param(&l->cuda->d, which, 2, wshape, v);
-}
-
-bie_status bie_q4lc_grad(bie_q4_linear *l, bie_param which, bie_tensor *v) {
-    const int64_t wshape[2] = {l->out, l->in};
-    return bie_cbw_grad(&l->cuda->d, which, 2, wshape, v);
-}
-
-bie_status bie_q4lc_set_scale_a(bie_q4_linear *l, float scale_a) {
-    return bie_cbw_set_scale_a(&l->cuda->d, scale_a);
-}
-
-bool bie_q4lc_has_qweight(const bie_q4_linear *l) { return l->cuda->d.qweight != NULL; }
-
-bie_status bie_q4lc_set_kernel(bie_q4_linear *l, int id) {
-    BIE_TRY(bie_cq4w_check_kernel(id, l->in, "q4_linear_set_gemm_kernel"));
-    l->kernel_id = id;
-    return BIE_OK;
+static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
+    return bie_cq4w_check_kernel(id, l->in, who);
 }
 
 /* ---------------------------------------------------------------- forward */
 
-bie_status bie_q4lc_check_forward(const bie_q4_linear *l, const bie_tensor *x) {
+static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
     static const char *who = "q4_linear_check_forward";
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->device.type != BIE_DEVICE_CUDA || x->device.index != l->device.index)
@@ -135,24 +90,24 @@ bie_status bie_q4lc_check_forward(const bie_q4_linear *l, const bie_tensor *x) {
 }
 
 /* Measure scale_a on x when it is still 0 (SPEC §4: 2 mean|x| / 11.269, before the shift). */
-static bie_status ensure_scale_a(bie_q4_linear *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&l->cuda->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
+static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
 }
 
-bie_status bie_q4lc_set_activation(bie_q4_linear *l, const bie_tensor *x, bie_tensor *x_out) {
+static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     static const char *who = "q4_linear_set_activation";
-    BIE_TRY(bie_q4lc_check_forward(l, x));
+    BIE_TRY(check_forward(l, x));
     if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
     BIE_TRY(ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
     const int64_t m = bie_tensor_numel(x) / l->in;
-    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, l->cuda->d.bias_a, x_out->data);
+    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, CU(l)->d.bias_a, x_out->data);
 }
 
 /* Room for the activations of m rows (contents are not kept); with `keep`, also for the
  * backward's clip bits and residuals. */
-static bie_status reserve_activations(bie_q4_linear *l, int64_t m, bool keep) {
-    struct bie_q4l_cuda *c = l->cuda;
+static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
+    struct bie_q4l_cuda *c = CU(l);
     if (m > c->a_cap) {
         l->has_saved = false;
         DEV_FREE(c->acodes);
@@ -176,8 +131,8 @@ static bie_status reserve_activations(bie_q4_linear *l, int64_t m, bool keep) {
 /* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
  * now (the optimizer may have changed it; inference without qweight too, as the CPU layer
  * does), or in inference the codes of qweight, unpacked once after each weight change. */
-static bie_status forward_weight(bie_q4_linear *l, const uint8_t **codes) {
-    struct bie_q4l_cuda *c = l->cuda;
+static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
+    struct bie_q4l_cuda *c = CU(l);
     const bool from_q = !l->training && c->d.qweight;
     if (!from_q) {
         BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W, c->ld,
@@ -194,10 +149,10 @@ static bie_status forward_weight(bie_q4_linear *l, const uint8_t **codes) {
     return BIE_OK;
 }
 
-bie_status bie_q4lc_forward(bie_q4_linear *l, const bie_tensor *x, bie_tensor *out) {
+static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_linear_forward";
-    struct bie_q4l_cuda *c = l->cuda;
-    BIE_TRY(bie_q4lc_check_forward(l, x));
+    struct bie_q4l_cuda *c = CU(l);
+    BIE_TRY(check_forward(l, x));
     BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t m = bie_tensor_numel(x) / l->in;
@@ -229,9 +184,9 @@ bie_status bie_q4lc_forward(bie_q4_linear *l, const bie_tensor *x, bie_tensor *o
 
 /* ---------------------------------------------------------------- backward */
 
-bie_status bie_q4lc_backward(bie_q4_linear *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_linear_backward";
-    struct bie_q4l_cuda *c = l->cuda;
+    struct bie_q4l_cuda *c = CU(l);
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
     bie_tensor like;
@@ -252,3 +207,21 @@ bie_status bie_q4lc_backward(bie_q4_linear *l, const bie_tensor *grad_out, bie_t
     c->d.has_grads = true;
     return BIE_OK;
 }
+
+static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+    const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
+    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, m, l->out, l->in, CU(l)->ld, id);
+}
+
+const bie_layer_ops bie_q4_linear_cuda_ops = {
+    .weight = &bie_q4_weight_cuda_ops,
+    .init = init,
+    .release = release,
+    .check_rows = bie_cuda_check_rows,
+    .check_forward = check_forward,
+    .set_activation = set_activation,
+    .forward = forward,
+    .backward = backward,
+    .check_kernel = check_kernel,
+    .select_kernel = select_kernel,
+};

@@ -13,7 +13,6 @@
 #include "cuda_layer.h"
 #include "q4_weight.h"
 
-#ifdef BIE_HAVE_CUDA
 
 bie_status bie_cq4w_reset(bie_cuda_bw *d, bie_q4_weight *host, uint64_t seed);
 bie_status bie_cq4w_prepare(bie_cuda_bw *d, bie_q4_weight *host, const char *who);
@@ -31,5 +30,4 @@ bie_status bie_cq4w_param(bie_cuda_bw *d, bie_param which, int wndim, const int6
 /* Kernel id -1 (default) or a CUDA 4-bit GEMM kernel that runs rows of k codes. */
 bie_status bie_cq4w_check_kernel(int id, int64_t k, const char *who);
 
-#endif
 #endif

@@ -1,11 +1,33 @@
-/* select_gemm_kernel: time every available kernel on the layer's shape, keep the fastest. */
+/* The CPU side of kernel choice (layer.h): checking a kernel id for a layer, and
+ * select_gemm_kernel, which times every available kernel of the layer's op on its GEMM shape
+ * and keeps the fastest. Also the CPU's tensor check of the ops tables. */
 #include <time.h>
 
 #include "../cpu/dispatch.h"
-#include "binary_conv2d_impl.h"
-#include "binary_conv2d_cuda.h"
-#include "binary_linear_cuda.h"
-#include "binary_linear_impl.h"
+#include "layer_cpu.h"
+
+bie_status bie_cpu_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
+                              bie_dtype dtype, int64_t last, const bie_tensor *like,
+                              const char *who) {
+    (void)l;
+    return bie_check_rows_tensor(t, what, dtype, last, like, who);
+}
+
+bie_status bie_layer_check_cpu_kernel(const bie_layer *l, int id, const char *who) {
+    const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
+    const char *op = l->kind->op == BIE_OP_BINARY_GEMM ? "binary" : "4-bit";
+    bie_kernel_info info;
+    if (kern == NULL && bie_kernel_find(id, &info) == BIE_OK)
+        return bie_fail(BIE_ERR_DEVICE, "%s: kernel %d (%s) runs on CUDA; this layer is on the CPU",
+                        who, id, info.name);
+    if (kern == NULL || kern->op != l->kind->op)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no %s GEMM kernel with id %d (see "
+                        "bie_kernel_get for the list)", who, op, id);
+    if (!bie_cpu_kernel_available(kern))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) is not available on this CPU or is "
+                        "excluded by BIE_CPU_KERNELS", who, id, kern->name);
+    return BIE_OK;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -13,51 +35,65 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* One run of kernel `kern` on the (m, n, k) operands in ws (a then b, rows of `ld` bytes or
+ * codes). */
+static bie_status run_once(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
+                           const uint8_t *a, const uint8_t *b, int64_t ld, float *out) {
+    if (kern->op == BIE_OP_BINARY_GEMM) return bie_cpu_bgemm(kern, m, n, k, a, ld, b, ld, 1.0f, out);
+    return bie_q4_gemm(kern->id, m, n, k, (const int8_t *)a, ld, (const int8_t *)b, ld, 1.0f, out);
+}
+
 /* Best of a few runs (at least 3, up to about 50 ms). */
 static bie_status time_kernel(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
-                              const uint8_t *a, const uint8_t *b, int64_t rb, float *out,
+                              const uint8_t *a, const uint8_t *b, int64_t ld, float *out,
                               double *best) {
     *best = 1e30;
     double start = now_s();
     for (int rep = 0; rep < 20 && (rep < 3 || now_s() - start < 0.05); rep++) {
         double t0 = now_s();
-        BIE_TRY(bie_cpu_bgemm(kern, m, n, k, a, rb, b, rb, 1.0f, out));
+        BIE_TRY(run_once(kern, m, n, k, a, b, ld, out));
         double dt = now_s() - t0;
         if (dt < *best) *best = dt;
     }
     return BIE_OK;
 }
 
-/* Fastest available CPU kernel for an (m, n, k) binary GEMM, timed on random bits. */
-static bie_status select_for_shape(int64_t m, int64_t n, int64_t k, int *id_out) {
-    const int64_t rb = (k + 7) / 8;
-    uint8_t *a = bie_alloc_aligned((size_t)(m * rb)), *b = bie_alloc_aligned((size_t)(n * rb));
+/* Fastest available CPU kernel of `op` for an (m, n, k) GEMM, timed on random operands. */
+static bie_status select_for_shape(bie_op op, int64_t m, int64_t n, int64_t k, int *id_out) {
+    const int64_t ld = op == BIE_OP_BINARY_GEMM ? (k + 7) / 8 : k;
+    uint8_t *a = bie_alloc_aligned((size_t)(m * ld)), *b = bie_alloc_aligned((size_t)(n * ld));
     float *out = bie_alloc_aligned((size_t)(m * n) * sizeof(float));
     bie_status st = BIE_OK;
     if (!a || !b || !out) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "select_gemm_kernel: workspace");
         goto done;
     }
-    /* Random bits: the timing does not depend on the values, but zeros would hide nothing. */
+    /* Random operands (4-bit: codes in [-8, 7]): the timing does not depend on the values,
+     * but zeros would hide nothing. */
     uint64_t s = 0x1234567ull;
-    for (int64_t i = 0; i < m * rb; i++) a[i] = (uint8_t)((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 56);
-    for (int64_t i = 0; i < n * rb; i++) b[i] = (uint8_t)((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    for (int64_t i = 0; i < (m + n) * ld; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint8_t v = (uint8_t)(s >> 56);
+        if (op == BIE_OP_Q4_GEMM) v = (uint8_t)(int8_t)((int)(v & 15) - 8);
+        (i < m * ld ? a : b)[i < m * ld ? i : i - m * ld] = v;
+    }
+    const bie_cpu_kernel *fallback = bie_cpu_default_kernel_for(op, m);
     int best_id = -1;
     double best_t = 1e30;
     for (int i = 0; i < bie_cpu_kernel_count(); i++) {
         const bie_cpu_kernel *kern = bie_cpu_kernel_at(i);
         /* The scalar reference is for testing; it runs only when nothing else may. */
-        if (kern->op != BIE_OP_BINARY_GEMM || !bie_cpu_kernel_available(kern) ||
-            (kern->isa == BIE_ISA_SCALAR && bie_cpu_default_kernel(m)->isa != BIE_ISA_SCALAR))
+        if (kern->op != op || !bie_cpu_kernel_available(kern) ||
+            (kern->isa == BIE_ISA_SCALAR && fallback->isa != BIE_ISA_SCALAR))
             continue;
         double t;
-        if ((st = time_kernel(kern, m, n, k, a, b, rb, out, &t)) != BIE_OK) goto done;
+        if ((st = time_kernel(kern, m, n, k, a, b, ld, out, &t)) != BIE_OK) goto done;
         if (t < best_t) {
             best_t = t;
             best_id = kern->id;
         }
     }
-    *id_out = best_id >= 0 ? best_id : bie_cpu_default_kernel(m)->id;
+    *id_out = best_id >= 0 ? best_id : fallback->id;
 done:
     bie_free_aligned(a);
     bie_free_aligned(b);
@@ -65,47 +101,15 @@ done:
     return st;
 }
 
-bie_status bie_binary_linear_select_gemm_kernel(bie_binary_linear *l, const bie_tensor *x) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
-    BIE_ON_CUDA(l, bie_blc_select_kernel(l, x));
-    BIE_TRY(bie_binary_linear_check_forward(l, x));
-    int id = -1;
-    BIE_TRY(select_for_shape(bie_tensor_numel(x) / x->shape[x->ndim - 1], l->out, l->in, &id));
-    l->kernel_id = id;
-    return BIE_OK;
-}
-
-bie_status bie_binary_conv2d_select_gemm_kernel(bie_binary_conv2d *l, const bie_tensor *x) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "select_gemm_kernel: layer is NULL");
-    BIE_ON_CUDA(l, bie_bcc_select_kernel(l, x));
-    BIE_TRY(bie_binary_conv2d_check_forward(l, x));
-    int64_t oh, ow;
-    BIE_TRY(bie_binary_conv2d_output_size(l, x->shape[2], x->shape[3], &oh, &ow));
-    int id = -1; /* the conv's GEMM: weights (out_c rows) against the pixels of one image */
-    BIE_TRY(select_for_shape(l->out_c, oh * ow, l->in_c * l->k * l->k, &id));
-    return bie_binary_conv2d_set_gemm_kernel(l, id);
-}
-
-bie_status bie_binary_linear_set_gemm_kernel(bie_binary_linear *l, int id) {
-    if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "set_gemm_kernel: layer is NULL");
-    BIE_ON_CUDA(l, bie_blc_set_kernel(l, id));
-    if (id == -1) {
-        l->kernel_id = -1;
-        return BIE_OK;
+bie_status bie_cpu_select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+    int64_t m, n;
+    if (l->kind->conv) { /* the conv's GEMM: weights (out_c rows) against one image's pixels */
+        const bie_conv_geom g = bie_layer_conv_geom(l, x);
+        m = l->out;
+        n = g.oh * g.ow;
+    } else {
+        m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
+        n = l->out;
     }
-    const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
-    bie_kernel_info info;
-    if (kern == NULL && bie_kernel_find(id, &info) == BIE_OK)
-        return bie_fail(BIE_ERR_DEVICE, "set_gemm_kernel: kernel %d (%s) runs on CUDA; this layer "
-                        "is on the CPU", id, info.name);
-    if (kern == NULL || kern->op != BIE_OP_BINARY_GEMM)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "set_gemm_kernel: no binary GEMM kernel with id %d "
-                        "(see bie_kernel_get for the list)", id);
-    if (!bie_cpu_kernel_available(kern))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "set_gemm_kernel: kernel %d (%s) is not available on "
-                        "this CPU or is excluded by BIE_CPU_KERNELS", id, kern->name);
-    l->kernel_id = id;
-    return BIE_OK;
+    return select_for_shape(l->kind->op, m, n, l->fan_in, id);
 }
-
-int bie_binary_linear_gemm_kernel(const bie_binary_linear *l) { return l ? l->kernel_id : -1; }

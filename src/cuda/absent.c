@@ -2,9 +2,8 @@
  * (and language bindings) can probe at run time, and fail with a clear message. */
 #include <string.h>
 
-#include "../cuda/cuda_internal.h"
+#include "../core/internal.h"
 #include "bie_cuda.h"
-#include "internal.h"
 
 static bie_status not_built(const char *who) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "%s: this build of bie has no CUDA backend (nvcc was "
@@ -13,16 +12,6 @@ static bie_status not_built(const char *who) {
 
 int bie_cuda_device_count(void) { return 0; }
 bool bie_cuda_built(void) { return false; }
-int bie_cuda_kernel_count_internal(void) { return 0; }
-void bie_cuda_kernel_describe(int index, bie_kernel_info *info) {
-    (void)index;
-    memset(info, 0, sizeof *info);
-}
-int bie_cuda_kernel_index(int id) {
-    (void)id;
-    return -1;
-}
-void bie_cuda_free_ptr(void *p) { (void)p; }
 
 bie_status bie_cuda_tensor_alloc(bie_tensor *out, bie_dtype dtype, int ndim, const int64_t *shape,
                                  int device) {
