@@ -59,7 +59,8 @@ static bie_status layer_output_hw(const bie_layer *l, int64_t h, int64_t w, int6
     int64_t out_shape[BIE_MAX_DIMS];
     int out_ndim = 0;
     st = bie_layer_output_shape(l, 4, in_shape, &out_ndim, out_shape);
-    if (st == BIE_OK) *oh = out_shape[2], *ow = out_shape[3];
+    *oh = st == BIE_OK ? out_shape[2] : 0; /* 0 when the shape is refused */
+    *ow = st == BIE_OK ? out_shape[3] : 0;
     return st;
 }
 

@@ -273,6 +273,7 @@ static void run_case(case_info *ci) {
     /* set_activation: scale_a measured on x, x_out = x + bias_a */
     float *x = tu_alloc((size_t)nx * sizeof(float)), *xo = tu_alloc((size_t)nx * sizeof(float));
     tu_fill(x, nx, -1.5f, 1.5f);
+    for (int64_t i = 5; i < nx; i += 11) x[i] = -bias[(i / (g->h * g->w)) % g->c]; /* x' = 0: sign +1 */
     bie_tensor tx = dev_alloc(ci->dev, BIE_F32, xnd, xs), txo = dev_alloc(ci->dev, BIE_F32, xnd, xs);
     put(&tx, x);
     poison(&txo);

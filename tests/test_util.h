@@ -121,10 +121,8 @@ static inline bie_status tu_layer_output_hw(const bie_layer *l, int64_t h, int64
     int64_t in_shape[4] = {1, tu_describe(l).in, h, w}, out_shape[BIE_MAX_DIMS];
     int out_ndim = 0;
     bie_status st = bie_layer_output_shape(l, 4, in_shape, &out_ndim, out_shape);
-    if (st == BIE_OK) {
-        *out_h = out_shape[2];
-        *out_w = out_shape[3];
-    }
+    *out_h = st == BIE_OK ? out_shape[2] : 0; /* 0 when the shape is refused */
+    *out_w = st == BIE_OK ? out_shape[3] : 0;
     return st;
 }
 
