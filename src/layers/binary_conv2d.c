@@ -14,11 +14,6 @@
 
 /* ---------------------------------------------------------------- geometry and checks */
 
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    return bie_conv_check_input(x, l->in, l->k, l->stride, l->padding, l->dilation,
-                                "binary_conv2d_check_forward");
-}
-
 static bie_conv_geom geometry(const bie_layer *l, const bie_tensor *x) {
     return bie_conv_geometry(x, l->out, l->k, l->stride, l->padding, l->dilation);
 }
@@ -27,30 +22,6 @@ static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, cons
                                const char *who) {
     const int64_t shape[4] = {g->n, g->o, g->oh, g->ow};
     return bie_conv_check_shape4(t, shape, what, who);
-}
-
-static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
-    return bie_layer_activation_scale(l, x, scale);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x,
-                                            bie_tensor *x_out) {
-    static const char *who = "binary_conv2d_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) {
-        BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, x->shape[3], x, who));
-    }
-    float scale = 0;
-    BIE_TRY(activation_scale(l, x, &scale));
-    l->scale_a = scale;
-    if (x_out) {
-        int64_t plane = x->shape[2] * x->shape[3];
-        const float *src = x->data;
-        float *dst = x_out->data;
-        for (int64_t nc = 0; nc < x->shape[0] * l->in; nc++)
-            for (int64_t i = 0; i < plane; i++) dst[nc * plane + i] = src[nc * plane + i] + l->bias_a[nc % l->in];
-    }
-    return BIE_OK;
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -208,13 +179,13 @@ static const bie_cpu_kernel *forward_kernel(const bie_layer *l, int64_t m) {
 
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     const bie_conv_geom g = geometry(l, x);
     BIE_TRY(check_output(&g, out, "output", who));
     if (!bie_bw_has_training_weight(&l->w) && (l->training || l->w.qweight == NULL))
         return bie_bw_no_weight(who);
     float scale_a = 0;
-    BIE_TRY(activation_scale(l, x, &scale_a));
+    BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->w.scale_w;
     if (!isfinite(scale))
         return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
@@ -296,9 +267,8 @@ done:
 
 const bie_layer_ops bie_binary_conv2d_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
-    .check_rows = bie_cpu_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cpu_on_device,
+    .activate = bie_cpu_activate,
     .forward = forward,
     .backward = bie_bc_cpu_backward,
     .check_kernel = bie_layer_check_cpu_kernel,

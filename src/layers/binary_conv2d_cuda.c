@@ -39,35 +39,21 @@ static inline struct bie_bc_cuda *CU(const bie_layer *l) { return (struct bie_bc
 
 static const char *const MODULE = "binary_conv2d (cuda)";
 
-#define DEV_FREE(p)                                                                            \
-    do {                                                                                       \
-        bie_cbw_free_ptr(p);                                                                   \
-        (p) = NULL;                                                                            \
-    } while (0)
-
-static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
-    return bie_cbw_alloc(p, bytes, MODULE, what);
-}
-
-static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
-
 /* ---------------------------------------------------------------- life cycle */
 
 static void release(bie_layer *l);
 
 static bie_status init(bie_layer *l) {
-    struct bie_bc_cuda *c = calloc(1, sizeof *c);
-    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
-    l->backend = c;
+    BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_bc_cuda), MODULE));
+    struct bie_bc_cuda *c = CU(l);
     const int64_t cw = (l->in + 31) / 32;
     /* Rows padded to 64 bytes only (not BIE_CUDA_ROW_ALIGN): for 256 channels and 3x3 taps
      * that is 320 bytes instead of 512, and the kernels with 64-byte k blocks run them. */
     c->ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, fan_in(l), l->in, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), "weight bits");
+    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), MODULE, "weight bits");
     if (st == BIE_OK)
-        st = dev_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->ld)) * sizeof(int), "weight bits");
-    if (st == BIE_OK) st = dev_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int), "weight bits");
+        st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->ld)) * sizeof(int), MODULE, "weight bits");
+    if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int), MODULE, "weight bits");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -75,7 +61,6 @@ static bie_status init(bie_layer *l) {
 static void release(bie_layer *l) {
     struct bie_bc_cuda *c = CU(l);
     if (c == NULL) return;
-    bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wbits);
     bie_cbw_free_ptr(c->wpopc);
     bie_cbw_free_ptr(c->tapsum);
@@ -84,41 +69,10 @@ static void release(bie_layer *l) {
     bie_cbw_free_ptr(c->fimg.data);
     bie_cbw_free_ptr(c->signs);
     bie_cbw_free_ptr(c->mask);
-    free(c);
-    l->backend = NULL;
+    bie_cuda_layer_state_free(l);
 }
 
 /* ---------------------------------------------------------------- forward */
-
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    static const char *who = "binary_conv2d_check_forward";
-    bie_tensor h;
-    BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
-    return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding, l->dilation, who);
-}
-
-static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x),
-                                  l->symmetric ? 2.0 : 4.0, who);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "binary_conv2d_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
-    BIE_TRY(ensure_scale_a(l, x, who));
-    if (x_out == NULL) return BIE_OK;
-    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in, x->shape[2] * x->shape[3],
-                                    CU(l)->d.bias_a, x_out->data);
-}
-
-static bie_conv_geom shape_of(const bie_layer *l, const bie_tensor *x) {
-    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out,
-                             bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
-                             bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
-                             l->k, l->stride, l->padding, l->dilation};
-    return g;
-}
 
 /* Valid taps [lo, hi) along one axis for each output position, grouped into classes with
  * class 0 = all taps valid; cls[o] receives each position's class, lim the classes' ranges. */
@@ -167,11 +121,11 @@ static bie_status ensure_geometry(bie_layer *l, const bie_conv_geom *g) {
         for (int64_t ox = 0; ox < g->ow; ox++) host[oy * g->ow + ox] = ycls[oy] * nx + xcls[ox];
     memcpy(host + plane, ylim, (size_t)(2 * ny) * sizeof(int));
     memcpy(host + plane + 2 * ny, xlim, (size_t)(2 * nx) * sizeof(int));
-    if ((st = dev_alloc((void **)&geo, count * sizeof(int), "padding classes")) != BIE_OK ||
+    if ((st = bie_cbw_alloc((void **)&geo, count * sizeof(int), MODULE, "padding classes")) != BIE_OK ||
         (st = bie_cbw_copy_sync(geo, host, count * sizeof(int), MODULE, "padding classes")) != BIE_OK)
         goto done;
     int *corr = NULL;
-    if ((st = dev_alloc((void **)&corr, (size_t)(ny * nx) * (size_t)g->o * sizeof(int), "padding corrections")) != BIE_OK)
+    if ((st = bie_cbw_alloc((void **)&corr, (size_t)(ny * nx) * (size_t)g->o * sizeof(int), MODULE, "padding corrections")) != BIE_OK)
         goto done;
     bie_cbw_free_ptr(c->geo);
     bie_cbw_free_ptr(c->corr);
@@ -200,7 +154,7 @@ static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g) {
     c->w_inference = false;
     c->corr_valid = false;
     if (!l->training && c->d.qweight)
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(fan_in(l), l->w.word_bits),
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(l->fan_in, l->w.word_bits),
                                           g, c->ld, c->wbits, c->wpopc, c->tapsum));
     else if (c->d.w_i8)
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->ld, c->wbits, c->wpopc, c->tapsum));
@@ -215,11 +169,11 @@ static bie_status reserve_activations(bie_layer *l, int64_t words) {
     struct bie_bc_cuda *c = CU(l);
     if (words <= c->act_cap) return BIE_OK;
     l->has_saved = false;
-    DEV_FREE(c->signs);
-    DEV_FREE(c->mask);
+    BIE_DEV_FREE(c->signs);
+    BIE_DEV_FREE(c->mask);
     c->act_cap = 0;
-    BIE_TRY(dev_alloc((void **)&c->signs, (size_t)words * 4, "input signs"));
-    BIE_TRY(dev_alloc((void **)&c->mask, (size_t)words * 4, "input mask"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->signs, (size_t)words * 4, MODULE, "input signs"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->mask, (size_t)words * 4, MODULE, "input mask"));
     c->act_cap = words;
     return BIE_OK;
 }
@@ -238,8 +192,8 @@ static bie_status finish_forward(bie_layer *l, const bie_conv_geom *g, bool keep
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
     struct bie_bc_cuda *c = CU(l);
-    BIE_TRY(check_forward(l, x));
-    const bie_conv_geom g = shape_of(l, x);
+    BIE_TRY(bie_layer_check_forward(l, x));
+    const bie_conv_geom g = bie_layer_conv_geom(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
@@ -248,9 +202,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     int64_t words, cols_bytes;
     /* The kernels index in 32 bits within an image and over rows; grid extents cap n and cw. */
     if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->ld, &cols_bytes) || rows > INT32_MAX ||
-        g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 || g.o * fan_in(l) > INT32_MAX)
+        g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 || g.o * l->fan_in > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
-    BIE_TRY(ensure_scale_a(l, x, who));
+    BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(ensure_geometry(l, &g));
     BIE_TRY(reserve_activations(l, words));
     l->has_saved = false;
@@ -294,7 +248,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     int *cpopc = (int *)(cols + cols_bytes);
     bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->ld, cols, cpopc);
     if (st == BIE_OK)
-        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, fan_in(l), cols, c->wbits, c->ld, cpopc, 1, c->wpopc,
+        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->ld, cpopc, 1, c->wpopc,
                                    0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
                                    out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
@@ -314,7 +268,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
-    const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
+    const int64_t rows = g.n * g.oh * g.ow, K = l->fan_in;
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || K > INT32_MAX || cells > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
@@ -337,17 +291,16 @@ static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
 }
 
 static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const bie_conv_geom g = shape_of(l, x);
-    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, g.n * g.oh * g.ow, l->out, fan_in(l), CU(l)->ld, id);
+    const bie_conv_geom g = bie_layer_conv_geom(l, x);
+    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, g.n * g.oh * g.ow, l->out, l->fan_in, CU(l)->ld, id);
 }
 
 const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .init = init,
     .release = release,
-    .check_rows = bie_cuda_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cuda_on_device,
+    .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = check_kernel,

@@ -14,45 +14,6 @@
 
 /* ---------------------------------------------------------------- forward */
 
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    static const char *who = "binary_linear_check_forward";
-    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
-    if (x->dtype == BIE_F32) return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who);
-    if (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64) {
-        if (x->dtype != packed_dtype(l->w.word_bits))
-            return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)",
-                            who, bie_dtype_name(x->dtype), l->w.word_bits,
-                            bie_dtype_name(packed_dtype(l->w.word_bits)));
-        return bie_check_rows_tensor(x, "packed input", x->dtype,
-                                     bie_packed_words(l->in, l->w.word_bits), NULL, who);
-    }
-    return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s is not accepted on the CPU (float32, or "
-                    "packed uint8/uint32/uint64)", who, bie_dtype_name(x->dtype));
-}
-
-/* scale_a the next forward uses for x: the stored one, or the initialisation from x. */
-static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
-    return bie_layer_activation_scale(l, x, scale);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x,
-                                            bie_tensor *x_out) {
-    static const char *who = "binary_linear_set_activation";
-    BIE_TRY(bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, who));
-    if (x_out) BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, l->in, x, who));
-    float scale = 0;
-    BIE_TRY(activation_scale(l, x, &scale));
-    l->scale_a = scale;
-    if (x_out) {
-        int64_t rows = bie_tensor_numel(x) / l->in;
-        const float *src = x->data;
-        float *dst = x_out->data;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < l->in; c++) dst[r * l->in + c] = src[r * l->in + c] + l->bias_a[c];
-    }
-    return BIE_OK;
-}
-
 /* Kernel for m rows: the selected one, or the default for the shape. */
 static const bie_cpu_kernel *forward_kernel(const bie_layer *l, int64_t m) {
     if (l->kernel_id >= 0) return bie_cpu_kernel_by_id(l->kernel_id);
@@ -61,7 +22,7 @@ static const bie_cpu_kernel *forward_kernel(const bie_layer *l, int64_t m) {
 
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_linear_forward";
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));
     const bool packed_input = x->dtype != BIE_F32;
     const bool keep = l->training && !packed_input;
@@ -72,7 +33,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
                         "pre-packed input: run a float forward or set scale_a first", who);
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
     float scale_a = 0;
-    BIE_TRY(activation_scale(l, x, &scale_a));
+    BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->w.scale_w;
     if (!isfinite(scale))
         return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
@@ -138,9 +99,8 @@ fail:
 
 const bie_layer_ops bie_binary_linear_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
-    .check_rows = bie_cpu_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cpu_on_device,
+    .activate = bie_cpu_activate,
     .forward = forward,
     .backward = bie_bl_cpu_backward,
     .check_kernel = bie_layer_check_cpu_kernel,

@@ -36,37 +36,25 @@ static inline struct bie_bl_cuda *CU(const bie_layer *l) { return (struct bie_bl
 
 static const char *const MODULE = "binary_linear (cuda)";
 
-#define DEV_FREE(p)                                                                            \
-    do {                                                                                       \
-        bie_cbw_free_ptr(p);                                                                   \
-        (p) = NULL;                                                                            \
-    } while (0)
-
-static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
-    return bie_cbw_alloc(p, bytes, MODULE, what);
-}
-
 /* ---------------------------------------------------------------- life cycle */
 
 static void release(bie_layer *l);
 
 static bie_status init(bie_layer *l) {
-    struct bie_bl_cuda *c = calloc(1, sizeof *c);
-    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_bl_cuda), MODULE));
+    struct bie_bl_cuda *c = CU(l);
     c->ld = bie_cuda_row_stride(l->in);
     c->parts = bie_cuda_popc_parts(c->ld);
-    l->backend = c;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, l->in, l->in, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), "weight bits");
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), "weight bits");
+    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), MODULE, "weight bits");
+    if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits");
     if (st != BIE_OK) release(l);
     return st;
 }
 
 static void free_activations(struct bie_bl_cuda *c) {
-    DEV_FREE(c->abits);
-    DEV_FREE(c->amask);
-    DEV_FREE(c->apopc);
+    BIE_DEV_FREE(c->abits);
+    BIE_DEV_FREE(c->amask);
+    BIE_DEV_FREE(c->apopc);
     c->a_cap = 0;
 }
 
@@ -74,51 +62,14 @@ static void release(bie_layer *l) {
     struct bie_bl_cuda *c = CU(l);
     if (c == NULL) return;
     free_activations(c);
-    bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->qbits);
     bie_cbw_free_ptr(c->qpopc);
     bie_cbw_free_ptr(c->wbits);
     bie_cbw_free_ptr(c->wpopc);
-    free(c);
-    l->backend = NULL;
+    bie_cuda_layer_state_free(l);
 }
 
 /* ---------------------------------------------------------------- forward */
-
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    static const char *who = "binary_linear_check_forward";
-    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
-    if (x->device.type != BIE_DEVICE_CUDA || x->device.index != l->device.index)
-        return bie_fail(BIE_ERR_DEVICE, "%s: input must be on CUDA device %d (the layer's device)",
-                        who, l->device.index);
-    if (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64) {
-        if (x->dtype != bie_bw_word_dtype(l->w.word_bits))
-            return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d", who,
-                            bie_dtype_name(x->dtype), l->w.word_bits);
-        return bie_cbw_check_tensor(l->device.index, x, "packed input", x->dtype,
-                                    bie_packed_words(l->in, l->w.word_bits), NULL, who);
-    }
-    if (x->dtype != l->dtype)
-        return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s differs from the layer's %s (or packed "
-                        "words)", who, bie_dtype_name(x->dtype), bie_dtype_name(l->dtype));
-    return bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who);
-}
-
-/* Measure scale_a on x when it is still 0 (SPEC §2: factor * mean|x|, before the shift). */
-static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x),
-                                  l->symmetric ? 2.0 : 4.0, who);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "binary_linear_set_activation";
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who));
-    if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
-    BIE_TRY(ensure_scale_a(l, x, who));
-    if (x_out == NULL) return BIE_OK;
-    const int64_t m = bie_tensor_numel(x) / l->in;
-    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, CU(l)->d.bias_a, x_out->data);
-}
 
 /* Room for the packed activations of m rows (contents are not kept). */
 static bie_status reserve_activations(bie_layer *l, int64_t m) {
@@ -126,11 +77,11 @@ static bie_status reserve_activations(bie_layer *l, int64_t m) {
     if (m <= c->a_cap) return BIE_OK;
     l->has_saved = false;
     free_activations(c);
-    BIE_TRY(dev_alloc((void **)&c->abits, (size_t)(m * c->ld), "packed activations"));
-    BIE_TRY(dev_alloc((void **)&c->amask, (size_t)(m * c->ld), "activation mask"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->abits, (size_t)(m * c->ld), MODULE, "packed activations"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)(m * c->ld), MODULE, "activation mask"));
     /* Popcount slices: c->parts per row, or finer ones for up to 16 rows (see pack_act). */
     const size_t counts = (size_t)(m * c->parts + 16 * bie_cuda_act_popc_parts(1, c->ld));
-    BIE_TRY(dev_alloc((void **)&c->apopc, counts * sizeof(int), "activation counts"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->apopc, counts * sizeof(int), MODULE, "activation counts"));
     c->a_cap = m;
     return BIE_OK;
 }
@@ -152,9 +103,9 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     int *dst_popc = c->wpopc;
     if (!training) {
         if (c->qbits == NULL) {
-            BIE_TRY(dev_alloc((void **)&c->qbits, (size_t)(l->out * c->ld), "weight bits"));
-            if (dev_alloc((void **)&c->qpopc, (size_t)(l->out * c->parts) * sizeof(int), "weight bits") != BIE_OK) {
-                DEV_FREE(c->qbits);
+            BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->ld), MODULE, "weight bits"));
+            if (bie_cbw_alloc((void **)&c->qpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits") != BIE_OK) {
+                BIE_DEV_FREE(c->qbits);
                 return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", MODULE);
             }
         }
@@ -175,7 +126,7 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_linear_forward";
     struct bie_bl_cuda *c = CU(l);
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     const bool packed_input = x->dtype != l->dtype;
     const bool keep = l->training && !packed_input;
@@ -187,7 +138,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
     if (m > 65535LL * 64)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the CUDA grid limit", who, (long long)m);
-    if (!packed_input) BIE_TRY(ensure_scale_a(l, x, who));
+    if (!packed_input) BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, m));
     l->has_saved = false;
     float *scalars = c->d.scalars;
@@ -260,9 +211,8 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .init = init,
     .release = release,
-    .check_rows = bie_cuda_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cuda_on_device,
+    .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = check_kernel,

@@ -1,5 +1,6 @@
 /* The device state every layer on CUDA shares: see cuda_layer.h. */
 #include "cuda_layer.h"
+#include "layer.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -226,4 +227,23 @@ bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype
     bie_tensor host;
     BIE_TRY(bie_cbw_on_device(device, t, what, who, &host));
     return bie_conv_check_shape4_as(&host, dtype, shape, what, who);
+}
+
+bie_status bie_cuda_layer_state(bie_layer *l, size_t size, const char *module) {
+    bie_cuda_bw *d = calloc(1, size);
+    if (d == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", module);
+    bie_status st = bie_cbw_create(d, l->device.index, l->out, l->fan_in, l->in, module);
+    if (st != BIE_OK) {
+        free(d);
+        return st;
+    }
+    l->backend = d;
+    return BIE_OK;
+}
+
+void bie_cuda_layer_state_free(bie_layer *l) {
+    if (l->backend == NULL) return;
+    bie_cbw_free((bie_cuda_bw *)l->backend);
+    free(l->backend);
+    l->backend = NULL;
 }

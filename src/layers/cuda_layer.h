@@ -38,12 +38,26 @@ typedef struct bie_cuda_bw {
 bie_status bie_cbw_cuda_ok(int cuda_error, const char *module, const char *what);
 bie_status bie_cbw_alloc(void **p, size_t bytes, const char *module, const char *what);
 void bie_cbw_free_ptr(void *p);
+/* Free device memory and clear the pointer. */
+#define BIE_DEV_FREE(p)                                                                        \
+    do {                                                                                       \
+        bie_cbw_free_ptr(p);                                                                   \
+        (p) = NULL;                                                                            \
+    } while (0)
 /* Copy (any direction) and wait, on the calling thread's stream. */
 bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module, const char *what);
 /* A new device buffer filled from host memory (*dst NULL when src is NULL). */
 bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes, const char *what);
 /* n elements of a device tensor of float `dtype` (f32/bf16/f16) as host float32. */
 bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n, float *dst);
+
+/* A layer's device state of `size` bytes (a struct that starts with a bie_cuda_bw), zeroed,
+ * installed as l->backend with its bie_cuda_bw created for the layer's weight and bias_a.
+ * On error nothing is left installed. */
+struct bie_layer;
+bie_status bie_cuda_layer_state(struct bie_layer *l, size_t size, const char *module);
+/* Free the state's bie_cuda_bw and the state itself (NULL is fine). */
+void bie_cuda_layer_state_free(struct bie_layer *l);
 
 /* On device `device`: bias_a zeros, scale_a 0, scale_w 1, no weight yet. */
 bie_status bie_cbw_create(bie_cuda_bw *d, int device, int64_t rows, int64_t cols, int64_t bias_len,

@@ -6,12 +6,12 @@
 
 static const bie_kind_def kinds[] = {
     [BIE_KIND_BINARY_LINEAR] = {BIE_KIND_BINARY_LINEAR, "binary_linear", BIE_OP_BINARY_GEMM, false,
-                                true, {4.0, 2.0}},
+                                true, true, {4.0, 2.0}},
     [BIE_KIND_BINARY_CONV2D] = {BIE_KIND_BINARY_CONV2D, "binary_conv2d", BIE_OP_BINARY_GEMM, true,
-                                true, {4.0, 2.0}},
-    [BIE_KIND_Q4_LINEAR] = {BIE_KIND_Q4_LINEAR, "q4_linear", BIE_OP_Q4_GEMM, false, false,
+                                true, false, {4.0, 2.0}},
+    [BIE_KIND_Q4_LINEAR] = {BIE_KIND_Q4_LINEAR, "q4_linear", BIE_OP_Q4_GEMM, false, false, false,
                             {2.0 / 11.269, 2.0 / 11.269}},
-    [BIE_KIND_Q4_CONV2D] = {BIE_KIND_Q4_CONV2D, "q4_conv2d", BIE_OP_Q4_GEMM, true, false,
+    [BIE_KIND_Q4_CONV2D] = {BIE_KIND_Q4_CONV2D, "q4_conv2d", BIE_OP_Q4_GEMM, true, false, false,
                             {2.0 / 11.269, 2.0 / 11.269}},
 };
 

@@ -195,10 +195,19 @@ bie_status bie_layer_prepare_params(bie_layer *l) {
     return BIE_OK;
 }
 
+bie_status bie_layer_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
+                                bie_dtype dtype, int64_t last, const bie_tensor *like,
+                                const char *who) {
+    if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
+    bie_tensor host;
+    BIE_TRY(l->ops->on_device(l, t, what, who, &host));
+    return bie_check_rows_tensor(&host, what, dtype, last, like, who);
+}
+
 /* t must be a tensor of `dtype` on the layer's device with exactly the given shape. */
 static bie_status check_exact(const bie_layer *l, const bie_tensor *t, const char *what,
                               bie_dtype dtype, int ndim, const int64_t *shape, const char *who) {
-    BIE_TRY(l->ops->check_rows(l, t, what, dtype, shape[ndim - 1], NULL, who));
+    BIE_TRY(bie_layer_check_rows(l, t, what, dtype, shape[ndim - 1], NULL, who));
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (same) return BIE_OK;
@@ -293,9 +302,34 @@ bie_status bie_layer_set_scale_a(bie_layer *l, float scale_a) {
 
 /* ---------------------------------------------------------------- running it */
 
+/* The float input of a layer: NCHW with room for the kernel (conv kinds) or rows of `in`. */
+static bie_status check_float_input(const bie_layer *l, const bie_tensor *x, const char *who) {
+    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
+    bie_tensor h;
+    BIE_TRY(l->ops->on_device(l, x, "input", who, &h));
+    if (l->kind->conv)
+        return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding,
+                                       l->dilation, who);
+    if (h.dtype != l->dtype && h.dtype != BIE_U8 && h.dtype != BIE_U32 && h.dtype != BIE_U64)
+        return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s differs from the layer's %s", who,
+                        bie_dtype_name(h.dtype), bie_dtype_name(l->dtype));
+    return bie_check_rows_tensor(&h, "input", l->dtype, l->in, NULL, who);
+}
+
 bie_status bie_layer_check_forward(const bie_layer *l, const bie_tensor *x) {
     CHECK_LAYER(l);
-    return l->ops->check_forward(l, x);
+    char who[64];
+    who_name(l, "check_forward", who, sizeof who);
+    const bool packed = x && (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64);
+    if (!packed || !l->kind->packed_input) return check_float_input(l, x, who);
+    bie_tensor h;
+    BIE_TRY(l->ops->on_device(l, x, "packed input", who, &h));
+    const bie_dtype word = bie_bw_word_dtype(l->w.word_bits);
+    if (x->dtype != word)
+        return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)", who,
+                        bie_dtype_name(x->dtype), l->w.word_bits, bie_dtype_name(word));
+    return bie_check_rows_tensor(&h, "packed input", word, bie_packed_words(l->in, l->w.word_bits),
+                                 NULL, who);
 }
 
 bie_status bie_layer_output_shape(const bie_layer *l, int in_ndim, const int64_t *in_shape,
@@ -337,7 +371,12 @@ bie_status bie_layer_output_shape(const bie_layer *l, int in_ndim, const int64_t
 
 bie_status bie_layer_set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     CHECK_LAYER(l);
-    return l->ops->set_activation(l, x, x_out);
+    char who[64];
+    who_name(l, "set_activation", who, sizeof who);
+    BIE_TRY(check_float_input(l, x, who));
+    if (x_out)
+        BIE_TRY(bie_layer_check_rows(l, x_out, "output", l->dtype, x->shape[x->ndim - 1], x, who));
+    return l->ops->activate(l, x, x_out, who);
 }
 
 bie_status bie_layer_set_gemm_kernel(bie_layer *l, int id) {
@@ -348,8 +387,7 @@ bie_status bie_layer_set_gemm_kernel(bie_layer *l, int id) {
 }
 
 bie_status bie_layer_select_gemm_kernel(bie_layer *l, const bie_tensor *x) {
-    CHECK_LAYER(l);
-    BIE_TRY(l->ops->check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     int id = -1;
     BIE_TRY(l->ops->select_kernel(l, x, &id));
     l->kernel_id = id;

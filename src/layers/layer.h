@@ -19,6 +19,7 @@ typedef struct bie_kind_def {
     bie_op op;        /* the GEMM its kernels run */
     bool conv;        /* NCHW input, weight [out_c, in_c, k, k] */
     bool binary;      /* weight format: bie_binary_weight (else bie_q4_weight) */
+    bool packed_input; /* the forward also takes pre-packed sign rows (binary linear) */
     double scale_a_factor[2]; /* scale_a = factor * mean|x| at first use: [asymmetric, symmetric] */
 } bie_kind_def;
 
@@ -88,13 +89,12 @@ struct bie_layer_ops {
     const bie_weight_ops *weight;
     bie_status (*init)(bie_layer *l); /* device state (NULL: none) */
     void (*release)(bie_layer *l);    /* NULL: none */
-    /* A tensor on the layer's device of `dtype` whose last extent is `last` and whose
-     * leading extents equal those of `like` (any when NULL). */
-    bie_status (*check_rows)(const bie_layer *l, const bie_tensor *t, const char *what,
-                             bie_dtype dtype, int64_t last, const bie_tensor *like,
-                             const char *who);
-    bie_status (*check_forward)(const bie_layer *l, const bie_tensor *x);
-    bie_status (*set_activation)(bie_layer *l, const bie_tensor *x, bie_tensor *x_out);
+    /* t (not NULL) is on the layer's device; *host is t marked as a CPU tensor, for the
+     * shape and dtype checks (not to be dereferenced on other devices). */
+    bie_status (*on_device)(const bie_layer *l, const bie_tensor *t, const char *what,
+                            const char *who, bie_tensor *host);
+    /* set_activation on checked tensors: scale_a from x when 0, x_out = x + bias_a. */
+    bie_status (*activate)(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
     bie_status (*forward)(bie_layer *l, const bie_tensor *x, bie_tensor *out);
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
     bie_status (*check_kernel)(const bie_layer *l, int id, const char *who);
@@ -110,6 +110,12 @@ const bie_layer_ops *bie_layer_ops_for(bie_layer_kind kind, bie_device_type devi
 
 /* The CPU's weight operations of each format. */
 extern const bie_weight_ops bie_binary_weight_cpu_ops, bie_q4_weight_cpu_ops;
+
+/* A tensor on the layer's device of `dtype` whose last extent is `last` and whose leading
+ * extents equal those of `like` (any when NULL). */
+bie_status bie_layer_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
+                                bie_dtype dtype, int64_t last, const bie_tensor *like,
+                                const char *who);
 
 /* Free what a training forward saved (host buffers) and forget it. */
 void bie_layer_drop_saved(bie_layer *l);

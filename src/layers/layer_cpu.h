@@ -4,11 +4,10 @@
 
 #include "layer.h"
 
-/* A CPU tensor of `dtype` whose last extent is `last` and whose leading extents equal those
- * of `like` (any when NULL). */
-bie_status bie_cpu_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
-                              bie_dtype dtype, int64_t last, const bie_tensor *like,
-                              const char *who);
+/* The ops tables' on_device and activate on the CPU. */
+bie_status bie_cpu_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
+                             const char *who, bie_tensor *host);
+bie_status bie_cpu_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
 /* The fastest available CPU kernel of the layer's op on x's GEMM shape, timed. */
 bie_status bie_cpu_select_kernel(bie_layer *l, const bie_tensor *x, int *id);
 

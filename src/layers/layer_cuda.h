@@ -11,9 +11,11 @@ extern const bie_weight_ops bie_binary_weight_cuda_ops, bie_q4_weight_cuda_ops;
 extern const bie_layer_ops bie_binary_linear_cuda_ops, bie_binary_conv2d_cuda_ops;
 extern const bie_layer_ops bie_q4_linear_cuda_ops, bie_q4_conv2d_cuda_ops;
 
-/* A tensor on the layer's CUDA device (see bie_layer_ops.check_rows). */
-bie_status bie_cuda_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
-                               bie_dtype dtype, int64_t last, const bie_tensor *like,
-                               const char *who);
+/* The ops tables' on_device and activate on CUDA. */
+bie_status bie_cuda_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
+                              const char *who, bie_tensor *host);
+bie_status bie_cuda_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
+/* scale_a = factor * mean|x| on the device when it is still 0 (the kind's factor). */
+bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who);
 
 #endif

@@ -13,32 +13,6 @@
 #include "layer_cpu.h"
 
 
-static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
-
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    return bie_conv_check_input(x, l->in, l->k, l->stride, l->padding, l->dilation, "q4_conv2d_check_forward");
-}
-
-static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
-    return bie_layer_activation_scale(l, x, scale);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "q4_conv2d_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) BIE_TRY(bie_conv_check_shape4(x_out, x->shape, "output", who));
-    float scale = 0;
-    BIE_TRY(activation_scale(l, x, &scale));
-    l->scale_a = scale;
-    if (x_out) {
-        const int64_t hw = x->shape[2] * x->shape[3], n = bie_tensor_numel(x);
-        const float *src = x->data;
-        float *dst = x_out->data;
-        for (int64_t i = 0; i < n; i++) dst[i] = src[i] + l->bias_a[(i / hw) % l->in];
-    }
-    return BIE_OK;
-}
-
 /* cols [OH OW, C k k] int8: the codes under each tap of each output pixel, 0 outside. */
 static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols) {
     const int64_t kk = g->k * g->k, K = g->c * kk;
@@ -60,18 +34,18 @@ static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols
 
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_conv2d_forward";
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     const bie_conv_geom g = bie_conv_geometry(x, l->out, l->k, l->stride, l->padding, l->dilation);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_conv_check_shape4(out, oshape, "output", who));
     if (l->qw.f32 == NULL && (l->training || l->qw.qweight == NULL)) return bie_bw_no_weight(who);
     float scale_a = 0;
-    BIE_TRY(activation_scale(l, x, &scale_a));
+    BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->qw.scale_w;
     if (!isfinite(scale)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, g.o, who, &kern));
-    const int64_t n_in = bie_tensor_numel(x), chw = g.c * g.h * g.w, K = fan_in(l), plane = g.oh * g.ow;
+    const int64_t n_in = bie_tensor_numel(x), chw = g.c * g.h * g.w, K = l->fan_in, plane = g.oh * g.ow;
     const bool keep = l->training;
     int8_t *codes = bie_alloc_aligned((size_t)n_in), *cols = bie_alloc_aligned((size_t)(plane * K));
     uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(n_in)) : NULL;
@@ -125,7 +99,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_conv_check_shape4(grad_out, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_conv_check_shape4(grad_x, xshape, "grad_x", who));
-    const int64_t K = fan_in(l), plane = g.oh * g.ow, hw = g.h * g.w, chw = g.c * hw, n_in = g.n * chw;
+    const int64_t K = l->fan_in, plane = g.oh * g.ow, hw = g.h * g.w, chw = g.c * hw, n_in = g.n * chw;
     if (plane > INT32_MAX || K * plane > (int64_t)1 << 40)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: image too large for the BLAS index range", who);
     float *wf = bie_alloc_aligned((size_t)(g.o * K) * sizeof(float));
@@ -180,9 +154,8 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 const bie_layer_ops bie_q4_conv2d_cpu_ops = {
     .weight = &bie_q4_weight_cpu_ops,
-    .check_rows = bie_cpu_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cpu_on_device,
+    .activate = bie_cpu_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = bie_layer_check_cpu_kernel,

@@ -42,29 +42,15 @@ static inline struct bie_q4c_cuda *CU(const bie_layer *l) { return (struct bie_q
 
 static const char *const MODULE = "q4_conv2d (cuda)";
 
-#define DEV_FREE(p)                                                                            \
-    do {                                                                                       \
-        bie_cbw_free_ptr(p);                                                                   \
-        (p) = NULL;                                                                            \
-    } while (0)
-
-static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
-    return bie_cbw_alloc(p, bytes, MODULE, what);
-}
-
-static int64_t fan_in(const bie_layer *l) { return l->in * l->k * l->k; }
-
 /* ---------------------------------------------------------------- life cycle */
 
 static void release(bie_layer *l);
 
 static bie_status init(bie_layer *l) {
-    struct bie_q4c_cuda *c = calloc(1, sizeof *c);
-    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
-    c->ld = bie_cuda_q4_row_stride(fan_in(l));
-    l->backend = c;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, fan_in(l), l->in, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), "weight codes");
+    BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4c_cuda), MODULE));
+    struct bie_q4c_cuda *c = CU(l);
+    c->ld = bie_cuda_q4_row_stride(l->fan_in);
+    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -72,51 +58,20 @@ static bie_status init(bie_layer *l) {
 static void release(bie_layer *l) {
     struct bie_q4c_cuda *c = CU(l);
     if (c == NULL) return;
-    bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wcodes);
     bie_cbw_free_ptr(c->qcodes);
     bie_cbw_free_ptr(c->wtaps);
     bie_cbw_free_ptr(c->codes);
     bie_cbw_free_ptr(c->mask);
     bie_cbw_free_ptr(c->resid);
-    free(c);
-    l->backend = NULL;
+    bie_cuda_layer_state_free(l);
 }
 
 static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
-    return bie_cq4w_check_kernel(id, fan_in(l), who);
+    return bie_cq4w_check_kernel(id, l->fan_in, who);
 }
 
 /* ---------------------------------------------------------------- forward */
-
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    static const char *who = "q4_conv2d_check_forward";
-    bie_tensor h;
-    BIE_TRY(bie_cbw_on_device(l->device.index, x, "input", who, &h));
-    return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding, l->dilation, who);
-}
-
-static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "q4_conv2d_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) BIE_TRY(bie_cbw_check_shape4(l->device.index, x_out, l->dtype, x->shape, "output", who));
-    BIE_TRY(ensure_scale_a(l, x, who));
-    if (x_out == NULL) return BIE_OK;
-    return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in, x->shape[2] * x->shape[3],
-                                    CU(l)->d.bias_a, x_out->data);
-}
-
-static bie_conv_geom shape_of(const bie_layer *l, const bie_tensor *x) {
-    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], l->out,
-                             bie_conv_out_extent(x->shape[2], l->k, l->stride, l->padding, l->dilation),
-                             bie_conv_out_extent(x->shape[3], l->k, l->stride, l->padding, l->dilation),
-                             l->k, l->stride, l->padding, l->dilation};
-    return g;
-}
 
 /* Room for the codes of n_in inputs (contents are not kept); with `keep`, also for the
  * backward's clip bits and residuals. */
@@ -124,18 +79,18 @@ static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
     struct bie_q4c_cuda *c = CU(l);
     if (n_in > c->a_cap) {
         l->has_saved = false;
-        DEV_FREE(c->codes);
+        BIE_DEV_FREE(c->codes);
         c->a_cap = 0;
-        BIE_TRY(dev_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), "input codes"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), MODULE, "input codes"));
         c->a_cap = n_in;
     }
     if (keep && n_in > c->s_cap) {
         l->has_saved = false;
-        DEV_FREE(c->mask);
-        DEV_FREE(c->resid);
+        BIE_DEV_FREE(c->mask);
+        BIE_DEV_FREE(c->resid);
         c->s_cap = 0;
-        BIE_TRY(dev_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), "input clip bits"));
-        BIE_TRY(dev_alloc((void **)&c->resid, (size_t)n_in, "input residuals"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), MODULE, "input clip bits"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->resid, (size_t)n_in, MODULE, "input residuals"));
         c->s_cap = n_in;
     }
     return BIE_OK;
@@ -146,14 +101,14 @@ static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
  * once after each weight change. */
 static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
     struct bie_q4c_cuda *c = CU(l);
-    const int64_t K = fan_in(l);
+    const int64_t K = l->fan_in;
     if (l->training || c->d.qweight == NULL) {
         BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W, c->ld, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(dev_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), "weight codes"));
+        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), MODULE, "weight codes"));
         BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, K, c->ld, c->qcodes));
         c->qversion = c->d.version;
     }
@@ -174,8 +129,8 @@ static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8
     const bool cache = !l->training && c->d.qweight != NULL;
     if (!(cache && c->taps_cached && c->tversion == c->d.version)) {
         if (c->wtaps == NULL)
-            BIE_TRY(dev_alloc((void **)&c->wtaps,
-                              (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), "weight taps"));
+            BIE_TRY(bie_cbw_alloc((void **)&c->wtaps,
+                              (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), MODULE, "weight taps"));
         c->taps_cached = false;
         BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->ld, g, c->wtaps));
         c->taps_cached = cache;
@@ -215,7 +170,7 @@ static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uin
     bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->ld, cols);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     if (st == BIE_OK)
-        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, fan_in(l), cols, wcodes, c->ld, 0.0f,
+        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols, wcodes, c->ld, 0.0f,
                                     c->d.scalars + BIE_CBW_SCALE_A, c->d.scalars + BIE_CBW_SCALE_W, l->dtype,
                                     out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
@@ -226,8 +181,8 @@ static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uin
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_conv2d_forward";
     struct bie_q4c_cuda *c = CU(l);
-    BIE_TRY(check_forward(l, x));
-    const bie_conv_geom g = shape_of(l, x);
+    BIE_TRY(bie_layer_check_forward(l, x));
+    const bie_conv_geom g = bie_layer_conv_geom(l, x);
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
@@ -238,7 +193,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     const bool keep = l->training, implicit = use_implicit(l, &g);
-    BIE_TRY(ensure_scale_a(l, x, who));
+    BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, n_in, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
@@ -270,7 +225,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
-    const int64_t rows = g.n * g.oh * g.ow, K = fan_in(l);
+    const int64_t rows = g.n * g.oh * g.ow, K = l->fan_in;
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || cells > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
@@ -287,17 +242,16 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 }
 
 static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const bie_conv_geom g = shape_of(l, x);
-    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, g.n * g.oh * g.ow, l->out, fan_in(l), CU(l)->ld, id);
+    const bie_conv_geom g = bie_layer_conv_geom(l, x);
+    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, g.n * g.oh * g.ow, l->out, l->fan_in, CU(l)->ld, id);
 }
 
 const bie_layer_ops bie_q4_conv2d_cuda_ops = {
     .weight = &bie_q4_weight_cuda_ops,
     .init = init,
     .release = release,
-    .check_rows = bie_cuda_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cuda_on_device,
+    .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = check_kernel,

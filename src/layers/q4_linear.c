@@ -10,39 +10,14 @@
 #include "layer_cpu.h"
 
 
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    return bie_check_rows_tensor(x, "input", BIE_F32, l->in, NULL, "q4_linear_check_forward");
-}
-
-static bie_status activation_scale(const bie_layer *l, const bie_tensor *x, float *scale) {
-    return bie_layer_activation_scale(l, x, scale);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "q4_linear_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) BIE_TRY(bie_check_rows_tensor(x_out, "output", BIE_F32, l->in, x, who));
-    float scale = 0;
-    BIE_TRY(activation_scale(l, x, &scale));
-    l->scale_a = scale;
-    if (x_out) {
-        const int64_t rows = bie_tensor_numel(x) / l->in;
-        const float *src = x->data;
-        float *dst = x_out->data;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < l->in; c++) dst[r * l->in + c] = src[r * l->in + c] + l->bias_a[c];
-    }
-    return BIE_OK;
-}
-
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_linear_forward";
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, x, who));
     if (l->qw.f32 == NULL && (l->training || l->qw.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t m = bie_tensor_numel(x) / l->in, k = l->in, mk = m * k;
     float scale_a = 0;
-    BIE_TRY(activation_scale(l, x, &scale_a));
+    BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->qw.scale_w;
     if (!isfinite(scale)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
     const bie_cpu_kernel *kern;
@@ -148,9 +123,8 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 const bie_layer_ops bie_q4_linear_cpu_ops = {
     .weight = &bie_q4_weight_cpu_ops,
-    .check_rows = bie_cpu_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cpu_on_device,
+    .activate = bie_cpu_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = bie_layer_check_cpu_kernel,

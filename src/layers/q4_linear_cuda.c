@@ -33,27 +33,15 @@ static inline struct bie_q4l_cuda *CU(const bie_layer *l) { return (struct bie_q
 
 static const char *const MODULE = "q4_linear (cuda)";
 
-#define DEV_FREE(p)                                                                            \
-    do {                                                                                       \
-        bie_cbw_free_ptr(p);                                                                   \
-        (p) = NULL;                                                                            \
-    } while (0)
-
-static bie_status dev_alloc(void **p, size_t bytes, const char *what) {
-    return bie_cbw_alloc(p, bytes, MODULE, what);
-}
-
 /* ---------------------------------------------------------------- life cycle */
 
 static void release(bie_layer *l);
 
 static bie_status init(bie_layer *l) {
-    struct bie_q4l_cuda *c = calloc(1, sizeof *c);
-    if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer", MODULE);
+    BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4l_cuda), MODULE));
+    struct bie_q4l_cuda *c = CU(l);
     c->ld = bie_cuda_q4_row_stride(l->in);
-    l->backend = c;
-    bie_status st = bie_cbw_create(&c->d, l->device.index, l->out, l->in, l->in, MODULE);
-    if (st == BIE_OK) st = dev_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), "weight codes");
+    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -61,14 +49,12 @@ static bie_status init(bie_layer *l) {
 static void release(bie_layer *l) {
     struct bie_q4l_cuda *c = CU(l);
     if (c == NULL) return;
-    bie_cbw_free(&c->d);
     bie_cbw_free_ptr(c->wcodes);
     bie_cbw_free_ptr(c->qcodes);
     bie_cbw_free_ptr(c->acodes);
     bie_cbw_free_ptr(c->amask);
     bie_cbw_free_ptr(c->aresid);
-    free(c);
-    l->backend = NULL;
+    bie_cuda_layer_state_free(l);
 }
 
 static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
@@ -77,52 +63,25 @@ static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
 
 /* ---------------------------------------------------------------- forward */
 
-static bie_status check_forward(const bie_layer *l, const bie_tensor *x) {
-    static const char *who = "q4_linear_check_forward";
-    if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
-    if (x->device.type != BIE_DEVICE_CUDA || x->device.index != l->device.index)
-        return bie_fail(BIE_ERR_DEVICE, "%s: input must be on CUDA device %d (the layer's device)",
-                        who, l->device.index);
-    if (x->dtype != l->dtype)
-        return bie_fail(BIE_ERR_DTYPE, "%s: input dtype %s differs from the layer's %s", who,
-                        bie_dtype_name(x->dtype), bie_dtype_name(l->dtype));
-    return bie_cbw_check_tensor(l->device.index, x, "input", l->dtype, l->in, NULL, who);
-}
-
-/* Measure scale_a on x when it is still 0 (SPEC §4: 2 mean|x| / 11.269, before the shift). */
-static bie_status ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
-    return bie_cbw_ensure_scale_a(&CU(l)->d, x->dtype, x->data, bie_tensor_numel(x), 2.0 / 11.269, who);
-}
-
-static bie_status set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
-    static const char *who = "q4_linear_set_activation";
-    BIE_TRY(check_forward(l, x));
-    if (x_out) BIE_TRY(bie_cbw_check_tensor(l->device.index, x_out, "output", l->dtype, l->in, x, who));
-    BIE_TRY(ensure_scale_a(l, x, who));
-    if (x_out == NULL) return BIE_OK;
-    const int64_t m = bie_tensor_numel(x) / l->in;
-    return bie_cuda_add_bias(l->dtype, x->data, m, l->in, CU(l)->d.bias_a, x_out->data);
-}
-
 /* Room for the activations of m rows (contents are not kept); with `keep`, also for the
  * backward's clip bits and residuals. */
 static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
     struct bie_q4l_cuda *c = CU(l);
     if (m > c->a_cap) {
         l->has_saved = false;
-        DEV_FREE(c->acodes);
+        BIE_DEV_FREE(c->acodes);
         c->a_cap = 0;
-        BIE_TRY(dev_alloc((void **)&c->acodes, (size_t)(m * c->ld), "activation codes"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->ld), MODULE, "activation codes"));
         c->a_cap = m;
     }
     if (keep && m > c->s_cap) {
         l->has_saved = false;
-        DEV_FREE(c->amask);
-        DEV_FREE(c->aresid);
+        BIE_DEV_FREE(c->amask);
+        BIE_DEV_FREE(c->aresid);
         c->s_cap = 0;
         const int64_t mk = m * l->in;
-        BIE_TRY(dev_alloc((void **)&c->amask, (size_t)((mk + 7) / 8), "activation clip bits"));
-        BIE_TRY(dev_alloc((void **)&c->aresid, (size_t)mk, "activation residuals"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)((mk + 7) / 8), MODULE, "activation clip bits"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->aresid, (size_t)mk, MODULE, "activation residuals"));
         c->s_cap = m;
     }
     return BIE_OK;
@@ -141,7 +100,7 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(dev_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), "weight codes"));
+        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), MODULE, "weight codes"));
         BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, l->in, c->ld, c->qcodes));
         c->qversion = c->d.version;
     }
@@ -152,7 +111,7 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_linear_forward";
     struct bie_q4l_cuda *c = CU(l);
-    BIE_TRY(check_forward(l, x));
+    BIE_TRY(bie_layer_check_forward(l, x));
     BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, x, who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     const int64_t m = bie_tensor_numel(x) / l->in;
@@ -161,7 +120,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     if (m > INT32_MAX || !bie_mul_ok(m, c->ld, &bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who, (long long)m);
     const bool keep = l->training;
-    BIE_TRY(ensure_scale_a(l, x, who));
+    BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, m, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
@@ -217,9 +176,8 @@ const bie_layer_ops bie_q4_linear_cuda_ops = {
     .weight = &bie_q4_weight_cuda_ops,
     .init = init,
     .release = release,
-    .check_rows = bie_cuda_check_rows,
-    .check_forward = check_forward,
-    .set_activation = set_activation,
+    .on_device = bie_cuda_on_device,
+    .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
     .check_kernel = check_kernel,

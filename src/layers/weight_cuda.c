@@ -1,16 +1,31 @@
 /* The weight operations of the layers on CUDA (layer.h's bie_weight_ops): every kind's
  * device state starts with the shared bie_cuda_bw (cuda_layer.h), whose weight the format's
  * staging code changes (binary_weight_cuda.h, q4_weight_cuda.h). */
+#include "../cuda/cuda_internal.h"
 #include "binary_weight_cuda.h"
 #include "layer_cuda.h"
 #include "q4_weight_cuda.h"
 
 static bie_cuda_bw *dev(const bie_layer *l) { return (bie_cuda_bw *)l->backend; }
 
-bie_status bie_cuda_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
-                               bie_dtype dtype, int64_t last, const bie_tensor *like,
-                               const char *who) {
-    return bie_cbw_check_tensor(l->device.index, t, what, dtype, last, like, who);
+bie_status bie_cuda_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
+                              const char *who, bie_tensor *host) {
+    return bie_cbw_on_device(l->device.index, t, what, who, host);
+}
+
+bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who) {
+    return bie_cbw_ensure_scale_a(dev(l), x->dtype, x->data, bie_tensor_numel(x),
+                                  bie_layer_scale_a_factor(l), who);
+}
+
+bie_status bie_cuda_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
+    BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
+    if (x_out == NULL) return BIE_OK;
+    if (l->kind->conv)
+        return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in,
+                                        x->shape[2] * x->shape[3], dev(l)->bias_a, x_out->data);
+    return bie_cuda_add_bias(l->dtype, x->data, bie_tensor_numel(x) / l->in, l->in, dev(l)->bias_a,
+                             x_out->data);
 }
 
 static bool has_qweight(const bie_layer *l) { return dev(l)->qweight != NULL; }

@@ -1,16 +1,32 @@
-/* The CPU side of kernel choice (layer.h): checking a kernel id for a layer, and
- * select_gemm_kernel, which times every available kernel of the layer's op on its GEMM shape
- * and keeps the fastest. Also the CPU's tensor check of the ops tables. */
+/* What every kind's CPU ops table shares (layer_cpu.h): the device check, set_activation's
+ * work, checking a kernel id, and select_gemm_kernel, which times every available kernel of
+ * the layer's op on its GEMM shape and keeps the fastest. */
 #include <time.h>
 
 #include "../cpu/dispatch.h"
 #include "layer_cpu.h"
 
-bie_status bie_cpu_check_rows(const bie_layer *l, const bie_tensor *t, const char *what,
-                              bie_dtype dtype, int64_t last, const bie_tensor *like,
-                              const char *who) {
+bie_status bie_cpu_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
+                             const char *who, bie_tensor *host) {
     (void)l;
-    return bie_check_rows_tensor(t, what, dtype, last, like, who);
+    if (t->device.type != BIE_DEVICE_CPU)
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s is not on the CPU", who, what);
+    *host = *t;
+    return BIE_OK;
+}
+
+bie_status bie_cpu_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
+    (void)who;
+    float scale = 0;
+    BIE_TRY(bie_layer_activation_scale(l, x, &scale));
+    l->scale_a = scale;
+    if (x_out == NULL) return BIE_OK;
+    /* bias_a per feature (the last extent) or per channel (planes of H W) */
+    const int64_t n = bie_tensor_numel(x), run = l->kind->conv ? x->shape[2] * x->shape[3] : 1;
+    const float *src = x->data;
+    float *dst = x_out->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] + l->bias_a[(i / run) % l->in];
+    return BIE_OK;
 }
 
 bie_status bie_layer_check_cpu_kernel(const bie_layer *l, int id, const char *who) {
