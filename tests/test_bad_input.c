@@ -522,6 +522,23 @@ static void test_setters(void) {
     EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_select_gemm_kernel(l, NULL));
     CASE("check_forward: input of rank 5");
     EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_check_forward(l, WITH(f.x, ndim = 5)));
+    CASE("describe: NULL layer, NULL desc");
+    bie_layer_desc desc;
+    watch_struct(&desc, sizeof desc);
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_describe(NULL, &desc));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_describe(l, NULL));
+    CASE("output_shape: last extent != in_features, rank 0, rank 5, NULL shapes");
+    int out_ndim;
+    int64_t out_shape[BIE_MAX_DIMS];
+    watch_struct(&out_ndim, sizeof out_ndim);
+    watch_struct(out_shape, sizeof out_shape);
+    const int64_t bad_in[2] = {6, IN + 1}, good_in[2] = {6, IN}, five[5] = {1, 1, 1, 6, IN};
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_output_shape(l, 2, bad_in, &out_ndim, out_shape));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_output_shape(l, 0, good_in, &out_ndim, out_shape));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_output_shape(l, 5, five, &out_ndim, out_shape));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_output_shape(l, 2, NULL, &out_ndim, out_shape));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_output_shape(l, 2, good_in, NULL, out_shape));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_output_shape(l, 2, good_in, &out_ndim, NULL));
     check_saved(&f, __LINE__);
     bie_layer_free(l);
 
@@ -533,6 +550,13 @@ static void test_setters(void) {
     EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_prepare_params(l));
     CASE("param QWEIGHT before generate_quantized_weight");
     EXPECT_L(l, BIE_ERR_STATE, bie_layer_param(l, BIE_PARAM_QWEIGHT, &v));
+    bie_layer_free(l);
+    CASE("set_bits_binary_word on 4-bit layers: a binary-only setting");
+    if (bie_q4_linear_create(&l, IN, OUT, bie_cpu(), BIE_F32) != BIE_OK) die("create q4_linear");
+    EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_bits_binary_word(l, 32));
+    bie_layer_free(l);
+    if (bie_q4_conv2d_create(&l, 3, OUT, 3, 1, 1, 1, bie_cpu(), BIE_F32) != BIE_OK) die("create q4_conv2d");
+    EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_bits_binary_word(l, 8));
     bie_layer_free(l);
     CASE("layer setters with a NULL layer");
     EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_bits_binary_word(NULL, 32));
