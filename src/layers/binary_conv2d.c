@@ -204,20 +204,24 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     cols_bytes *= chunk;
     uint8_t *signs = bie_alloc_aligned((size_t)planes_bytes);
     uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
-    uint64_t *nhwc = bie_alloc_aligned((size_t)nhwc_words * 8);
-    uint8_t *cols = bie_alloc_aligned((size_t)cols_bytes);
     /* the outside-tap lists, unless they would take more than 16 MB */
     const int64_t list_ints = plane * (g.k * g.k + 1);
     const bool lists = list_ints <= ((int64_t)1 << 22);
-    int32_t *border = lists ? bie_alloc_aligned((size_t)list_ints * sizeof(int32_t)) : NULL;
-    float *dots = bie_alloc_aligned((size_t)(g.o * chunk * plane) * sizeof(float));
+    const size_t nhwc_b = (size_t)nhwc_words * 8, border_b = lists ? (size_t)list_ints * 4 : 0;
+    const size_t dots_b = (size_t)(g.o * chunk * plane) * sizeof(float);
+    bie_status st = bie_ws_reserve(&l->ws, bie_ws_piece(nhwc_b) + bie_ws_piece((size_t)cols_bytes) +
+                                               bie_ws_piece(border_b) + bie_ws_piece(dots_b), who);
+    uint64_t *nhwc = bie_ws_take(&l->ws, nhwc_b);
+    uint8_t *cols = bie_ws_take(&l->ws, (size_t)cols_bytes);
+    int32_t *border = lists ? bie_ws_take(&l->ws, border_b) : NULL;
+    float *dots = bie_ws_take(&l->ws, dots_b);
     uint8_t *wbits = NULL;
     int32_t *tapsum = NULL;
-    bie_status st = BIE_OK;
-    if (!signs || (l->training && !mask) || !nhwc || !cols || (lists && !border) || !dots) {
-        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+    if (st == BIE_OK && (!signs || (l->training && !mask))) {
+        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed input", who);
         goto done;
     }
+    if (st != BIE_OK) goto done;
     if ((st = weight_taps(l, &wbits, crb, &tapsum, who)) != BIE_OK) goto done;
 
     pack_planes(l, &g, x->data, scale_a, signs, mask);
@@ -256,10 +260,6 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
 done:
     bie_free_aligned(signs);
     bie_free_aligned(mask);
-    bie_free_aligned(nhwc);
-    bie_free_aligned(cols);
-    bie_free_aligned(border);
-    bie_free_aligned(dots);
     bie_free_aligned(wbits);
     bie_free_aligned(tapsum);
     return st;

@@ -48,8 +48,13 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const uint8_t *a = x->data, *b = l->w.qweight;
     int64_t lda = bie_packed_row_bytes(l->in, l->w.word_bits), ldb = lda;
     bie_status st = BIE_OK;
-    if (!packed_input) {
+    if (!packed_input && !keep) { /* inference: the packed input is scratch */
+        if ((st = bie_ws_reserve(&l->ws, bie_ws_piece((size_t)a_bytes), who)) != BIE_OK) goto fail;
+        signs = bie_ws_take(&l->ws, (size_t)a_bytes);
+    } else if (!packed_input) {
         signs = bie_alloc_aligned((size_t)a_bytes);
+    }
+    if (!packed_input) {
         mask = keep ? bie_alloc_aligned((size_t)a_bytes) : NULL;
         if (signs == NULL || (keep && mask == NULL)) {
             st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed input", who);
@@ -86,11 +91,10 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         return BIE_OK;
     }
     if (l->training) bie_layer_drop_saved(l); /* a packed-input forward cannot be differentiated */
-    bie_free_aligned(signs);
     bie_free_aligned(wbits);
     return BIE_OK;
 fail:
-    bie_free_aligned(signs);
+    if (keep) bie_free_aligned(signs);
     bie_free_aligned(mask);
     bie_free_aligned(wbits);
     bie_free_aligned(qnew);

@@ -145,6 +145,7 @@ void bie_layer_free(bie_layer *l) {
     bie_q4w_free(&l->qw);
     bie_free_aligned(l->bias_a);
     bie_grads_free(&l->grads);
+    bie_ws_free(&l->ws);
     free(l);
 }
 

@@ -7,6 +7,7 @@
 
 #include "../core/formats.h"
 #include "../core/internal.h"
+#include "../core/workspace.h"
 #include "binary_weight.h"
 #include "q4_weight.h"
 
@@ -60,6 +61,7 @@ struct bie_layer {
     float saved_scale_a, saved_scale_w;
 
     bie_layer_grads grads; /* of the last backward (CPU) */
+    bie_workspace ws;      /* the forward's scratch memory, grown and reused */
     void *backend;         /* device-private state (NULL on the CPU) */
 };
 

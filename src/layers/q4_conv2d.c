@@ -47,7 +47,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, g.o, who, &kern));
     const int64_t n_in = bie_tensor_numel(x), chw = g.c * g.h * g.w, K = l->fan_in, plane = g.oh * g.ow;
     const bool keep = l->training;
-    int8_t *codes = bie_alloc_aligned((size_t)n_in), *cols = bie_alloc_aligned((size_t)(plane * K));
+    BIE_TRY(bie_ws_reserve(&l->ws, bie_ws_piece((size_t)n_in) + bie_ws_piece((size_t)(plane * K)), who));
+    int8_t *codes = bie_ws_take(&l->ws, (size_t)n_in), *cols = bie_ws_take(&l->ws, (size_t)(plane * K));
     uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(n_in)) : NULL;
     uint8_t *mask = keep ? bie_alloc_aligned((size_t)((n_in + 7) / 8)) : NULL;
     int8_t *resid = keep ? bie_alloc_aligned((size_t)n_in) : NULL, *wcodes = NULL;
@@ -82,8 +83,6 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         resid = wcodes = NULL;
     }
 done:
-    bie_free_aligned(codes);
-    bie_free_aligned(cols);
     if (!borrowed) bie_free_aligned(wcodes);
     bie_free_aligned(nib);
     bie_free_aligned(mask);

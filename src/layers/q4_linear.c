@@ -23,7 +23,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, m, who, &kern));
     const bool keep = l->training;
-    int8_t *codes = bie_alloc_aligned((size_t)mk), *wcodes = NULL;
+    BIE_TRY(bie_ws_reserve(&l->ws, bie_ws_piece((size_t)mk), who));
+    int8_t *codes = bie_ws_take(&l->ws, (size_t)mk), *wcodes = NULL;
     uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(mk)) : NULL;
     uint8_t *mask = keep ? bie_alloc_aligned((size_t)((mk + 7) / 8)) : NULL;
     int8_t *resid = keep ? bie_alloc_aligned((size_t)mk) : NULL;
@@ -62,7 +63,6 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         resid = wcodes = NULL;
     }
 done:
-    bie_free_aligned(codes);
     if (!borrowed) bie_free_aligned(wcodes);
     bie_free_aligned(nib);
     bie_free_aligned(mask);
