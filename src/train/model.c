@@ -359,8 +359,6 @@ static bie_layer_info base_info(bie_layer_type type, int64_t in, int64_t out) {
     i.type = type;
     i.in = in;
     i.out = out;
-    i.symmetric = true;
-    i.bits_binary_word = 8;
     i.eps = 1e-5f;
     i.momentum = 0.1f;
     return i;
