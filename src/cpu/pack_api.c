@@ -1,9 +1,9 @@
 /* Public bit-packing entry points (bie_pack_signs / bie_unpack_signs). */
 #include <string.h>
 
-#include "../cpu/frame/pack.h"
-#include "formats.h"
-#include "internal.h"
+#include "../core/formats.h"
+#include "../core/internal.h"
+#include "frame/pack.h"
 
 int64_t bie_packed_words(int64_t cols, int word_bits) {
     if (!bie_word_bits_ok(word_bits) || cols < 0) return -1;
