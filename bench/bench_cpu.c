@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_layer.h"
 #include "bie.h"
 
 /* ---------------------------------------------------------------- settings */
@@ -41,27 +42,6 @@ static void check(bie_status st, const char *what) {
     if (st == BIE_OK) return;
     fprintf(stderr, "bie_bench: %s failed: %s: %s\n", what, bie_status_name(st), bie_last_error());
     exit(1);
-}
-
-/* The layer's selected GEMM kernel id (-1: the default per shape). */
-static int layer_kernel_id(const bie_layer *l) {
-    bie_layer_desc d;
-    check(bie_layer_describe(l, &d), "bie_layer_describe");
-    return d.kernel_id;
-}
-
-/* Output extents of a conv layer for one h x w image. */
-static bie_status layer_output_hw(const bie_layer *l, int64_t h, int64_t w, int64_t *oh, int64_t *ow) {
-    bie_layer_desc d;
-    bie_status st = bie_layer_describe(l, &d);
-    if (st != BIE_OK) return st;
-    const int64_t in_shape[4] = {1, d.in, h, w};
-    int64_t out_shape[BIE_MAX_DIMS];
-    int out_ndim = 0;
-    st = bie_layer_output_shape(l, 4, in_shape, &out_ndim, out_shape);
-    *oh = st == BIE_OK ? out_shape[2] : 0; /* 0 when the shape is refused */
-    *ow = st == BIE_OK ? out_shape[3] : 0;
-    return st;
 }
 
 static void *xmalloc(size_t bytes) {
@@ -190,8 +170,12 @@ static timing measure(run_fn ours, void *oc, run_fn base, void *bc) {
         run_block(&sd[0], base != NULL);
         run_block(&sd[1], true);
     }
-    timing t = {median(sd[0].t, sd[0].n), base ? median(sd[1].t, sd[1].n) : 0.0, sd[0].t[0],
-                base ? sd[1].t[0] : 0.0, sd[0].n, sd[1].n};
+    timing t = {median(sd[0].t, sd[0].n),
+                base ? median(sd[1].t, sd[1].n) : 0.0,
+                sd[0].t[0],
+                base ? sd[1].t[0] : 0.0,
+                sd[0].n,
+                sd[1].n};
     free(sd[0].t);
     free(sd[1].t);
     return t;
@@ -350,8 +334,7 @@ static void run_forward(void *p) {
 
 static void run_backward(void *p) {
     layer_ctx *s = p;
-    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x),
-          "bie_layer_backward");
+    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x), "bie_layer_backward");
 }
 
 typedef enum layer_mode { LAYER_FWD, LAYER_BWD, LAYER_INFER } layer_mode;
@@ -391,7 +374,7 @@ static void bench_layer(const char *name, layer_mode mode, int64_t m, int64_t in
         kernel = NULL; /* the backward runs OpenBLAS sgemm, no bie kernel */
     } else {
         t = measure(run_forward, &s, run_sgemm, &fwd);
-        int id = layer_kernel_id(s.layer);
+        int id = bench_kernel_id(s.layer);
         kernel = kernel_name(id >= 0 ? id : default_kernel_id(m));
     }
     double total_ops = mode == LAYER_BWD ? 2 * ops : ops;
@@ -503,8 +486,7 @@ static void run_q4conv_fwd(void *p) {
 
 static void run_conv_bwd(void *p) {
     conv_ctx *s = p;
-    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x),
-          "bie_layer_backward");
+    check(bie_layer_backward(s->layer, &s->grad_out, &s->grad_x), "bie_layer_backward");
 }
 
 static void run_fconv_fwd(void *p) {
@@ -545,7 +527,8 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
     if (!selected(name)) return;
     conv_ctx s = {.n = n, .c = c, .h = hw, .w = hw, .o = o, .k = k, .s = 1, .p = pad, .d = 1};
     if (four_bit) {
-        check(bie_q4_conv2d_create(&s.q4, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32), "bie_q4_conv2d_create");
+        check(bie_q4_conv2d_create(&s.q4, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32),
+              "bie_q4_conv2d_create");
         check(bie_layer_prepare_params(s.q4), "bie_layer_prepare_params");
         if (mode == LAYER_INFER) {
             check(bie_layer_generate_quantized_weight(s.q4, true), "generate_quantized_weight");
@@ -555,8 +538,7 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
     check(bie_binary_conv2d_create(&s.layer, c, o, k, 1, pad, 1, bie_cpu(), BIE_F32, true),
           "bie_binary_conv2d_create");
     check(bie_layer_prepare_params(s.layer), "bie_layer_prepare_params");
-    check(layer_output_hw(s.layer, hw, hw, &s.oh, &s.ow),
-          "bie_layer_output_shape");
+    check(bench_output_hw(s.layer, hw, hw, &s.oh, &s.ow), "bie_layer_output_shape");
     const int64_t kc = c * k * k, plane = s.oh * s.ow;
     float *x = random_floats(n * c * hw * hw), *y = xmalloc((size_t)(n * o * plane) * 4);
     float *g = random_floats(n * o * plane), *gx = xmalloc((size_t)(n * c * hw * hw) * 4);
@@ -590,7 +572,7 @@ static void bench_conv(const char *name, layer_mode mode, bool four_bit, int64_t
                  (long long)n, (long long)c, (long long)o, (long long)hw, (long long)hw, k, pad);
     } else {
         t = measure(four_bit ? run_q4conv_fwd : run_conv_fwd, &s, run_fconv_fwd, &s);
-        int id = layer_kernel_id(s.layer);
+        int id = bench_kernel_id(s.layer);
         kernel = kernel_name(id >= 0 ? id : default_kernel_id(o)); /* the layer's m is O */
         if (four_bit) {
             bie_kernel_info info;
@@ -631,22 +613,24 @@ __attribute__((target("avx2"))) static uint64_t hsum256(__m256i v) {
     return (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_extract_epi64(s, 1);
 }
 
-#define NIBBLE_LUT _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, \
-                                    0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4)
+#define NIBBLE_LUT                                                                                 \
+    _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, \
+                     2, 3, 2, 3, 3, 4)
 
 /* Both loops are written in asm so that the compiler cannot drop or hoist them and keeps
  * all 8 accumulators in registers (GCC 12 spills some when this is written in C). */
-#define PEAK_MAC(c, a, b)                                                                      \
-    "vpxor %[" b "], %[" a "], %[t]\n\t"                                                      \
-    "vpshufb %[t], %[lut], %[t]\n\t"                                                           \
+#define PEAK_MAC(c, a, b)                \
+    "vpxor %[" b "], %[" a "], %[t]\n\t" \
+    "vpshufb %[t], %[lut], %[t]\n\t"     \
     "vpaddb %[t], %[" c "], %[" c "]\n\t"
-#define PEAK_ALL_MACS(b0, b1)                                                                  \
-    PEAK_MAC("c00", "a0", b0) PEAK_MAC("c10", "a1", b0) PEAK_MAC("c20", "a2", b0)            \
-    PEAK_MAC("c30", "a3", b0) PEAK_MAC("c01", "a0", b1) PEAK_MAC("c11", "a1", b1)            \
-    PEAK_MAC("c21", "a2", b1) PEAK_MAC("c31", "a3", b1)
-#define PEAK_ACC_OPERANDS                                                                      \
+/* accumulators c<i><j>: row a<i> against column b<j> */
+#define PEAK_MACS4(b, j)      \
+    PEAK_MAC("c0" j, "a0", b) \
+    PEAK_MAC("c1" j, "a1", b) PEAK_MAC("c2" j, "a2", b) PEAK_MAC("c3" j, "a3", b)
+#define PEAK_ALL_MACS(b0, b1) PEAK_MACS4(b0, "0") PEAK_MACS4(b1, "1")
+#define PEAK_ACC_OPERANDS                                                                     \
     [c00] "+x"(c[0]), [c10] "+x"(c[1]), [c20] "+x"(c[2]), [c30] "+x"(c[3]), [c01] "+x"(c[4]), \
-    [c11] "+x"(c[5]), [c21] "+x"(c[6]), [c31] "+x"(c[7]), [t] "=&x"(t)
+        [c11] "+x"(c[5]), [c21] "+x"(c[6]), [c31] "+x"(c[7]), [t] "=&x"(t)
 
 __attribute__((target("avx2"))) static __m256i peak_widen(const __m256i c[8], __m256i wide) {
     const __m256i z = _mm256_setzero_si256();
@@ -655,8 +639,9 @@ __attribute__((target("avx2"))) static __m256i peak_widen(const __m256i c[8], __
 }
 
 /* Operands in registers: per step 8 x (XOR, vpshufb, byte add), no loads. */
-__attribute__((target("avx2"), noinline)) static void
-peak_registers(int64_t blocks, const uint8_t *a, const uint8_t *b) {
+__attribute__((target("avx2"), noinline)) static void peak_registers(int64_t blocks,
+                                                                     const uint8_t *a,
+                                                                     const uint8_t *b) {
     const __m256i lut = NIBBLE_LUT, *av = (const __m256i *)a, *bv = (const __m256i *)b;
     const __m256i a0 = _mm256_loadu_si256(av), a1 = _mm256_loadu_si256(av + 1);
     const __m256i a2 = _mm256_loadu_si256(av + 2), a3 = _mm256_loadu_si256(av + 3);
@@ -771,8 +756,10 @@ int main(int argc, char **argv) {
         } else if (strcmp(opt, "--trace") == 0) {
             g_trace = true;
         } else if (strncmp(opt, "--", 2) == 0) {
-            fprintf(stderr, "usage: %s [--threads N] [--min-time S] [--max-runs R] [--settle-ms T] "
-                    "[--trace] [filter...]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--min-time S] [--max-runs R] [--settle-ms T] "
+                    "[--trace] [filter...]\n",
+                    argv[0]);
             return 2;
         } else {
             g_filters[g_nfilters++] = argv[i];

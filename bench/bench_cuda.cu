@@ -61,7 +61,8 @@ static bool wanted(int argc, char **argv, const char *name) {
     return false;
 }
 
-static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id) {
+static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k,
+                       int kernel_id) {
     int64_t rb = (k + 7) / 8;
     void *a, *b, *out, *fa, *fb, *fc;
     CK(cudaMalloc(&a, m * rb));
@@ -78,12 +79,14 @@ static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n,
     std::vector<uint16_t> fix(1 << 20);
     for (int64_t off = 0; off < m * k; off += (int64_t)fix.size()) {
         int64_t cnt = std::min<int64_t>(fix.size(), m * k - off);
-        for (int64_t i = 0; i < cnt; i++) fix[i] = (uint16_t)(0x3c00 | ((i * 2654435761u) >> 20 & 0x01ff) | ((i & 1) << 15));
+        for (int64_t i = 0; i < cnt; i++)
+            fix[i] = (uint16_t)(0x3c00 | ((i * 2654435761u) >> 20 & 0x01ff) | ((i & 1) << 15));
         CK(cudaMemcpy((uint16_t *)fa + off, fix.data(), cnt * 2, cudaMemcpyHostToDevice));
     }
     for (int64_t off = 0; off < n * k; off += (int64_t)fix.size()) {
         int64_t cnt = std::min<int64_t>(fix.size(), n * k - off);
-        for (int64_t i = 0; i < cnt; i++) fix[i] = (uint16_t)(0x3c00 | ((i * 40503u) >> 7 & 0x01ff) | ((i >> 3 & 1) << 15));
+        for (int64_t i = 0; i < cnt; i++)
+            fix[i] = (uint16_t)(0x3c00 | ((i * 40503u) >> 7 & 0x01ff) | ((i >> 3 & 1) << 15));
         CK(cudaMemcpy((uint16_t *)fb + off, fix.data(), cnt * 2, cudaMemcpyHostToDevice));
     }
     double work = 2.0 * m * n * k;
@@ -97,9 +100,10 @@ static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n,
     float one = 1.0f, zero = 0.0f;
     auto base = [&] {
         // C[m, n] (row-major) = A[m, k] B[n, k]^T  ==  column-major C^T = B A^T
-        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb,
-                                        CUDA_R_16BF, (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc,
-                                        CUDA_R_16BF, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasStatus_t s =
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb, CUDA_R_16BF,
+                         (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc, CUDA_R_16BF, (int)n,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr, "cublasGemmEx failed: %d\n", (int)s);
             exit(1);
@@ -130,8 +134,8 @@ static void bie_ok(bie_status s, const char *what);
 // layer with packed weights runs it), f32 output (bf16 in the bf16_out case); ours_api_s:
 // bie_cuda_q4_gemm from int8 codes, i.e. packing both operands on every call, like cuBLAS
 // int8 gets them. "correct" compares the API's first outputs with cuBLAS int8's.
-static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k, int kernel_id,
-                        bie_dtype out_dtype) {
+static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k,
+                        int kernel_id, bie_dtype out_dtype) {
     const int64_t ld = bie_cuda_q4_row_stride(k);
     int8_t *a, *b;
     uint8_t *pa, *pb;
@@ -155,9 +159,10 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
     }
     fill_random(fa, m * k * 2, 3);
     fill_random(fb, n * k * 2, 4);
-    {   // small finite bf16 values: random mantissa and sign, exponent of 1
+    {  // small finite bf16 values: random mantissa and sign, exponent of 1
         std::vector<uint16_t> fix(std::max(m, n) * k);
-        for (size_t i = 0; i < fix.size(); i++) fix[i] = (uint16_t)(0x3f80 | ((i * 2654435761u) >> 20 & 0x7f) | ((i & 1) << 15));
+        for (size_t i = 0; i < fix.size(); i++)
+            fix[i] = (uint16_t)(0x3f80 | ((i * 2654435761u) >> 20 & 0x7f) | ((i & 1) << 15));
         CK(cudaMemcpy(fa, fix.data(), m * k * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(fb, fix.data(), n * k * 2, cudaMemcpyHostToDevice));
     }
@@ -166,15 +171,20 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
     const double work = 2.0 * m * n * k;
     const int inner = work > 1e12 ? 5 : work > 1e10 ? 20 : 200;
     auto ours = [&] {
-        bie_ok(bie_cuda_q4gemm_launch(kernel_id, m, n, k, pa, pb, ld, 1.0f, NULL, NULL, out_dtype, out, NULL), "q4 gemm");
+        bie_ok(bie_cuda_q4gemm_launch(kernel_id, m, n, k, pa, pb, ld, 1.0f, NULL, NULL, out_dtype,
+                                      out, NULL),
+               "q4 gemm");
     };
-    auto ours_api = [&] { bie_ok(bie_cuda_q4_gemm(kernel_id, m, n, k, a, k, b, k, 1.0f, (float *)out), "q4 gemm"); };
+    auto ours_api = [&] {
+        bie_ok(bie_cuda_q4_gemm(kernel_id, m, n, k, a, k, b, k, 1.0f, (float *)out), "q4 gemm");
+    };
     auto int8 = [&] {
         // C[m, n] (row-major) = A[m, k] B[n, k]^T  ==  column-major C^T = B A^T
         int one = 1, zero = 0;
-        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b, CUDA_R_8I,
-                                        (int)k, a, CUDA_R_8I, (int)k, &zero, c32, CUDA_R_32I, (int)n,
-                                        CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
+        cublasStatus_t s =
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, b, CUDA_R_8I,
+                         (int)k, a, CUDA_R_8I, (int)k, &zero, c32, CUDA_R_32I, (int)n,
+                         CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr, "cublasGemmEx int8 failed: %d\n", (int)s);
             exit(1);
@@ -182,9 +192,10 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
     };
     auto bf16 = [&] {
         float one = 1.0f, zero = 0.0f;
-        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb, CUDA_R_16BF,
-                                        (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc, CUDA_R_16BF, (int)n,
-                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasStatus_t s =
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, fb, CUDA_R_16BF,
+                         (int)k, fa, CUDA_R_16BF, (int)k, &zero, fc, CUDA_R_16BF, (int)n,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr, "cublasGemmEx bf16 failed: %d\n", (int)s);
             exit(1);
@@ -212,12 +223,14 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
     const char *kname = "default";
     if (kernel_id >= 0 && bie_kernel_find(kernel_id, &info) == BIE_OK) kname = info.name;
     printf("{\"name\":\"%s\",\"kernel\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
-           "\"ours_api_s\":%.6e,\"int8_s\":%.6e,\"bf16_s\":%.6e,\"ours_tops\":%.1f,\"ours_api_tops\":%.1f,"
+           "\"ours_api_s\":%.6e,\"int8_s\":%.6e,\"bf16_s\":%.6e,\"ours_tops\":%.1f,\"ours_api_"
+           "tops\":%.1f,"
            "\"int8_tops\":%.1f,\"bf16_tflops\":%.1f,\"ratio_int8\":%.3f,\"ratio_bf16\":%.3f,"
-           "\"api_ratio_int8\":%.3f,\"correct\":%s,\"baseline\":\"cublasGemmEx int8 (32I) and bf16\"}\n",
-           name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_api, t_i8, t_bf, work / t_ours / 1e12,
-           work / t_api / 1e12, work / t_i8 / 1e12, work / t_bf / 1e12, t_i8 / t_ours, t_bf / t_ours, t_i8 / t_api,
-           correct ? "true" : "false");
+           "\"api_ratio_int8\":%.3f,\"correct\":%s,\"baseline\":\"cublasGemmEx int8 (32I) and "
+           "bf16\"}\n",
+           name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_api, t_i8, t_bf,
+           work / t_ours / 1e12, work / t_api / 1e12, work / t_i8 / 1e12, work / t_bf / 1e12,
+           t_i8 / t_ours, t_bf / t_ours, t_i8 / t_api, correct ? "true" : "false");
     fflush(stdout);
     cudaFree(a), cudaFree(b), cudaFree(pa), cudaFree(pb), cudaFree(out), cudaFree(c32);
     cudaFree(fa), cudaFree(fb), cudaFree(fc);
@@ -248,12 +261,13 @@ static void fill_bf16(void *p, int64_t count, unsigned seed) {
     CK(cudaMemcpy(p, h.data(), count * 2, cudaMemcpyHostToDevice));
 }
 
-static void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                      int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
+static void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                      int64_t n, int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb,
+                      void *c, int64_t ldc) {
     float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &one, a, CUDA_R_16BF, (int)lda, b,
-                                    CUDA_R_16BF, (int)ldb, &zero, c, CUDA_R_16BF, (int)ldc,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &one, a, CUDA_R_16BF,
+                                    (int)lda, b, CUDA_R_16BF, (int)ldb, &zero, c, CUDA_R_16BF,
+                                    (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublasGemmEx failed: %d\n", (int)s);
         exit(1);
@@ -279,7 +293,9 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
     bie_ok(bie_cuda_set_stream(st), "stream");
     cublasSetStream(h, st);
     auto ours = [&] { bie_ok(bie_layer_forward(l, &x, &y), "forward"); };
-    auto base = [&] { gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk); };
+    auto base = [&] {
+        gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk);
+    };
     ours();
     CK(cudaStreamSynchronize(st));
     cudaGraph_t graph;
@@ -308,11 +324,12 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
     };
     timed(ours);
     double t_ours = timed(ours), t_graph = timed(ours_graph), t_base = timed(base);
-    printf("{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"ours_graph_s\":%.6e,"
-           "\"baseline_s\":%.6e,\"ratio\":%.3f,\"weight_gbps\":%.0f,\"baseline\":\"cublasGemmEx bf16 "
-           "(x W^T)\"}\n",
-           name, (long long)m, (long long)nk, (long long)nk, t_ours, t_graph, t_base,
-           t_base / std::min(t_ours, t_graph), (double)nk * nk / 8 / std::min(t_ours, t_graph) / 1e9);
+    printf(
+        "{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"ours_graph_s\":%.6e,"
+        "\"baseline_s\":%.6e,\"ratio\":%.3f,\"weight_gbps\":%.0f,\"baseline\":\"cublasGemmEx bf16 "
+        "(x W^T)\"}\n",
+        name, (long long)m, (long long)nk, (long long)nk, t_ours, t_graph, t_base,
+        t_base / std::min(t_ours, t_graph), (double)nk * nk / 8 / std::min(t_ours, t_graph) / 1e9);
     fflush(stdout);
     bie_ok(bie_cuda_set_stream(nullptr), "stream");
     cublasSetStream(h, nullptr);
@@ -342,18 +359,24 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
     };
     auto ours_fwd = [&] { bie_ok(bie_layer_forward(l, &x, &y), "forward"); };
     auto base = [&] {
-        gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk);  // y = x W^T
-        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_N, nk, m, nk, w.data, nk, g.data, nk, gx.data, nk); // gx = g W
-        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_T, nk, nk, m, x.data, nk, g.data, nk, gw.data, nk); // gw = g^T x
+        gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data,
+                  nk);  // y = x W^T
+        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_N, nk, m, nk, w.data, nk, g.data, nk, gx.data,
+                  nk);  // gx = g W
+        gemm_bf16(h, CUBLAS_OP_N, CUBLAS_OP_T, nk, nk, m, x.data, nk, g.data, nk, gw.data,
+                  nk);  // gw = g^T x
     };
-    auto base_fwd = [&] { gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk); };
+    auto base_fwd = [&] {
+        gemm_bf16(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, m, nk, w.data, nk, x.data, nk, y.data, nk);
+    };
     double t_ours = time_it(ours, 10, 7), t_base = time_it(base, 10, 7);
     double t_of = time_it(ours_fwd, 10, 7), t_bf = time_it(base_fwd, 10, 7);
-    printf("{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"baseline_s\":%.6e,"
-           "\"ratio\":%.3f,\"ours_forward_s\":%.6e,\"baseline_forward_s\":%.6e,\"forward_ratio\":%.3f,"
-           "\"baseline\":\"bf16 linear forward+backward, cublasGemmEx x3\"}\n",
-           name, (long long)m, (long long)nk, (long long)nk, t_ours, t_base, t_base / t_ours, t_of, t_bf,
-           t_bf / t_of);
+    printf(
+        "{\"name\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,\"baseline_s\":%.6e,"
+        "\"ratio\":%.3f,\"ours_forward_s\":%.6e,\"baseline_forward_s\":%.6e,\"forward_ratio\":%.3f,"
+        "\"baseline\":\"bf16 linear forward+backward, cublasGemmEx x3\"}\n",
+        name, (long long)m, (long long)nk, (long long)nk, t_ours, t_base, t_base / t_ours, t_of,
+        t_bf, t_bf / t_of);
     fflush(stdout);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&g), bie_tensor_free(&gx);
     bie_tensor_free(&w), bie_tensor_free(&gw);
@@ -370,7 +393,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bie_bench_cuda: %s, %d SMs\n", p.name, p.multiProcessorCount);
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
-    struct { const char *name; int64_t m, n, k; int id; } cases[] = {
+    struct {
+        const char *name;
+        int64_t m, n, k;
+        int id;
+    } cases[] = {
         {"cuda_bgemm_8192", 8192, 8192, 8192, -1},
         {"cuda_bgemm_8192/100", 8192, 8192, 8192, 100},
         {"cuda_bgemm_8192/101", 8192, 8192, 8192, 101},
@@ -407,10 +434,14 @@ int main(int argc, char **argv) {
     };
     for (auto &c : q4_cases)
         if (wanted(argc, argv, c.name))
-            q4gemm_case(h, c.name, c.m, c.n, c.k, c.id, strstr(c.name, "bf16_out") ? BIE_BF16 : BIE_F32);
-    if (wanted(argc, argv, "cuda_linear_fwd_m1")) layer_forward_case(h, "cuda_linear_fwd_m1", 1, 8192);
-    if (wanted(argc, argv, "cuda_linear_fwd_m16")) layer_forward_case(h, "cuda_linear_fwd_m16", 16, 8192);
-    if (wanted(argc, argv, "cuda_linear_train_4096")) layer_train_case(h, "cuda_linear_train_4096", 4096, 4096);
+            q4gemm_case(h, c.name, c.m, c.n, c.k, c.id,
+                        strstr(c.name, "bf16_out") ? BIE_BF16 : BIE_F32);
+    if (wanted(argc, argv, "cuda_linear_fwd_m1"))
+        layer_forward_case(h, "cuda_linear_fwd_m1", 1, 8192);
+    if (wanted(argc, argv, "cuda_linear_fwd_m16"))
+        layer_forward_case(h, "cuda_linear_fwd_m16", 16, 8192);
+    if (wanted(argc, argv, "cuda_linear_train_4096"))
+        layer_train_case(h, "cuda_linear_train_4096", 4096, 4096);
     cublasDestroy(h);
     return 0;
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_layer.h"
 #include "bie.h"
 #include "bie_cuda.h"
 
@@ -24,13 +25,13 @@
             exit(1);                                                                           \
         }                                                                                      \
     } while (0)
-#define DNN(x)                                                                                 \
-    do {                                                                                       \
-        cudnnStatus_t s_ = (x);                                                                \
-        if (s_ != CUDNN_STATUS_SUCCESS) {                                                      \
+#define DNN(x)                                                                                  \
+    do {                                                                                        \
+        cudnnStatus_t s_ = (x);                                                                 \
+        if (s_ != CUDNN_STATUS_SUCCESS) {                                                       \
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudnnGetErrorString(s_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
+            exit(1);                                                                            \
+        }                                                                                       \
     } while (0)
 
 static void ok(bie_status s, const char *what) {
@@ -38,13 +39,6 @@ static void ok(bie_status s, const char *what) {
         fprintf(stderr, "bie: %s: %s\n", what, bie_last_error());
         exit(1);
     }
-}
-
-// The layer's selected GEMM kernel id (-1: the default per shape).
-static int layer_kernel_id(const bie_layer *l) {
-    bie_layer_desc d;
-    ok(bie_layer_describe(l, &d), "describe");
-    return d.kernel_id;
 }
 
 static bool wanted(int argc, char **argv, const char *name) {
@@ -132,7 +126,8 @@ struct Dnn {
         DNN(cudnnSetTensor4dDescriptor(x, fmt, CUDNN_DATA_BFLOAT16, g.n, g.c, g.h, g.w));
         DNN(cudnnSetTensor4dDescriptor(y, fmt, CUDNN_DATA_BFLOAT16, g.n, g.o, g.oh(), g.ow()));
         DNN(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_BFLOAT16, fmt, g.o, g.c, g.k, g.k));
-        DNN(cudnnSetConvolution2dDescriptor(conv, g.p, g.p, g.s, g.s, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        DNN(cudnnSetConvolution2dDescriptor(conv, g.p, g.p, g.s, g.s, 1, 1, CUDNN_CROSS_CORRELATION,
+                                            CUDNN_DATA_FLOAT));
         DNN(cudnnSetConvolutionMathType(conv, CUDNN_TENSOR_OP_MATH));
         int found = 0;
         cudnnConvolutionFwdAlgoPerf_t fp[16];
@@ -162,8 +157,10 @@ struct Dnn {
     }
     void backward(const void *xd, const void *wd, const void *gy, void *gx, void *gw) {
         float one = 1, zero = 0;
-        DNN(cudnnConvolutionBackwardData(h, &one, w, wd, y, gy, conv, bwd_data, ws, ws_bytes, &zero, x, gx));
-        DNN(cudnnConvolutionBackwardFilter(h, &one, x, xd, y, gy, conv, bwd_filter, ws, ws_bytes, &zero, w, gw));
+        DNN(cudnnConvolutionBackwardData(h, &one, w, wd, y, gy, conv, bwd_data, ws, ws_bytes, &zero,
+                                         x, gx));
+        DNN(cudnnConvolutionBackwardFilter(h, &one, x, xd, y, gy, conv, bwd_filter, ws, ws_bytes,
+                                           &zero, w, gw));
     }
 };
 
@@ -197,8 +194,10 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     fill_bf16(gy.data, bie_tensor_numel(&gy), 3);
 
     bie_layer *train, *infer;
-    ok(bie_binary_conv2d_create(&train, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true), "create");
-    ok(bie_binary_conv2d_create(&infer, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true), "create");
+    ok(bie_binary_conv2d_create(&train, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true),
+       "create");
+    ok(bie_binary_conv2d_create(&infer, g.c, g.o, g.k, g.s, g.p, 1, cuda, BIE_BF16, true),
+       "create");
     ok(bie_layer_prepare_params(train), "prepare");
     ok(bie_layer_prepare_params(infer), "prepare");
     ok(bie_layer_set_training(infer, false), "eval");
@@ -216,7 +215,7 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
         return;
     }
     ok(bie_layer_select_gemm_kernel(infer, &x), "select");
-    const int im2col_kernel = layer_kernel_id(infer);
+    const int im2col_kernel = bench_kernel_id(infer);
     const double f_im2col = time_it(ours_fwd, 20, 7);
     ok(bie_layer_set_gemm_kernel(infer, -1), "default kernel");
     Dnn nchw(dnn, g, CUDNN_TENSOR_NCHW), nhwc(dnn, g, CUDNN_TENSOR_NHWC);
@@ -239,14 +238,17 @@ static void conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
     }
     const double f_base = std::min(f_nchw, f_nhwc), t_base = std::min(t_nchw, t_nhwc);
     const double f_host = host_time(ours_fwd, inner, reps);
-    printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"stride\":%d,\"pad\":%d,"
-           "\"im2col_kernel\":%d,\"fwd_im2col_s\":%.6e,\"fwd_ours_s\":%.6e,\"fwd_cudnn_nchw_s\":%.6e,\"fwd_cudnn_nhwc_s\":%.6e,"
-           "\"fwd_ratio\":%.3f,\"fwd_host_s\":%.6e,\"fwd_ours_tops\":%.1f,\"fwd_cudnn_tflops\":%.1f,\"train_ours_s\":%.6e,"
+    printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"stride\":%d,"
+           "\"pad\":%d,"
+           "\"im2col_kernel\":%d,\"fwd_im2col_s\":%.6e,\"fwd_ours_s\":%.6e,\"fwd_cudnn_nchw_s\":%."
+           "6e,\"fwd_cudnn_nhwc_s\":%.6e,"
+           "\"fwd_ratio\":%.3f,\"fwd_host_s\":%.6e,\"fwd_ours_tops\":%.1f,\"fwd_cudnn_tflops\":%."
+           "1f,\"train_ours_s\":%.6e,"
            "\"train_cudnn_nchw_s\":%.6e,\"train_cudnn_nhwc_s\":%.6e,\"train_ratio\":%.3f,"
            "\"baseline\":\"cuDNN bf16 convolution, fastest algorithm and layout\"}\n",
            name, g.n, g.c, g.h, g.w, g.o, g.k, g.s, g.p, im2col_kernel, f_im2col, f_ours, f_nchw,
-           f_nhwc, f_base / f_ours, f_host, g.flops() / f_ours / 1e12, g.flops() / f_base / 1e12, t_ours, t_nchw, t_nhwc,
-           t_base / t_ours);
+           f_nhwc, f_base / f_ours, f_host, g.flops() / f_ours / 1e12, g.flops() / f_base / 1e12,
+           t_ours, t_nchw, t_nhwc, t_base / t_ours);
     fflush(stdout);
     bie_layer_free(train);
     bie_layer_free(infer);
@@ -293,14 +295,17 @@ static void q4conv_case(cudnnHandle_t dnn, const char *name, Shape g) {
         f_ours = std::min(f_ours, time_it(ours_fwd, 20, 7));
         f_base = std::min({f_base, time_it(base_fwd(nchw), 20, 7), time_it(base_fwd(nhwc), 20, 7)});
         t_ours = std::min(t_ours, time_it(ours_train, 20, 7));
-        t_base = std::min({t_base, time_it(base_train(nchw), 20, 7), time_it(base_train(nhwc), 20, 7)});
+        t_base =
+            std::min({t_base, time_it(base_train(nchw), 20, 7), time_it(base_train(nhwc), 20, 7)});
     }
-    printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"fwd_ours_s\":%.6e,"
+    printf("{\"name\":\"%s\",\"n\":%d,\"c\":%d,\"h\":%d,\"w\":%d,\"o\":%d,\"k\":%d,\"fwd_ours_s\":%"
+           ".6e,"
            "\"fwd_cudnn_s\":%.6e,\"fwd_ratio\":%.3f,\"fwd_ours_tops\":%.1f,\"train_ours_s\":%.6e,"
-           "\"train_cudnn_s\":%.6e,\"train_ratio\":%.3f,\"baseline\":\"cuDNN bf16 convolution, fastest "
+           "\"train_cudnn_s\":%.6e,\"train_ratio\":%.3f,\"baseline\":\"cuDNN bf16 convolution, "
+           "fastest "
            "algorithm and layout\"}\n",
-           name, g.n, g.c, g.h, g.w, g.o, g.k, f_ours, f_base, f_base / f_ours, g.flops() / f_ours / 1e12, t_ours,
-           t_base, t_base / t_ours);
+           name, g.n, g.c, g.h, g.w, g.o, g.k, f_ours, f_base, f_base / f_ours,
+           g.flops() / f_ours / 1e12, t_ours, t_base, t_base / t_ours);
     fflush(stdout);
     bie_layer_free(train);
     bie_layer_free(infer);
@@ -318,12 +323,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bie_bench_cuda_conv: %s, cuDNN %zu\n", p.name, cudnnGetVersion());
     cudnnHandle_t dnn;
     DNN(cudnnCreate(&dnn));
-    if (wanted(argc, argv, "cuda_bconv_256_14")) conv_case(dnn, "cuda_bconv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
-    if (wanted(argc, argv, "cuda_bconv_128_28")) conv_case(dnn, "cuda_bconv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
-    if (wanted(argc, argv, "cuda_bconv_512_7")) conv_case(dnn, "cuda_bconv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
-    if (wanted(argc, argv, "cuda_q4conv_256_14")) q4conv_case(dnn, "cuda_q4conv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
-    if (wanted(argc, argv, "cuda_q4conv_128_28")) q4conv_case(dnn, "cuda_q4conv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
-    if (wanted(argc, argv, "cuda_q4conv_512_7")) q4conv_case(dnn, "cuda_q4conv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_bconv_256_14"))
+        conv_case(dnn, "cuda_bconv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_bconv_128_28"))
+        conv_case(dnn, "cuda_bconv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_bconv_512_7"))
+        conv_case(dnn, "cuda_bconv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_256_14"))
+        q4conv_case(dnn, "cuda_q4conv_256_14", {64, 256, 14, 14, 256, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_128_28"))
+        q4conv_case(dnn, "cuda_q4conv_128_28", {64, 128, 28, 28, 128, 3, 1, 1});
+    if (wanted(argc, argv, "cuda_q4conv_512_7"))
+        q4conv_case(dnn, "cuda_q4conv_512_7", {64, 512, 7, 7, 512, 3, 1, 1});
     cudnnDestroy(dnn);
     return 0;
 }

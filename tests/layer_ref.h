@@ -38,10 +38,16 @@ typedef struct {
 static inline ref_geom ref_linear_geom(int64_t m, int64_t in, int64_t out) {
     return (ref_geom){m, in, 1, 1, out, 1, 1, 0, 1};
 }
-static inline int64_t ref_oh(const ref_geom *g) { return ref_out_size(g->h, g->k, g->s, g->p, g->d); }
-static inline int64_t ref_ow(const ref_geom *g) { return ref_out_size(g->w, g->k, g->s, g->p, g->d); }
+static inline int64_t ref_oh(const ref_geom *g) {
+    return ref_out_size(g->h, g->k, g->s, g->p, g->d);
+}
+static inline int64_t ref_ow(const ref_geom *g) {
+    return ref_out_size(g->w, g->k, g->s, g->p, g->d);
+}
 static inline int64_t ref_numel_x(const ref_geom *g) { return g->n * g->c * g->h * g->w; }
-static inline int64_t ref_numel_out(const ref_geom *g) { return g->n * g->o * ref_oh(g) * ref_ow(g); }
+static inline int64_t ref_numel_out(const ref_geom *g) {
+    return g->n * g->o * ref_oh(g) * ref_ow(g);
+}
 static inline int64_t ref_fan_in(const ref_geom *g) { return g->c * g->k * g->k; }
 
 /* What distinguishes binary (SPEC §2-3) from 4-bit (SPEC §4) layers. */
@@ -116,10 +122,18 @@ static inline int8_t ref_q4_weight_code(const bie_tensor *w, int64_t i, float sc
     return ref_q4(((const float *)w->data)[i], scale_w);
 }
 
-static const ref_quant REF_BINARY = {ref_binary_act,     -1.0f, 1.0f, ref_binary_gs_term, 1.0, 0.0,
-                                     ref_binary_scale_a, ref_binary_scale_w, ref_binary_weight_code};
-static const ref_quant REF_Q4 = {ref_q4_act,     -8.0f, 7.0f, ref_q4_gs_term, 7.0, 1.0 / 508.0,
-                                 ref_q4_scale_a, ref_q4_scale_w, ref_q4_weight_code};
+static const ref_quant REF_BINARY = {ref_binary_act,
+                                     -1.0f,
+                                     1.0f,
+                                     ref_binary_gs_term,
+                                     1.0,
+                                     0.0,
+                                     ref_binary_scale_a,
+                                     ref_binary_scale_w,
+                                     ref_binary_weight_code};
+static const ref_quant REF_Q4 = {
+    ref_q4_act,  -8.0f,          7.0f,           ref_q4_gs_term,    7.0,
+    1.0 / 508.0, ref_q4_scale_a, ref_q4_scale_w, ref_q4_weight_code};
 
 /* The flat indices of input element (n, c, y, x) and weight element (o, c, i, j). */
 static inline int64_t ref_xi(const ref_geom *g, int64_t n, int64_t c, int64_t y, int64_t x) {
@@ -131,26 +145,26 @@ static inline int64_t ref_wi(const ref_geom *g, int64_t o, int64_t c, int64_t i,
 
 /* Visit every (output element, input element, weight element) triple of the convolution whose
  * tap lies inside the input (taps outside contribute 0: zero padding). */
-#define REF_FOR_TAPS(g, oi, xi, wi, ...)                                                       \
-    do {                                                                                       \
-        const int64_t oh_ = ref_oh(g), ow_ = ref_ow(g);                                        \
-        for (int64_t n_ = 0; n_ < (g)->n; n_++)                                                \
-            for (int64_t o_ = 0; o_ < (g)->o; o_++)                                            \
-                for (int64_t y_ = 0; y_ < oh_; y_++)                                           \
-                    for (int64_t x_ = 0; x_ < ow_; x_++) {                                     \
-                        const int64_t oi = ((n_ * (g)->o + o_) * oh_ + y_) * ow_ + x_;         \
-                        for (int64_t c_ = 0; c_ < (g)->c; c_++)                                \
-                            for (int64_t i_ = 0; i_ < (g)->k; i_++)                            \
-                                for (int64_t j_ = 0; j_ < (g)->k; j_++) {                      \
-                                    const int64_t iy_ = y_ * (g)->s - (g)->p + i_ * (g)->d;    \
-                                    const int64_t ix_ = x_ * (g)->s - (g)->p + j_ * (g)->d;    \
-                                    if (iy_ < 0 || iy_ >= (g)->h || ix_ < 0 || ix_ >= (g)->w)  \
-                                        continue;                                              \
-                                    const int64_t xi = ref_xi(g, n_, c_, iy_, ix_);            \
-                                    const int64_t wi = ref_wi(g, o_, c_, i_, j_);              \
-                                    __VA_ARGS__                                                \
-                                }                                                              \
-                    }                                                                          \
+#define REF_FOR_TAPS(g, oi, xi, wi, ...)                                                      \
+    do {                                                                                      \
+        const int64_t oh_ = ref_oh(g), ow_ = ref_ow(g);                                       \
+        for (int64_t n_ = 0; n_ < (g)->n; n_++)                                               \
+            for (int64_t o_ = 0; o_ < (g)->o; o_++)                                           \
+                for (int64_t y_ = 0; y_ < oh_; y_++)                                          \
+                    for (int64_t x_ = 0; x_ < ow_; x_++) {                                    \
+                        const int64_t oi = ((n_ * (g)->o + o_) * oh_ + y_) * ow_ + x_;        \
+                        for (int64_t c_ = 0; c_ < (g)->c; c_++)                               \
+                            for (int64_t i_ = 0; i_ < (g)->k; i_++)                           \
+                                for (int64_t j_ = 0; j_ < (g)->k; j_++) {                     \
+                                    const int64_t iy_ = y_ * (g)->s - (g)->p + i_ * (g)->d;   \
+                                    const int64_t ix_ = x_ * (g)->s - (g)->p + j_ * (g)->d;   \
+                                    if (iy_ < 0 || iy_ >= (g)->h || ix_ < 0 || ix_ >= (g)->w) \
+                                        continue;                                             \
+                                    const int64_t xi = ref_xi(g, n_, c_, iy_, ix_);           \
+                                    const int64_t wi = ref_wi(g, o_, c_, i_, j_);             \
+                                    __VA_ARGS__                                               \
+                                }                                                             \
+                    }                                                                         \
     } while (0)
 
 /* x' = x + bias_a[c] for input element xi. */
@@ -161,8 +175,8 @@ static inline float ref_shifted(const ref_geom *g, const float *x, const float *
 /* Forward: out[n, o, y, x] = (float)dot * (scale_a * scale_w), dot exact in 64-bit integers
  * over the activation codes of x + bias_a and the weight codes wcode [o, c, k, k]. */
 static inline void ref_forward(const ref_geom *g, const ref_quant *q, const float *x,
-                               const float *bias, const int8_t *wcode, float scale_a,
-                               float scale_w, float *out) {
+                               const float *bias, const int8_t *wcode, float scale_a, float scale_w,
+                               float *out) {
     const int64_t no = ref_numel_out(g);
     int64_t *dot = calloc((size_t)no, sizeof(int64_t));
     if (dot == NULL) abort();
@@ -189,7 +203,8 @@ static inline void ref_backward(const ref_geom *g, const ref_quant *q, const flo
     for (int64_t c = 0; c < g->c; c++) gb[c] = 0;
     REF_FOR_TAPS(g, oi, xi, wi, {
         gx[xi] += (double)gout[oi] * wcode[wi] * (double)scale_w;
-        gw[wi] += (double)gout[oi] * q->act_code(ref_shifted(g, x, bias, xi), scale_a) * (double)scale_a;
+        gw[wi] +=
+            (double)gout[oi] * q->act_code(ref_shifted(g, x, bias, xi), scale_a) * (double)scale_a;
     });
     double sum = 0, abs_sum = 0;
     for (int64_t i = 0; i < nx; i++) {

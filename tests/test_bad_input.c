@@ -120,11 +120,11 @@ static bie_tensor *alt(const bie_tensor *src) {
     s->t = *src;
     return &s->t;
 }
-#define WITH(src, assignment)                                                                  \
-    __extension__({                                                                            \
-        bie_tensor *t_ = alt(src);                                                             \
-        t_->assignment;                                                                        \
-        t_;                                                                                    \
+#define WITH(src, assignment)      \
+    __extension__({                \
+        bie_tensor *t_ = alt(src); \
+        t_->assignment;            \
+        t_;                        \
     })
 #define ON_CUDA(src) WITH(src, device.type = BIE_DEVICE_CUDA)
 
@@ -155,21 +155,27 @@ static void check_status(const char *file, int line, const char *expr, bie_statu
             ((unsigned char *)g_pool[i].mem)[j] = poison_byte(g_pool[i].dt, j);
     }
 }
-#define EXPECT_S(want, call, text)                                                             \
-    do {                                                                                       \
-        set_marker();                                                                          \
-        bie_status st_ = (call);                                                               \
-        check_status(__FILE__, __LINE__, text, st_, (want));                                   \
+#define EXPECT_S(want, call, text)                           \
+    do {                                                     \
+        set_marker();                                        \
+        bie_status st_ = (call);                             \
+        check_status(__FILE__, __LINE__, text, st_, (want)); \
     } while (0)
 #define EXPECT(want, call) EXPECT_S(want, call, #call)
 
 /* ---------------------------------------------------------------- layer state */
 
-static const char *const ITEM_NAMES[9] = {
-    "WEIGHT",      "QWEIGHT",     "BIAS_A", "SCALE_A", "SCALE_W", "grad WEIGHT",
-    "grad WEIGHT_FLOAT_GRAD", "grad BIAS_A", "grad SCALE_A"};
-static const char *const SCALAR_NAMES[5] = {"bits_binary_word", "gemm kernel id",
-                                            "training flag", "in_features", "out_features"};
+static const char *const ITEM_NAMES[9] = {"WEIGHT",
+                                          "QWEIGHT",
+                                          "BIAS_A",
+                                          "SCALE_A",
+                                          "SCALE_W",
+                                          "grad WEIGHT",
+                                          "grad WEIGHT_FLOAT_GRAD",
+                                          "grad BIAS_A",
+                                          "grad SCALE_A"};
+static const char *const SCALAR_NAMES[5] = {"bits_binary_word", "gemm kernel id", "training flag",
+                                            "in_features", "out_features"};
 
 typedef struct {
     bie_status st; /* of the query: an absent parameter is part of the state too */
@@ -184,15 +190,19 @@ typedef struct {
 } snap;
 
 static void take_snap(snap *s, bie_layer *l) {
-    static const bie_param which[9] = {BIE_PARAM_WEIGHT,  BIE_PARAM_QWEIGHT, BIE_PARAM_BIAS_A,
-                                       BIE_PARAM_SCALE_A, BIE_PARAM_SCALE_W, BIE_PARAM_WEIGHT,
-                                       BIE_PARAM_WEIGHT_FLOAT_GRAD, BIE_PARAM_BIAS_A,
+    static const bie_param which[9] = {BIE_PARAM_WEIGHT,
+                                       BIE_PARAM_QWEIGHT,
+                                       BIE_PARAM_BIAS_A,
+                                       BIE_PARAM_SCALE_A,
+                                       BIE_PARAM_SCALE_W,
+                                       BIE_PARAM_WEIGHT,
+                                       BIE_PARAM_WEIGHT_FLOAT_GRAD,
+                                       BIE_PARAM_BIAS_A,
                                        BIE_PARAM_SCALE_A}; /* 5 parameters, 4 gradients */
     memset(s, 0, sizeof *s);
     for (int i = 0; i < 9; i++) {
         item *it = &s->it[i];
-        it->st = i < 5 ? bie_layer_param(l, which[i], &it->v)
-                       : bie_layer_grad(l, which[i], &it->v);
+        it->st = i < 5 ? bie_layer_param(l, which[i], &it->v) : bie_layer_grad(l, which[i], &it->v);
         if (it->st != BIE_OK) continue;
         it->bytes = (size_t)bie_tensor_numel(&it->v) * bie_dtype_size(it->v.dtype);
         it->copy = malloc(it->bytes ? it->bytes : 1);
@@ -232,13 +242,13 @@ static void check_same(const char *file, int line, snap *a, snap *b) {
 }
 
 /* EXPECT for a call on layer l, which must also leave l's state unchanged. */
-#define EXPECT_L(l, want, call)                                                                \
-    do {                                                                                       \
-        snap before_, after_;                                                                  \
-        take_snap(&before_, (l));                                                              \
-        EXPECT_S(want, call, #call);                                                           \
-        take_snap(&after_, (l));                                                               \
-        check_same(__FILE__, __LINE__, &before_, &after_);                                     \
+#define EXPECT_L(l, want, call)                            \
+    do {                                                   \
+        snap before_, after_;                              \
+        take_snap(&before_, (l));                          \
+        EXPECT_S(want, call, #call);                       \
+        take_snap(&after_, (l));                           \
+        check_same(__FILE__, __LINE__, &before_, &after_); \
     } while (0)
 
 static bie_layer *new_layer(void) {
@@ -325,8 +335,7 @@ static void test_forward(void) {
     CASE("forward: negative leading extent");
     EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward(l, WITH(x, shape[0] = -2), y));
     CASE("forward: extents whose product overflows");
-    EXPECT_L(l, BIE_ERR_OVERFLOW,
-             bie_layer_forward(l, WITH(x, shape[0] = INT64_MAX / 2), y));
+    EXPECT_L(l, BIE_ERR_OVERFLOW, bie_layer_forward(l, WITH(x, shape[0] = INT64_MAX / 2), y));
     CASE("forward: input dtype int32");
     EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward(l, MK(BIE_I32, RANDOM, 2, 3, IN), y));
     CASE("forward: input dtype int8");
@@ -461,8 +470,7 @@ static void test_setters(void) {
     static const int bad_bits[5] = {7, 0, 16, -8, 128};
     CASE("set_bits_binary_word(7), (0), (16), (-8), (128)");
     for (int i = 0; i < 5; i++)
-        EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT,
-                 bie_layer_set_bits_binary_word(l, bad_bits[i]));
+        EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_bits_binary_word(l, bad_bits[i]));
     CASE("set_gemm_kernel(9999), (-2): unknown ids");
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, 9999));
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, -2));
@@ -490,8 +498,7 @@ static void test_setters(void) {
     EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_weight_data(l, w));
     ((float *)w->data)[OUT * IN / 2] = -INFINITY;
     EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_weight_data(l, w));
-    EXPECT_L(l, BIE_ERR_NOT_FINITE,
-             bie_layer_set_weight_data(l, MK(BIE_F32, ZERO, OUT, IN)));
+    EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_weight_data(l, MK(BIE_F32, ZERO, OUT, IN)));
     CASE("set_weight_data: NULL tensor, NULL data");
     EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_set_weight_data(l, NULL));
     EXPECT_L(l, BIE_ERR_NULL_POINTER,
@@ -514,8 +521,7 @@ static void test_setters(void) {
 
     CASE("param: unknown parameter, WEIGHT_FLOAT_GRAD (a gradient only), NULL view");
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_param(l, (bie_param)99, &v));
-    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT,
-             bie_layer_param(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &v));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_param(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &v));
     EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_param(l, BIE_PARAM_WEIGHT, NULL));
     CASE("select_gemm_kernel: input with a wrong last extent, NULL input");
     EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_select_gemm_kernel(l, F32(4, IN - 1)));
@@ -555,7 +561,8 @@ static void test_setters(void) {
     if (bie_q4_linear_create(&l, IN, OUT, bie_cpu(), BIE_F32) != BIE_OK) die("create q4_linear");
     EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_bits_binary_word(l, 32));
     bie_layer_free(l);
-    if (bie_q4_conv2d_create(&l, 3, OUT, 3, 1, 1, 1, bie_cpu(), BIE_F32) != BIE_OK) die("create q4_conv2d");
+    if (bie_q4_conv2d_create(&l, 3, OUT, 3, 1, 1, 1, bie_cpu(), BIE_F32) != BIE_OK)
+        die("create q4_conv2d");
     EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_bits_binary_word(l, 8));
     bie_layer_free(l);
     CASE("layer setters with a NULL layer");

@@ -22,7 +22,8 @@ static void collect_kernels(void) {
     for (int idx = 0; idx < bie_kernel_count() && nkernels < 64; idx++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
-        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
+        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM)
+            continue;
         kernel_ids[nkernels++] = info.id;
         printf("kernel %d %s\n", info.id, info.name);
     }
@@ -38,7 +39,8 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int w) {
     float *expect = tu_alloc((size_t)(m * n) * sizeof(float));
     float *out = tu_alloc((size_t)(m * n) * sizeof(float));
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) expect[i * n + j] = (float)ref_dot(a + i * rb, b + j * rb, k) * scale;
+        for (int64_t j = 0; j < n; j++)
+            expect[i * n + j] = (float)ref_dot(a + i * rb, b + j * rb, k) * scale;
     for (int t = 0; t < nkernels; t++) {
         tu_poison(out, m * n);
         bie_status st = bie_binary_gemm(kernel_ids[t], m, n, k, a, rb, b, rb, scale, out);
@@ -46,7 +48,8 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int w) {
         int same = st == BIE_OK && tu_same_bits(out, expect, m * n);
         CHECK(same);
         if (!same)
-            fprintf(stderr, "  kernel %d m=%lld n=%lld k=%lld w=%d differs from the reference (%s)\n",
+            fprintf(stderr,
+                    "  kernel %d m=%lld n=%lld k=%lld w=%d differs from the reference (%s)\n",
                     kernel_ids[t], (long long)m, (long long)n, (long long)k, w,
                     st == BIE_OK ? "values" : bie_last_error());
     }
@@ -61,8 +64,8 @@ int main(void) {
     if (tu_forced_set_missing()) return TU_SKIP;
     tu_seed(42);
     const int64_t shapes[][3] = {
-        {1, 1, 1},    {1, 1, 7},     {1, 5, 63},   {3, 1, 65},   {4, 4, 64},   {5, 7, 1000},
-        {1, 33, 255}, {7, 9, 256},   {9, 3, 257},  {16, 16, 511}, {17, 13, 513}, {2, 31, 1024},
+        {1, 1, 1},      {1, 1, 7},     {1, 5, 63},    {3, 1, 65},    {4, 4, 64},     {5, 7, 1000},
+        {1, 33, 255},   {7, 9, 256},   {9, 3, 257},   {16, 16, 511}, {17, 13, 513},  {2, 31, 1024},
         {33, 17, 2047}, {1, 64, 4096}, {65, 65, 129}, {12, 6, 8191}, {6, 12, 20000}, {130, 70, 300},
     };
     const int words[] = {8, 32, 64};

@@ -6,12 +6,14 @@
 
 typedef ref_geom geom;
 
-static int64_t out_size(int64_t in, const geom *g) { return ref_out_size(in, g->k, g->s, g->p, g->d); }
+static int64_t out_size(int64_t in, const geom *g) {
+    return ref_out_size(in, g->k, g->s, g->p, g->d);
+}
 
 static bie_layer *make_layer(const geom *g, uint64_t seed) {
     bie_layer *l = NULL;
-    if (bie_binary_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, bie_cpu(),
-                                 BIE_F32, true) != BIE_OK) {
+    if (bie_binary_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d,
+                                 bie_cpu(), BIE_F32, true) != BIE_OK) {
         fprintf(stderr, "create: %s\n", bie_last_error());
         exit(2);
     }
@@ -47,9 +49,11 @@ static void test_forward(const geom *g) {
     bie_layer *l = make_layer(g, 11 + (uint64_t)g->c);
     int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
     int64_t nx = g->n * g->c * g->h * g->w, no = g->n * g->o * oh * ow;
-    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *expect = tu_alloc((size_t)no * 4);
+    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4),
+          *expect = tu_alloc((size_t)no * 4);
     tu_fill(x, nx, -1, 1);
-    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w),
+               to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
     int64_t qh, qw;
     CHECK_OK(tu_layer_output_hw(l, g->h, g->w, &qh, &qw));
     CHECK(qh == oh && qw == ow);
@@ -59,19 +63,23 @@ static void test_forward(const geom *g) {
     int same = tu_same_bits(out, expect, no);
     CHECK(same);
     if (!same)
-        fprintf(stderr, "  default kernel differs: n%lld c%lld %lldx%lld o%lld k%lld s%lld p%lld d%lld\n",
+        fprintf(stderr,
+                "  default kernel differs: n%lld c%lld %lldx%lld o%lld k%lld s%lld p%lld d%lld\n",
                 (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w, (long long)g->o,
                 (long long)g->k, (long long)g->s, (long long)g->p, (long long)g->d);
     for (int idx = 0; idx < bie_kernel_count(); idx++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
-        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
+        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM)
+            continue;
         CHECK_OK(bie_layer_set_gemm_kernel(l, info.id));
         tu_poison(out, no);
         CHECK_OK(bie_layer_forward(l, &tx, &to));
         same = tu_same_bits(out, expect, no);
         CHECK(same);
-        if (!same) fprintf(stderr, "  %s differs (c%lld k%lld)\n", info.name, (long long)g->c, (long long)g->k);
+        if (!same)
+            fprintf(stderr, "  %s differs (c%lld k%lld)\n", info.name, (long long)g->c,
+                    (long long)g->k);
     }
     CHECK_OK(bie_layer_select_gemm_kernel(l, &tx));
     /* inference with packed weights, then without the int8 weight */
@@ -87,7 +95,8 @@ static void test_forward(const geom *g) {
     CHECK(tu_same_bits(out, expect, no));
     bie_tensor ow_view;
     CHECK_OK(bie_layer_opt_weight(l, &ow_view));
-    CHECK(ow_view.shape[0] == g->o && ow_view.shape[1] == bie_packed_words(g->c * g->k * g->k, tu_layer_bits(l)));
+    CHECK(ow_view.shape[0] == g->o &&
+          ow_view.shape[1] == bie_packed_words(g->c * g->k * g->k, tu_layer_bits(l)));
     CHECK_OK(bie_layer_set_training(l, true));
     CHECK(bie_layer_forward(l, &tx, &to) == BIE_ERR_STATE);
     bie_layer_free(l);
@@ -109,12 +118,15 @@ static void test_backward(const geom *g) {
     bie_layer *l = make_layer(g, 5 + (uint64_t)g->o);
     int64_t oh = out_size(g->h, g), ow = out_size(g->w, g), hw = g->h * g->w;
     int64_t nx = g->n * g->c * hw, no = g->n * g->o * oh * ow, K = g->c * g->k * g->k;
-    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4), *go = tu_alloc((size_t)no * 4);
+    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4),
+          *go = tu_alloc((size_t)no * 4);
     float *gx = tu_alloc((size_t)nx * 4);
     tu_fill(x, nx, -1.5f, 1.5f);
     tu_fill(go, no, -1, 1);
-    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w), to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
-    bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow), tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w),
+               to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
+    bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow),
+               tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
     CHECK_OK(bie_layer_forward(l, &tx, &to));
     tu_poison(gx, nx);
     CHECK_OK(bie_layer_backward(l, &tg, &tgx));
@@ -123,10 +135,11 @@ static void test_backward(const geom *g) {
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_W, &sw));
     int8_t *codes = weight_signs(l, g);
-    double *rgx = tu_alloc((size_t)nx * sizeof(double)), *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
+    double *rgx = tu_alloc((size_t)nx * sizeof(double)),
+           *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
     double *rgb = tu_alloc((size_t)g->c * sizeof(double)), rgs = 0, gs_tol = 0;
-    ref_backward(g, &REF_BINARY, x, b.data, codes, *(float *)sa.data, *(float *)sw.data, go, rgx, rgw, rgb, &rgs,
-                 &gs_tol);
+    ref_backward(g, &REF_BINARY, x, b.data, codes, *(float *)sa.data, *(float *)sw.data, go, rgx,
+                 rgw, rgb, &rgs, &gs_tol);
     free(codes);
     CHECK(rel_err(gx, rgx, nx) < 1e-5);
     bie_tensor ggw, ggb, ggs, ggq;
@@ -160,7 +173,8 @@ static void test_installed_qweight(void) {
     tu_fill(x, 5 * 36, -1, 1);
     bie_tensor tx = tu_view(x, BIE_F32, 4, 1, 5, 6, 6), ta = tu_view(a, BIE_F32, 4, 1, 3, 6, 6);
     bie_tensor tb = tu_view(b, BIE_F32, 4, 1, 3, 6, 6);
-    bie_tensor q1 = tu_view(ones, BIE_U8, 2, g.o, words, 0, 0), q0 = tu_view(zeros, BIE_U8, 2, g.o, words, 0, 0);
+    bie_tensor q1 = tu_view(ones, BIE_U8, 2, g.o, words, 0, 0),
+               q0 = tu_view(zeros, BIE_U8, 2, g.o, words, 0, 0);
     CHECK_OK(bie_layer_set_training(l, false));
     CHECK_OK(bie_layer_set_quantized_weight_data(l, &q1));
     CHECK_OK(bie_layer_forward(l, &tx, &ta));
@@ -176,10 +190,14 @@ static void test_installed_qweight(void) {
 
 static void test_bad_input(void) {
     bie_layer *l = NULL;
-    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_binary_conv2d_create(&l, 0, 4, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32, true) ==
+          BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32, true) ==
+          BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32, true) ==
+          BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_binary_conv2d_create(&l, 0, 4, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) ==
+          BIE_ERR_INVALID_ARGUMENT);
     CHECK(l == NULL);
     CHECK_OK(bie_binary_conv2d_create(&l, 3, 4, 3, 1, 0, 2, bie_cpu(), BIE_F32, true));
     float x[2 * 3 * 4 * 4], out[64];
@@ -207,18 +225,28 @@ int main(void) {
     if (tu_forced_set_missing()) return TU_SKIP;
     tu_seed(31);
     const geom shapes[] = {
-        {1, 1, 1, 1, 1, 1, 1, 0, 1},   {1, 3, 5, 5, 4, 3, 1, 1, 1},  {2, 7, 9, 6, 5, 3, 2, 1, 1},
-        {1, 65, 7, 7, 3, 3, 1, 2, 2},  {3, 16, 8, 8, 8, 1, 1, 0, 1}, {1, 5, 11, 13, 7, 5, 2, 2, 1},
-        {1, 130, 6, 5, 9, 3, 1, 1, 1}, {2, 64, 14, 14, 16, 3, 1, 1, 1}, {1, 3, 4, 4, 2, 3, 3, 0, 1},
-        {1, 2, 3, 3, 2, 3, 1, 3, 1},   {1, 33, 10, 5, 17, 2, 1, 0, 3},
+        {1, 1, 1, 1, 1, 1, 1, 0, 1},
+        {1, 3, 5, 5, 4, 3, 1, 1, 1},
+        {2, 7, 9, 6, 5, 3, 2, 1, 1},
+        {1, 65, 7, 7, 3, 3, 1, 2, 2},
+        {3, 16, 8, 8, 8, 1, 1, 0, 1},
+        {1, 5, 11, 13, 7, 5, 2, 2, 1},
+        {1, 130, 6, 5, 9, 3, 1, 1, 1},
+        {2, 64, 14, 14, 16, 3, 1, 1, 1},
+        {1, 3, 4, 4, 2, 3, 3, 0, 1},
+        {1, 2, 3, 3, 2, 3, 1, 3, 1},
+        {1, 33, 10, 5, 17, 2, 1, 0, 3},
         /* a plane large enough that the forward finds the outside taps per pixel itself */
         {1, 1, 700, 660, 2, 3, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_forward(&shapes[i]);
-    const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1}, {2, 3, 5, 4, 4, 3, 1, 1, 1},
-                            {1, 9, 7, 7, 5, 3, 2, 2, 2}, {2, 16, 6, 6, 8, 1, 1, 0, 1},
+    const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1},
+                            {2, 3, 5, 4, 4, 3, 1, 1, 1},
+                            {1, 9, 7, 7, 5, 3, 2, 2, 2},
+                            {2, 16, 6, 6, 8, 1, 1, 0, 1},
                             /* stride 1: rows of bits expanded 8 at a time, partial ranges */
-                            {2, 5, 9, 19, 6, 3, 1, 2, 2}, {1, 3, 6, 17, 4, 5, 1, 0, 1},
+                            {2, 5, 9, 19, 6, 3, 1, 2, 2},
+                            {1, 3, 6, 17, 4, 5, 1, 0, 1},
                             {1, 4, 5, 23, 3, 3, 1, 1, 1}};
     for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) test_backward(&bshapes[i]);
     test_installed_qweight();

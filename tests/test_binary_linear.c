@@ -40,7 +40,8 @@ static void ref_forward(bie_layer *l, const float *x, int64_t m, float *expect) 
             for (int64_t c = 0; c < k; c++) {
                 int sx = x[i * k + c] + bias[c] >= 0 ? 1 : -1;
                 int sv = w.dtype == BIE_I8 ? ((int8_t *)w.data)[j * k + c] >= 0 ? 1 : -1
-                                           : ((float *)w.data)[j * k + c] >= 0 ? 1 : -1;
+                         : ((float *)w.data)[j * k + c] >= 0 ? 1
+                                                             : -1;
                 dot += sx * sv;
             }
             expect[i * n + j] = (float)dot * scale;
@@ -74,7 +75,8 @@ static void test_forward_exact(shape3 s, int word_bits) {
     for (int idx = 0; idx < bie_kernel_count(); idx++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(idx, &info));
-        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM) continue;
+        if (!info.available || info.device != BIE_DEVICE_CPU || info.op != BIE_OP_BINARY_GEMM)
+            continue;
         CHECK_OK(bie_layer_set_gemm_kernel(l, info.id));
         tu_poison(out, s.m * s.n);
         CHECK_OK(bie_layer_forward(l, &tx, &to));
@@ -92,7 +94,8 @@ static void test_forward_exact(shape3 s, int word_bits) {
     bie_tensor bias;
     CHECK_OK(bie_layer_param(l, BIE_PARAM_BIAS_A, &bias));
     for (int64_t i = 0; i < s.m; i++)
-        for (int64_t c = 0; c < s.k; c++) xb[i * s.k + c] = x[i * s.k + c] + ((float *)bias.data)[c];
+        for (int64_t c = 0; c < s.k; c++)
+            xb[i * s.k + c] = x[i * s.k + c] + ((float *)bias.data)[c];
     bie_dtype pdt = word_bits == 8 ? BIE_U8 : word_bits == 32 ? BIE_U32 : BIE_U64;
     uint8_t *packed = tu_alloc((size_t)(s.m * words * (word_bits / 8)));
     bie_tensor txb = tu_view(xb, BIE_F32, 2, s.m, s.k, 0, 0);
@@ -158,7 +161,8 @@ static void test_backward(shape3 s) {
     const int8_t *wq = w.data;
     const float *bias = b.data;
     double scale_a = *(float *)sa.data, scale_w = *(float *)sw.data;
-    double *rgx = calloc((size_t)(m * k), sizeof(double)), *rgw = calloc((size_t)(n * k), sizeof(double));
+    double *rgx = calloc((size_t)(m * k), sizeof(double)),
+           *rgw = calloc((size_t)(n * k), sizeof(double));
     double *rgb = calloc((size_t)k, sizeof(double)), rgs = 0;
     for (int64_t i = 0; i < m; i++)
         for (int64_t c = 0; c < k; c++) {
@@ -300,7 +304,8 @@ static void test_activation_and_shapes(void) {
     /* [2, 3, k] -> [2, 3, n], equal to the [6, k] -> [6, n] result */
     bie_tensor to = tu_view(out, BIE_F32, 3, 2, 3, n, 0);
     CHECK_OK(bie_layer_forward(l, &tx, &to));
-    bie_tensor tx2 = tu_view(x, BIE_F32, 2, 6, k, 0, 0), to2 = tu_view(out2, BIE_F32, 2, 6, n, 0, 0);
+    bie_tensor tx2 = tu_view(x, BIE_F32, 2, 6, k, 0, 0),
+               to2 = tu_view(out2, BIE_F32, 2, 6, n, 0, 0);
     CHECK_OK(bie_layer_select_gemm_kernel(l, &tx2));
     bie_kernel_info info;
     CHECK_OK(bie_kernel_find(tu_layer_kernel(l), &info));
@@ -328,9 +333,9 @@ int main(void) {
     tu_seed(2024);
     printf("kernel set: %s\n", bie_cpu_kernel_set());
     if (tu_forced_set_missing()) return TU_SKIP;
-    const shape3 shapes[] = {{1, 1, 1},   {1, 7, 3},    {2, 63, 1},   {3, 65, 5},  {1, 1000, 17},
-                             {5, 64, 64}, {17, 257, 9}, {8, 513, 33}, {33, 100, 1}, {40, 4099, 12},
-                             {64, 256, 70}};
+    const shape3 shapes[] = {{1, 1, 1},     {1, 7, 3},      {2, 63, 1},   {3, 65, 5},
+                             {1, 1000, 17}, {5, 64, 64},    {17, 257, 9}, {8, 513, 33},
+                             {33, 100, 1},  {40, 4099, 12}, {64, 256, 70}};
     const int words[] = {8, 32, 64};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int w = 0; w < 3; w++) test_forward_exact(shapes[i], words[w]);

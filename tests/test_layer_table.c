@@ -14,54 +14,64 @@
 typedef struct {
     const char *name; /* as bie_layer_describe names it */
     bie_layer_kind kind;
-    bool conv;        /* NCHW images, else rows of features */
-    bool binary;      /* has a word size and a symmetric flag */
-    bie_op op;        /* the op of its GEMM kernels */
+    bool conv;   /* NCHW images, else rows of features */
+    bool binary; /* has a word size and a symmetric flag */
+    bie_op op;   /* the op of its GEMM kernels */
     const ref_quant *quant;
     bie_status (*create)(bie_layer **out, const ref_geom *g, bie_device dev, bool symmetric);
 } kind_row;
 
-static bie_status create_binary_linear(bie_layer **out, const ref_geom *g, bie_device dev, bool symmetric) {
+static bie_status create_binary_linear(bie_layer **out, const ref_geom *g, bie_device dev,
+                                       bool symmetric) {
     return bie_binary_linear_create(out, g->c, g->o, dev, BIE_F32, symmetric);
 }
-static bie_status create_binary_conv2d(bie_layer **out, const ref_geom *g, bie_device dev, bool symmetric) {
-    return bie_binary_conv2d_create(out, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, dev, BIE_F32,
-                                    symmetric);
+static bie_status create_binary_conv2d(bie_layer **out, const ref_geom *g, bie_device dev,
+                                       bool symmetric) {
+    return bie_binary_conv2d_create(out, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d,
+                                    dev, BIE_F32, symmetric);
 }
-static bie_status create_q4_linear(bie_layer **out, const ref_geom *g, bie_device dev, bool symmetric) {
+static bie_status create_q4_linear(bie_layer **out, const ref_geom *g, bie_device dev,
+                                   bool symmetric) {
     (void)symmetric;
     return bie_q4_linear_create(out, g->c, g->o, dev, BIE_F32);
 }
-static bie_status create_q4_conv2d(bie_layer **out, const ref_geom *g, bie_device dev, bool symmetric) {
+static bie_status create_q4_conv2d(bie_layer **out, const ref_geom *g, bie_device dev,
+                                   bool symmetric) {
     (void)symmetric;
-    return bie_q4_conv2d_create(out, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, dev, BIE_F32);
+    return bie_q4_conv2d_create(out, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, dev,
+                                BIE_F32);
 }
 
 static const kind_row kinds[] = {
-    {"binary_linear", BIE_KIND_BINARY_LINEAR, false, true, BIE_OP_BINARY_GEMM, &REF_BINARY, create_binary_linear},
-    {"binary_conv2d", BIE_KIND_BINARY_CONV2D, true, true, BIE_OP_BINARY_GEMM, &REF_BINARY, create_binary_conv2d},
+    {"binary_linear", BIE_KIND_BINARY_LINEAR, false, true, BIE_OP_BINARY_GEMM, &REF_BINARY,
+     create_binary_linear},
+    {"binary_conv2d", BIE_KIND_BINARY_CONV2D, true, true, BIE_OP_BINARY_GEMM, &REF_BINARY,
+     create_binary_conv2d},
     {"q4_linear", BIE_KIND_Q4_LINEAR, false, false, BIE_OP_Q4_GEMM, &REF_Q4, create_q4_linear},
     {"q4_conv2d", BIE_KIND_Q4_CONV2D, true, false, BIE_OP_Q4_GEMM, &REF_Q4, create_q4_conv2d},
 };
 
 /* Linear shapes: {m, in, out} (batch 1, odd sizes, sizes off multiples of 8 / 32 / 64). */
-static const int64_t linear_shapes[][3] = {{1, 1, 1},   {1, 37, 5},   {3, 65, 9},
+static const int64_t linear_shapes[][3] = {{1, 1, 1},    {1, 37, 5},    {3, 65, 9},
                                            {7, 129, 33}, {16, 200, 17}, {33, 97, 70}};
 /* Conv shapes: {n, c, h, w, o, k, s, p, d}. */
 static const ref_geom conv_shapes[] = {
-    {1, 1, 1, 1, 1, 1, 1, 0, 1}, {1, 3, 5, 5, 4, 3, 1, 1, 1},  {2, 7, 9, 6, 5, 3, 2, 1, 1},
+    {1, 1, 1, 1, 1, 1, 1, 0, 1},  {1, 3, 5, 5, 4, 3, 1, 1, 1},  {2, 7, 9, 6, 5, 3, 2, 1, 1},
     {1, 33, 7, 7, 3, 3, 1, 2, 2}, {3, 10, 6, 5, 9, 1, 1, 0, 1}, {1, 65, 6, 6, 7, 3, 1, 1, 1},
     {2, 5, 9, 11, 6, 5, 1, 2, 1},
 };
 
 /* ---------------------------------------------------------------- tensors on either device */
 
-static size_t nbytes(const bie_tensor *t) { return (size_t)bie_tensor_numel(t) * bie_dtype_size(t->dtype); }
+static size_t nbytes(const bie_tensor *t) {
+    return (size_t)bie_tensor_numel(t) * bie_dtype_size(t->dtype);
+}
 
 static bie_tensor dev_alloc(bie_device dev, bie_dtype dt, int ndim, const int64_t *shape) {
     bie_tensor t;
-    bie_status st = dev.type == BIE_DEVICE_CUDA ? bie_cuda_tensor_alloc(&t, dt, ndim, shape, dev.index)
-                                               : bie_tensor_alloc(&t, dt, ndim, shape);
+    bie_status st = dev.type == BIE_DEVICE_CUDA
+                        ? bie_cuda_tensor_alloc(&t, dt, ndim, shape, dev.index)
+                        : bie_tensor_alloc(&t, dt, ndim, shape);
     if (st != BIE_OK) {
         fprintf(stderr, "tensor allocation failed: %s\n", bie_last_error());
         exit(2);
@@ -154,21 +164,26 @@ static void describe_matches(const case_info *ci, bie_layer *l) {
     CHECK(d.in == g->c && d.out == g->o && d.fan_in == ref_fan_in(g));
     CHECK(d.device.type == ci->dev.type && d.device.index == ci->dev.index && d.dtype == BIE_F32);
     CHECK(d.training && d.kernel_id == -1);
-    if (r->conv) CHECK(d.kernel_size == g->k && d.stride == g->s && d.padding == g->p && d.dilation == g->d);
-    if (r->binary) CHECK(d.bits_binary_word == 8 && d.symmetric == ci->symmetric);
-    else CHECK(d.bits_binary_word == 0);
+    if (r->conv)
+        CHECK(d.kernel_size == g->k && d.stride == g->s && d.padding == g->p && d.dilation == g->d);
+    if (r->binary)
+        CHECK(d.bits_binary_word == 8 && d.symmetric == ci->symmetric);
+    else
+        CHECK(d.bits_binary_word == 0);
 }
 
 /* Forward with kernel `id` (training mode, output poisoned) against `expect`, then the backward
  * against the reference gradients. */
-static void check_kernel(const case_info *ci, bie_layer *l, int id, const char *kname, bie_tensor *tx,
-                         bie_tensor *tout, bie_tensor *tg, bie_tensor *tgx, const float *expect, const double *rgx,
-                         const double *rgw, const double *rgb, double rgs, double gs_tol) {
+static void check_kernel(const case_info *ci, bie_layer *l, int id, const char *kname,
+                         bie_tensor *tx, bie_tensor *tout, bie_tensor *tg, bie_tensor *tgx,
+                         const float *expect, const double *rgx, const double *rgw,
+                         const double *rgb, double rgs, double gs_tol) {
     const ref_geom *g = &ci->g;
     const int64_t nx = ref_numel_x(g), no = ref_numel_out(g), nw = g->o * ref_fan_in(g);
     bie_status st = bie_layer_set_gemm_kernel(l, id);
     if (st == BIE_ERR_UNSUPPORTED && ci->dev.type == BIE_DEVICE_CUDA) {
-        printf("note: %s: kernel %s does not run this layer's rows (%s)\n", ci->what, kname, bie_last_error());
+        printf("note: %s: kernel %s does not run this layer's rows (%s)\n", ci->what, kname,
+               bie_last_error());
         return;
     }
     CHECK_OK(st);
@@ -184,8 +199,8 @@ static void check_kernel(const case_info *ci, bie_layer *l, int id, const char *
     if (!same)
         for (int64_t i = 0; i < no; i++)
             if (memcmp(&out[i], &expect[i], sizeof(float)) != 0) {
-                fprintf(stderr, "  forward differs: %s, kernel %s, element %lld: %.9g vs %.9g\n", ci->what, kname,
-                        (long long)i, (double)out[i], (double)expect[i]);
+                fprintf(stderr, "  forward differs: %s, kernel %s, element %lld: %.9g vs %.9g\n",
+                        ci->what, kname, (long long)i, (double)out[i], (double)expect[i]);
                 break;
             }
 
@@ -195,20 +210,24 @@ static void check_kernel(const case_info *ci, bie_layer *l, int id, const char *
     int ok = ref_close(gx, rgx, nx, 1e-5);
     bie_tensor v;
     float *gb = read_tensor(l, BIE_PARAM_BIAS_A, true, &v);
-    ok &= gb != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == g->c && ref_close(gb, rgb, g->c, 1e-5);
+    ok &= gb != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == g->c &&
+          ref_close(gb, rgb, g->c, 1e-5);
     float *gwf = read_tensor(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, true, &v);
-    ok &= gwf != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == nw && ref_close(gwf, rgw, nw, 1e-5);
+    ok &= gwf != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == nw &&
+          ref_close(gwf, rgw, nw, 1e-5);
     void *gw = read_tensor(l, BIE_PARAM_WEIGHT, true, &v);
     if (ci->row->binary) /* the weight is int8 after prepare_params: so is its gradient */
-        ok &= gw != NULL && v.dtype == BIE_I8 && bie_tensor_numel(&v) == nw && ref_int8_grad_ok(gw, rgw, nw);
+        ok &= gw != NULL && v.dtype == BIE_I8 && bie_tensor_numel(&v) == nw &&
+              ref_int8_grad_ok(gw, rgw, nw);
     else
-        ok &= gw != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == nw && ref_close(gw, rgw, nw, 1e-5);
+        ok &= gw != NULL && v.dtype == BIE_F32 && bie_tensor_numel(&v) == nw &&
+              ref_close(gw, rgw, nw, 1e-5);
     const float gs = read_scalar(l, BIE_PARAM_SCALE_A, true);
     ok &= fabs(gs - rgs) <= gs_tol + 1e-4 * fabs(rgs) + 1e-5;
     CHECK(ok);
     if (!ok)
-        fprintf(stderr, "  backward differs: %s, kernel %s (grad_scale_a %.9g vs %.9g)\n", ci->what, kname,
-                (double)gs, rgs);
+        fprintf(stderr, "  backward differs: %s, kernel %s (grad_scale_a %.9g vs %.9g)\n", ci->what,
+                kname, (double)gs, rgs);
     free(gb), free(gwf), free(gw), free(out), free(gx);
 }
 
@@ -219,10 +238,10 @@ static void run_case(case_info *ci) {
     const int64_t nx = ref_numel_x(g), no = ref_numel_out(g), K = ref_fan_in(g), nw = g->o * K;
     const int64_t oh = ref_oh(g), ow = ref_ow(g);
     snprintf(ci->what, sizeof ci->what,
-             "%s on %s: n%lld c%lld %lldx%lld o%lld k%lld s%lld p%lld d%lld, W=%d, %ssymmetric", r->name,
-             on_cuda ? "CUDA" : "CPU", (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w,
-             (long long)g->o, (long long)g->k, (long long)g->s, (long long)g->p, (long long)g->d, ci->bits,
-             ci->symmetric ? "" : "a");
+             "%s on %s: n%lld c%lld %lldx%lld o%lld k%lld s%lld p%lld d%lld, W=%d, %ssymmetric",
+             r->name, on_cuda ? "CUDA" : "CPU", (long long)g->n, (long long)g->c, (long long)g->h,
+             (long long)g->w, (long long)g->o, (long long)g->k, (long long)g->s, (long long)g->p,
+             (long long)g->d, ci->bits, ci->symmetric ? "" : "a");
 
     bie_layer *l = NULL;
     bie_status st = r->create(&l, g, ci->dev, ci->symmetric);
@@ -232,7 +251,8 @@ static void run_case(case_info *ci) {
 
     /* shapes of x, out and the weight; bie_layer_output_shape agrees */
     const int xnd = r->conv ? 4 : 2;
-    const int64_t xs[4] = {g->n, g->c, g->h, g->w}, os[4] = {g->n, g->o, oh, ow}, ws[4] = {g->o, g->c, g->k, g->k};
+    const int64_t xs[4] = {g->n, g->c, g->h, g->w}, os[4] = {g->n, g->o, oh, ow},
+                  ws[4] = {g->o, g->c, g->k, g->k};
     int64_t qs[BIE_MAX_DIMS] = {0};
     int qnd = 0;
     CHECK_OK(bie_layer_output_shape(l, xnd, xs, &qnd, qs));
@@ -273,8 +293,10 @@ static void run_case(case_info *ci) {
     /* set_activation: scale_a measured on x, x_out = x + bias_a */
     float *x = tu_alloc((size_t)nx * sizeof(float)), *xo = tu_alloc((size_t)nx * sizeof(float));
     tu_fill(x, nx, -1.5f, 1.5f);
-    for (int64_t i = 5; i < nx; i += 11) x[i] = -bias[(i / (g->h * g->w)) % g->c]; /* x' = 0: sign +1 */
-    bie_tensor tx = dev_alloc(ci->dev, BIE_F32, xnd, xs), txo = dev_alloc(ci->dev, BIE_F32, xnd, xs);
+    for (int64_t i = 5; i < nx; i += 11)
+        x[i] = -bias[(i / (g->h * g->w)) % g->c]; /* x' = 0: sign +1 */
+    bie_tensor tx = dev_alloc(ci->dev, BIE_F32, xnd, xs),
+               txo = dev_alloc(ci->dev, BIE_F32, xnd, xs);
     put(&tx, x);
     poison(&txo);
     CHECK_OK(bie_layer_set_activation(l, &tx, &txo));
@@ -289,15 +311,18 @@ static void run_case(case_info *ci) {
     CHECK(same_scale(scale_a, r->quant->scale_a(x, nx, ci->symmetric), on_cuda));
 
     /* references */
-    float *expect = tu_alloc((size_t)no * sizeof(float)), *go = tu_alloc((size_t)no * sizeof(float));
-    double *rgx = tu_alloc((size_t)nx * sizeof(double)), *rgw = tu_alloc((size_t)nw * sizeof(double));
+    float *expect = tu_alloc((size_t)no * sizeof(float)),
+          *go = tu_alloc((size_t)no * sizeof(float));
+    double *rgx = tu_alloc((size_t)nx * sizeof(double)),
+           *rgw = tu_alloc((size_t)nw * sizeof(double));
     double *rgb = tu_alloc((size_t)g->c * sizeof(double)), rgs = 0, gs_tol = 0;
     tu_fill(go, no, -1, 1);
     ref_forward(g, r->quant, x, bias, wcode, scale_a, scale_w, expect);
     ref_backward(g, r->quant, x, bias, wcode, scale_a, scale_w, go, rgx, rgw, rgb, &rgs, &gs_tol);
 
     /* the default kernel, then every available kernel of the op on this device */
-    bie_tensor tout = dev_alloc(ci->dev, BIE_F32, xnd, os), tg = dev_alloc(ci->dev, BIE_F32, xnd, os);
+    bie_tensor tout = dev_alloc(ci->dev, BIE_F32, xnd, os),
+               tg = dev_alloc(ci->dev, BIE_F32, xnd, os);
     bie_tensor tgx = dev_alloc(ci->dev, BIE_F32, xnd, xs);
     put(&tg, go);
     int kernels = 0;
@@ -306,7 +331,8 @@ static void run_case(case_info *ci) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));
         if (!info.available || info.op != r->op || info.device != ci->dev.type) continue;
-        check_kernel(ci, l, info.id, info.name, &tx, &tout, &tg, &tgx, expect, rgx, rgw, rgb, rgs, gs_tol);
+        check_kernel(ci, l, info.id, info.name, &tx, &tout, &tg, &tgx, expect, rgx, rgw, rgb, rgs,
+                     gs_tol);
         kernels++;
     }
     CHECK(kernels > 0);
@@ -320,7 +346,8 @@ static void run_case(case_info *ci) {
     CHECK_OK(bie_layer_forward(l, &tx, &tout));
     get(&tout, out);
     CHECK(tu_same_bits(out, expect, no));
-    if (!tu_same_bits(out, expect, no)) fprintf(stderr, "  inference forward differs: %s\n", ci->what);
+    if (!tu_same_bits(out, expect, no))
+        fprintf(stderr, "  inference forward differs: %s\n", ci->what);
 
     bie_tensor_free(&tx), bie_tensor_free(&txo), bie_tensor_free(&tout), bie_tensor_free(&tg);
     bie_tensor_free(&tgx);
@@ -335,9 +362,11 @@ static void run_device(bie_device dev) {
         const size_t count = kinds[r].conv ? sizeof conv_shapes / sizeof conv_shapes[0]
                                            : sizeof linear_shapes / sizeof linear_shapes[0];
         for (size_t s = 0; s < count; s++) {
-            case_info ci = {.row = &kinds[r], .dev = dev, .symmetric = s % 2 == 0, .bits = words[s % 3]};
+            case_info ci = {
+                .row = &kinds[r], .dev = dev, .symmetric = s % 2 == 0, .bits = words[s % 3]};
             ci.g = kinds[r].conv ? conv_shapes[s]
-                                 : ref_linear_geom(linear_shapes[s][0], linear_shapes[s][1], linear_shapes[s][2]);
+                                 : ref_linear_geom(linear_shapes[s][0], linear_shapes[s][1],
+                                                   linear_shapes[s][2]);
             run_case(&ci);
         }
     }

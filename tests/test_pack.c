@@ -1,8 +1,8 @@
 /* Bit-packing: layout (SPEC §1) against a direct bit-by-bit check, round trips for every
  * word size and odd row lengths, from float32 and int8; the division-free 4-bit
  * quantization against the defining one. */
-#include "test_util.h"
 #include "../src/core/formats.h"
+#include "test_util.h"
 
 static void check_layout(int64_t rows, int64_t cols, int w) {
     float *x = tu_alloc((size_t)(rows * cols) * sizeof(float));
@@ -61,7 +61,8 @@ static void check_layout(int64_t rows, int64_t cols, int w) {
     }
     CHECK(rt == 0);
     if (bad || bad8 || badpad || rt)
-        fprintf(stderr, "  layout failure rows=%lld cols=%lld w=%d\n", (long long)rows, (long long)cols, w);
+        fprintf(stderr, "  layout failure rows=%lld cols=%lld w=%d\n", (long long)rows,
+                (long long)cols, w);
     free(x);
     free(x8);
     free(p);
@@ -78,14 +79,16 @@ static int check_q4_fast_scale(float s) {
     for (int h = -40; h <= 40; h++) {
         float v = (float)(h * 0.5) * s;
         for (int u = 0; u < 12; u++) v = nextafterf(v, -INFINITY);
-        for (int u = 0; u < 25; u++, v = nextafterf(v, INFINITY)) bad += bie_q4_fast(v, s, inv) != bie_q4(v, s);
+        for (int u = 0; u < 25; u++, v = nextafterf(v, INFINITY))
+            bad += bie_q4_fast(v, s, inv) != bie_q4(v, s);
     }
     for (int i = 0; i < 20000; i++) {
         const float v = tu_uniform(-12.0f, 12.0f) * s;
         bad += bie_q4_fast(v, s, inv) != bie_q4(v, s);
         bad += bie_q4_fast(-v, s, inv) != bie_q4(-v, s);
     }
-    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-45f, 1e-38f, 3e38f, -3e38f};
+    const float special[] = {0.0f,   -0.0f,   INFINITY, -INFINITY, NAN,
+                             1e-45f, -1e-45f, 1e-38f,   3e38f,     -3e38f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         bad += bie_q4_fast(special[i], s, inv) != bie_q4(special[i], s);
     return bad;
@@ -95,9 +98,12 @@ static void check_q4_fast(void) {
     int bad = 0;
     for (int i = 0; i < 200; i++) bad += check_q4_fast_scale(tu_uniform(1e-3f, 4.0f));
     /* Powers of two, the edges of the multiply's range and scales past them (division only). */
-    const float scales[] = {1.0f, 0.5f, 0.25f, 0x1p-10f, 0x1p-125f, 0x1.000002p-125f, 0x1p125f, 0x1p-126f,
-                            0x1p-140f, 0x1p126f, 1e-45f, 3e38f, -0.37f, -2.0f, 0.1f, 1.0f / 3.0f, 7.0f};
-    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) bad += check_q4_fast_scale(scales[i]);
+    const float scales[] = {
+        1.0f,     0.5f,      0.25f,     0x1p-10f,    0x1p-125f, 0x1.000002p-125f,
+        0x1p125f, 0x1p-126f, 0x1p-140f, 0x1p126f,    1e-45f,    3e38f,
+        -0.37f,   -2.0f,     0.1f,      1.0f / 3.0f, 7.0f};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++)
+        bad += check_q4_fast_scale(scales[i]);
     CHECK(bad == 0);
     CHECK(bie_q4_inverse(0x1p-126f) != bie_q4_inverse(0x1p-126f)); /* past the range: NaN */
     CHECK(bie_q4_inverse(2.0f) == 0.5f);
@@ -110,7 +116,8 @@ int main(void) {
     const int64_t cols_list[] = {1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 200, 1000, 4099};
     const int words[] = {8, 32, 64};
     for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
-        for (int w = 0; w < 3; w++) check_layout(1 + (int64_t)(tu_next() % 5), cols_list[c], words[w]);
+        for (int w = 0; w < 3; w++)
+            check_layout(1 + (int64_t)(tu_next() % 5), cols_list[c], words[w]);
     /* leading shape is flattened: [2, 3, 5] packs as 6 rows */
     float x[30];
     tu_fill(x, 30, -1, 1);

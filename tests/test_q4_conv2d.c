@@ -10,7 +10,8 @@ static int64_t osz(int64_t in, const geom *g) { return ref_out_size(in, g->k, g-
 
 static void run_case(const geom *g, int check_backward) {
     bie_layer *l = NULL;
-    CHECK_OK(bie_q4_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d, bie_cpu(), BIE_F32));
+    CHECK_OK(bie_q4_conv2d_create(&l, g->c, g->o, (int)g->k, (int)g->s, (int)g->p, (int)g->d,
+                                  bie_cpu(), BIE_F32));
     const int64_t oh = osz(g->h, g), ow = osz(g->w, g), hw = g->h * g->w, K = g->c * g->k * g->k;
     const int64_t nx = g->n * g->c * hw, no = g->n * g->o * oh * ow;
     float *w = tu_alloc((size_t)(g->o * K) * 4), *x = tu_alloc((size_t)nx * 4);
@@ -18,7 +19,8 @@ static void run_case(const geom *g, int check_backward) {
     tu_fill(w, g->o * K, -0.5f, 0.5f);
     for (int64_t i = 0; i < g->o * K; i += 7) w[i] *= 40.0f; /* outliers: codes clamp at -8 / 7 */
     tu_fill(x, nx, -2, 2);
-    bie_tensor tw = tu_view(w, BIE_F32, 4, g->o, g->c, g->k, g->k), tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w);
+    bie_tensor tw = tu_view(w, BIE_F32, 4, g->o, g->c, g->k, g->k),
+               tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w);
     bie_tensor to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
     CHECK_OK(bie_layer_set_weight_data(l, &tw));
     bie_tensor bias, sa, sw;
@@ -43,19 +45,23 @@ static void run_case(const geom *g, int check_backward) {
         CHECK_OK(bie_layer_forward(l, &tx, &to));
         int same = tu_same_bits(out, expect, no);
         CHECK(same);
-        if (!same) fprintf(stderr, "  %s differs (c%lld k%lld s%lld p%lld d%lld)\n", info.name, (long long)g->c,
-                           (long long)g->k, (long long)g->s, (long long)g->p, (long long)g->d);
+        if (!same)
+            fprintf(stderr, "  %s differs (c%lld k%lld s%lld p%lld d%lld)\n", info.name,
+                    (long long)g->c, (long long)g->k, (long long)g->s, (long long)g->p,
+                    (long long)g->d);
     }
     CHECK_OK(bie_layer_set_gemm_kernel(l, -1));
 
     if (check_backward) {
         float *go = tu_alloc((size_t)no * 4), *gx = tu_alloc((size_t)nx * 4);
         tu_fill(go, no, -1, 1);
-        bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow), tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
+        bie_tensor tg = tu_view(go, BIE_F32, 4, g->n, g->o, oh, ow),
+                   tgx = tu_view(gx, BIE_F32, 4, g->n, g->c, g->h, g->w);
         CHECK_OK(bie_layer_forward(l, &tx, &to));
         tu_poison(gx, nx);
         CHECK_OK(bie_layer_backward(l, &tg, &tgx));
-        double *rgx = tu_alloc((size_t)nx * sizeof(double)), *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
+        double *rgx = tu_alloc((size_t)nx * sizeof(double)),
+               *rgw = tu_alloc((size_t)(g->o * K) * sizeof(double));
         double *rgb = tu_alloc((size_t)g->c * sizeof(double)), rgs = 0, bound = 0, e = 0, r = 0;
         ref_backward(g, &REF_Q4, x, b, wcode, scale_a, scale_w, go, rgx, rgw, rgb, &rgs, &bound);
         for (int64_t i = 0; i < nx; i++) {
@@ -97,16 +103,20 @@ static void run_case(const geom *g, int check_backward) {
 
 static void test_bad_input(void) {
     bie_layer *l = NULL;
-    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
-    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 0, 1, 1, bie_cpu(), BIE_F32) ==
+          BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, -1, 1, bie_cpu(), BIE_F32) ==
+          BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, 1, 0, bie_cpu(), BIE_F32) ==
+          BIE_ERR_INVALID_ARGUMENT);
     CHECK(l == NULL);
     CHECK_OK(bie_q4_conv2d_create(&l, 3, 4, 3, 1, 0, 2, bie_cpu(), BIE_F32));
     float x[96], out[64], poison[64];
     tu_fill(x, 96, -1, 1);
     tu_poison(out, 64);
     tu_poison(poison, 64);
-    bie_tensor chans = tu_view(x, BIE_F32, 4, 2, 6, 4, 2), small = tu_view(x, BIE_F32, 4, 2, 3, 4, 4);
+    bie_tensor chans = tu_view(x, BIE_F32, 4, 2, 6, 4, 2),
+               small = tu_view(x, BIE_F32, 4, 2, 3, 4, 4);
     bie_tensor o = tu_view(out, BIE_F32, 4, 1, 4, 2, 2);
     CHECK(bie_layer_forward(l, &chans, &o) == BIE_ERR_SHAPE);
     CHECK(bie_layer_forward(l, &small, &o) == BIE_ERR_SHAPE);
@@ -118,8 +128,9 @@ static void test_bad_input(void) {
 int main(void) {
     if (tu_forced_set_missing()) return TU_SKIP;
     tu_seed(44);
-    const geom shapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1}, {1, 3, 5, 5, 4, 3, 1, 1, 1}, {2, 7, 9, 6, 5, 3, 2, 1, 1},
-                           {1, 33, 7, 7, 3, 3, 1, 2, 2}, {3, 16, 8, 8, 8, 1, 1, 0, 1}, {1, 5, 11, 13, 7, 5, 2, 2, 1},
+    const geom shapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1},  {1, 3, 5, 5, 4, 3, 1, 1, 1},
+                           {2, 7, 9, 6, 5, 3, 2, 1, 1},  {1, 33, 7, 7, 3, 3, 1, 2, 2},
+                           {3, 16, 8, 8, 8, 1, 1, 0, 1}, {1, 5, 11, 13, 7, 5, 2, 2, 1},
                            {2, 64, 6, 6, 9, 3, 1, 1, 1}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_case(&shapes[i], i < 5);
     test_bad_input();

@@ -7,14 +7,17 @@
 #define q4_ref ref_q4 /* clamp(rint(v / s), -8, 7), half to even */
 
 static void test_gemm_kernels(void) {
-    const int64_t shapes[][3] = {{1, 1, 1}, {1, 5, 7}, {3, 2, 31}, {4, 4, 32}, {5, 3, 33},
-                                 {17, 9, 100}, {64, 33, 257}, {2, 70, 1000}, {33, 65, 4099}};
+    const int64_t shapes[][3] = {{1, 1, 1},     {1, 5, 7},     {3, 2, 31},
+                                 {4, 4, 32},    {5, 3, 33},    {17, 9, 100},
+                                 {64, 33, 257}, {2, 70, 1000}, {33, 65, 4099}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], lda = k + (int64_t)(s % 3), ldb = k + 1;
+        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], lda = k + (int64_t)(s % 3),
+                ldb = k + 1;
         int8_t *a = tu_alloc((size_t)(m * lda)), *b = tu_alloc((size_t)(n * ldb));
         for (int64_t i = 0; i < m * lda; i++) a[i] = (int8_t)((int)(tu_next() % 16) - 8);
         for (int64_t i = 0; i < n * ldb; i++) b[i] = (int8_t)((int)(tu_next() % 16) - 8);
-        float scale = tu_uniform(0.01f, 1.0f), *expect = tu_alloc((size_t)(m * n) * 4), *out = tu_alloc((size_t)(m * n) * 4);
+        float scale = tu_uniform(0.01f, 1.0f), *expect = tu_alloc((size_t)(m * n) * 4),
+              *out = tu_alloc((size_t)(m * n) * 4);
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
                 int64_t dot = 0;
@@ -26,14 +29,17 @@ static void test_gemm_kernels(void) {
             if (idx >= 0) {
                 bie_kernel_info info;
                 CHECK_OK(bie_kernel_get(idx, &info));
-                if (info.op != BIE_OP_Q4_GEMM || !info.available || info.device != BIE_DEVICE_CPU) continue;
+                if (info.op != BIE_OP_Q4_GEMM || !info.available || info.device != BIE_DEVICE_CPU)
+                    continue;
                 id = info.id;
             }
             tu_poison(out, m * n);
             CHECK_OK(bie_q4_gemm(id, m, n, k, a, lda, b, ldb, scale, out));
             int same = tu_same_bits(out, expect, m * n);
             CHECK(same);
-            if (!same) fprintf(stderr, "  q4 kernel %d differs at m=%lld n=%lld k=%lld\n", id, (long long)m, (long long)n, (long long)k);
+            if (!same)
+                fprintf(stderr, "  q4 kernel %d differs at m=%lld n=%lld k=%lld\n", id,
+                        (long long)m, (long long)n, (long long)k);
         }
         /* a binary kernel id is refused for a 4-bit product */
         CHECK(bie_q4_gemm(4, m, n, k, a, lda, b, ldb, scale, out) == BIE_ERR_INVALID_ARGUMENT);
@@ -48,7 +54,8 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     bie_layer *l = NULL;
     CHECK_OK(bie_q4_linear_create(&l, k, n, bie_cpu(), BIE_F32));
     float *w = tu_alloc((size_t)(n * k) * 4), *x = tu_alloc((size_t)(m * k) * 4);
-    float *out = tu_alloc((size_t)(m * n) * 4), *expect = tu_alloc((size_t)(m * n) * 4), *o2 = tu_alloc((size_t)(m * n) * 4);
+    float *out = tu_alloc((size_t)(m * n) * 4), *expect = tu_alloc((size_t)(m * n) * 4),
+          *o2 = tu_alloc((size_t)(m * n) * 4);
     tu_fill(w, n * k, -0.5f, 0.5f);
     for (int64_t i = 0; i < n * k; i += 7) w[i] *= 40.0f; /* outliers: codes clamp at -8 / 7 */
     tu_fill(x, m * k, -2, 2);
@@ -73,7 +80,9 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             int64_t dot = 0;
-            for (int64_t c = 0; c < k; c++) dot += (int64_t)q4_ref(x[i * k + c] + b[c], scale_a) * q4_ref(w[j * k + c], scale_w);
+            for (int64_t c = 0; c < k; c++)
+                dot +=
+                    (int64_t)q4_ref(x[i * k + c] + b[c], scale_a) * q4_ref(w[j * k + c], scale_w);
             expect[i * n + j] = (float)dot * (scale_a * scale_w);
         }
     CHECK(tu_same_bits(out, expect, m * n));
@@ -84,7 +93,8 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
     bie_tensor tg = tu_view(g, BIE_F32, 2, m, n, 0, 0), tgx = tu_view(gx, BIE_F32, 2, m, k, 0, 0);
     tu_poison(gx, m * k);
     CHECK_OK(bie_layer_backward(l, &tg, &tgx));
-    double *rgx = calloc((size_t)(m * k), sizeof(double)), *rgw = calloc((size_t)(n * k), sizeof(double));
+    double *rgx = calloc((size_t)(m * k), sizeof(double)),
+           *rgw = calloc((size_t)(n * k), sizeof(double));
     double rgs = 0, bound = 0, e = 0, r = 0;
     for (int64_t i = 0; i < m; i++)
         for (int64_t c = 0; c < k; c++) {
@@ -101,7 +111,8 @@ static void test_layer(int64_t m, int64_t k, int64_t n) {
         }
     rgs /= sqrt((double)(m * k) * 7);
     bound = bound / 508.0 / sqrt((double)(m * k) * 7) + 1e-6;
-    for (int64_t i = 0; i < m * k; i++) e += (gx[i] - rgx[i]) * (gx[i] - rgx[i]), r += rgx[i] * rgx[i];
+    for (int64_t i = 0; i < m * k; i++)
+        e += (gx[i] - rgx[i]) * (gx[i] - rgx[i]), r += rgx[i] * rgx[i];
     CHECK(sqrt(e) <= 1e-5 * sqrt(r) + 1e-6);
     bie_tensor ggw, ggs;
     CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &ggw));
@@ -159,7 +170,9 @@ int main(void) {
     if (tu_forced_set_missing()) return TU_SKIP;
     tu_seed(4);
     test_gemm_kernels();
-    const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 33, 5}, {8, 64, 16}, {5, 257, 9}, {17, 100, 33}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_layer(shapes[i][0], shapes[i][1], shapes[i][2]);
+    const int64_t shapes[][3] = {{1, 1, 1},   {1, 7, 3},   {3, 33, 5},
+                                 {8, 64, 16}, {5, 257, 9}, {17, 100, 33}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_layer(shapes[i][0], shapes[i][1], shapes[i][2]);
     return tu_finish();
 }

@@ -14,26 +14,26 @@
 
 static int tu_passed, tu_failed;
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            tu_passed++;                                                                       \
-        } else {                                                                               \
-            tu_failed++;                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);           \
-        }                                                                                      \
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (cond) {                                                                  \
+            tu_passed++;                                                             \
+        } else {                                                                     \
+            tu_failed++;                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                            \
     } while (0)
 
-#define CHECK_OK(call)                                                                         \
-    do {                                                                                       \
-        bie_status tu_st_ = (call);                                                            \
-        if (tu_st_ == BIE_OK) {                                                                \
-            tu_passed++;                                                                       \
-        } else {                                                                               \
-            tu_failed++;                                                                       \
-            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call,         \
-                    bie_status_name(tu_st_), bie_last_error());                                \
-        }                                                                                      \
+#define CHECK_OK(call)                                                                \
+    do {                                                                              \
+        bie_status tu_st_ = (call);                                                   \
+        if (tu_st_ == BIE_OK) {                                                       \
+            tu_passed++;                                                              \
+        } else {                                                                      \
+            tu_failed++;                                                              \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, \
+                    bie_status_name(tu_st_), bie_last_error());                       \
+        }                                                                             \
     } while (0)
 
 /* BIE_CPU_KERNELS asks for a kernel set this CPU lacks: the caller reports a skip (77). */

@@ -64,7 +64,7 @@ static inline void download_as(const bie_tensor *d, float *out) {
     h.owns_data = false;
     CHECK_OK(bie_tensor_copy(&h, d));
     for (int64_t i = 0; i < n; i++)
-        out[i] = d->dtype == BIE_F32   ? ((float *)host)[i]
+        out[i] = d->dtype == BIE_F32    ? ((float *)host)[i]
                  : d->dtype == BIE_BF16 ? from_bf16(((uint16_t *)host)[i])
                  : d->dtype == BIE_I8   ? (float)((int8_t *)host)[i]
                                         : from_f16(((uint16_t *)host)[i]);
@@ -91,7 +91,8 @@ static inline void poison_device(bie_tensor *d) {
     free(p);
 }
 
-static inline int compare_exact(const char *what, const float *got, const float *expect, int64_t n) {
+static inline int compare_exact(const char *what, const float *got, const float *expect,
+                                int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (memcmp(&got[i], &expect[i], 4) != 0) {
             fprintf(stderr, "  %s: element %lld differs: %.9g vs %.9g\n", what, (long long)i,
@@ -104,7 +105,8 @@ static inline int compare_exact(const char *what, const float *got, const float 
 /* No CUDA device: says so (the caller returns TU_SKIP). */
 static inline int gpu_missing(void) {
     if (bie_cuda_device_count() > 0) return 0;
-    printf("skipped: no CUDA device (%s)\n", bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
+    printf("skipped: no CUDA device (%s)\n",
+           bie_cuda_built() ? "CUDA backend built" : "CPU-only build");
     return 1;
 }
 
@@ -135,7 +137,8 @@ static inline void *download_bytes(const bie_tensor *d) {
 /* Whether a device tensor holds exactly the bytes of `host` (as many as the tensor has). */
 static inline int device_bytes_match(const bie_tensor *d, const void *host) {
     void *copy = download_bytes(d);
-    const int same = memcmp(copy, host, (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype)) == 0;
+    const int same =
+        memcmp(copy, host, (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype)) == 0;
     free(copy);
     return same;
 }
@@ -176,13 +179,14 @@ static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shap
 }
 
 /* |got - ref| <= tol * max|ref| + 1e-6 everywhere. */
-static inline int compare_close(const char *what, const float *got, const float *ref, int64_t n, double tol) {
+static inline int compare_close(const char *what, const float *got, const float *ref, int64_t n,
+                                double tol) {
     double amax = 0;
     for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs(ref[i]));
     for (int64_t i = 0; i < n; i++)
         if (!(fabs((double)got[i] - ref[i]) <= tol * amax + 1e-6)) {
-            fprintf(stderr, "  %s: element %lld: %.7g vs %.7g (max|ref| %.4g)\n", what, (long long)i,
-                    (double)got[i], (double)ref[i], amax);
+            fprintf(stderr, "  %s: element %lld: %.7g vs %.7g (max|ref| %.4g)\n", what,
+                    (long long)i, (double)got[i], (double)ref[i], amax);
             return 0;
         }
     return 1;

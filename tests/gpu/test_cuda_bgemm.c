@@ -42,7 +42,9 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int64_t a_stride, int64
             int64_t bad = 0, first = -1;
             for (int64_t i = 0; i < m * n; i++)
                 if (memcmp(&got[i], &expect[i], 4)) bad++, first = first < 0 ? i : first;
-            fprintf(stderr, "  kernel %d m=%lld n=%lld k=%lld: %lld of %lld differ, first at (%lld, %lld): %g vs %g\n",
+            fprintf(stderr,
+                    "  kernel %d m=%lld n=%lld k=%lld: %lld of %lld differ, first at (%lld, %lld): "
+                    "%g vs %g\n",
                     kernel_ids[t], (long long)m, (long long)n, (long long)k, (long long)bad,
                     (long long)(m * n), (long long)(first / n), (long long)(first % n),
                     (double)got[first], (double)expect[first]);
@@ -71,14 +73,14 @@ int main(int argc, char **argv) {
             printf("kernel %d %s\n", info.id, info.name);
         }
     }
-    const int64_t shapes[][3] = {{1, 1, 1},      {1, 7, 7},       {3, 5, 63},     {16, 8, 256},
-                                 {17, 9, 257},   {64, 64, 512},   {65, 63, 511},  {1, 300, 1000},
-                                 {129, 130, 513}, {200, 77, 4099}, {5, 1000, 2048}, {257, 129, 8191},
-                                 {1024, 512, 1536}};
+    const int64_t shapes[][3] = {
+        {1, 1, 1},       {1, 7, 7},        {3, 5, 63},       {16, 8, 256},    {17, 9, 257},
+        {64, 64, 512},   {65, 63, 511},    {1, 300, 1000},   {129, 130, 513}, {200, 77, 4099},
+        {5, 1000, 2048}, {257, 129, 8191}, {1024, 512, 1536}};
     size_t count = small ? 5 : sizeof shapes / sizeof shapes[0];
     for (size_t s = 0; s < count; s++) {
         int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        check_shape(m, n, k, (k + 7) / 8, (k + 7) / 8);          /* 8-bit words */
+        check_shape(m, n, k, (k + 7) / 8, (k + 7) / 8);             /* 8-bit words */
         check_shape(m, n, k, (k + 63) / 64 * 8, (k + 31) / 32 * 4); /* 64- and 32-bit words */
     }
     return tu_finish();

@@ -3,7 +3,8 @@
  * training and inference modes with every CUDA kernel, over strides, paddings (including
  * output rows with no valid tap), dilations, 1x1 and even kernels and channel counts that are
  * not multiples of 32; special values (infinities, NaN, signed zeros, subnormals, x = -bias)
- * in inference; backward within float tolerance; bad input rejected with outputs untouched. Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_conv2d [--small] */
+ * in inference; backward within float tolerance; bad input rejected with outputs untouched. Reports
+ * itself skipped (77) without a GPU. Usage: test_cuda_binary_conv2d [--small] */
 #include "gpu_util.h"
 #ifdef BIE_TEST_CUDA_INTERNALS
 #include "cuda/cuda_internal.h"
@@ -24,7 +25,8 @@ typedef struct pair {
 static pair make_pair(bie_dtype dt, geo g, uint64_t seed) {
     pair p = {NULL, NULL, dt, g, 0, 0};
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
-    CHECK_OK(bie_binary_conv2d_create(&p.cpu, g.c, g.o, g.k, g.s, g.p, g.d, bie_cpu(), BIE_F32, true));
+    CHECK_OK(
+        bie_binary_conv2d_create(&p.cpu, g.c, g.o, g.k, g.s, g.p, g.d, bie_cpu(), BIE_F32, true));
     CHECK_OK(bie_binary_conv2d_create(&p.gpu, g.c, g.o, g.k, g.s, g.p, g.d, cuda, dt, true));
     CHECK_OK(bie_layer_reset_parameters(p.cpu, seed));
     CHECK_OK(bie_layer_reset_parameters(p.gpu, seed));
@@ -63,9 +65,10 @@ static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
     if (!forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what))
-        fprintf(stderr, "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d)\n",
-                bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w,
-                (long long)g->o, g->k, g->s, g->p, g->d, tu_layer_kernel(p->gpu));
+        fprintf(stderr,
+                "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d)\n",
+                bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h,
+                (long long)g->w, (long long)g->o, g->k, g->s, g->p, g->d, tu_layer_kernel(p->gpu));
 }
 
 static void backward_matches(pair *p) {
@@ -143,7 +146,8 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
-            if (info.device != BIE_DEVICE_CUDA || bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
+            if (info.device != BIE_DEVICE_CUDA ||
+                bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, info.name);
         }
@@ -206,11 +210,14 @@ static void special_values(bie_dtype dt, int64_t c) {
     const geo g = {2, c, 5, 6, 40, 3, 1, 1, 1};
     pair p = make_pair(dt, g, 11);
     const float inf = INFINITY, nan = NAN;
-    const float biases[] = {0.0f, -0.0f, inf, -inf, nan, 0.5f, -0.25f, 1e-40f, -1e-40f, 3e38f, -3e38f};
-    const float xs[] = {0.0f, -0.0f, inf, -inf, nan, -0.5f, 0.25f, 0.5f, -1e-40f, 1e-40f, 1.0f, -2.0f, 6e-8f};
+    const float biases[] = {0.0f,   -0.0f,  inf,     -inf,  nan,   0.5f,
+                            -0.25f, 1e-40f, -1e-40f, 3e38f, -3e38f};
+    const float xs[] = {0.0f, -0.0f,   inf,    -inf, nan,   -0.5f, 0.25f,
+                        0.5f, -1e-40f, 1e-40f, 1.0f, -2.0f, 6e-8f};
     const int nb = (int)(sizeof biases / sizeof biases[0]), nxv = (int)(sizeof xs / sizeof xs[0]);
     float *bias = tu_alloc((size_t)c * 4);
-    for (int64_t i = 0; i < c; i++) bias[i] = i % 3 == 0 ? biases[(i / 3) % nb] : (float)((i % 7) - 3) * 0.125f;
+    for (int64_t i = 0; i < c; i++)
+        bias[i] = i % 3 == 0 ? biases[(i / 3) % nb] : (float)((i % 7) - 3) * 0.125f;
     bie_tensor cb, gb, hb = tu_view(bias, BIE_F32, 1, c, 0, 0, 0);
     CHECK_OK(bie_layer_param(p.cpu, BIE_PARAM_BIAS_A, &cb));
     memcpy(cb.data, bias, (size_t)c * 4);
@@ -221,8 +228,10 @@ static void special_values(bie_dtype dt, int64_t c) {
     fill_input(x, nx);
     for (int64_t i = 0; i < nx; i++) {
         const int64_t ch = i / hw % c;
-        if (i % 5 == 0) x[i] = xs[(i / 5) % nxv];
-        else if (i % 5 == 1 && isfinite(bias[ch])) x[i] = -bias[ch]; /* v = 0 where -bias is exact */
+        if (i % 5 == 0)
+            x[i] = xs[(i / 5) % nxv];
+        else if (i % 5 == 1 && isfinite(bias[ch]))
+            x[i] = -bias[ch]; /* v = 0 where -bias is exact */
         x[i] = round_to(dt, x[i]);
     }
     bie_tensor gx = upload_as(dt, x, g.n * c * g.h, g.w);
@@ -264,13 +273,15 @@ static void bad_input(void) {
     bie_tensor gout = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&gout, 2, 4, 6, 6);
     CHECK(bie_layer_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);           /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0}, nodev = {BIE_DEVICE_CUDA, 999};
     bie_layer *l = NULL;
-    CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, cuda, BIE_I8, true) == BIE_ERR_DTYPE && l == NULL);
-    CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32, true) == BIE_ERR_DEVICE && l == NULL);
+    CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, cuda, BIE_I8, true) == BIE_ERR_DTYPE &&
+          l == NULL);
+    CHECK(bie_binary_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32, true) == BIE_ERR_DEVICE &&
+          l == NULL);
     CHECK(still_poisoned(&out)); /* failed calls wrote nothing */
     bie_tensor_free(&gx);
     bie_tensor_free(&gx32);
@@ -287,21 +298,34 @@ int main(int argc, char **argv) {
     tu_seed(93);
     static const geo shapes[] = {
         /* n, c, h, w, o, k, s, p, d */
-        {1, 1, 1, 1, 1, 1, 1, 0, 1},   {2, 3, 5, 7, 4, 3, 1, 1, 1},     {1, 33, 9, 8, 17, 3, 2, 1, 1},
-        {1, 5, 3, 3, 7, 3, 1, 3, 1},   {2, 16, 11, 13, 8, 5, 2, 2, 2},  {1, 70, 6, 6, 65, 1, 1, 0, 1},
-        {2, 31, 17, 9, 5, 4, 3, 0, 1}, {3, 64, 14, 14, 32, 3, 1, 1, 1}, {2, 128, 8, 8, 96, 3, 1, 2, 1},
+        {1, 1, 1, 1, 1, 1, 1, 0, 1},
+        {2, 3, 5, 7, 4, 3, 1, 1, 1},
+        {1, 33, 9, 8, 17, 3, 2, 1, 1},
+        {1, 5, 3, 3, 7, 3, 1, 3, 1},
+        {2, 16, 11, 13, 8, 5, 2, 2, 2},
+        {1, 70, 6, 6, 65, 1, 1, 0, 1},
+        {2, 31, 17, 9, 5, 4, 3, 0, 1},
+        {3, 64, 14, 14, 32, 3, 1, 1, 1},
+        {2, 128, 8, 8, 96, 3, 1, 2, 1},
         {4, 256, 14, 14, 256, 3, 1, 1, 1},
         /* more pixel tiles than blocks (each block walks several; even and odd planes) */
-        {6, 40, 28, 28, 130, 3, 1, 1, 1}, {7, 33, 27, 27, 200, 3, 1, 1, 1},
+        {6, 40, 28, 28, 130, 3, 1, 1, 1},
+        {7, 33, 27, 27, 200, 3, 1, 1, 1},
         /* the fused inference kernel (ceil(C / 32) % 4 == 0): partial sign words, strides,
          * dilation, even and 1x1 kernels, rows with no valid tap, odd widths (1-pixel loads),
          * several channel groups and bands per image */
-        {3, 100, 13, 11, 70, 3, 2, 1, 1}, {1, 128, 30, 30, 33, 3, 1, 1, 2}, {2, 256, 9, 7, 50, 2, 1, 0, 1},
-        {1, 512, 5, 6, 40, 1, 1, 0, 1},   {2, 128, 23, 20, 64, 5, 3, 2, 1}, {1, 120, 6, 6, 300, 3, 1, 3, 1},
+        {3, 100, 13, 11, 70, 3, 2, 1, 1},
+        {1, 128, 30, 30, 33, 3, 1, 1, 2},
+        {2, 256, 9, 7, 50, 2, 1, 0, 1},
+        {1, 512, 5, 6, 40, 1, 1, 0, 1},
+        {2, 128, 23, 20, 64, 5, 3, 2, 1},
+        {1, 120, 6, 6, 300, 3, 1, 3, 1},
         /* batches large enough for the fused kernel's planner to take 256-channel 16-warp
          * blocks, 128-channel blocks with 4-pixel loads, bands over several 6x6 images (and
          * every plan under forced plans, below) */
-        {8, 256, 12, 12, 512, 3, 1, 1, 1}, {16, 128, 12, 12, 512, 3, 1, 1, 1}, {32, 128, 6, 6, 512, 3, 1, 1, 1},
+        {8, 256, 12, 12, 512, 3, 1, 1, 1},
+        {16, 128, 12, 12, 512, 3, 1, 1, 1},
+        {32, 128, 6, 6, 512, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)

@@ -58,8 +58,8 @@ static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
                             const char *what) {
     const int64_t shape[2] = {m, p->n};
     if (!forward_matches_as(p->dt, 2, shape, p->gpu, p->cpu, gx, cx, what))
-        fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld kernel %d)\n", bie_dtype_name(p->dt), (long long)m,
-                (long long)p->k, (long long)p->n, tu_layer_kernel(p->gpu));
+        fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld kernel %d)\n", bie_dtype_name(p->dt),
+                (long long)m, (long long)p->k, (long long)p->n, tu_layer_kernel(p->gpu));
 }
 
 /* The GPU layer's qweight equals the CPU layer's, byte for byte. */
@@ -78,7 +78,8 @@ static void backward_matches(pair *p, int64_t m) {
     bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(g, BIE_F32, 2, m, n, 0, 0);
     bie_tensor ggx = device_empty(p->dt, m, k);
     poison_device(&ggx);
-    float *cgx = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
+    float *cgx = tu_alloc((size_t)(m * k) * 4),
+          *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 2, m, k, 0, 0);
     bie_status st = bie_layer_backward(p->gpu, &gg, &ggx);
     CHECK(st == BIE_OK);
@@ -140,7 +141,8 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;
             CHECK_OK(bie_kernel_get(i, &info));
-            if (info.device != BIE_DEVICE_CUDA || bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
+            if (info.device != BIE_DEVICE_CUDA ||
+                bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, m, info.name);
         }
@@ -188,13 +190,13 @@ static void bad_input(void) {
     bie_tensor gx = upload_as(BIE_BF16, x, 3, 40), hx = tu_view(x, BIE_F32, 2, 3, 40, 0, 0);
     bie_tensor out = device_empty(BIE_BF16, 3, 24), gx32 = upload_as(BIE_F32, x, 3, 40);
     poison_device(&out);
-    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);      /* host input */
-    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE);     /* wrong dtype */
+    CHECK(bie_layer_forward(p.gpu, &hx, &out) == BIE_ERR_DEVICE);  /* host input */
+    CHECK(bie_layer_forward(p.gpu, &gx32, &out) == BIE_ERR_DTYPE); /* wrong dtype */
     bie_tensor wrong = device_empty(BIE_BF16, 3, 23);
     CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
     bie_tensor g = device_empty(BIE_BF16, 3, 24);
-    CHECK(bie_layer_backward(p.gpu, &g, NULL) == BIE_ERR_STATE);       /* no forward yet */
-    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);               /* a CPU kernel */
+    CHECK(bie_layer_backward(p.gpu, &g, NULL) == BIE_ERR_STATE); /* no forward yet */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);        /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
@@ -216,13 +218,15 @@ int main(int argc, char **argv) {
     if (gpu_missing()) return TU_SKIP;
     tu_seed(91);
     static const int64_t shapes[][3] = {/* m, k, n */
-                                        {1, 1, 1},      {1, 300, 77},    {3, 63, 5},     {16, 256, 8},
-                                        {17, 257, 9},   {5, 1000, 300},  {64, 512, 64},  {33, 4099, 200},
-                                        {130, 513, 129}, {1, 8192, 64},  {16, 20000, 40}, {257, 1536, 96}};
+                                        {1, 1, 1},     {1, 300, 77},    {3, 63, 5},
+                                        {16, 256, 8},  {17, 257, 9},    {5, 1000, 300},
+                                        {64, 512, 64}, {33, 4099, 200}, {130, 513, 129},
+                                        {1, 8192, 64}, {16, 20000, 40}, {257, 1536, 96}};
     const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
-            check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2], d == 0 && (i % 3 == 1));
+            check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2],
+                        d == 0 && (i % 3 == 1));
     bad_input();
     return tu_finish();
 }

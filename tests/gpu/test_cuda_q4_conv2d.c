@@ -26,8 +26,10 @@ static float param_scalar(bie_layer *l, bie_param which) {
     bie_tensor t;
     float v = NAN;
     CHECK_OK(bie_layer_param(l, which, &t));
-    if (t.device.type == BIE_DEVICE_CUDA) download_as(&t, &v);
-    else v = *(float *)t.data;
+    if (t.device.type == BIE_DEVICE_CUDA)
+        download_as(&t, &v);
+    else
+        v = *(float *)t.data;
     return v;
 }
 
@@ -41,7 +43,8 @@ static pair make_pair(bie_dtype dt, geo g, int random_weight) {
         float *w = tu_alloc((size_t)nw * 4);
         for (int64_t i = 0; i < nw; i++) w[i] = (float)((int)(tu_next() % 257) - 128) / 256.0f;
         for (int64_t i = 0; i < nw; i += 7) w[i] *= 16.0f;
-        bie_tensor cw = tu_view(w, BIE_F32, 4, g.o, g.c, g.k, g.k), gw = upload_as(dt, w, g.o * g.c * g.k, g.k);
+        bie_tensor cw = tu_view(w, BIE_F32, 4, g.o, g.c, g.k, g.k),
+                   gw = upload_as(dt, w, g.o * g.c * g.k, g.k);
         reshape4(&gw, g.o, g.c, g.k, g.k);
         CHECK_OK(bie_layer_set_weight_data(p.cpu, &cw));
         CHECK_OK(bie_layer_set_weight_data(p.gpu, &gw));
@@ -62,7 +65,8 @@ static pair make_pair(bie_dtype dt, geo g, int random_weight) {
     download_as(&gw, a);
     CHECK(compare_exact("float weight", a, cw.data, nw));
     free(a);
-    const float sw_cpu = param_scalar(p.cpu, BIE_PARAM_SCALE_W), sw_gpu = param_scalar(p.gpu, BIE_PARAM_SCALE_W);
+    const float sw_cpu = param_scalar(p.cpu, BIE_PARAM_SCALE_W),
+                sw_gpu = param_scalar(p.gpu, BIE_PARAM_SCALE_W);
     CHECK(memcmp(&sw_cpu, &sw_gpu, 4) == 0);
     float *bias = tu_alloc((size_t)g.c * 4);
     tu_fill(bias, g.c, -0.3f, 0.3f);
@@ -85,9 +89,9 @@ static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
     if (!forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what))
-        fprintf(stderr, "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d)\n", bie_dtype_name(p->dt),
-                (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w, (long long)g->o, g->k, g->s,
-                g->p, g->d);
+        fprintf(stderr, "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d)\n",
+                bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h,
+                (long long)g->w, (long long)g->o, g->k, g->s, g->p, g->d);
 }
 
 static void backward_matches(pair *p, int with_grad_x) {
@@ -233,7 +237,8 @@ static void check_halves(geo g) {
     for (int64_t i = 0; i < nx; i++) {
         const int h = (int)(tu_next() % 21) - 10;
         float v = (float)(h + 0.5) * s - bias[(i / hw) % g.c];
-        for (int u = (int)(tu_next() % 7); u > 0; u--) v = nextafterf(v, (tu_next() & 1) ? INFINITY : -INFINITY);
+        for (int u = (int)(tu_next() % 7); u > 0; u--)
+            v = nextafterf(v, (tu_next() & 1) ? INFINITY : -INFINITY);
         x[i] = v;
     }
     bie_tensor_free(&gx);
@@ -273,7 +278,7 @@ static void bad_input(void) {
     bie_tensor gout = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&gout, 2, 4, 6, 6);
     CHECK(bie_layer_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);            /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);           /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_scale_a(p.gpu, INFINITY) != BIE_OK);
     bie_tensor w_wrong = device_empty(BIE_F32, 4 * 5 * 3, 3); /* the layer is bfloat16 */
@@ -284,7 +289,8 @@ static void bad_input(void) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0}, nodev = {BIE_DEVICE_CUDA, 999};
     bie_layer *l = NULL;
     CHECK(bie_q4_conv2d_create(&l, 4, 4, 3, 1, 1, 1, cuda, BIE_I8) == BIE_ERR_DTYPE && l == NULL);
-    CHECK(bie_q4_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32) == BIE_ERR_DEVICE && l == NULL);
+    CHECK(bie_q4_conv2d_create(&l, 4, 4, 3, 1, 1, 1, nodev, BIE_F32) == BIE_ERR_DEVICE &&
+          l == NULL);
     /* After a training forward, grad_out of another shape is refused. */
     CHECK_OK(bie_layer_forward(p.gpu, &gx, &out));
     CHECK(bie_layer_backward(p.gpu, &wrong, NULL) == BIE_ERR_SHAPE);
@@ -307,14 +313,17 @@ int main(int argc, char **argv) {
     if (gpu_missing()) return TU_SKIP;
     static const geo shapes[] = {
         /* n, c, h, w, o, k, s, p, d */
-        {1, 1, 1, 1, 1, 1, 1, 0, 1},   {2, 3, 5, 7, 4, 3, 1, 1, 1},     {1, 33, 9, 8, 17, 3, 2, 1, 1},
-        {1, 5, 3, 3, 7, 3, 1, 3, 1},   {2, 16, 11, 13, 8, 5, 2, 2, 2},  {1, 70, 6, 6, 65, 1, 1, 0, 1},
-        {2, 31, 17, 9, 5, 4, 3, 0, 1}, {3, 64, 14, 14, 32, 3, 1, 1, 1}, {2, 128, 8, 8, 96, 3, 1, 2, 1},
-        {4, 256, 14, 14, 256, 3, 1, 1, 1}, {2, 40, 9, 11, 19, 2, 1, 1, 2}, {1, 601, 5, 4, 33, 3, 1, 1, 1},
-        {1, 2050, 3, 3, 3, 1, 1, 0, 1}, {5, 48, 7, 5, 130, 3, 2, 2, 1},
-        {32, 96, 14, 14, 130, 3, 1, 1, 1}, /* enough blocks for the large-tile implicit GEMM */
+        {1, 1, 1, 1, 1, 1, 1, 0, 1},        {2, 3, 5, 7, 4, 3, 1, 1, 1},
+        {1, 33, 9, 8, 17, 3, 2, 1, 1},      {1, 5, 3, 3, 7, 3, 1, 3, 1},
+        {2, 16, 11, 13, 8, 5, 2, 2, 2},     {1, 70, 6, 6, 65, 1, 1, 0, 1},
+        {2, 31, 17, 9, 5, 4, 3, 0, 1},      {3, 64, 14, 14, 32, 3, 1, 1, 1},
+        {2, 128, 8, 8, 96, 3, 1, 2, 1},     {4, 256, 14, 14, 256, 3, 1, 1, 1},
+        {2, 40, 9, 11, 19, 2, 1, 1, 2},     {1, 601, 5, 4, 33, 3, 1, 1, 1},
+        {1, 2050, 3, 3, 3, 1, 1, 0, 1},     {5, 48, 7, 5, 130, 3, 2, 2, 1},
+        {32, 96, 14, 14, 130, 3, 1, 1, 1},  /* enough blocks for the large-tile implicit GEMM */
         {24, 130, 15, 15, 200, 3, 1, 1, 1}, /* 128 x 64 tiles with 128-byte k blocks (132 SMs) */
-        {40, 136, 15, 15, 256, 3, 1, 1, 1}, /* wgmma tiles (compute capability 9.0; else 96 x 128) */
+        {40, 136, 15, 15, 256, 3, 1, 1, 1}, /* wgmma tiles (compute capability 9.0; else 96 x 128)
+                                             */
         {80, 136, 15, 15, 128, 3, 1, 1, 1}, /* 128 x 128 wgmma tiles (else 96 x 128; 132 SMs) */
         {40, 120, 15, 15, 256, 3, 1, 1, 1}, /* wgmma, an odd number of 64-byte k blocks */
     };

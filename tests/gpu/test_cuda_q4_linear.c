@@ -19,8 +19,10 @@ static float param_scalar(bie_layer *l, bie_param which) {
     bie_tensor t;
     float v = NAN;
     CHECK_OK(bie_layer_param(l, which, &t));
-    if (t.device.type == BIE_DEVICE_CUDA) download_as(&t, &v);
-    else v = *(float *)t.data;
+    if (t.device.type == BIE_DEVICE_CUDA)
+        download_as(&t, &v);
+    else
+        v = *(float *)t.data;
     return v;
 }
 
@@ -58,7 +60,8 @@ static pair make_pair(bie_dtype dt, int64_t k, int64_t n, int random_weight) {
     download_as(&gw, w_host);
     CHECK(compare_exact("float weight", w_host, cw.data, k * n));
     free(w_host);
-    const float sw_cpu = param_scalar(p.cpu, BIE_PARAM_SCALE_W), sw_gpu = param_scalar(p.gpu, BIE_PARAM_SCALE_W);
+    const float sw_cpu = param_scalar(p.cpu, BIE_PARAM_SCALE_W),
+                sw_gpu = param_scalar(p.gpu, BIE_PARAM_SCALE_W);
     CHECK(memcmp(&sw_cpu, &sw_gpu, 4) == 0);
     /* The same random bias_a on both. */
     float *bias = tu_alloc((size_t)k * 4);
@@ -80,7 +83,8 @@ static void free_pair(pair *p) {
 }
 
 /* GPU forward (output poisoned first) vs the CPU's float32 forward rounded to the dtype. */
-static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m, const char *what) {
+static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, int64_t m,
+                            const char *what) {
     const int64_t shape[2] = {m, p->n};
     if (!forward_matches_as(p->dt, 2, shape, p->gpu, p->cpu, gx, cx, what))
         fprintf(stderr, "  (dtype %s m=%lld k=%lld n=%lld)\n", bie_dtype_name(p->dt), (long long)m,
@@ -94,7 +98,8 @@ static void backward_matches(pair *p, int64_t m, int with_grad_x) {
     bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(g, BIE_F32, 2, m, n, 0, 0);
     bie_tensor ggx = device_empty(p->dt, m, k);
     poison_device(&ggx);
-    float *cgx = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
+    float *cgx = tu_alloc((size_t)(m * k) * 4),
+          *got = tu_alloc((size_t)(m * k > n * k ? m * k : n * k) * 4);
     bie_tensor cgxv = tu_view(cgx, BIE_F32, 2, m, k, 0, 0);
     bie_status st = bie_layer_backward(p->gpu, &gg, with_grad_x ? &ggx : NULL);
     CHECK(st == BIE_OK);
@@ -175,7 +180,8 @@ static void inference_matches(pair *p, const bie_tensor *gx, const bie_tensor *c
     CHECK_OK(bie_cuda_tensor_alloc(&dq, BIE_U8, 2, qshape, 0));
     CHECK_OK(bie_tensor_copy(&dq, &hq));
     CHECK_OK(bie_layer_set_quantized_weight_data(fresh, &dq));
-    const float sa = param_scalar(p->gpu, BIE_PARAM_SCALE_A), sw = param_scalar(p->gpu, BIE_PARAM_SCALE_W);
+    const float sa = param_scalar(p->gpu, BIE_PARAM_SCALE_A),
+                sw = param_scalar(p->gpu, BIE_PARAM_SCALE_W);
     CHECK_OK(bie_layer_set_scale_a(fresh, sa));
     bie_tensor fsw;
     CHECK_OK(bie_layer_param(fresh, BIE_PARAM_SCALE_W, &fsw));
@@ -236,7 +242,8 @@ static void activation_matches(bie_dtype dt) {
     const int64_t m = 5, k = 37, n = 3;
     tu_seed(7);
     pair p = make_pair(dt, k, n, 1);
-    float *x = tu_alloc((size_t)(m * k) * 4), *ref = tu_alloc((size_t)(m * k) * 4), *got = tu_alloc((size_t)(m * k) * 4);
+    float *x = tu_alloc((size_t)(m * k) * 4), *ref = tu_alloc((size_t)(m * k) * 4),
+          *got = tu_alloc((size_t)(m * k) * 4);
     fill_input(x, m * k);
     bie_tensor gx = upload_as(dt, x, m, k), cx = tu_view(x, BIE_F32, 2, m, k, 0, 0);
     bie_tensor gout = device_empty(dt, m, k), cout = tu_view(ref, BIE_F32, 2, m, k, 0, 0);
@@ -319,9 +326,10 @@ int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (gpu_missing()) return TU_SKIP;
     static const int64_t shapes[][3] = {/* m, k, n */
-                                        {1, 1, 1},       {1, 300, 77},    {3, 63, 5},     {16, 256, 8},
-                                        {17, 257, 9},    {5, 1000, 300},  {64, 512, 64},  {33, 4099, 200},
-                                        {130, 513, 129}, {1, 8192, 64},   {16, 3001, 40}, {257, 1536, 96}};
+                                        {1, 1, 1},     {1, 300, 77},    {3, 63, 5},
+                                        {16, 256, 8},  {17, 257, 9},    {5, 1000, 300},
+                                        {64, 512, 64}, {33, 4099, 200}, {130, 513, 129},
+                                        {1, 8192, 64}, {16, 3001, 40},  {257, 1536, 96}};
     const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++) {
         for (int i = 0; i < count; i++)

@@ -40,7 +40,7 @@ static int8_t *random_codes(int64_t rows, int64_t k, int64_t stride, int extreme
     int8_t *c = tu_alloc((size_t)(rows * stride));
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < stride; j++)
-            c[r * stride + j] = j >= k ? (int8_t)(tu_next() >> 56)
+            c[r * stride + j] = j >= k               ? (int8_t)(tu_next() >> 56)
                                 : extremes && r == 0 ? -8
                                 : extremes && r == 1 ? 7
                                                      : random_code();
@@ -51,9 +51,11 @@ static void report(const float *got, const float *expect, int64_t m, int64_t n, 
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < m * n; i++)
         if (memcmp(&got[i], &expect[i], 4)) bad++, first = first < 0 ? i : first;
-    fprintf(stderr, "  kernel %d m=%lld n=%lld k=%lld: %lld of %lld differ, first at (%lld, %lld): %g vs %g\n",
-            id, (long long)m, (long long)n, (long long)k, (long long)bad, (long long)(m * n),
-            (long long)(first / n), (long long)(first % n), (double)got[first], (double)expect[first]);
+    fprintf(
+        stderr,
+        "  kernel %d m=%lld n=%lld k=%lld: %lld of %lld differ, first at (%lld, %lld): %g vs %g\n",
+        id, (long long)m, (long long)n, (long long)k, (long long)bad, (long long)(m * n),
+        (long long)(first / n), (long long)(first % n), (double)got[first], (double)expect[first]);
 }
 
 static void check_shape(int64_t m, int64_t n, int64_t k, int extremes) {
@@ -69,7 +71,8 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int extremes) {
     for (int t = 0; t < nkernels; t++) {
         tu_poison(got, m * n);
         CHECK_OK(bie_tensor_copy(&dout, &hout)); /* poison the device output too */
-        bie_status st = bie_cuda_q4_gemm(kernel_ids[t], m, n, k, da.data, lda, db.data, ldb, scale, dout.data);
+        bie_status st =
+            bie_cuda_q4_gemm(kernel_ids[t], m, n, k, da.data, lda, db.data, ldb, scale, dout.data);
         CHECK(st == BIE_OK);
         if (st != BIE_OK) fprintf(stderr, "  %s\n", bie_last_error());
         CHECK_OK(bie_cuda_synchronize());
@@ -93,11 +96,13 @@ static void bad_arguments(void) {
     const int8_t *d = da.data;
     float *o = dout.data, host_out[16];
     const float nan = nanf(""), inf = INFINITY;
-#define EXPECT(code, call)                                                                     \
-    do {                                                                                       \
-        bie_status st_ = (call);                                                               \
-        CHECK(st_ == (code));                                                                  \
-        if (st_ != (code)) fprintf(stderr, "  expected %s, got %s\n", bie_status_name(code), bie_status_name(st_)); \
+#define EXPECT(code, call)                                                    \
+    do {                                                                      \
+        bie_status st_ = (call);                                              \
+        CHECK(st_ == (code));                                                 \
+        if (st_ != (code))                                                    \
+            fprintf(stderr, "  expected %s, got %s\n", bie_status_name(code), \
+                    bie_status_name(st_));                                    \
     } while (0)
     EXPECT(BIE_ERR_NULL_POINTER, bie_cuda_q4_gemm(-1, 4, 4, 64, NULL, 64, d, 64, 1.0f, o));
     EXPECT(BIE_ERR_NULL_POINTER, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 64, NULL, 64, 1.0f, o));
@@ -107,12 +112,15 @@ static void bad_arguments(void) {
     EXPECT(BIE_ERR_SHAPE, bie_cuda_q4_gemm(-1, 4, 4, 0, d, 64, d, 64, 1.0f, o));
     EXPECT(BIE_ERR_SHAPE, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 63, d, 64, 1.0f, o));
     EXPECT(BIE_ERR_SHAPE, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 64, d, 32, 1.0f, o));
-    EXPECT(BIE_ERR_OVERFLOW, bie_cuda_q4_gemm(-1, 1, 1, (1 << 24) + 1, d, 1 << 25, d, 1 << 25, 1.0f, o));
+    EXPECT(BIE_ERR_OVERFLOW,
+           bie_cuda_q4_gemm(-1, 1, 1, (1 << 24) + 1, d, 1 << 25, d, 1 << 25, 1.0f, o));
     EXPECT(BIE_ERR_NOT_FINITE, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 64, d, 64, nan, o));
     EXPECT(BIE_ERR_NOT_FINITE, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 64, d, 64, inf, o));
     EXPECT(BIE_ERR_INVALID_ARGUMENT, bie_cuda_q4_gemm(99999, 4, 4, 64, d, 64, d, 64, 1.0f, o));
-    EXPECT(BIE_ERR_INVALID_ARGUMENT, bie_cuda_q4_gemm(100, 4, 4, 64, d, 64, d, 64, 1.0f, o)); /* binary */
-    EXPECT(BIE_ERR_INVALID_ARGUMENT, bie_cuda_q4_gemm(0, 4, 4, 64, d, 64, d, 64, 1.0f, o));   /* CPU */
+    EXPECT(BIE_ERR_INVALID_ARGUMENT,
+           bie_cuda_q4_gemm(100, 4, 4, 64, d, 64, d, 64, 1.0f, o)); /* binary */
+    EXPECT(BIE_ERR_INVALID_ARGUMENT,
+           bie_cuda_q4_gemm(0, 4, 4, 64, d, 64, d, 64, 1.0f, o)); /* CPU */
     EXPECT(BIE_ERR_DEVICE, bie_cuda_q4_gemm(-1, 4, 4, 64, a, 64, d, 64, 1.0f, o));
     EXPECT(BIE_ERR_DEVICE, bie_cuda_q4_gemm(-1, 4, 4, 64, d, 64, d, 64, 1.0f, host_out));
     /* and the binary GEMM refuses a 4-bit kernel */
@@ -137,7 +145,8 @@ static uint8_t *layout_of(const int8_t *codes, int64_t rows, int64_t k, int64_t 
     uint8_t *l = tu_alloc((size_t)(rows * ld));
     memset(l, 0, (size_t)(rows * ld));
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < k; j++) l[r * ld + j / 2] |= (uint8_t)((codes[r * k + j] & 15) << (4 * (j & 1)));
+        for (int64_t j = 0; j < k; j++)
+            l[r * ld + j / 2] |= (uint8_t)((codes[r * k + j] & 15) << (4 * (j & 1)));
     return l;
 }
 
@@ -151,7 +160,12 @@ static void special_values(float *x, int64_t n, float s) {
         case 0: x[i] = ((float)j + 0.5f) * s; break;
         case 1: x[i] = (float)j * s; break;
         case 2: x[i] = (r >> 40 & 1) ? 1e30f : -7.75f * s; break;
-        case 3: x[i] = (r >> 40 & 3) == 0 ? NAN : (r >> 40 & 3) == 1 ? INFINITY : (r >> 40 & 3) == 2 ? -INFINITY : 0.0f; break;
+        case 3:
+            x[i] = (r >> 40 & 3) == 0   ? NAN
+                   : (r >> 40 & 3) == 1 ? INFINITY
+                   : (r >> 40 & 3) == 2 ? -INFINITY
+                                        : 0.0f;
+            break;
         default: x[i] = tu_uniform(-10.0f * s, 10.0f * s);
         }
     }
@@ -177,7 +191,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor dscales = upload(scales, BIE_F32, 2), dbias = upload(bias, BIE_F32, k);
     const float *d_sa = dscales.data, *d_sw = (const float *)dscales.data + 1;
 
-    int8_t *acodes = tu_alloc((size_t)mk), *resid = tu_alloc((size_t)mk), *got_resid = tu_alloc((size_t)mk);
+    int8_t *acodes = tu_alloc((size_t)mk), *resid = tu_alloc((size_t)mk),
+           *got_resid = tu_alloc((size_t)mk);
     uint8_t *mask = tu_alloc((size_t)((mk + 7) / 8)), *got_mask = tu_alloc((size_t)((mk + 7) / 8));
     uint8_t *got = tu_alloc((size_t)((m > n ? m : n) * ld));
     int64_t shape[1] = {(m > n ? m : n) * ld};
@@ -199,7 +214,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor dw = upload(w, BIE_F32, n * k);
     CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld, dwcodes.data));
     CHECK_OK(bie_cuda_synchronize());
-    bie_tensor hw = tu_view(got, BIE_U8, 1, n * ld, 0, 0, 0), dwv = tu_view(dwcodes.data, BIE_U8, 1, n * ld, 0, 0, 0);
+    bie_tensor hw = tu_view(got, BIE_U8, 1, n * ld, 0, 0, 0),
+               dwv = tu_view(dwcodes.data, BIE_U8, 1, n * ld, 0, 0, 0);
     dwv.device = dwcodes.device;
     CHECK_OK(bie_tensor_copy(&hw, &dwv));
     CHECK(memcmp(got, wlayout, (size_t)(n * ld)) == 0);
@@ -210,7 +226,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
         uint8_t *user = tu_alloc((size_t)(n * rb));
         memset(user, 0, (size_t)(n * rb));
         for (int64_t r = 0; r < n; r++) {
-            for (int64_t j = 0; j < k; j++) user[r * rb + j / 2] |= (uint8_t)((wcodes[r * k + j] & 15) << (4 * (j & 1)));
+            for (int64_t j = 0; j < k; j++)
+                user[r * rb + j / 2] |= (uint8_t)((wcodes[r * k + j] & 15) << (4 * (j & 1)));
             if (k & 1) user[r * rb + rb - 1] |= (uint8_t)(tu_next() & 0xf0);
         }
         bie_tensor duser = upload(user, BIE_U8, n * rb);
@@ -238,7 +255,9 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
                 ((uint16_t *)xin)[i] = h;
                 xv[i] = from_bf16(h);
             } else {
-                float v = isnan(x[i]) ? 0.0f : fabsf(x[i]) > 60000.0f ? copysignf(60000.0f, x[i]) : x[i];
+                float v = isnan(x[i])              ? 0.0f
+                          : fabsf(x[i]) > 60000.0f ? copysignf(60000.0f, x[i])
+                                                   : x[i];
                 uint16_t h = to_f16(v);
                 if (isnan(x[i])) h = 0x7e00;
                 if (isinf(x[i])) h = x[i] > 0 ? 0x7c00 : 0xfc00;
@@ -254,7 +273,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             free(zero);
             uint8_t *alayout = layout_of(acodes, m, k, ld);
             memset(got, 0x5a, (size_t)(m * ld));
-            bie_tensor hc = tu_view(got, BIE_U8, 1, m * ld, 0, 0, 0), dcv = tu_view(dcodes.data, BIE_U8, 1, m * ld, 0, 0, 0);
+            bie_tensor hc = tu_view(got, BIE_U8, 1, m * ld, 0, 0, 0),
+                       dcv = tu_view(dcodes.data, BIE_U8, 1, m * ld, 0, 0, 0);
             dcv.device = dcodes.device;
             CHECK_OK(bie_tensor_copy(&dcv, &hc)); /* poison */
             memset(got_resid, 0x5a, (size_t)mk);
@@ -264,14 +284,16 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             CHECK_OK(bie_tensor_copy(&dmask, &hm));
             CHECK_OK(bie_tensor_copy(&dresid, &hr));
             const bool keep = with_bias; /* the inference call passes no mask */
-            CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa, ld,
-                                          dcodes.data, keep ? dmask.data : NULL, keep ? dresid.data : NULL));
+            CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
+                                          ld, dcodes.data, keep ? dmask.data : NULL,
+                                          keep ? dresid.data : NULL));
             CHECK_OK(bie_cuda_synchronize());
             CHECK_OK(bie_tensor_copy(&hc, &dcv));
             int same = memcmp(got, alayout, (size_t)(m * ld)) == 0;
             CHECK(same);
-            if (!same) fprintf(stderr, "  activation codes differ: %s m=%lld k=%lld bias=%d\n", bie_dtype_name(dtype),
-                               (long long)m, (long long)k, with_bias);
+            if (!same)
+                fprintf(stderr, "  activation codes differ: %s m=%lld k=%lld bias=%d\n",
+                        bie_dtype_name(dtype), (long long)m, (long long)k, with_bias);
             if (keep) {
                 download(got_mask, &dmask);
                 download(got_resid, &dresid);
@@ -295,7 +317,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             dots[i * n + j] = d;
         }
     const float s = sa * sw;
-    float *outf = tu_alloc((size_t)(m * n) * sizeof(float)), *expf_ = tu_alloc((size_t)(m * n) * sizeof(float));
+    float *outf = tu_alloc((size_t)(m * n) * sizeof(float)),
+          *expf_ = tu_alloc((size_t)(m * n) * sizeof(float));
     shape[0] = m * n;
     bie_tensor dout;
     CHECK_OK(bie_cuda_tensor_alloc(&dout, BIE_F32, 1, shape, 0));
@@ -321,20 +344,23 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             tu_poison(&poison, 1);
             bie_tensor ho = tu_view(outf, BIE_F32, 1, m * n, 0, 0, 0);
             CHECK_OK(bie_tensor_copy(&dout, &ho));
-            CHECK_OK(bie_cuda_q4gemm_launch(kernel_ids[t], m, n, k, dcodes.data, dwcodes.data, ld, 0.0f, d_sa, d_sw,
-                                            bf16 ? BIE_BF16 : BIE_F32, dout.data, conv ? &co : NULL));
+            CHECK_OK(bie_cuda_q4gemm_launch(kernel_ids[t], m, n, k, dcodes.data, dwcodes.data, ld,
+                                            0.0f, d_sa, d_sw, bf16 ? BIE_BF16 : BIE_F32, dout.data,
+                                            conv ? &co : NULL));
             CHECK_OK(bie_cuda_synchronize());
             CHECK_OK(bie_tensor_copy(&ho, &dout));
             const size_t bytes = (size_t)(m * n) * (bf16 ? 2 : 4);
             int same = memcmp(outf, expf_, bytes) == 0;
             if (bf16) { /* the bytes past the bf16 output keep their poison */
                 const uint8_t *tail = (const uint8_t *)outf + bytes;
-                for (size_t i = 0; i < bytes; i++) same = same && tail[i] == ((const uint8_t *)&poison)[(bytes + i) % 4];
+                for (size_t i = 0; i < bytes; i++)
+                    same = same && tail[i] == ((const uint8_t *)&poison)[(bytes + i) % 4];
             }
             CHECK(same);
             if (!same)
-                fprintf(stderr, "  launcher: kernel %d m=%lld n=%lld k=%lld bf16=%d conv=%d differs\n", kernel_ids[t],
-                        (long long)m, (long long)n, (long long)k, bf16, conv);
+                fprintf(stderr,
+                        "  launcher: kernel %d m=%lld n=%lld k=%lld bf16=%d conv=%d differs\n",
+                        kernel_ids[t], (long long)m, (long long)n, (long long)k, bf16, conv);
         }
     bie_tensor_free(&dout);
     free(outf);
@@ -347,7 +373,8 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor_free(&dwcodes);
     bie_tensor_free(&dmask);
     bie_tensor_free(&dresid);
-    free(x), free(bias), free(w), free(acodes), free(resid), free(got_resid), free(mask), free(got_mask);
+    free(x), free(bias), free(w), free(acodes), free(resid), free(got_resid), free(mask),
+        free(got_mask);
     free(got), free(wcodes), free(wlayout);
 }
 
@@ -375,7 +402,8 @@ static void check_conv_variants(int64_t n, int64_t c, int64_t hw, int64_t o) {
                 taps[oc * ld + t * cb + ch / 2] |= (uint8_t)((v & 15) << (4 * (ch & 1)));
             }
     const float sa = 0.375f, sw = 1.25f, scale = sa * sw;
-    float *expect = tu_alloc((size_t)(rows * o) * sizeof(float)), *got = tu_alloc((size_t)(rows * o) * sizeof(float));
+    float *expect = tu_alloc((size_t)(rows * o) * sizeof(float)),
+          *got = tu_alloc((size_t)(rows * o) * sizeof(float));
     for (int64_t img = 0; img < n; img++)
         for (int64_t oc = 0; oc < o; oc++)
             for (int64_t y = 0; y < hw; y++)
@@ -384,29 +412,34 @@ static void check_conv_variants(int64_t n, int64_t c, int64_t hw, int64_t o) {
                     for (int64_t t = 0; t < 9; t++) {
                         const int64_t iy = y + t / 3 - 1, ix = x + t % 3 - 1;
                         if (iy < 0 || iy >= hw || ix < 0 || ix >= hw) continue;
-                        const int8_t *a = ac + ((img * hw + iy) * hw + ix) * c, *w = wc + (oc * 9 + t) * c;
+                        const int8_t *a = ac + ((img * hw + iy) * hw + ix) * c,
+                                     *w = wc + (oc * 9 + t) * c;
                         for (int64_t ch = 0; ch < c; ch++) dot += a[ch] * w[ch];
                     }
                     expect[((img * o + oc) * hw + y) * hw + x] = (float)dot * scale;
                 }
     const float hs[2] = {sa, sw};
-    bie_tensor dcodes = upload(codes, BIE_U8, n * hw * hw * cb), dtaps = upload(taps, BIE_U8, o * ld);
+    bie_tensor dcodes = upload(codes, BIE_U8, n * hw * hw * cb),
+               dtaps = upload(taps, BIE_U8, o * ld);
     bie_tensor dsc = upload(hs, BIE_F32, 2), dout = device_empty(BIE_F32, rows, o);
     int ran = 0;
     for (int variant = 0; variant < 16; variant++) {
         poison_device(&dout);
-        const bie_status st = bie_cuda_q4conv_implicit(variant, dcodes.data, &g, dtaps.data, (const float *)dsc.data,
-                                                       (const float *)dsc.data + 1, BIE_F32, dout.data);
-        if (st == BIE_ERR_INVALID_ARGUMENT || st == BIE_ERR_UNSUPPORTED) continue; /* not for this shape / device */
+        const bie_status st =
+            bie_cuda_q4conv_implicit(variant, dcodes.data, &g, dtaps.data, (const float *)dsc.data,
+                                     (const float *)dsc.data + 1, BIE_F32, dout.data);
+        if (st == BIE_ERR_INVALID_ARGUMENT || st == BIE_ERR_UNSUPPORTED)
+            continue; /* not for this shape / device */
         CHECK_OK(st);
         download_as(&dout, got);
         ran++;
         if (!compare_exact("implicit conv variant", got, expect, rows * o))
-            fprintf(stderr, "  variant %d, n=%lld c=%lld hw=%lld o=%lld\n", variant, (long long)n, (long long)c,
-                    (long long)hw, (long long)o);
+            fprintf(stderr, "  variant %d, n=%lld c=%lld hw=%lld o=%lld\n", variant, (long long)n,
+                    (long long)c, (long long)hw, (long long)o);
     }
     CHECK(ran >= (cb % 128 == 0 ? 4 : 2));
-    bie_tensor_free(&dcodes), bie_tensor_free(&dtaps), bie_tensor_free(&dsc), bie_tensor_free(&dout);
+    bie_tensor_free(&dcodes), bie_tensor_free(&dtaps), bie_tensor_free(&dsc),
+        bie_tensor_free(&dout);
     free(codes), free(taps), free(ac), free(wc), free(expect), free(got);
 }
 #endif
@@ -420,7 +453,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < bie_kernel_count(); i++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));
-        if (info.device == BIE_DEVICE_CUDA && info.op == BIE_OP_Q4_GEMM && info.available && nkernels < 32) {
+        if (info.device == BIE_DEVICE_CUDA && info.op == BIE_OP_Q4_GEMM && info.available &&
+            nkernels < 32) {
             kernel_ids[nkernels++] = info.id;
             printf("kernel %d %s\n", info.id, info.name);
         }
@@ -428,14 +462,17 @@ int main(int argc, char **argv) {
     CHECK(nkernels > 1);
     bad_arguments();
     const int64_t shapes[][3] = {
-        {1, 1, 1},      {2, 1, 7},      {1, 2, 2},       {7, 31, 33},     {31, 7, 64},
-        {33, 64, 31},   {64, 33, 100},  {100, 129, 7},   {129, 100, 257}, {257, 2, 129},
-        {2, 257, 1000}, {1, 1000, 257}, {1000, 1, 33},   {16, 1000, 1000}, {17, 129, 1001},
-        {64, 64, 64},   {128, 128, 256}, {129, 257, 255}, {1000, 257, 129}, {257, 1000, 31},
-        {100, 100, 4097}, {3, 300, 8191}, {1000, 1000, 1000}, {2048, 1536, 4608}, {1024, 2048, 2047},
+        {1, 1, 1},          {2, 1, 7},        {1, 2, 2},          {7, 31, 33},
+        {31, 7, 64},        {33, 64, 31},     {64, 33, 100},      {100, 129, 7},
+        {129, 100, 257},    {257, 2, 129},    {2, 257, 1000},     {1, 1000, 257},
+        {1000, 1, 33},      {16, 1000, 1000}, {17, 129, 1001},    {64, 64, 64},
+        {128, 128, 256},    {129, 257, 255},  {1000, 257, 129},   {257, 1000, 31},
+        {100, 100, 4097},   {3, 300, 8191},   {1000, 1000, 1000}, {2048, 1536, 4608},
+        {1024, 2048, 2047},
     };
     const size_t count = small ? 6 : sizeof shapes / sizeof shapes[0];
-    for (size_t s = 0; s < count; s++) check_shape(shapes[s][0], shapes[s][1], shapes[s][2], s % 3 == 0);
+    for (size_t s = 0; s < count; s++)
+        check_shape(shapes[s][0], shapes[s][1], shapes[s][2], s % 3 == 0);
     if (!small) {
         /* both unpacking paths at their boundary, and the largest k with all -8 / all 7 rows */
         check_shape(3, 5, (1 << 17) - 1, 1);
@@ -444,7 +481,8 @@ int main(int argc, char **argv) {
         check_shape(2, 2, 1 << 24, 1);
     }
 #ifdef BIE_TEST_CUDA_INTERNALS
-    const int64_t pieces[][3] = {{1, 1, 1}, {3, 7, 31}, {21, 9, 257}, {48, 130, 1000}, {300, 77, 130}, {129, 264, 4097}};
+    const int64_t pieces[][3] = {{1, 1, 1},       {3, 7, 31},     {21, 9, 257},
+                                 {48, 130, 1000}, {300, 77, 130}, {129, 264, 4097}};
     const size_t np = small ? 3 : sizeof pieces / sizeof pieces[0];
     for (size_t s = 0; s < np; s++) check_layer_pieces(pieces[s][0], pieces[s][1], pieces[s][2]);
     /* implicit conv tile variants: 64- and 128-byte channel blocks (an odd number of 64-byte

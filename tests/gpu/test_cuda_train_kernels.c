@@ -8,8 +8,8 @@
  * Then the public bie_adam_step / bie_signflip_step on CUDA tensors, and mixed-device calls
  * refused with nothing changed. Reports itself skipped (77) without a GPU.
  * Usage: test_cuda_train_kernels [--small] */
-#include "gpu_util.h"
 #include "bie_train.h"
+#include "gpu_util.h"
 #ifdef BIE_TEST_CUDA_INTERNALS
 #include "train/train_cuda.h"
 #include "train/train_internal.h"
@@ -55,7 +55,8 @@ static int same_bits(const char *what, const void *a, const void *b, size_t byte
 static int equal_i32(const char *what, const int32_t *got, const int32_t *expect, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (got[i] != expect[i]) {
-            fprintf(stderr, "  %s: element %lld: %d vs %d\n", what, (long long)i, got[i], expect[i]);
+            fprintf(stderr, "  %s: element %lld: %d vs %d\n", what, (long long)i, got[i],
+                    expect[i]);
             return 0;
         }
     return 1;
@@ -63,18 +64,18 @@ static int equal_i32(const char *what, const int32_t *got, const int32_t *expect
 
 /* Two runs of a kernel: outputs poisoned before each, the second run's bits must equal the
  * first's. */
-#define TWICE(outs, nouts, launch, what)                                                       \
-    do {                                                                                       \
-        for (int rep_ = 0; rep_ < 2; rep_++) {                                                 \
-            for (int o_ = 0; o_ < (nouts); o_++)                                               \
-                if ((outs)[o_].dev) dpoison((outs)[o_].dev, (outs)[o_].bytes);                 \
-            CHECK_OK(launch);                                                                  \
-            for (int o_ = 0; o_ < (nouts); o_++)                                               \
+#define TWICE(outs, nouts, launch, what)                                                           \
+    do {                                                                                           \
+        for (int rep_ = 0; rep_ < 2; rep_++) {                                                     \
+            for (int o_ = 0; o_ < (nouts); o_++)                                                   \
+                if ((outs)[o_].dev) dpoison((outs)[o_].dev, (outs)[o_].bytes);                     \
+            CHECK_OK(launch);                                                                      \
+            for (int o_ = 0; o_ < (nouts); o_++)                                                   \
                 if ((outs)[o_].dev) dget((outs)[o_].host[rep_], (outs)[o_].dev, (outs)[o_].bytes); \
-        }                                                                                      \
-        for (int o_ = 0; o_ < (nouts); o_++)                                                   \
-            if ((outs)[o_].dev)                                                                \
-                CHECK(same_bits(what, (outs)[o_].host[0], (outs)[o_].host[1], (outs)[o_].bytes)); \
+        }                                                                                          \
+        for (int o_ = 0; o_ < (nouts); o_++)                                                       \
+            if ((outs)[o_].dev)                                                                    \
+                CHECK(same_bits(what, (outs)[o_].host[0], (outs)[o_].host[1], (outs)[o_].bytes));  \
     } while (0)
 
 typedef struct out_buf {
@@ -100,7 +101,8 @@ static void out_free(out_buf *o) {
 
 /* ---- linear */
 
-static void check_linear(int64_t m, int64_t in, int64_t out, int with_bias, int with_dx, int with_db) {
+static void check_linear(int64_t m, int64_t in, int64_t out, int with_bias, int with_dx,
+                         int with_db) {
     float *x = fvec(m * in), *w = fvec(out * in), *b = fvec(out), *dy = fvec(m * out);
     fill_signed(x, m * in);
     fill_signed(w, out * in);
@@ -113,23 +115,24 @@ static void check_linear(int64_t m, int64_t in, int64_t out, int with_bias, int 
     float *gx = dput(x, (size_t)(m * in) * 4), *gw = dput(w, (size_t)(out * in) * 4);
     float *gb = dput(b, (size_t)out * 4), *gdy = dput(dy, (size_t)(m * out) * 4);
     out_buf fo[1] = {out_make((size_t)(m * out) * 4, 1)};
-    TWICE(fo, 1, bie_cuda_linear_forward(gx, m, in, out, gw, with_bias ? gb : NULL, fo[0].dev), "linear forward");
+    TWICE(fo, 1, bie_cuda_linear_forward(gx, m, in, out, gw, with_bias ? gb : NULL, fo[0].dev),
+          "linear forward");
     int ok = compare_close("linear y", fo[0].host[0], y, m * out, 1e-5);
     out_buf bo[3] = {out_make((size_t)(m * in) * 4, with_dx), out_make((size_t)(out * in) * 4, 1),
                      out_make((size_t)out * 4, with_db)};
-    TWICE(bo, 3,
-          bie_cuda_linear_backward(gx, gdy, m, in, out, gw, bo[0].dev, bo[1].dev, bo[2].dev),
+    TWICE(bo, 3, bie_cuda_linear_backward(gx, gdy, m, in, out, gw, bo[0].dev, bo[1].dev, bo[2].dev),
           "linear backward");
     if (with_dx) ok &= compare_close("linear dx", bo[0].host[0], dx, m * in, 1e-5);
     ok &= compare_close("linear dw", bo[1].host[0], dw, out * in, 1e-5);
     if (with_db) ok &= compare_close("linear db", bo[2].host[0], db, out, 1e-5);
     CHECK(ok);
     if (!ok)
-        fprintf(stderr, "  linear m=%lld in=%lld out=%lld bias=%d dx=%d db=%d\n", (long long)m, (long long)in,
-                (long long)out, with_bias, with_dx, with_db);
+        fprintf(stderr, "  linear m=%lld in=%lld out=%lld bias=%d dx=%d db=%d\n", (long long)m,
+                (long long)in, (long long)out, with_bias, with_dx, with_db);
     out_free(&fo[0]);
     for (int i = 0; i < 3; i++) out_free(&bo[i]);
-    bie_cuda_train_free(gx), bie_cuda_train_free(gw), bie_cuda_train_free(gb), bie_cuda_train_free(gdy);
+    bie_cuda_train_free(gx), bie_cuda_train_free(gw), bie_cuda_train_free(gb),
+        bie_cuda_train_free(gdy);
     free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
 }
 
@@ -141,7 +144,8 @@ static void check_relu(int64_t n) {
     fill_signed(dy, n);
     bie_relu_forward(x, n, y);
     bie_relu_backward(y, dy, n, dx);
-    float *gx = dput(x, (size_t)n * 4), *gy = dput(y, (size_t)n * 4), *gdy = dput(dy, (size_t)n * 4);
+    float *gx = dput(x, (size_t)n * 4), *gy = dput(y, (size_t)n * 4),
+          *gdy = dput(dy, (size_t)n * 4);
     out_buf o[1] = {out_make((size_t)n * 4, 1)};
     TWICE(o, 1, bie_cuda_relu_forward(gx, n, o[0].dev), "relu forward");
     int ok = compare_exact("relu y", o[0].host[0], y, n);
@@ -162,19 +166,22 @@ static void check_prelu(int64_t outer, int64_t channels, int64_t inner, int shar
     tu_fill(sl, ns, -0.5f, 0.5f);
     bie_prelu_forward(x, outer, channels, inner, sl, ns, y);
     bie_prelu_backward(x, dy, outer, channels, inner, sl, ns, with_dx ? dx : NULL, ds);
-    float *gx = dput(x, (size_t)n * 4), *gdy = dput(dy, (size_t)n * 4), *gs = dput(sl, (size_t)ns * 4);
+    float *gx = dput(x, (size_t)n * 4), *gdy = dput(dy, (size_t)n * 4),
+          *gs = dput(sl, (size_t)ns * 4);
     out_buf fo[1] = {out_make((size_t)n * 4, 1)};
-    TWICE(fo, 1, bie_cuda_prelu_forward(gx, outer, channels, inner, gs, ns, fo[0].dev), "prelu forward");
+    TWICE(fo, 1, bie_cuda_prelu_forward(gx, outer, channels, inner, gs, ns, fo[0].dev),
+          "prelu forward");
     int ok = compare_exact("prelu y", fo[0].host[0], y, n);
     out_buf bo[2] = {out_make((size_t)n * 4, with_dx), out_make((size_t)ns * 4, 1)};
-    TWICE(bo, 2, bie_cuda_prelu_backward(gx, gdy, outer, channels, inner, gs, ns, bo[0].dev, bo[1].dev),
+    TWICE(bo, 2,
+          bie_cuda_prelu_backward(gx, gdy, outer, channels, inner, gs, ns, bo[0].dev, bo[1].dev),
           "prelu backward");
     if (with_dx) ok &= compare_exact("prelu dx", bo[0].host[0], dx, n);
     ok &= compare_close("prelu dslopes", bo[1].host[0], ds, ns, 1e-5);
     CHECK(ok);
     if (!ok)
-        fprintf(stderr, "  prelu %lld x %lld x %lld shared=%d\n", (long long)outer, (long long)channels,
-                (long long)inner, shared);
+        fprintf(stderr, "  prelu %lld x %lld x %lld shared=%d\n", (long long)outer,
+                (long long)channels, (long long)inner, shared);
     out_free(&fo[0]);
     out_free(&bo[0]), out_free(&bo[1]);
     bie_cuda_train_free(gx), bie_cuda_train_free(gdy), bie_cuda_train_free(gs);
@@ -184,7 +191,8 @@ static void check_prelu(int64_t outer, int64_t channels, int64_t inner, int shar
 /* ---- max-pool */
 
 static void check_maxpool(int64_t planes, int64_t h, int64_t w, int k, int s) {
-    const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, n = planes * h * w, no = planes * oh * ow;
+    const int64_t oh = (h - k) / s + 1, ow = (w - k) / s + 1, n = planes * h * w,
+                  no = planes * oh * ow;
     float *x = fvec(n), *dy = fvec(no), *y = fvec(no), *dx = fvec(n);
     int32_t *am = tu_alloc((size_t)no * 4);
     /* few distinct values: ties, where the first maximum must win */
@@ -203,12 +211,13 @@ static void check_maxpool(int64_t planes, int64_t h, int64_t w, int k, int s) {
           "maxpool forward (evaluation)");
     ok &= compare_exact("maxpool y (no argmax)", fo[0].host[0], y, no);
     out_buf bo[1] = {out_make((size_t)n * 4, 1)};
-    TWICE(bo, 1, bie_cuda_maxpool_backward(gdy, gam, planes, h, w, oh, ow, bo[0].dev), "maxpool backward");
+    TWICE(bo, 1, bie_cuda_maxpool_backward(gdy, gam, planes, h, w, oh, ow, bo[0].dev),
+          "maxpool backward");
     ok &= compare_exact("maxpool dx", bo[0].host[0], dx, n);
     CHECK(ok);
     if (!ok)
-        fprintf(stderr, "  maxpool planes=%lld %lldx%lld k=%d s=%d\n", (long long)planes, (long long)h,
-                (long long)w, k, s);
+        fprintf(stderr, "  maxpool planes=%lld %lldx%lld k=%d s=%d\n", (long long)planes,
+                (long long)h, (long long)w, k, s);
     out_free(&fo[0]), out_free(&fo[1]), out_free(&bo[0]);
     bie_cuda_train_free(gx), bie_cuda_train_free(gdy), bie_cuda_train_free(gam);
     free(x), free(dy), free(y), free(dx), free(am);
@@ -220,7 +229,8 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     const int64_t total = n * c * inner;
     float *x = fvec(total), *dy = fvec(total), *gamma = fvec(c), *beta = fvec(c);
     /* an offset per channel: the variance pass must not lose it */
-    for (int64_t i = 0; i < total; i++) x[i] = tu_uniform(-1.0f, 1.0f) * 2.0f + (float)((i / inner) % c % 5);
+    for (int64_t i = 0; i < total; i++)
+        x[i] = tu_uniform(-1.0f, 1.0f) * 2.0f + (float)((i / inner) % c % 5);
     fill_signed(dy, total);
     tu_fill(gamma, c, 0.5f, 1.5f);
     tu_fill(beta, c, -0.5f, 0.5f);
@@ -229,11 +239,12 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     bie_batchnorm_forward_train(x, n, c, inner, gamma, beta, eps, y, xhat, is, bm, bv);
     float *gx = dput(x, (size_t)total * 4), *gdy = dput(dy, (size_t)total * 4);
     float *gg = dput(gamma, (size_t)c * 4), *gb = dput(beta, (size_t)c * 4);
-    out_buf fo[5] = {out_make((size_t)total * 4, 1), out_make((size_t)total * 4, 1), out_make((size_t)c * 4, 1),
-                     out_make((size_t)c * 4, 1), out_make((size_t)c * 4, 1)};
+    out_buf fo[5] = {out_make((size_t)total * 4, 1), out_make((size_t)total * 4, 1),
+                     out_make((size_t)c * 4, 1), out_make((size_t)c * 4, 1),
+                     out_make((size_t)c * 4, 1)};
     TWICE(fo, 5,
-          bie_cuda_batchnorm_forward_train(gx, n, c, inner, gg, gb, eps, fo[0].dev, fo[1].dev, fo[2].dev, fo[3].dev,
-                                           fo[4].dev),
+          bie_cuda_batchnorm_forward_train(gx, n, c, inner, gg, gb, eps, fo[0].dev, fo[1].dev,
+                                           fo[2].dev, fo[3].dev, fo[4].dev),
           "batchnorm forward");
     int ok = compare_close("bn y", fo[0].host[0], y, total, 1e-5);
     ok &= compare_close("bn xhat", fo[1].host[0], xhat, total, 1e-5);
@@ -268,19 +279,26 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     float *dx = fvec(total), *dg = fvec(c), *dbt = fvec(c);
     bie_batchnorm_backward(xhat, is, dy, n, c, inner, gamma, with_dx ? dx : NULL, dg, dbt);
     float *gxh = dput(xhat, (size_t)total * 4), *gis = dput(is, (size_t)c * 4);
-    out_buf bo[3] = {out_make((size_t)total * 4, with_dx), out_make((size_t)c * 4, 1), out_make((size_t)c * 4, 1)};
-    TWICE(bo, 3, bie_cuda_batchnorm_backward(gxh, gis, gdy, n, c, inner, gg, bo[0].dev, bo[1].dev, bo[2].dev),
+    out_buf bo[3] = {out_make((size_t)total * 4, with_dx), out_make((size_t)c * 4, 1),
+                     out_make((size_t)c * 4, 1)};
+    TWICE(bo, 3,
+          bie_cuda_batchnorm_backward(gxh, gis, gdy, n, c, inner, gg, bo[0].dev, bo[1].dev,
+                                      bo[2].dev),
           "batchnorm backward");
     if (with_dx) ok &= compare_close("bn dx", bo[0].host[0], dx, total, 1e-5);
     ok &= compare_close("bn dgamma", bo[1].host[0], dg, c, 1e-5);
     ok &= compare_close("bn dbeta", bo[2].host[0], dbt, c, 1e-5);
     CHECK(ok);
-    if (!ok) fprintf(stderr, "  batchnorm n=%lld c=%lld inner=%lld\n", (long long)n, (long long)c, (long long)inner);
+    if (!ok)
+        fprintf(stderr, "  batchnorm n=%lld c=%lld inner=%lld\n", (long long)n, (long long)c,
+                (long long)inner);
     for (int i = 0; i < 5; i++) out_free(&fo[i]);
     for (int i = 0; i < 3; i++) out_free(&bo[i]);
     out_free(&eo[0]);
-    bie_cuda_train_free(gx), bie_cuda_train_free(gdy), bie_cuda_train_free(gg), bie_cuda_train_free(gb);
-    bie_cuda_train_free(gbm), bie_cuda_train_free(gbv), bie_cuda_train_free(grm), bie_cuda_train_free(grv);
+    bie_cuda_train_free(gx), bie_cuda_train_free(gdy), bie_cuda_train_free(gg),
+        bie_cuda_train_free(gb);
+    bie_cuda_train_free(gbm), bie_cuda_train_free(gbv), bie_cuda_train_free(grm),
+        bie_cuda_train_free(grv);
     bie_cuda_train_free(gxh), bie_cuda_train_free(gis);
     free(x), free(dy), free(gamma), free(beta), free(y), free(xhat), free(is), free(bm), free(bv);
     free(rm), free(rv), free(rm0), free(rv0), free(got), free(ye), free(dx), free(dg), free(dbt);
@@ -291,7 +309,8 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
 static int close_rel(const char *what, const float *got, const float *ref, int64_t n, double tol) {
     for (int64_t i = 0; i < n; i++)
         if (!(fabs((double)got[i] - ref[i]) <= tol * fabs(ref[i]) + 1e-12)) {
-            fprintf(stderr, "  %s: element %lld: %.9g vs %.9g\n", what, (long long)i, (double)got[i], (double)ref[i]);
+            fprintf(stderr, "  %s: element %lld: %.9g vs %.9g\n", what, (long long)i,
+                    (double)got[i], (double)ref[i]);
             return 0;
         }
     return 1;
@@ -300,8 +319,8 @@ static int close_rel(const char *what, const float *got, const float *ref, int64
 static void check_adam_kernel(int64_t n, int variant) {
     bie_adam_options o = bie_adam_defaults();
     o.lr = 0.01f;
-    if (variant == 1) o.weight_decay = 0.05f;                   /* Adam with L2 */
-    if (variant == 2) { /* AdamW */
+    if (variant == 1) o.weight_decay = 0.05f; /* Adam with L2 */
+    if (variant == 2) {                       /* AdamW */
         o.weight_decay = 0.1f;
         o.decoupled = true;
     }
@@ -312,7 +331,8 @@ static void check_adam_kernel(int64_t n, int variant) {
     float *gp = dput(p, (size_t)n * 4), *gm = dput(m, (size_t)n * 4), *gv = dput(v, (size_t)n * 4);
     float *gg = dput(g, (size_t)(3 * n) * 4);
     /* a second device state, stepped the same way: the two must agree bit for bit */
-    float *gp2 = dput(p, (size_t)n * 4), *gm2 = dput(m, (size_t)n * 4), *gv2 = dput(v, (size_t)n * 4);
+    float *gp2 = dput(p, (size_t)n * 4), *gm2 = dput(m, (size_t)n * 4),
+          *gv2 = dput(v, (size_t)n * 4);
     int64_t shape[1] = {n};
     bie_tensor tp, tm, tv, tg;
     CHECK_OK(bie_tensor_view(&tp, p, BIE_F32, 1, shape));
@@ -334,7 +354,8 @@ static void check_adam_kernel(int64_t n, int variant) {
     }
     CHECK(ok);
     if (!ok) fprintf(stderr, "  adam n=%lld variant %d\n", (long long)n, variant);
-    bie_cuda_train_free(gp), bie_cuda_train_free(gm), bie_cuda_train_free(gv), bie_cuda_train_free(gg);
+    bie_cuda_train_free(gp), bie_cuda_train_free(gm), bie_cuda_train_free(gv),
+        bie_cuda_train_free(gg);
     bie_cuda_train_free(gp2), bie_cuda_train_free(gm2), bie_cuda_train_free(gv2);
     free(p), free(m), free(v), free(g), free(got), free(got2);
 }
@@ -360,7 +381,8 @@ static void check_signflip_kernel(int64_t n, int int8_grad) {
     }
     int8_t *gw[2];
     float *gm[2], *gv[2];
-    for (int r = 0; r < 2; r++) gw[r] = dput(w, (size_t)n), gm[r] = dput(m, (size_t)n * 4), gv[r] = dput(v, (size_t)n * 4);
+    for (int r = 0; r < 2; r++)
+        gw[r] = dput(w, (size_t)n), gm[r] = dput(m, (size_t)n * 4), gv[r] = dput(v, (size_t)n * 4);
     int8_t *gg8 = dput(g8, (size_t)(3 * n));
     float *ggf = dput(gf, (size_t)(3 * n) * 4);
     int64_t shape[1] = {n};
@@ -374,20 +396,26 @@ static void check_signflip_kernel(int64_t n, int int8_grad) {
     int64_t total_flips = 0;
     for (int step = 0; step < 3; step++) {
         const int64_t off = step * n;
-        if (int8_grad) CHECK_OK(bie_tensor_view(&tg, g8 + off, BIE_I8, 1, shape));
-        else CHECK_OK(bie_tensor_view(&tg, gf + off, BIE_F32, 1, shape));
+        if (int8_grad)
+            CHECK_OK(bie_tensor_view(&tg, g8 + off, BIE_I8, 1, shape));
+        else
+            CHECK_OK(bie_tensor_view(&tg, gf + off, BIE_F32, 1, shape));
         int64_t flips = -1, got_flips[2] = {-2, -3};
         CHECK_OK(bie_signflip_step(&tw, &tg, &tm, &tv, lr, b1, b2, &flips));
         for (int r = 0; r < 2; r++)
-            CHECK_OK(bie_cuda_signflip_step(gw[r], int8_grad ? gg8 + off : NULL, int8_grad ? NULL : ggf + off, gm[r],
-                                            gv[r], n, lr, b1, b2, r == 0 || step == 1 ? &got_flips[r] : NULL));
-        if (got_flips[0] != flips) fprintf(stderr, "  flip count %lld vs %lld\n", (long long)got_flips[0], (long long)flips);
+            CHECK_OK(bie_cuda_signflip_step(gw[r], int8_grad ? gg8 + off : NULL,
+                                            int8_grad ? NULL : ggf + off, gm[r], gv[r], n, lr, b1,
+                                            b2, r == 0 || step == 1 ? &got_flips[r] : NULL));
+        if (got_flips[0] != flips)
+            fprintf(stderr, "  flip count %lld vs %lld\n", (long long)got_flips[0],
+                    (long long)flips);
         ok &= got_flips[0] == flips;
         if (step == 1) ok &= got_flips[1] == flips;
         total_flips += flips;
         for (int r = 0; r < 2; r++) {
             dget(gotw, gw[r], (size_t)n);
-            if (memcmp(gotw, w, (size_t)n) != 0) fprintf(stderr, "  signflip weights differ (run %d)\n", r);
+            if (memcmp(gotw, w, (size_t)n) != 0)
+                fprintf(stderr, "  signflip weights differ (run %d)\n", r);
             ok &= memcmp(gotw, w, (size_t)n) == 0;
             dget(got, gm[r], (size_t)n * 4);
             ok &= compare_exact("signflip m", got, m, n);
@@ -398,7 +426,8 @@ static void check_signflip_kernel(int64_t n, int int8_grad) {
     if (n >= 100) CHECK(total_flips > 0); /* the data must exercise flips */
     CHECK(ok);
     if (!ok) fprintf(stderr, "  signflip n=%lld int8 grad=%d\n", (long long)n, int8_grad);
-    for (int r = 0; r < 2; r++) bie_cuda_train_free(gw[r]), bie_cuda_train_free(gm[r]), bie_cuda_train_free(gv[r]);
+    for (int r = 0; r < 2; r++)
+        bie_cuda_train_free(gw[r]), bie_cuda_train_free(gm[r]), bie_cuda_train_free(gv[r]);
     bie_cuda_train_free(gg8), bie_cuda_train_free(ggf);
     free(w), free(g8), free(gf), free(m), free(v), free(gotw), free(got);
 }
@@ -462,11 +491,13 @@ static void check_public_adam(int64_t n) {
         CHECK_OK(bie_cuda_synchronize());
         to_host(got, &dp);
         int ok = 1;
-        for (int64_t i = 0; i < n; i++) ok &= fabs((double)got[i] - p[i]) <= 1e-6 * fabs(p[i]) + 1e-12;
+        for (int64_t i = 0; i < n; i++)
+            ok &= fabs((double)got[i] - p[i]) <= 1e-6 * fabs(p[i]) + 1e-12;
         CHECK(ok);
         to_host(got, &dv);
         ok = 1;
-        for (int64_t i = 0; i < n; i++) ok &= fabs((double)got[i] - v[i]) <= 1e-6 * fabs(v[i]) + 1e-12;
+        for (int64_t i = 0; i < n; i++)
+            ok &= fabs((double)got[i] - v[i]) <= 1e-6 * fabs(v[i]) + 1e-12;
         CHECK(ok);
     }
     bie_tensor_free(&dp), bie_tensor_free(&dg), bie_tensor_free(&dm), bie_tensor_free(&dv);
@@ -507,7 +538,8 @@ static void check_public_signflip(int64_t n) {
     for (int step = 0; step < 2; step++) {
         int64_t cpu_flips = -1, gpu_flips = -2;
         CHECK_OK(bie_signflip_step(&hw, &hg, &hm, &hv, 0.01f, 0.9f, 0.99f, &cpu_flips));
-        CHECK_OK(bie_signflip_step(&dw, &dg, &dm, &dv, 0.01f, 0.9f, 0.99f, step ? &gpu_flips : NULL));
+        CHECK_OK(
+            bie_signflip_step(&dw, &dg, &dm, &dv, 0.01f, 0.9f, 0.99f, step ? &gpu_flips : NULL));
         CHECK_OK(bie_cuda_synchronize());
         if (step) CHECK(gpu_flips == cpu_flips);
         to_host(gotw, &dw);
@@ -525,9 +557,9 @@ int main(int argc, char **argv) {
     if (gpu_missing()) return TU_SKIP;
     tu_seed(2024);
 #ifdef BIE_TEST_CUDA_INTERNALS
-    const int64_t lin[][3] = {{1, 1, 1},    {1, 7, 3},     {2, 5, 1},      {3, 1, 4},      {17, 33, 9},
-                              {64, 100, 10}, {5, 257, 129}, {1, 1000, 1},   {128, 784, 256}, {256, 512, 513},
-                              {1000, 3, 7}};
+    const int64_t lin[][3] = {{1, 1, 1},       {1, 7, 3},       {2, 5, 1},     {3, 1, 4},
+                              {17, 33, 9},     {64, 100, 10},   {5, 257, 129}, {1, 1000, 1},
+                              {128, 784, 256}, {256, 512, 513}, {1000, 3, 7}};
     const size_t nlin = small ? 4 : sizeof lin / sizeof lin[0];
     for (size_t i = 0; i < nlin; i++)
         for (int variant = 0; variant < 3; variant++)
@@ -536,21 +568,24 @@ int main(int argc, char **argv) {
     const int64_t relu_n[] = {1, 7, 1000, 65537, (1 << 20) + 3};
     for (size_t i = 0; i < (small ? 3 : 5); i++) check_relu(relu_n[i]);
 
-    const int64_t pre[][3] = {{1, 1, 1}, {2, 3, 5}, {1, 16, 1}, {7, 5, 13}, {32, 64, 64}, {3, 1, 1000},
-                              {8, 4, 8192}, {2, 600, 3}, {64, 3, 4096}};
+    const int64_t pre[][3] = {{1, 1, 1},    {2, 3, 5},    {1, 16, 1},  {7, 5, 13},   {32, 64, 64},
+                              {3, 1, 1000}, {8, 4, 8192}, {2, 600, 3}, {64, 3, 4096}};
     const size_t npre = small ? 4 : sizeof pre / sizeof pre[0];
     for (size_t i = 0; i < npre; i++)
-        for (int shared = 0; shared < 2; shared++) check_prelu(pre[i][0], pre[i][1], pre[i][2], shared, !shared || i % 2);
+        for (int shared = 0; shared < 2; shared++)
+            check_prelu(pre[i][0], pre[i][1], pre[i][2], shared, !shared || i % 2);
 
-    const int64_t pool[][5] = {{1, 1, 1, 1, 1}, {1, 2, 2, 2, 2},  {3, 5, 7, 2, 2},  {2, 7, 7, 3, 1},
-                               {5, 9, 8, 3, 2}, {64, 32, 32, 2, 2}, {4, 33, 17, 3, 2}, {1, 40, 40, 5, 3},
-                               {2, 9, 9, 2, 3}, {33, 70, 70, 3, 1}, {512, 16, 16, 2, 2}};
+    const int64_t pool[][5] = {{1, 1, 1, 1, 1},    {1, 2, 2, 2, 2},    {3, 5, 7, 2, 2},
+                               {2, 7, 7, 3, 1},    {5, 9, 8, 3, 2},    {64, 32, 32, 2, 2},
+                               {4, 33, 17, 3, 2},  {1, 40, 40, 5, 3},  {2, 9, 9, 2, 3},
+                               {33, 70, 70, 3, 1}, {512, 16, 16, 2, 2}};
     const size_t npool = small ? 5 : sizeof pool / sizeof pool[0];
-    for (size_t i = 0; i < npool; i++) check_maxpool(pool[i][0], pool[i][1], pool[i][2], (int)pool[i][3], (int)pool[i][4]);
+    for (size_t i = 0; i < npool; i++)
+        check_maxpool(pool[i][0], pool[i][1], pool[i][2], (int)pool[i][3], (int)pool[i][4]);
 
-    const int64_t bn[][3] = {{2, 1, 1},    {2, 3, 1},     {1, 3, 5},     {1, 4, 1},     {2, 5, 7},
-                             {3, 17, 1},   {8, 16, 64},   {2, 600, 1},   {32, 8, 1024}, {128, 3, 1024},
-                             {256, 513, 1}, {2, 70000, 1}};
+    const int64_t bn[][3] = {{2, 1, 1},     {2, 3, 1},      {1, 3, 5},     {1, 4, 1},
+                             {2, 5, 7},     {3, 17, 1},     {8, 16, 64},   {2, 600, 1},
+                             {32, 8, 1024}, {128, 3, 1024}, {256, 513, 1}, {2, 70000, 1}};
     const size_t nbn = small ? 5 : sizeof bn / sizeof bn[0];
     for (size_t i = 0; i < nbn; i++) check_batchnorm(bn[i][0], bn[i][1], bn[i][2], i % 3 != 2);
 
