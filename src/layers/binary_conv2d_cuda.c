@@ -15,7 +15,6 @@
 struct bie_bc_cuda {
     bie_cuda_bw d;           /* weight, bias_a, scalars, gradients */
     bie_conv_geom g;   /* of the last forward */
-    int64_t ld;              /* GEMM row bytes: k k taps of cw words, padded to 64 bytes */
     /* Weight rows in the GEMM layout with popcounts and per-tap sums: packed by every
      * training forward (the optimizer may have changed the weight), or kept for inference
      * while wversion == d.version. */
@@ -49,10 +48,10 @@ static bie_status init(bie_layer *l) {
     const int64_t cw = (l->in + 31) / 32;
     /* Rows padded to 64 bytes only (not BIE_CUDA_ROW_ALIGN): for 256 channels and 3x3 taps
      * that is 320 bytes instead of 512, and the kernels with 64-byte k blocks run them. */
-    c->ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
-    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), MODULE, "weight bits");
+    c->d.ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
+    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
     if (st == BIE_OK)
-        st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->ld)) * sizeof(int), MODULE, "weight bits");
+        st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->d.ld)) * sizeof(int), MODULE, "weight bits");
     if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int), MODULE, "weight bits");
     if (st != BIE_OK) release(l);
     return st;
@@ -155,11 +154,11 @@ static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g) {
     c->corr_valid = false;
     if (!l->training && c->d.qweight)
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(l->fan_in, l->w.word_bits),
-                                          g, c->ld, c->wbits, c->wpopc, c->tapsum));
+                                          g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
     else if (c->d.w_i8)
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->ld, c->wbits, c->wpopc, c->tapsum));
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
     else
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->ld, c->wbits, c->wpopc, c->tapsum));
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
     c->w_inference = !l->training;
     c->wversion = c->d.version;
     return BIE_OK;
@@ -201,7 +200,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
     int64_t words, cols_bytes;
     /* The kernels index in 32 bits within an image and over rows; grid extents cap n and cw. */
-    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->ld, &cols_bytes) || rows > INT32_MAX ||
+    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->d.ld, &cols_bytes) || rows > INT32_MAX ||
         g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 || g.o * l->fan_in > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
@@ -224,7 +223,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
      * training forward keeps the sign and mask words for the backward). */
     if (!keep && l->kernel_id < 0) {
         bool ran = false;
-        BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->ld, c->wpopc, classes,
+        BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->d.ld, c->wpopc, classes,
                                     scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data, &conv, &c->fimg,
                                     &ran));
         if (ran) return finish_forward(l, &g, keep);
@@ -236,7 +235,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
      * weights too large for shared memory) takes the im2col path. */
     const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g, classes) : 0;
     if (bn > 0) {
-        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->ld, c->wpopc, bn, classes, scalars + BIE_CBW_SCALE_A,
+        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->d.ld, c->wpopc, bn, classes, scalars + BIE_CBW_SCALE_A,
                                        scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv));
         return finish_forward(l, &g, keep);
     }
@@ -246,9 +245,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
                             MODULE, "im2col workspace"));
     int *cpopc = (int *)(cols + cols_bytes);
-    bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->ld, cols, cpopc);
+    bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->d.ld, cols, cpopc);
     if (st == BIE_OK)
-        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->ld, cpopc, 1, c->wpopc,
+        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->d.ld, cpopc, 1, c->wpopc,
                                    0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
                                    out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
@@ -275,7 +274,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_bconv_backward_args a = {
         .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
-        .wbits = c->wbits, .ld = c->ld, .signs = c->signs, .mask = c->mask,
+        .wbits = c->wbits, .ld = c->d.ld, .signs = c->signs, .mask = c->mask,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_w_i8 = c->d.g_w_i8,
         .grad_bias = c->d.g_bias, .grad_scale_a = c->d.g_scale,
     };
@@ -286,15 +285,6 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 /* ---------------------------------------------------------------- kernel selection */
 
-static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
-    return bie_cbw_check_kernel(id, CU(l)->ld, who);
-}
-
-static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const bie_conv_geom g = bie_layer_conv_geom(l, x);
-    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, g.n * g.oh * g.ow, l->out, l->fan_in, CU(l)->ld, id);
-}
-
 const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .init = init,
@@ -303,6 +293,6 @@ const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
-    .check_kernel = check_kernel,
-    .select_kernel = select_kernel,
+    .check_kernel = bie_cuda_check_kernel,
+    .select_kernel = bie_cuda_select_kernel,
 };

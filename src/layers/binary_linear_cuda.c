@@ -16,7 +16,6 @@
 
 struct bie_bl_cuda {
     bie_cuda_bw d;  /* weight, bias_a, scalars, gradients */
-    int64_t ld;     /* GEMM-layout row bytes for in_features bits */
     int parts;      /* popcount slices per row */
     /* The packed weight in the GEMM layout for inference (from qweight, or from the training
      * weight), built on first use; valid while qversion == d.version. */
@@ -43,9 +42,9 @@ static void release(bie_layer *l);
 static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_bl_cuda), MODULE));
     struct bie_bl_cuda *c = CU(l);
-    c->ld = bie_cuda_row_stride(l->in);
-    c->parts = bie_cuda_popc_parts(c->ld);
-    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->ld), MODULE, "weight bits");
+    c->d.ld = bie_cuda_row_stride(l->in);
+    c->parts = bie_cuda_popc_parts(c->d.ld);
+    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
     if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits");
     if (st != BIE_OK) release(l);
     return st;
@@ -77,10 +76,10 @@ static bie_status reserve_activations(bie_layer *l, int64_t m) {
     if (m <= c->a_cap) return BIE_OK;
     l->has_saved = false;
     free_activations(c);
-    BIE_TRY(bie_cbw_alloc((void **)&c->abits, (size_t)(m * c->ld), MODULE, "packed activations"));
-    BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)(m * c->ld), MODULE, "activation mask"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->abits, (size_t)(m * c->d.ld), MODULE, "packed activations"));
+    BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)(m * c->d.ld), MODULE, "activation mask"));
     /* Popcount slices: c->parts per row, or finer ones for up to 16 rows (see pack_act). */
-    const size_t counts = (size_t)(m * c->parts + 16 * bie_cuda_act_popc_parts(1, c->ld));
+    const size_t counts = (size_t)(m * c->parts + 16 * bie_cuda_act_popc_parts(1, c->d.ld));
     BIE_TRY(bie_cbw_alloc((void **)&c->apopc, counts * sizeof(int), MODULE, "activation counts"));
     c->a_cap = m;
     return BIE_OK;
@@ -103,7 +102,7 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     int *dst_popc = c->wpopc;
     if (!training) {
         if (c->qbits == NULL) {
-            BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->ld), MODULE, "weight bits"));
+            BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits"));
             if (bie_cbw_alloc((void **)&c->qpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits") != BIE_OK) {
                 BIE_DEV_FREE(c->qbits);
                 return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", MODULE);
@@ -114,9 +113,9 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     }
     if (!training && c->d.qweight)
         BIE_TRY(bie_cuda_repack_rows(c->d.qweight, bie_packed_row_bytes(l->in, l->w.word_bits), l->out,
-                                     l->in, c->ld, dst, dst_popc));
-    else if (c->d.w_i8) BIE_TRY(bie_cuda_pack_weight(BIE_I8, c->d.w_i8, l->out, l->in, c->ld, dst, dst_popc));
-    else BIE_TRY(bie_cuda_pack_weight(BIE_F32, c->d.w_f32, l->out, l->in, c->ld, dst, dst_popc));
+                                     l->in, c->d.ld, dst, dst_popc));
+    else if (c->d.w_i8) BIE_TRY(bie_cuda_pack_weight(BIE_I8, c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc));
+    else BIE_TRY(bie_cuda_pack_weight(BIE_F32, c->d.w_f32, l->out, l->in, c->d.ld, dst, dst_popc));
     if (!training) c->qversion = c->d.version;
     *bits = dst;
     *popc = dst_popc;
@@ -144,17 +143,17 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     float *scalars = c->d.scalars;
     if (packed_input) {
         BIE_TRY(bie_cuda_repack_rows(x->data, bie_packed_row_bytes(l->in, l->w.word_bits), m, l->in,
-                                     c->ld, c->abits, c->apopc));
+                                     c->d.ld, c->abits, c->apopc));
     } else {
         BIE_TRY(bie_cuda_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
                                   scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
-                                  c->ld, c->abits, keep ? c->amask : NULL, c->apopc));
+                                  c->d.ld, c->abits, keep ? c->amask : NULL, c->apopc));
     }
     const uint8_t *wbits = NULL;
     const int *wpopc = NULL;
     BIE_TRY(forward_weight(l, &wbits, &wpopc));
-    const int parts_a = packed_input ? c->parts : bie_cuda_act_popc_parts(m, c->ld);
-    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->ld, c->apopc, parts_a,
+    const int parts_a = packed_input ? c->parts : bie_cuda_act_popc_parts(m, c->d.ld);
+    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->d.ld, c->apopc, parts_a,
                                   wpopc, 0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
                                   out->data, NULL));
     if (keep) {
@@ -185,7 +184,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
                         (long long)l->saved_m);
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_bl_backward_args a = {
-        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->ld,
+        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->d.ld,
         .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL, .wbits = c->wbits,
         .signs = c->abits, .mask = c->amask, .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
         .grad_w = c->d.g_w, .grad_w_i8 = c->d.g_w_i8, .grad_bias = c->d.g_bias, .grad_scale_a = c->d.g_scale,
@@ -198,15 +197,6 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 /* ---------------------------------------------------------------- kernel selection */
 
 
-static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
-    return bie_cbw_check_kernel(id, CU(l)->ld, who);
-}
-
-static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
-    return bie_cbw_select_kernel(BIE_OP_BINARY_GEMM, m, l->out, l->in, CU(l)->ld, id);
-}
-
 const bie_layer_ops bie_binary_linear_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .init = init,
@@ -215,6 +205,6 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
-    .check_kernel = check_kernel,
-    .select_kernel = select_kernel,
+    .check_kernel = bie_cuda_check_kernel,
+    .select_kernel = bie_cuda_select_kernel,
 };

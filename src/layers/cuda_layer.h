@@ -20,6 +20,7 @@ enum { BIE_CBW_SCALE_A = 0, BIE_CBW_SCALE_W = 1, BIE_CBW_SAVED_SCALES = 2 };
 typedef struct bie_cuda_bw {
     int device;
     int64_t rows, cols, bias_len;
+    int64_t ld; /* the kind's GEMM-layout row bytes (set by its init) */
     const char *module;
     float *w_f32;      /* float training weight, or NULL */
     int8_t *w_i8;      /* int8 training weight (binary layers after prepare_params), or NULL */

@@ -15,6 +15,9 @@ extern const bie_layer_ops bie_q4_linear_cuda_ops, bie_q4_conv2d_cuda_ops;
 bie_status bie_cuda_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
                               const char *who, bie_tensor *host);
 bie_status bie_cuda_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
+/* The ops tables' kernel choice on CUDA (the kind's op, rows of the device state's ld). */
+bie_status bie_cuda_check_kernel(const bie_layer *l, int id, const char *who);
+bie_status bie_cuda_select_kernel(bie_layer *l, const bie_tensor *x, int *id);
 /* scale_a = factor * mean|x| on the device when it is still 0 (the kind's factor). */
 bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who);
 

@@ -20,7 +20,6 @@
 struct bie_q4c_cuda {
     bie_cuda_bw d;         /* weight, bias_a, scalars, gradients */
     bie_conv_geom g; /* of the last forward */
-    int64_t ld;            /* GEMM-layout row bytes for in_c k k codes */
     /* Weight codes in the GEMM layout (rows in the weight's [c, i, j] order): of the last
      * forward that read the float weight (kept for the backward), and the inference cache
      * built from qweight, valid while qversion == d.version. */
@@ -49,8 +48,8 @@ static void release(bie_layer *l);
 static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4c_cuda), MODULE));
     struct bie_q4c_cuda *c = CU(l);
-    c->ld = bie_cuda_q4_row_stride(l->fan_in);
-    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), MODULE, "weight codes");
+    c->d.ld = bie_cuda_q4_row_stride(l->fan_in);
+    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -65,10 +64,6 @@ static void release(bie_layer *l) {
     bie_cbw_free_ptr(c->mask);
     bie_cbw_free_ptr(c->resid);
     bie_cuda_layer_state_free(l);
-}
-
-static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
-    return bie_cq4w_check_kernel(id, l->fan_in, who);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -103,13 +98,13 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
     struct bie_q4c_cuda *c = CU(l);
     const int64_t K = l->fan_in;
     if (l->training || c->d.qweight == NULL) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W, c->ld, c->wcodes));
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W, c->d.ld, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), MODULE, "weight codes"));
-        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, K, c->ld, c->qcodes));
+        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes"));
+        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, K, c->d.ld, c->qcodes));
         c->qversion = c->d.version;
     }
     *codes = c->qcodes;
@@ -132,7 +127,7 @@ static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8
             BIE_TRY(bie_cbw_alloc((void **)&c->wtaps,
                               (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), MODULE, "weight taps"));
         c->taps_cached = false;
-        BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->ld, g, c->wtaps));
+        BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->d.ld, g, c->wtaps));
         c->taps_cached = cache;
         c->tversion = c->d.version;
     }
@@ -167,10 +162,10 @@ static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uin
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;
     BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
-    bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->ld, cols);
+    bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->d.ld, cols);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     if (st == BIE_OK)
-        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols, wcodes, c->ld, 0.0f,
+        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols, wcodes, c->d.ld, 0.0f,
                                     c->d.scalars + BIE_CBW_SCALE_A, c->d.scalars + BIE_CBW_SCALE_W, l->dtype,
                                     out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
@@ -189,7 +184,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t rows = g.n * g.oh * g.ow, n_in = bie_tensor_numel(x);
     int64_t cols_bytes;
     /* The GEMM and the backward's BLAS index rows in 32 bits. */
-    if (rows > INT32_MAX || !bie_mul_ok(rows, c->ld, &cols_bytes) || g.h * g.w > INT32_MAX ||
+    if (rows > INT32_MAX || !bie_mul_ok(rows, c->d.ld, &cols_bytes) || g.h * g.w > INT32_MAX ||
         g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     const bool keep = l->training, implicit = use_implicit(l, &g);
@@ -232,18 +227,13 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_q4conv_backward_args a = {
         .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
-        .wcodes = c->wcodes, .ld = c->ld, .codes = c->codes, .mask = c->mask, .resid = c->resid,
+        .wcodes = c->wcodes, .ld = c->d.ld, .codes = c->codes, .mask = c->mask, .resid = c->resid,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_q4_conv2d_backward(&a));
     c->d.has_grads = true;
     return BIE_OK;
-}
-
-static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const bie_conv_geom g = bie_layer_conv_geom(l, x);
-    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, g.n * g.oh * g.ow, l->out, l->fan_in, CU(l)->ld, id);
 }
 
 const bie_layer_ops bie_q4_conv2d_cuda_ops = {
@@ -254,6 +244,6 @@ const bie_layer_ops bie_q4_conv2d_cuda_ops = {
     .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
-    .check_kernel = check_kernel,
-    .select_kernel = select_kernel,
+    .check_kernel = bie_cuda_check_kernel,
+    .select_kernel = bie_cuda_select_kernel,
 };

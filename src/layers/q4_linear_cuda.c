@@ -16,7 +16,6 @@
 
 struct bie_q4l_cuda {
     bie_cuda_bw d;  /* weight, bias_a, scalars, gradients */
-    int64_t ld;     /* GEMM-layout row bytes for in_features codes */
     /* Weight codes in the GEMM layout: of the last forward that read the float weight (a
      * training forward keeps them for the backward), and the inference cache built from
      * qweight, valid while qversion == d.version. */
@@ -40,8 +39,8 @@ static void release(bie_layer *l);
 static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4l_cuda), MODULE));
     struct bie_q4l_cuda *c = CU(l);
-    c->ld = bie_cuda_q4_row_stride(l->in);
-    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld), MODULE, "weight codes");
+    c->d.ld = bie_cuda_q4_row_stride(l->in);
+    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -57,10 +56,6 @@ static void release(bie_layer *l) {
     bie_cuda_layer_state_free(l);
 }
 
-static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
-    return bie_cq4w_check_kernel(id, l->in, who);
-}
-
 /* ---------------------------------------------------------------- forward */
 
 /* Room for the activations of m rows (contents are not kept); with `keep`, also for the
@@ -71,7 +66,7 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
         l->has_saved = false;
         BIE_DEV_FREE(c->acodes);
         c->a_cap = 0;
-        BIE_TRY(bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->ld), MODULE, "activation codes"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->d.ld), MODULE, "activation codes"));
         c->a_cap = m;
     }
     if (keep && m > c->s_cap) {
@@ -94,14 +89,14 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
     struct bie_q4l_cuda *c = CU(l);
     const bool from_q = !l->training && c->d.qweight;
     if (!from_q) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W, c->ld,
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W, c->d.ld,
                                         c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->ld), MODULE, "weight codes"));
-        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, l->in, c->ld, c->qcodes));
+        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes"));
+        BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, l->in, c->d.ld, c->qcodes));
         c->qversion = c->d.version;
     }
     *codes = c->qcodes;
@@ -117,19 +112,19 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t m = bie_tensor_numel(x) / l->in;
     int64_t bytes;
     /* The GEMM indexes rows in 32 bits, the backward's BLAS too. */
-    if (m > INT32_MAX || !bie_mul_ok(m, c->ld, &bytes))
+    if (m > INT32_MAX || !bie_mul_ok(m, c->d.ld, &bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who, (long long)m);
     const bool keep = l->training;
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, m, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->ld,
+    BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->d.ld,
                                  c->acodes, keep ? c->amask : NULL, keep ? c->aresid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
-    BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->ld, 0.0f,
+    BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld, 0.0f,
                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data,
                                    NULL));
     if (keep) {
@@ -156,7 +151,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     if (grad_x) BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_q4l_backward_args a = {
-        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->ld,
+        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->d.ld,
         .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL, .wcodes = c->wcodes,
         .xcodes = c->acodes, .mask = c->amask, .resid = c->aresid,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_bias = c->d.g_bias,
@@ -167,11 +162,6 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     return BIE_OK;
 }
 
-static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
-    const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
-    return bie_cbw_select_kernel(BIE_OP_Q4_GEMM, m, l->out, l->in, CU(l)->ld, id);
-}
-
 const bie_layer_ops bie_q4_linear_cuda_ops = {
     .weight = &bie_q4_weight_cuda_ops,
     .init = init,
@@ -180,6 +170,6 @@ const bie_layer_ops bie_q4_linear_cuda_ops = {
     .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
-    .check_kernel = check_kernel,
-    .select_kernel = select_kernel,
+    .check_kernel = bie_cuda_check_kernel,
+    .select_kernel = bie_cuda_select_kernel,
 };

@@ -112,3 +112,21 @@ const bie_weight_ops bie_q4_weight_cuda_ops = {
     .grad = grad,
     .set_scale_a = set_scale_a,
 };
+
+/* ---------------------------------------------------------------- kernel choice */
+
+bie_status bie_cuda_check_kernel(const bie_layer *l, int id, const char *who) {
+    if (l->kind->op == BIE_OP_Q4_GEMM) return bie_cq4w_check_kernel(id, l->fan_in, who);
+    return bie_cbw_check_kernel(id, dev(l)->ld, who);
+}
+
+bie_status bie_cuda_select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+    int64_t m; /* the GEMM's rows: input rows, or every output pixel of the batch */
+    if (l->kind->conv) {
+        const bie_conv_geom g = bie_layer_conv_geom(l, x);
+        m = g.n * g.oh * g.ow;
+    } else {
+        m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
+    }
+    return bie_cbw_select_kernel(l->kind->op, m, l->out, l->fan_in, dev(l)->ld, id);
+}
