@@ -267,10 +267,7 @@ done:
 
 const bie_layer_ops bie_binary_conv2d_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
-    .on_device = bie_cpu_on_device,
-    .activate = bie_cpu_activate,
+    .device = &bie_cpu_device_ops,
     .forward = forward,
     .backward = bie_bc_cpu_backward,
-    .check_kernel = bie_layer_check_cpu_kernel,
-    .select_kernel = bie_cpu_select_kernel,
 };

@@ -103,10 +103,7 @@ fail:
 
 const bie_layer_ops bie_binary_linear_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
-    .on_device = bie_cpu_on_device,
-    .activate = bie_cpu_activate,
+    .device = &bie_cpu_device_ops,
     .forward = forward,
     .backward = bie_bl_cpu_backward,
-    .check_kernel = bie_layer_check_cpu_kernel,
-    .select_kernel = bie_cpu_select_kernel,
 };

@@ -201,7 +201,7 @@ bie_status bie_layer_check_rows(const bie_layer *l, const bie_tensor *t, const c
                                 const char *who) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
     bie_tensor host;
-    BIE_TRY(l->ops->on_device(l, t, what, who, &host));
+    BIE_TRY(l->ops->device->on_device(l, t, what, who, &host));
     return bie_check_rows_tensor(&host, what, dtype, last, like, who);
 }
 
@@ -307,7 +307,7 @@ bie_status bie_layer_set_scale_a(bie_layer *l, float scale_a) {
 static bie_status check_float_input(const bie_layer *l, const bie_tensor *x, const char *who) {
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     bie_tensor h;
-    BIE_TRY(l->ops->on_device(l, x, "input", who, &h));
+    BIE_TRY(l->ops->device->on_device(l, x, "input", who, &h));
     if (l->kind->conv)
         return bie_conv_check_input_as(&h, l->dtype, l->in, l->k, l->stride, l->padding,
                                        l->dilation, who);
@@ -324,7 +324,7 @@ bie_status bie_layer_check_forward(const bie_layer *l, const bie_tensor *x) {
     const bool packed = x && (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64);
     if (!packed || !l->kind->packed_input) return check_float_input(l, x, who);
     bie_tensor h;
-    BIE_TRY(l->ops->on_device(l, x, "packed input", who, &h));
+    BIE_TRY(l->ops->device->on_device(l, x, "packed input", who, &h));
     const bie_dtype word = bie_bw_word_dtype(l->w.word_bits);
     if (x->dtype != word)
         return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)", who,
@@ -377,12 +377,12 @@ bie_status bie_layer_set_activation(bie_layer *l, const bie_tensor *x, bie_tenso
     BIE_TRY(check_float_input(l, x, who));
     if (x_out)
         BIE_TRY(bie_layer_check_rows(l, x_out, "output", l->dtype, x->shape[x->ndim - 1], x, who));
-    return l->ops->activate(l, x, x_out, who);
+    return l->ops->device->activate(l, x, x_out, who);
 }
 
 bie_status bie_layer_set_gemm_kernel(bie_layer *l, int id) {
     CHECK_LAYER(l);
-    if (id != -1) BIE_TRY(l->ops->check_kernel(l, id, "set_gemm_kernel"));
+    if (id != -1) BIE_TRY(l->ops->device->check_kernel(l, id, "set_gemm_kernel"));
     l->kernel_id = id;
     return BIE_OK;
 }
@@ -390,7 +390,7 @@ bie_status bie_layer_set_gemm_kernel(bie_layer *l, int id) {
 bie_status bie_layer_select_gemm_kernel(bie_layer *l, const bie_tensor *x) {
     BIE_TRY(bie_layer_check_forward(l, x));
     int id = -1;
-    BIE_TRY(l->ops->select_kernel(l, x, &id));
+    BIE_TRY(l->ops->device->select_kernel(l, x, &id));
     l->kernel_id = id;
     return BIE_OK;
 }

@@ -86,21 +86,28 @@ typedef struct bie_weight_ops {
     bie_status (*set_scale_a)(bie_layer *l, float scale_a);
 } bie_weight_ops;
 
-/* What differs by kind and device. */
-struct bie_layer_ops {
-    const bie_weight_ops *weight;
-    bie_status (*init)(bie_layer *l); /* device state (NULL: none) */
-    void (*release)(bie_layer *l);    /* NULL: none */
+/* What every kind shares on one device (start from these; a kind overrides nothing here). */
+typedef struct bie_device_ops {
     /* t (not NULL) is on the layer's device; *host is t marked as a CPU tensor, for the
      * shape and dtype checks (not to be dereferenced on other devices). */
     bie_status (*on_device)(const bie_layer *l, const bie_tensor *t, const char *what,
                             const char *who, bie_tensor *host);
     /* set_activation on checked tensors: scale_a from x when 0, x_out = x + bias_a. */
     bie_status (*activate)(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
+    /* A kernel of the layer's op that this device can run for the layer (id >= 0). */
+    bie_status (*check_kernel)(const bie_layer *l, int id, const char *who);
+    /* The fastest kernel of the layer's op on x's GEMM shape, timed. */
+    bie_status (*select_kernel)(bie_layer *l, const bie_tensor *x, int *id);
+} bie_device_ops;
+
+/* What differs by kind and device. */
+struct bie_layer_ops {
+    const bie_weight_ops *weight;
+    const bie_device_ops *device;
+    bie_status (*init)(bie_layer *l); /* device state (NULL: none) */
+    void (*release)(bie_layer *l);    /* NULL: none */
     bie_status (*forward)(bie_layer *l, const bie_tensor *x, bie_tensor *out);
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
-    bie_status (*check_kernel)(const bie_layer *l, int id, const char *who);
-    bie_status (*select_kernel)(bie_layer *l, const bie_tensor *x, int *id);
 };
 
 /* The ops tables of each kind on each device. */
@@ -110,8 +117,9 @@ extern const bie_layer_ops bie_q4_linear_cpu_ops, bie_q4_conv2d_cpu_ops;
  * such device. */
 const bie_layer_ops *bie_layer_ops_for(bie_layer_kind kind, bie_device_type device);
 
-/* The CPU's weight operations of each format. */
+/* The CPU's weight operations of each format, and what every kind shares on the CPU. */
 extern const bie_weight_ops bie_binary_weight_cpu_ops, bie_q4_weight_cpu_ops;
+extern const bie_device_ops bie_cpu_device_ops;
 
 /* A tensor on the layer's device of `dtype` whose last extent is `last` and whose leading
  * extents equal those of `like` (any when NULL). */
@@ -128,7 +136,5 @@ bie_conv_geom bie_layer_conv_geom(const bie_layer *l, const bie_tensor *x);
 /* scale_a the next forward uses: the stored one, or factor * mean|x| from host data. */
 bie_status bie_layer_activation_scale(const bie_layer *l, const bie_tensor *x, float *scale);
 double bie_layer_scale_a_factor(const bie_layer *l);
-/* A kernel id the CPU can run for the layer's op (id -1 = default). */
-bie_status bie_layer_check_cpu_kernel(const bie_layer *l, int id, const char *who);
 
 #endif

@@ -6,8 +6,8 @@
 #include "../cpu/dispatch.h"
 #include "layer_cpu.h"
 
-bie_status bie_cpu_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
-                             const char *who, bie_tensor *host) {
+static bie_status on_device(const bie_layer *l, const bie_tensor *t, const char *what,
+                           const char *who, bie_tensor *host) {
     (void)l;
     if (t->device.type != BIE_DEVICE_CPU)
         return bie_fail(BIE_ERR_DEVICE, "%s: %s is not on the CPU", who, what);
@@ -15,7 +15,7 @@ bie_status bie_cpu_on_device(const bie_layer *l, const bie_tensor *t, const char
     return BIE_OK;
 }
 
-bie_status bie_cpu_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
+static bie_status activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
     (void)who;
     float scale = 0;
     BIE_TRY(bie_layer_activation_scale(l, x, &scale));
@@ -29,7 +29,7 @@ bie_status bie_cpu_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out
     return BIE_OK;
 }
 
-bie_status bie_layer_check_cpu_kernel(const bie_layer *l, int id, const char *who) {
+static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
     const bie_cpu_kernel *kern = bie_cpu_kernel_by_id(id);
     const char *op = l->kind->op == BIE_OP_BINARY_GEMM ? "binary" : "4-bit";
     bie_kernel_info info;
@@ -117,7 +117,7 @@ done:
     return st;
 }
 
-bie_status bie_cpu_select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
+static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
     int64_t m, n;
     if (l->kind->conv) { /* the conv's GEMM: weights (out_c rows) against one image's pixels */
         const bie_conv_geom g = bie_layer_conv_geom(l, x);
@@ -129,3 +129,10 @@ bie_status bie_cpu_select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
     }
     return select_for_shape(l->kind->op, m, n, l->fan_in, id);
 }
+
+const bie_device_ops bie_cpu_device_ops = {
+    .on_device = on_device,
+    .activate = activate,
+    .check_kernel = check_kernel,
+    .select_kernel = select_kernel,
+};

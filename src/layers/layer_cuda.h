@@ -11,13 +11,8 @@ extern const bie_weight_ops bie_binary_weight_cuda_ops, bie_q4_weight_cuda_ops;
 extern const bie_layer_ops bie_binary_linear_cuda_ops, bie_binary_conv2d_cuda_ops;
 extern const bie_layer_ops bie_q4_linear_cuda_ops, bie_q4_conv2d_cuda_ops;
 
-/* The ops tables' on_device and activate on CUDA. */
-bie_status bie_cuda_on_device(const bie_layer *l, const bie_tensor *t, const char *what,
-                              const char *who, bie_tensor *host);
-bie_status bie_cuda_activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who);
-/* The ops tables' kernel choice on CUDA (the kind's op, rows of the device state's ld). */
-bie_status bie_cuda_check_kernel(const bie_layer *l, int id, const char *who);
-bie_status bie_cuda_select_kernel(bie_layer *l, const bie_tensor *x, int *id);
+/* What every kind shares on CUDA. */
+extern const bie_device_ops bie_cuda_device_ops;
 /* scale_a = factor * mean|x| on the device when it is still 0 (the kind's factor). */
 bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who);
 

@@ -153,10 +153,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 const bie_layer_ops bie_q4_conv2d_cpu_ops = {
     .weight = &bie_q4_weight_cpu_ops,
-    .on_device = bie_cpu_on_device,
-    .activate = bie_cpu_activate,
+    .device = &bie_cpu_device_ops,
     .forward = forward,
     .backward = backward,
-    .check_kernel = bie_layer_check_cpu_kernel,
-    .select_kernel = bie_cpu_select_kernel,
 };

@@ -238,12 +238,9 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 const bie_layer_ops bie_q4_conv2d_cuda_ops = {
     .weight = &bie_q4_weight_cuda_ops,
+    .device = &bie_cuda_device_ops,
     .init = init,
     .release = release,
-    .on_device = bie_cuda_on_device,
-    .activate = bie_cuda_activate,
     .forward = forward,
     .backward = backward,
-    .check_kernel = bie_cuda_check_kernel,
-    .select_kernel = bie_cuda_select_kernel,
 };
