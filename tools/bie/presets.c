@@ -36,7 +36,8 @@ static bie_status add_low_bit(bie_model *m, bie_layer_type type, int64_t in, int
 }
 
 static bie_status add_first_or_last_linear(bie_model *m, bool q4, int64_t in, int64_t out) {
-    return q4 ? add_low_bit(m, BIE_LAYER_Q4_LINEAR, in, out) : bie_model_add_linear(m, in, out, true);
+    return q4 ? add_low_bit(m, BIE_LAYER_Q4_LINEAR, in, out)
+              : bie_model_add_linear(m, in, out, true);
 }
 
 /* flatten | first 784->H | BN | binary H->H | BN | binary H->H | BN | PReLU | last H->10 */
