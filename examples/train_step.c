@@ -4,12 +4,12 @@
 
 #include "bie.h"
 
-#define TRY(call)                                                                              \
-    do {                                                                                       \
-        if ((call) != BIE_OK) {                                                                \
-            fprintf(stderr, "%s failed: %s\n", #call, bie_last_error());                       \
-            return 1;                                                                          \
-        }                                                                                      \
+#define TRY(call)                                                        \
+    do {                                                                 \
+        if ((call) != BIE_OK) {                                          \
+            fprintf(stderr, "%s failed: %s\n", #call, bie_last_error()); \
+            return 1;                                                    \
+        }                                                                \
     } while (0)
 
 int main(void) {
@@ -33,14 +33,14 @@ int main(void) {
     for (int i = 0; i < BATCH * OUT; i++) grad_y[i] = y[i];
     TRY(bie_layer_backward(layer, &tgy, &tgx));
     bie_tensor w, gw, gscale;
-    TRY(bie_layer_param(layer, BIE_PARAM_WEIGHT, &w));  /* int8 [OUT, IN] */
-    TRY(bie_layer_grad(layer, BIE_PARAM_WEIGHT, &gw));  /* int8-quantized grad */
+    TRY(bie_layer_param(layer, BIE_PARAM_WEIGHT, &w)); /* int8 [OUT, IN] */
+    TRY(bie_layer_grad(layer, BIE_PARAM_WEIGHT, &gw)); /* int8-quantized grad */
     TRY(bie_layer_grad(layer, BIE_PARAM_SCALE_A, &gscale));
     int flips = 0; /* a crude sign-flip update: flip where the gradient agrees with the sign */
     for (int i = 0; i < OUT * IN; i++) {
         int8_t *wi = (int8_t *)w.data + i, g = ((int8_t *)gw.data)[i];
         if ((g > 64 && *wi > 0) || (g < -64 && *wi < 0)) {
-            *wi = (int8_t)-*wi;
+            *wi = (int8_t) - *wi;
             flips++;
         }
     }

@@ -50,7 +50,7 @@ typedef enum bie_status {
     BIE_ERR_UNSUPPORTED = 6,      /* valid request this build or CPU cannot run */
     BIE_ERR_STATE = 7,            /* call not allowed in the layer's current state */
     BIE_ERR_OUT_OF_MEMORY = 8,
-    BIE_ERR_OVERFLOW = 9, /* sizes whose products overflow the library's index types */
+    BIE_ERR_OVERFLOW = 9,    /* sizes whose products overflow the library's index types */
     BIE_ERR_NOT_FINITE = 10, /* a scale or value that must be finite and non-zero is not */
     BIE_ERR_IO = 11,
     BIE_ERR_CUDA = 12,
@@ -99,7 +99,7 @@ BIE_API const char *bie_dtype_name(bie_dtype dtype);
 typedef struct bie_tensor {
     void *data;
     bie_dtype dtype;
-    int ndim;                   /* 1..4 (0 = empty descriptor) */
+    int ndim;                    /* 1..4 (0 = empty descriptor) */
     int64_t shape[BIE_MAX_DIMS]; /* extents; shape[ndim..] are ignored */
     bie_device device;
     bool owns_data; /* true: bie_tensor_free() releases data */
@@ -151,14 +151,14 @@ typedef enum bie_op {
 } bie_op;
 
 typedef struct bie_kernel_info {
-    int id;              /* stable id, accepted by the layers' set_gemm_kernel */
-    const char *name;    /* e.g. "cpu.avx2.bgemm_4x2" */
-    const char *isa;     /* "scalar", "generic", "avx2", "avx512" */
+    int id;           /* stable id, accepted by the layers' set_gemm_kernel */
+    const char *name; /* e.g. "cpu.avx2.bgemm_4x2" */
+    const char *isa;  /* "scalar", "generic", "avx2", "avx512" */
     bie_op op;
     bie_device_type device;
     int64_t preferred_max_m; /* default choice only up to this m (INT64_MAX: any); every
                                 kernel runs every shape */
-    bool available;      /* this CPU has the ISA and BIE_CPU_KERNELS allows it */
+    bool available;          /* this CPU has the ISA and BIE_CPU_KERNELS allows it */
 } bie_kernel_info;
 
 /* Number of registered kernels (available or not). */
@@ -179,9 +179,9 @@ BIE_API const char *bie_cpu_kernel_set(void);
  * dot is the exact ±1 dot product. kernel_id < 0 picks the default kernel for the shape.
  * Errors: NULL, sizes < 1, strides shorter than ceil(k / 8) bytes, unknown or unavailable
  * kernel, non-finite scale. */
-BIE_API bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k,
-                                   const void *a, int64_t a_row_bytes, const void *b,
-                                   int64_t b_row_bytes, float scale, float *out);
+BIE_API bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const void *a,
+                                   int64_t a_row_bytes, const void *b, int64_t b_row_bytes,
+                                   float scale, float *out);
 
 /* 4-bit GEMM on the CPU: out[i * n + j] = (float)dot(a_i, b_j) * scale, a and b rows of
  * k int8 codes in [-8, 7] (4-bit values; see bie_q4_quantize) with the given row strides in
@@ -209,24 +209,24 @@ typedef enum bie_layer_kind {
 
 /* Parameters and buffers of a layer, for bie_layer_param() and bie_layer_grad(). */
 typedef enum bie_param {
-    BIE_PARAM_WEIGHT = 0,  /* binary: [out, fan_in] F32 before prepare_params, I8 after;
-                              4-bit: F32 always (straight-through); conv kinds shape it
-                              [out_c, in_c, k, k]; absent after
-                              generate_quantized_weight(qweight_only) */
-    BIE_PARAM_QWEIGHT = 1, /* binary: [out, ceil(fan_in / W)] U8/U32/U64 packed signs;
-                              4-bit: [out, ceil(fan_in / 2)] U8 nibbles; or absent */
-    BIE_PARAM_BIAS_A = 2,  /* [in] F32 (in_features or in_channels) */
-    BIE_PARAM_SCALE_A = 3, /* [1] F32 */
-    BIE_PARAM_SCALE_W = 4, /* [1] F32 */
+    BIE_PARAM_WEIGHT = 0,           /* binary: [out, fan_in] F32 before prepare_params, I8 after;
+                                       4-bit: F32 always (straight-through); conv kinds shape it
+                                       [out_c, in_c, k, k]; absent after
+                                       generate_quantized_weight(qweight_only) */
+    BIE_PARAM_QWEIGHT = 1,          /* binary: [out, ceil(fan_in / W)] U8/U32/U64 packed signs;
+                                       4-bit: [out, ceil(fan_in / 2)] U8 nibbles; or absent */
+    BIE_PARAM_BIAS_A = 2,           /* [in] F32 (in_features or in_channels) */
+    BIE_PARAM_SCALE_A = 3,          /* [1] F32 */
+    BIE_PARAM_SCALE_W = 4,          /* [1] F32 */
     BIE_PARAM_WEIGHT_FLOAT_GRAD = 5 /* grad only: the float gradient of the weight */
 } bie_param;
 
 /* Everything a layer is (bie_layer_describe); fields that do not apply to a kind are 0. */
 typedef struct bie_layer_desc {
     bie_layer_kind kind;
-    const char *name;  /* "binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d" */
-    int64_t in, out;   /* in/out features (linear kinds) or channels (conv kinds) */
-    int64_t fan_in;    /* weight columns: in (linear), in * k * k (conv) */
+    const char *name; /* "binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d" */
+    int64_t in, out;  /* in/out features (linear kinds) or channels (conv kinds) */
+    int64_t fan_in;   /* weight columns: in (linear), in * k * k (conv) */
     int kernel_size, stride, padding, dilation; /* conv kinds */
     bie_device device;
     bie_dtype dtype;
@@ -257,14 +257,13 @@ BIE_API bie_status bie_binary_conv2d_create(bie_layer **out, int64_t in_channels
 /* 4-bit linear: out = scale_a scale_w q4(x + bias_a, scale_a) . q4(w, scale_w), exact
  * integer dot products. Errors: in_features outside 1..2^24, out_features outside
  * 1..2^31 - 1. */
-BIE_API bie_status bie_q4_linear_create(bie_layer **out, int64_t in_features,
-                                        int64_t out_features, bie_device device, bie_dtype dtype);
+BIE_API bie_status bie_q4_linear_create(bie_layer **out, int64_t in_features, int64_t out_features,
+                                        bie_device device, bie_dtype dtype);
 /* 4-bit conv2d (SPEC §4), no channel-count constraints; zero padding is exact. Errors: as
  * bie_binary_conv2d_create. */
-BIE_API bie_status bie_q4_conv2d_create(bie_layer **out, int64_t in_channels,
-                                        int64_t out_channels, int kernel_size, int stride,
-                                        int padding, int dilation, bie_device device,
-                                        bie_dtype dtype);
+BIE_API bie_status bie_q4_conv2d_create(bie_layer **out, int64_t in_channels, int64_t out_channels,
+                                        int kernel_size, int stride, int padding, int dilation,
+                                        bie_device device, bie_dtype dtype);
 
 /* Release the layer and everything it owns; NULL is fine. */
 BIE_API void bie_layer_free(bie_layer *layer);

@@ -44,9 +44,9 @@ BIE_API bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int
  * (other values count by their low 4 bits) with the given row strides in elements, the dot
  * product exact. kernel_id < 0 picks the default. Asynchronous on the current stream.
  * Errors: as bie_q4_gemm, plus pointers that are not device memory. */
-BIE_API bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k,
-                                    const int8_t *a, int64_t lda, const int8_t *b, int64_t ldb,
-                                    float scale, float *out);
+BIE_API bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
+                                    int64_t lda, const int8_t *b, int64_t ldb, float scale,
+                                    float *out);
 
 #ifdef __cplusplus
 }

@@ -108,8 +108,8 @@ BIE_API void bie_model_free(bie_model *model);
 
 /* Float linear: x [..., in] -> [..., out]; weight [out, in], bias [out] (if `bias`);
  * PyTorch's init: weight and bias uniform in ±1/sqrt(in). */
-BIE_API bie_status bie_model_add_linear(bie_model *model, int64_t in_features,
-                                        int64_t out_features, bool bias);
+BIE_API bie_status bie_model_add_linear(bie_model *model, int64_t in_features, int64_t out_features,
+                                        bool bias);
 /* Batch norm over [N, C] (BatchNorm1d): learnable weight (gamma, ones) and bias (beta,
  * zeros), running_mean (zeros) and running_var (ones) updated in training with momentum
  * 0.1 (running = 0.9 running + 0.1 batch, the variance unbiased), eps 1e-5. Training
@@ -227,10 +227,10 @@ typedef struct bie_layer_info {
                     (batch norm), num_parameters (PReLU) */
     int64_t out; /* out_features / out_channels */
     int kernel_size, stride, padding, dilation; /* conv kinds; max-pool: kernel_size, stride */
-    bool bias;            /* linear: has a bias */
-    bool symmetric;       /* binary kinds (SPEC §2) */
-    int bits_binary_word; /* binary kinds: 8, 32 or 64 */
-    float eps, momentum;  /* batch norm: 1e-5, 0.1 */
+    bool bias;                                  /* linear: has a bias */
+    bool symmetric;                             /* binary kinds (SPEC §2) */
+    int bits_binary_word;                       /* binary kinds: 8, 32 or 64 */
+    float eps, momentum;                        /* batch norm: 1e-5, 0.1 */
 } bie_layer_info;
 
 BIE_API int bie_model_layer_count(const bie_model *model); /* 0 for NULL */
@@ -266,7 +266,7 @@ typedef struct bie_model_param {
                          "1.running_var" (PyTorch's names; batch norm's gamma / beta are
                          "weight" / "bias", PReLU's slopes "weight"). Valid until the
                          parameter set changes (add, reset, prepare, pack) or free. */
-    int layer;            /* layer index */
+    int layer;        /* layer index */
     bie_param_kind kind;
     bie_tensor value; /* view of the live data (writable; after writing low-bit weights
                          directly, call bie_model_set_training so that an evaluation
@@ -285,8 +285,7 @@ BIE_API int bie_model_param_count(const bie_model *model);
 /* Parameter `index` (0..count-1). Errors: NULL, index out of range. */
 BIE_API bie_status bie_model_param_get(bie_model *model, int index, bie_model_param *param);
 /* The parameter with this name. Errors: NULL, unknown name (BIE_ERR_INVALID_ARGUMENT). */
-BIE_API bie_status bie_model_param_find(bie_model *model, const char *name,
-                                        bie_model_param *param);
+BIE_API bie_status bie_model_param_find(bie_model *model, const char *name, bie_model_param *param);
 
 /* Copy src into the named parameter, e.g. when loading a model file. src must have the
  * parameter's shape; its dtype must be the parameter's, except for a binary layer's
@@ -327,8 +326,7 @@ BIE_API void bie_optimizer_free(bie_optimizer *optimizer); /* NULL is fine */
 BIE_API bie_status bie_optimizer_step(bie_optimizer *optimizer, int64_t *flipped);
 
 /* Learning rates for the next steps (schedules). Errors: NULL, not finite or <= 0. */
-BIE_API bie_status bie_optimizer_set_lr(bie_optimizer *optimizer, float float_lr,
-                                        float binary_lr);
+BIE_API bie_status bie_optimizer_set_lr(bie_optimizer *optimizer, float float_lr, float binary_lr);
 /* Steps taken so far (0 for NULL). */
 BIE_API int64_t bie_optimizer_steps(const bie_optimizer *optimizer);
 

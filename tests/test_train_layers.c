@@ -15,7 +15,8 @@ static void grad_check(bie_model *m, float *x, int ndim, const int64_t *shape, c
     const int64_t nx = ttu_numel(ndim, shape), ny = ttu_numel(on, os);
     float *r = tu_alloc((size_t)ny * 4), *gx = tu_alloc((size_t)nx * 4);
     tu_fill(r, ny, -1, 1);
-    bie_tensor tx = ttu_view(x, ndim, shape), tr = ttu_view(r, on, os), tgx = ttu_view(gx, ndim, shape);
+    bie_tensor tx = ttu_view(x, ndim, shape), tr = ttu_view(r, on, os),
+               tgx = ttu_view(gx, ndim, shape);
     bie_tensor y;
     CHECK_OK(bie_model_forward(m, &tx, &y));
     CHECK(y.ndim == on && ttu_numel(y.ndim, y.shape) == ny);
@@ -28,7 +29,9 @@ static void grad_check(bie_model *m, float *x, int ndim, const int64_t *shape, c
         const double num = ttu_numeric(m, &tx, r, &x[i], kH);
         checked++;
         if (!ttu_close(gx[i], num, 5e-3, 1e-2)) {
-            if (bad++ < 3) fprintf(stderr, "  %s: d/dx[%lld] = %g, numeric %g\n", label, (long long)i, (double)gx[i], num);
+            if (bad++ < 3)
+                fprintf(stderr, "  %s: d/dx[%lld] = %g, numeric %g\n", label, (long long)i,
+                        (double)gx[i], num);
         }
     }
     for (int p = 0; p < bie_model_param_count(m); p++) {
@@ -42,12 +45,15 @@ static void grad_check(bie_model *m, float *x, int ndim, const int64_t *shape, c
         if (prm.grad.data == NULL) continue;
         const int64_t n = bie_tensor_numel(&prm.value);
         float *ana = tu_alloc((size_t)n * 4);
-        memcpy(ana, prm.grad.data, (size_t)n * 4); /* the forwards below keep the gradient, but copy */
-        for (int64_t i = 0; i < n; i += n > 100 ? n / 53 : 1) {
+        memcpy(ana, prm.grad.data,
+               (size_t)n * 4); /* the forwards below keep the gradient, but copy */
+        for (int64_t i = 0; i<n; i += n> 100 ? n / 53 : 1) {
             const double num = ttu_numeric(m, &tx, r, (float *)prm.value.data + i, kH);
             checked++;
             if (!ttu_close(ana[i], num, 5e-3, 1e-2)) {
-                if (bad++ < 6) fprintf(stderr, "  %s: d/d%s[%lld] = %g, numeric %g\n", label, prm.name, (long long)i, (double)ana[i], num);
+                if (bad++ < 6)
+                    fprintf(stderr, "  %s: d/d%s[%lld] = %g, numeric %g\n", label, prm.name,
+                            (long long)i, (double)ana[i], num);
             }
         }
         free(ana);
@@ -82,7 +88,8 @@ static void randomise_float_params(bie_model *m, float lo, float hi) {
     for (int p = 0; p < bie_model_param_count(m); p++) {
         bie_model_param prm;
         CHECK_OK(bie_model_param_get(m, p, &prm));
-        if (prm.kind == BIE_PARAM_KIND_FLOAT) tu_fill(prm.value.data, bie_tensor_numel(&prm.value), lo, hi);
+        if (prm.kind == BIE_PARAM_KIND_FLOAT)
+            tu_fill(prm.value.data, bie_tensor_numel(&prm.value), lo, hi);
     }
 }
 
@@ -102,18 +109,22 @@ static void test_linear(int64_t rows, int64_t in, int64_t out, bool bias, int nd
     bie_model_param w, b;
     CHECK_OK(bie_model_param_find(m, "0.weight", &w));
     CHECK(w.value.ndim == 2 && w.value.shape[0] == out && w.value.shape[1] == in);
-    if (bias) CHECK_OK(bie_model_param_find(m, "0.bias", &b));
-    else CHECK(bie_model_param_find(m, "0.bias", &b) == BIE_ERR_INVALID_ARGUMENT);
+    if (bias)
+        CHECK_OK(bie_model_param_find(m, "0.bias", &b));
+    else
+        CHECK(bie_model_param_find(m, "0.bias", &b) == BIE_ERR_INVALID_ARGUMENT);
     int bad = 0;
     for (int64_t i = 0; i < m_rows; i++)
         for (int64_t j = 0; j < out; j++) {
             double s = bias ? ((float *)b.value.data)[j] : 0.0;
-            for (int64_t k = 0; k < in; k++) s += (double)x[i * in + k] * ((float *)w.value.data)[j * in + k];
+            for (int64_t k = 0; k < in; k++)
+                s += (double)x[i * in + k] * ((float *)w.value.data)[j * in + k];
             bad += !ttu_close(((float *)y.data)[i * out + j], s, 1e-5, 1e-5);
         }
     CHECK(bad == 0);
     char label[64];
-    snprintf(label, sizeof label, "linear %lldx%lld->%lld", (long long)m_rows, (long long)in, (long long)out);
+    snprintf(label, sizeof label, "linear %lldx%lld->%lld", (long long)m_rows, (long long)in,
+             (long long)out);
     grad_check(m, x, ndim, shape, label);
     free(x);
     bie_model_free(m);
@@ -127,13 +138,16 @@ static void test_batchnorm(int two_d, int64_t n, int64_t c, int64_t h, int64_t w
     int64_t shape[4] = {n, c, h, w};
     const int64_t inner = two_d ? h * w : 1, nx = n * c * inner;
     float *x = tu_alloc((size_t)nx * 4);
-    for (int64_t i = 0; i < nx; i++) x[i] = tu_uniform(-1, 1) * (1.0f + (float)((i / inner) % c)) + 0.3f * (float)((i / inner) % c);
+    for (int64_t i = 0; i < nx; i++)
+        x[i] =
+            tu_uniform(-1, 1) * (1.0f + (float)((i / inner) % c)) + 0.3f * (float)((i / inner) % c);
     bie_model_param gamma, beta, rm, rv;
     CHECK_OK(bie_model_param_find(m, "0.weight", &gamma));
     CHECK_OK(bie_model_param_find(m, "0.bias", &beta));
     CHECK_OK(bie_model_param_find(m, "0.running_mean", &rm));
     CHECK_OK(bie_model_param_find(m, "0.running_var", &rv));
-    CHECK(rm.kind == BIE_PARAM_KIND_BUFFER && rv.kind == BIE_PARAM_KIND_BUFFER && rm.grad.data == NULL);
+    CHECK(rm.kind == BIE_PARAM_KIND_BUFFER && rv.kind == BIE_PARAM_KIND_BUFFER &&
+          rm.grad.data == NULL);
     tu_fill(gamma.value.data, c, 0.5f, 1.5f);
     tu_fill(beta.value.data, c, -0.5f, 0.5f);
 
@@ -149,14 +163,17 @@ static void test_batchnorm(int two_d, int64_t n, int64_t c, int64_t h, int64_t w
         const double mean = s / (double)cnt;
         for (int64_t b = 0; b < n; b++)
             for (int64_t i = 0; i < inner; i++) sq += pow(x[(b * c + ch) * inner + i] - mean, 2);
-        const double var = sq / (double)cnt, g = ((float *)gamma.value.data)[ch], be = ((float *)beta.value.data)[ch];
+        const double var = sq / (double)cnt, g = ((float *)gamma.value.data)[ch],
+                     be = ((float *)beta.value.data)[ch];
         for (int64_t b = 0; b < n; b++)
             for (int64_t i = 0; i < inner; i++) {
                 const int64_t at = (b * c + ch) * inner + i;
-                bad += !ttu_close(((float *)y.data)[at], g * (x[at] - mean) / sqrt(var + 1e-5) + be, 1e-5, 1e-4);
+                bad += !ttu_close(((float *)y.data)[at], g * (x[at] - mean) / sqrt(var + 1e-5) + be,
+                                  1e-5, 1e-4);
             }
         bad += !ttu_close(((float *)rm.value.data)[ch], 0.1 * mean, 1e-6, 1e-5);
-        bad += !ttu_close(((float *)rv.value.data)[ch], 0.9 + 0.1 * sq / (double)(cnt - 1), 1e-6, 1e-5);
+        bad += !ttu_close(((float *)rv.value.data)[ch], 0.9 + 0.1 * sq / (double)(cnt - 1), 1e-6,
+                          1e-5);
     }
     CHECK(bad == 0);
 
@@ -175,12 +192,15 @@ static void test_batchnorm(int two_d, int64_t n, int64_t c, int64_t h, int64_t w
     bad = 0;
     for (int64_t at = 0; at < nx; at++) {
         const int64_t ch = (at / inner) % c;
-        const double want = ((float *)gamma.value.data)[ch] * (x[at] - ((float *)rm.value.data)[ch]) /
-                                sqrt(((float *)rv.value.data)[ch] + 1e-5) + ((float *)beta.value.data)[ch];
+        const double want = ((float *)gamma.value.data)[ch] *
+                                (x[at] - ((float *)rm.value.data)[ch]) /
+                                sqrt(((float *)rv.value.data)[ch] + 1e-5) +
+                            ((float *)beta.value.data)[ch];
         bad += !ttu_close(((float *)y.data)[at], want, 1e-5, 1e-4);
     }
     CHECK(bad == 0);
-    CHECK(memcmp(before, rm.value.data, (size_t)c * 4) == 0 && memcmp(before + c, rv.value.data, (size_t)c * 4) == 0);
+    CHECK(memcmp(before, rm.value.data, (size_t)c * 4) == 0 &&
+          memcmp(before + c, rv.value.data, (size_t)c * 4) == 0);
     /* no backward after an evaluation forward */
     float *gy = tu_alloc((size_t)nx * 4);
     tu_fill(gy, nx, -1, 1);
@@ -249,7 +269,8 @@ static void test_maxpool(int64_t n, int64_t c, int64_t h, int64_t w, int k, int 
             for (int64_t ox = 0; ox < ow; ox++) {
                 float mx = -INFINITY;
                 for (int i = 0; i < k; i++)
-                    for (int j = 0; j < k; j++) mx = fmaxf(mx, x[p * h * w + (oy * s + i) * w + ox * s + j]);
+                    for (int j = 0; j < k; j++)
+                        mx = fmaxf(mx, x[p * h * w + (oy * s + i) * w + ox * s + j]);
                 bad += ((float *)y.data)[(p * oh + oy) * ow + ox] != mx;
             }
     CHECK(bad == 0);

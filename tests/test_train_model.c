@@ -28,7 +28,8 @@ static problem make_problem(int ndim, const int64_t *shape, int64_t classes, uin
     p.labels = tu_alloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++) {
         p.labels[i] = (int32_t)(i % classes);
-        for (int64_t j = 0; j < per; j++) p.x[i * per + j] = proto[p.labels[i] * per + j] + tu_uniform(-0.5f, 0.5f);
+        for (int64_t j = 0; j < per; j++)
+            p.x[i * per + j] = proto[p.labels[i] * per + j] + tu_uniform(-0.5f, 0.5f);
     }
     free(proto);
     return p;
@@ -150,8 +151,8 @@ static void check_params(bie_model *m, bool after_backward) {
     CHECK(bad == 0);
 }
 
-static void test_network(void (*build)(bie_model *), const char *label, int ndim, const int64_t *shape,
-                         int64_t classes) {
+static void test_network(void (*build)(bie_model *), const char *label, int ndim,
+                         const int64_t *shape, int64_t classes) {
     problem p = make_problem(ndim, shape, classes, 5);
     bie_model *m = new_model(build, 11);
     int on;
@@ -165,8 +166,10 @@ static void test_network(void (*build)(bie_model *), const char *label, int ndim
     int64_t flips = 0, flips2 = 0;
     train(m, &p, STEPS, losses, &flips);
     check_params(m, true);
-    const float first = losses[0], last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
-    printf("%s: loss %.4f -> %.4f, %lld sign flips\n", label, (double)first, (double)last, (long long)flips);
+    const float first = losses[0],
+                last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
+    printf("%s: loss %.4f -> %.4f, %lld sign flips\n", label, (double)first, (double)last,
+           (long long)flips);
     CHECK(isfinite(first) && last < 0.7f * first);
     CHECK(flips > 0);
 
@@ -180,7 +183,8 @@ static void test_network(void (*build)(bie_model *), const char *label, int ndim
         CHECK_OK(bie_model_param_get(m, i, &a));
         CHECK_OK(bie_model_param_get(m2, i, &b));
         same = strcmp(a.name, b.name) == 0 &&
-               memcmp(a.value.data, b.value.data, (size_t)bie_tensor_numel(&a.value) * bie_dtype_size(a.value.dtype)) == 0;
+               memcmp(a.value.data, b.value.data,
+                      (size_t)bie_tensor_numel(&a.value) * bie_dtype_size(a.value.dtype)) == 0;
     }
     CHECK(same);
     bie_model_free(m2);
@@ -194,14 +198,15 @@ static void test_network(void (*build)(bie_model *), const char *label, int ndim
 
     /* save: every parameter of the trained model, and the architecture */
     const int np = bie_model_param_count(m);
-    char (*names)[32] = tu_alloc((size_t)np * 32);
+    char(*names)[32] = tu_alloc((size_t)np * 32);
     bie_tensor *saved = tu_alloc((size_t)np * sizeof *saved);
     for (int i = 0; i < np; i++) {
         bie_model_param a;
         CHECK_OK(bie_model_param_get(m, i, &a));
         snprintf(names[i], 32, "%s", a.name);
         CHECK_OK(bie_tensor_alloc(&saved[i], a.value.dtype, a.value.ndim, a.value.shape));
-        memcpy(saved[i].data, a.value.data, (size_t)bie_tensor_numel(&a.value) * bie_dtype_size(a.value.dtype));
+        memcpy(saved[i].data, a.value.data,
+               (size_t)bie_tensor_numel(&a.value) * bie_dtype_size(a.value.dtype));
     }
     /* rebuild from the description and load: the same evaluation output */
     bie_model *re = NULL;
@@ -282,13 +287,13 @@ static void test_names(void) {
         const char *name;
         bie_param_kind kind;
     } expect[] = {
-        {"1.weight", BIE_PARAM_KIND_FLOAT},       {"1.bias_a", BIE_PARAM_KIND_FLOAT},
-        {"1.scale_a", BIE_PARAM_KIND_FLOAT},      {"1.scale_w", BIE_PARAM_KIND_BUFFER},
-        {"2.weight", BIE_PARAM_KIND_FLOAT},       {"2.bias", BIE_PARAM_KIND_FLOAT},
+        {"1.weight", BIE_PARAM_KIND_FLOAT},        {"1.bias_a", BIE_PARAM_KIND_FLOAT},
+        {"1.scale_a", BIE_PARAM_KIND_FLOAT},       {"1.scale_w", BIE_PARAM_KIND_BUFFER},
+        {"2.weight", BIE_PARAM_KIND_FLOAT},        {"2.bias", BIE_PARAM_KIND_FLOAT},
         {"2.running_mean", BIE_PARAM_KIND_BUFFER}, {"2.running_var", BIE_PARAM_KIND_BUFFER},
-        {"3.weight", BIE_PARAM_KIND_BINARY},      {"3.bias_a", BIE_PARAM_KIND_FLOAT},
-        {"3.scale_a", BIE_PARAM_KIND_FLOAT},      {"3.scale_w", BIE_PARAM_KIND_BUFFER},
-        {"7.weight", BIE_PARAM_KIND_FLOAT},       {"7.bias", BIE_PARAM_KIND_FLOAT},
+        {"3.weight", BIE_PARAM_KIND_BINARY},       {"3.bias_a", BIE_PARAM_KIND_FLOAT},
+        {"3.scale_a", BIE_PARAM_KIND_FLOAT},       {"3.scale_w", BIE_PARAM_KIND_BUFFER},
+        {"7.weight", BIE_PARAM_KIND_FLOAT},        {"7.bias", BIE_PARAM_KIND_FLOAT},
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
         bie_model_param p;
@@ -302,7 +307,7 @@ static void test_names(void) {
     CHECK(bie_model_param_find(m, "0.weight", &p) == BIE_ERR_INVALID_ARGUMENT);
     /* the list is the same after a reset (values change, names and order do not) */
     const int n = bie_model_param_count(m);
-    char (*names)[32] = tu_alloc((size_t)n * 32);
+    char(*names)[32] = tu_alloc((size_t)n * 32);
     for (int i = 0; i < n; i++) {
         CHECK_OK(bie_model_param_get(m, i, &p));
         snprintf(names[i], 32, "%s", p.name);
@@ -318,11 +323,12 @@ static void test_names(void) {
     /* layer descriptions */
     bie_layer_info info;
     CHECK_OK(bie_model_layer_info(m, 3, &info));
-    CHECK(info.type == BIE_LAYER_BINARY_LINEAR && info.in == 32 && info.out == 24 && info.symmetric &&
-          info.bits_binary_word == 8);
+    CHECK(info.type == BIE_LAYER_BINARY_LINEAR && info.in == 32 && info.out == 24 &&
+          info.symmetric && info.bits_binary_word == 8);
     CHECK(strcmp(bie_layer_type_name(info.type), "binary_linear") == 0);
     CHECK_OK(bie_model_layer_info(m, 2, &info));
-    CHECK(info.type == BIE_LAYER_BATCHNORM1D && info.in == 32 && info.eps == 1e-5f && info.momentum == 0.1f);
+    CHECK(info.type == BIE_LAYER_BATCHNORM1D && info.in == 32 && info.eps == 1e-5f &&
+          info.momentum == 0.1f);
     CHECK(bie_model_layer_count(m) == 8 && bie_model_layer_count(NULL) == 0);
     CHECK(bie_model_layer_info(m, 8, &info) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_type_name((bie_layer_type)99) == NULL);
@@ -333,8 +339,8 @@ static void test_names(void) {
 
     bie_model *c = new_model(build_cnn, 3);
     CHECK_OK(bie_model_layer_info(c, 3, &info));
-    CHECK(info.type == BIE_LAYER_BINARY_CONV2D && info.in == 8 && info.out == 12 && info.kernel_size == 3 &&
-          info.stride == 1 && info.padding == 1 && info.dilation == 1);
+    CHECK(info.type == BIE_LAYER_BINARY_CONV2D && info.in == 8 && info.out == 12 &&
+          info.kernel_size == 3 && info.stride == 1 && info.padding == 1 && info.dilation == 1);
     CHECK_OK(bie_model_layer_info(c, 8, &info));
     CHECK(info.type == BIE_LAYER_MAXPOOL2D && info.kernel_size == 2 && info.stride == 2);
     bie_layer *bc = NULL;
@@ -351,7 +357,8 @@ static void test_names(void) {
     CHECK(bie_model_layer(c, 1, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
     CHECK(bie_model_layer(c, 2, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
     CHECK(bie_model_layer(c, -1, &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
-    CHECK(bie_model_layer(c, bie_model_layer_count(c), &fl) == BIE_ERR_INVALID_ARGUMENT && fl == NULL);
+    CHECK(bie_model_layer(c, bie_model_layer_count(c), &fl) == BIE_ERR_INVALID_ARGUMENT &&
+          fl == NULL);
     CHECK(bie_model_layer(NULL, 3, &fl) == BIE_ERR_NULL_POINTER && fl == NULL);
     CHECK(bie_model_layer(c, 3, NULL) == BIE_ERR_NULL_POINTER);
     bie_model_free(c);

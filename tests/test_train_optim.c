@@ -17,15 +17,16 @@ static void test_signflip(int64_t rows, int64_t cols, int float_grad) {
         int q = (int)(tu_next() % 255) - 127;
         w[i] = (int8_t)(q == 0 ? 1 : q);
     }
-    w[0] = 0;          /* sign(0) = +1: flips to -1 */
-    w[n - 1] = -128;   /* flips to 127 */
+    w[0] = 0;        /* sign(0) = +1: flips to -1 */
+    w[n - 1] = -128; /* flips to 127 */
     memcpy(wr, w, (size_t)n);
     memset(m, 0, (size_t)n * 4);
     memset(v, 0, (size_t)n * 4);
     memset(mr, 0, (size_t)n * 4);
     memset(vr, 0, (size_t)n * 4);
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.99f;
-    bie_tensor tw = view_of(w, BIE_I8, rows, cols), tm = view_of(m, BIE_F32, rows, cols), tv = view_of(v, BIE_F32, rows, cols);
+    bie_tensor tw = view_of(w, BIE_I8, rows, cols), tm = view_of(m, BIE_F32, rows, cols),
+               tv = view_of(v, BIE_F32, rows, cols);
     bie_tensor tg = float_grad ? view_of(gf, BIE_F32, rows, cols) : view_of(g8, BIE_I8, rows, cols);
     int64_t total_flips = 0;
     for (int step = 0; step < 6; step++) {
@@ -53,7 +54,8 @@ static void test_signflip(int64_t rows, int64_t cols, int float_grad) {
         CHECK(flips == want_flips);
         CHECK(memcmp(w, wr, (size_t)n) == 0);
         int close = 1;
-        for (int64_t i = 0; i < n; i++) close &= ttu_close(m[i], mr[i], 1e-7, 1e-6) && ttu_close(v[i], vr[i], 1e-12, 1e-6);
+        for (int64_t i = 0; i < n; i++)
+            close &= ttu_close(m[i], mr[i], 1e-7, 1e-6) && ttu_close(v[i], vr[i], 1e-12, 1e-6);
         CHECK(close);
         total_flips += flips;
         /* every weight's sign is now -sign(v) */
@@ -67,7 +69,8 @@ static void test_signflip(int64_t rows, int64_t cols, int float_grad) {
     memcpy(wr, w, (size_t)n);
     memcpy(mr, m, (size_t)n * 4);
     bie_tensor wrong = view_of(m, BIE_F32, cols, rows); /* transposed shape */
-    if (rows != cols) CHECK(bie_signflip_step(&tw, &tg, &wrong, &tv, lr, b1, b2, NULL) == BIE_ERR_SHAPE);
+    if (rows != cols)
+        CHECK(bie_signflip_step(&tw, &tg, &wrong, &tv, lr, b1, b2, NULL) == BIE_ERR_SHAPE);
     CHECK(bie_signflip_step(&tw, &tg, &tm, &tv, 0.0f, b1, b2, NULL) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_signflip_step(&tw, &tg, &tm, &tv, lr, 1.0f, b2, NULL) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_signflip_step(&tw, &tg, &tm, &tv, lr, b1, NAN, NULL) == BIE_ERR_INVALID_ARGUMENT);
@@ -80,14 +83,17 @@ static void test_signflip(int64_t rows, int64_t cols, int float_grad) {
 
 static void test_adam(int64_t rows, int64_t cols, float wd, bool decoupled) {
     const int64_t n = rows * cols;
-    float *p = tu_alloc((size_t)n * 4), *g = tu_alloc((size_t)n * 4), *m = tu_alloc((size_t)n * 4), *v = tu_alloc((size_t)n * 4);
-    double *pr = tu_alloc((size_t)n * 8), *mr = tu_alloc((size_t)n * 8), *vr = tu_alloc((size_t)n * 8);
+    float *p = tu_alloc((size_t)n * 4), *g = tu_alloc((size_t)n * 4), *m = tu_alloc((size_t)n * 4),
+          *v = tu_alloc((size_t)n * 4);
+    double *pr = tu_alloc((size_t)n * 8), *mr = tu_alloc((size_t)n * 8),
+           *vr = tu_alloc((size_t)n * 8);
     tu_fill(p, n, -1, 1);
     for (int64_t i = 0; i < n; i++) pr[i] = p[i], mr[i] = 0, vr[i] = 0;
     memset(m, 0, (size_t)n * 4);
     memset(v, 0, (size_t)n * 4);
     bie_adam_options o = bie_adam_defaults();
-    CHECK(o.lr == 1e-3f && o.beta1 == 0.9f && o.beta2 == 0.999f && o.eps == 1e-8f && o.weight_decay == 0 && !o.decoupled);
+    CHECK(o.lr == 1e-3f && o.beta1 == 0.9f && o.beta2 == 0.999f && o.eps == 1e-8f &&
+          o.weight_decay == 0 && !o.decoupled);
     o.lr = 0.01f;
     o.weight_decay = wd;
     o.decoupled = decoupled;
@@ -99,8 +105,10 @@ static void test_adam(int64_t rows, int64_t cols, float wd, bool decoupled) {
         CHECK_OK(bie_adam_step(&tp, &tg, &tm, &tv, step, &o));
         for (int64_t i = 0; i < n; i++) { /* the textbook formulas, in double */
             double gi = g[i];
-            if (decoupled) pr[i] -= (double)o.lr * wd * pr[i];
-            else gi += wd * pr[i];
+            if (decoupled)
+                pr[i] -= (double)o.lr * wd * pr[i];
+            else
+                gi += wd * pr[i];
             mr[i] = 0.9 * mr[i] + 0.1 * gi;
             vr[i] = 0.999 * vr[i] + 0.001 * gi * gi;
             const double mh = mr[i] / (1 - pow(0.9, step)), vh = vr[i] / (1 - pow(0.999, step));

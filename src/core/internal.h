@@ -22,14 +22,14 @@ extern "C" {
 bie_status bie_fail(bie_status status, const char *fmt, ...) BIE_PRINTF(2, 3);
 
 /* Return early with the status of a failing call. */
-#define BIE_TRY(call)                                                                          \
-    do {                                                                                       \
-        bie_status bie_try_status_ = (call);                                                   \
-        if (bie_try_status_ != BIE_OK) return bie_try_status_;                                 \
+#define BIE_TRY(call)                                          \
+    do {                                                       \
+        bie_status bie_try_status_ = (call);                   \
+        if (bie_try_status_ != BIE_OK) return bie_try_status_; \
     } while (0)
 
-#define BIE_CHECK_NULL(p)                                                                      \
-    do {                                                                                       \
+#define BIE_CHECK_NULL(p)                                                                         \
+    do {                                                                                          \
         if ((p) == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: '%s' is NULL", __func__, #p); \
     } while (0)
 

@@ -10,9 +10,13 @@ bie_device bie_cpu(void) {
 
 size_t bie_dtype_size(bie_dtype dtype) {
     switch (dtype) {
-    case BIE_F32: case BIE_U32: case BIE_I32: return 4;
-    case BIE_BF16: case BIE_F16: return 2;
-    case BIE_I8: case BIE_U8: return 1;
+    case BIE_F32:
+    case BIE_U32:
+    case BIE_I32: return 4;
+    case BIE_BF16:
+    case BIE_F16: return 2;
+    case BIE_I8:
+    case BIE_U8: return 1;
     case BIE_U64: return 8;
     }
     return 0;
@@ -43,8 +47,7 @@ static bie_status describe(bie_tensor *out, void *data, bie_dtype dtype, int ndi
         return bie_fail(BIE_ERR_DTYPE, "%s: unknown dtype %d", who, (int)dtype);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0)
-            return bie_fail(BIE_ERR_SHAPE, "%s: extent %d is negative", who, i);
+        if (shape[i] < 0) return bie_fail(BIE_ERR_SHAPE, "%s: extent %d is negative", who, i);
         if (!bie_mul_ok(numel, shape[i], &numel))
             return bie_fail(BIE_ERR_OVERFLOW, "%s: element count overflows", who);
     }

@@ -6,16 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
 #include "../core/device.h"
+#include "../core/internal.h"
 
 #define ANY_M INT64_MAX
 
 static const bie_cpu_kernel kernels[] = {
     {0, "cpu.scalar.bgemm_ref", BIE_OP_BINARY_GEMM, BIE_ISA_SCALAR, ANY_M, bie_row_popc_ref, NULL},
     {1, "cpu.generic.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_GENERIC, 4, bie_row_popc_generic, NULL},
-    {2, "cpu.generic.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_GENERIC, ANY_M, NULL, &bie_tile_generic_4x4},
-    {20, "cpu.generic.q4gemm_4x4", BIE_OP_Q4_GEMM, BIE_ISA_SCALAR, ANY_M, NULL, &bie_i8tile_generic_4x4},
+    {2, "cpu.generic.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_GENERIC, ANY_M, NULL,
+     &bie_tile_generic_4x4},
+    {20, "cpu.generic.q4gemm_4x4", BIE_OP_Q4_GEMM, BIE_ISA_SCALAR, ANY_M, NULL,
+     &bie_i8tile_generic_4x4},
 #ifdef BIE_HAVE_X86_KERNELS
     {3, "cpu.avx2.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, 4, bie_row_popc_avx2, NULL},
     {4, "cpu.avx2.bgemm_4x2", BIE_OP_BINARY_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_tile_avx2_4x2},
@@ -23,9 +25,12 @@ static const bie_cpu_kernel kernels[] = {
     {21, "cpu.avx2.q4gemm_3x2", BIE_OP_Q4_GEMM, BIE_ISA_AVX2, ANY_M, NULL, &bie_i8tile_avx2_3x2},
     {6, "cpu.avx512.bgemv", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 4, bie_row_popc_avx512, NULL},
     /* 4x4 (horizontal sums) wins at m = 64, the 6x32 outer product at m = 2048 (BENCHMARKS.md) */
-    {7, "cpu.avx512.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 128, NULL, &bie_tile_avx512_4x4},
-    {8, "cpu.avx512.bgemm_6x32", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, ANY_M, NULL, &bie_tile_avx512_6x32},
-    {22, "cpu.avx512.q4gemm_vnni_6x32", BIE_OP_Q4_GEMM, BIE_ISA_AVX512, ANY_M, NULL, &bie_i8tile_vnni_6x32},
+    {7, "cpu.avx512.bgemm_4x4", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, 128, NULL,
+     &bie_tile_avx512_4x4},
+    {8, "cpu.avx512.bgemm_6x32", BIE_OP_BINARY_GEMM, BIE_ISA_AVX512, ANY_M, NULL,
+     &bie_tile_avx512_6x32},
+    {22, "cpu.avx512.q4gemm_vnni_6x32", BIE_OP_Q4_GEMM, BIE_ISA_AVX512, ANY_M, NULL,
+     &bie_i8tile_vnni_6x32},
 #endif
 };
 #define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
@@ -87,7 +92,8 @@ const bie_cpu_kernel *bie_cpu_default_kernel(int64_t m) {
 }
 
 bie_cpu_pack_kernels bie_cpu_pack(void) {
-    bie_cpu_pack_kernels p = {bie_pack_f32_row_generic, bie_pack_i8_row_generic, bie_q4_quantize_generic};
+    bie_cpu_pack_kernels p = {bie_pack_f32_row_generic, bie_pack_i8_row_generic,
+                              bie_q4_quantize_generic};
 #ifdef BIE_HAVE_X86_KERNELS
     if (active_isa() >= BIE_ISA_AVX2) {
         p.f32 = bie_pack_f32_row_avx2;
@@ -99,7 +105,9 @@ bie_cpu_pack_kernels bie_cpu_pack(void) {
 }
 
 int bie_cpu_kernel_count(void) { return NKERNELS; }
-const bie_cpu_kernel *bie_cpu_kernel_at(int i) { return i >= 0 && i < NKERNELS ? &kernels[i] : NULL; }
+const bie_cpu_kernel *bie_cpu_kernel_at(int i) {
+    return i >= 0 && i < NKERNELS ? &kernels[i] : NULL;
+}
 
 /* ---- public registry (CPU kernels; a CUDA build appends its own) */
 
@@ -163,7 +171,8 @@ bie_status bie_kernel_default(bie_op op, int64_t m, bie_kernel_info *info) {
     BIE_CHECK_NULL(info);
     if (m < 1) return bie_fail(BIE_ERR_SHAPE, "bie_kernel_default: m must be >= 1");
     const bie_cpu_kernel *k = bie_cpu_default_kernel_for(op, m);
-    if (k == NULL) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_default: unknown op %d", (int)op);
+    if (k == NULL)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "bie_kernel_default: unknown op %d", (int)op);
     describe(k, info);
     return BIE_OK;
 }

@@ -25,8 +25,8 @@ static bie_status check_pair(const bie_tensor *plain, const bie_tensor *packed, 
         return bie_fail(BIE_ERR_DTYPE, "%s: unpacked tensor must be float32 or int8, not %s", who,
                         bie_dtype_name(plain->dtype));
     if (packed->dtype != word_dtype(w))
-        return bie_fail(BIE_ERR_DTYPE, "%s: packed tensor must be %s for %d-bit words, not %s",
-                        who, bie_dtype_name(word_dtype(w)), w, bie_dtype_name(packed->dtype));
+        return bie_fail(BIE_ERR_DTYPE, "%s: packed tensor must be %s for %d-bit words, not %s", who,
+                        bie_dtype_name(word_dtype(w)), w, bie_dtype_name(packed->dtype));
     if (plain->ndim < 1 || plain->ndim > BIE_MAX_DIMS || packed->ndim != plain->ndim)
         return bie_fail(BIE_ERR_SHAPE, "%s: ranks %d and %d differ or are outside 1..4", who,
                         plain->ndim, packed->ndim);
@@ -41,8 +41,9 @@ static bie_status check_pair(const bie_tensor *plain, const bie_tensor *packed, 
     if (bie_tensor_numel(plain) < 0 || bie_tensor_numel(packed) < 0)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: element count overflows", who);
     if (packed->shape[packed->ndim - 1] != bie_packed_words(cols, w))
-        return bie_fail(BIE_ERR_SHAPE, "%s: packed last extent is %lld, expected ceil(%lld / %d) = %lld",
-                        who, (long long)packed->shape[packed->ndim - 1], (long long)cols, w,
+        return bie_fail(BIE_ERR_SHAPE,
+                        "%s: packed last extent is %lld, expected ceil(%lld / %d) = %lld", who,
+                        (long long)packed->shape[packed->ndim - 1], (long long)cols, w,
                         (long long)bie_packed_words(cols, w));
     return BIE_OK;
 }
@@ -59,7 +60,8 @@ bie_status bie_pack_signs(const bie_tensor *src, int word_bits, bie_tensor *dst)
         return BIE_OK;
     }
     if (src->dtype == BIE_F32)
-        bie_pack_f32_rows(src->data, rows, cols, cols, NULL, dst->data, row_bytes, NULL, 1.0f, 0, 0);
+        bie_pack_f32_rows(src->data, rows, cols, cols, NULL, dst->data, row_bytes, NULL, 1.0f, 0,
+                          0);
     else
         bie_pack_i8_rows(src->data, rows, cols, dst->data, row_bytes);
     return BIE_OK;

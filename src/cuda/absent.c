@@ -6,8 +6,10 @@
 #include "bie_cuda.h"
 
 static bie_status not_built(const char *who) {
-    return bie_fail(BIE_ERR_UNSUPPORTED, "%s: this build of bie has no CUDA backend (nvcc was "
-                    "not found when it was configured)", who);
+    return bie_fail(BIE_ERR_UNSUPPORTED,
+                    "%s: this build of bie has no CUDA backend (nvcc was "
+                    "not found when it was configured)",
+                    who);
 }
 
 int bie_cuda_device_count(void) { return 0; }
@@ -20,13 +22,13 @@ bie_status bie_cuda_tensor_alloc(bie_tensor *out, bie_dtype dtype, int ndim, con
 }
 
 bie_status bie_tensor_copy(bie_tensor *dst, const bie_tensor *src) {
-    if (dst == NULL || src == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: NULL tensor");
+    if (dst == NULL || src == NULL)
+        return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: NULL tensor");
     if (dst->device.type != BIE_DEVICE_CPU || src->device.type != BIE_DEVICE_CPU)
         return not_built("bie_tensor_copy");
     if (dst->data == NULL || src->data == NULL)
         return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: tensor without data");
-    if (dst->dtype != src->dtype)
-        return bie_fail(BIE_ERR_DTYPE, "bie_tensor_copy: dtypes differ");
+    if (dst->dtype != src->dtype) return bie_fail(BIE_ERR_DTYPE, "bie_tensor_copy: dtypes differ");
     int64_t n = bie_tensor_numel(src);
     if (n < 0 || n != bie_tensor_numel(dst))
         return bie_fail(BIE_ERR_SHAPE, "bie_tensor_copy: element counts differ");

@@ -15,24 +15,27 @@
 
 namespace bie_cuda {
 
-
-__device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) { return (row[c >> 3] >> (c & 7)) & 1; }
+__device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) {
+    return (row[c >> 3] >> (c & 7)) & 1;
+}
 
 // ±1 from packed sign bits: one block per row of dst [rows, k], from layout row r.
 template <typename T>
-__global__ void __launch_bounds__(256) signs_of_bits(const uint8_t *bits, int64_t ld, int64_t k, T *dst) {
+__global__ void __launch_bounds__(256)
+    signs_of_bits(const uint8_t *bits, int64_t ld, int64_t k, T *dst) {
     const int64_t r = blockIdx.x;
     const uint8_t *row = bits + r * ld;
     T *out = dst + r * k;
-    for (int64_t c = threadIdx.x; c < k; c += 256) out[c] = from_f32<T>(bit_at(row, c) ? 1.0f : -1.0f);
+    for (int64_t c = threadIdx.x; c < k; c += 256)
+        out[c] = from_f32<T>(bit_at(row, c) ? 1.0f : -1.0f);
 }
 
 // One block per row: g *= clip mask (kept in place for the column sums), grad_x in its dtype,
 // and the row's sum of grad_x * sign(x') in double.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    mask_rows(float *g, int64_t k, int64_t ld, const uint8_t *mask, const uint8_t *signs,
-              T *grad_x, double *row_dot) {
+    mask_rows(float *g, int64_t k, int64_t ld, const uint8_t *mask, const uint8_t *signs, T *grad_x,
+              double *row_dot) {
     const int64_t row = blockIdx.x;
     const uint8_t *mr = mask + row * ld, *sr = signs + row * ld;
     float *gr = g + row * k;
@@ -89,7 +92,8 @@ __global__ void scale_grad(const double *row_dot, int64_t m, double denom, float
 constexpr int kAmaxBlocks = 256;
 __global__ void amax_partial(const float *x, int64_t n, float *part) {
     float a = 0;
-    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)kAmaxBlocks * 256)
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
+         i += (int64_t)kAmaxBlocks * 256)
         a = fmaxf(a, fabsf(x[i]));
     __shared__ float sh[256];
     sh[threadIdx.x] = a;
@@ -128,18 +132,22 @@ bie_status blas_check(cublasStatus_t s, const char *what) {
 bie_status blas_handle(cublasHandle_t *out) {
     if (blas == nullptr) BIE_CUDA_TRY(blas_check(cublasCreate(&blas), "cublasCreate"));
     BIE_CUDA_TRY(blas_check(cublasSetStream(blas, current_stream), "cublasSetStream"));
-    BIE_CUDA_TRY(blas_check(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode"));
+    BIE_CUDA_TRY(
+        blas_check(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode"));
     *out = blas;
     return BIE_OK;
 }
 
-bie_status device_zero(float **out) { return check(cudaGetSymbolAddress((void **)out, kZero), "cudaGetSymbolAddress"); }
+bie_status device_zero(float **out) {
+    return check(cudaGetSymbolAddress((void **)out, kZero), "cudaGetSymbolAddress");
+}
 
 size_t column_sums_workspace(int64_t k) { return (size_t)kColSplits * (size_t)k * sizeof(double); }
 
 void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *out) {
     double *part = static_cast<double *>(workspace);
-    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, current_stream>>>(g, m, k, part);
+    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, current_stream>>>(
+        g, m, k, part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(part, k, out);
 }
 
@@ -160,30 +168,35 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     // (f32), row sums [m], column partial sums [64, k], amax partials.
     const size_t ws_w = (size_t)(n * k) * sizeof(T), ws_x = (size_t)(m * k) * sizeof(T);
     const size_t ws_g = (size_t)(m * k) * sizeof(float), ws_r = (size_t)m * sizeof(double);
-    const size_t ws_c = (size_t)kColSplits * (size_t)k * sizeof(double), ws_a = kAmaxBlocks * sizeof(float);
+    const size_t ws_c = (size_t)kColSplits * (size_t)k * sizeof(double),
+                 ws_a = kAmaxBlocks * sizeof(float);
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
     const size_t total = up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c) + up(ws_a);
     uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(
+        check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (backward workspace)"));
     T *wsign = reinterpret_cast<T *>(ws);
     T *xsign = reinterpret_cast<T *>(ws + up(ws_w));
     float *g = reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x));
     double *row_dot = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g));
     double *col_part = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r));
-    float *amax = reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c));
+    float *amax =
+        reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c));
 
     bie_status s = BIE_OK;
     float *zero = nullptr;
     cublasHandle_t h = nullptr;
-    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK) goto done;
+    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK)
+        goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     signs_of_bits<T><<<(unsigned)n, 256, 0, st>>>(a.wbits, a.ld, k, wsign);
     signs_of_bits<T><<<(unsigned)m, 256, 0, st>>>(a.signs, a.ld, k, xsign);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1,
-                                wsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F,
-                                (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (grad_x)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wsign,
+                     ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F, (int)k,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (grad_x)");
     if (s != BIE_OK) goto done;
     // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
@@ -191,8 +204,10 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
                                 CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (grad_w)");
     if (s != BIE_OK) goto done;
-    mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.ld, a.mask, a.signs, static_cast<T *>(a.grad_x), row_dot);
-    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, st>>>(g, m, k, col_part);
+    mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.ld, a.mask, a.signs,
+                                              static_cast<T *>(a.grad_x), row_dot);
+    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, st>>>(g, m, k,
+                                                                                    col_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, k, a.grad_bias);
     scale_grad<<<1, 256, 0, st>>>(row_dot, m, std::sqrt((double)m * (double)k), a.grad_scale_a);
     if (a.grad_w_i8) {
@@ -209,17 +224,22 @@ done:
 // ---- Binary conv2d backward (SPEC §3): conv2d_weight and conv2d_input as two GEMMs over the
 // im2col of the saved signs, then a gather col2im that applies the clip mask and reduces.
 
-__device__ __forceinline__ bool word_bit(const uint32_t *w, int64_t bit) { return (w[bit >> 5] >> (bit & 31)) & 1; }
+__device__ __forceinline__ bool word_bit(const uint32_t *w, int64_t bit) {
+    return (w[bit >> 5] >> (bit & 31)) & 1;
+}
 
 // ±1 weight [o][c k k] from the forward's tap-layout rows: block (element block, rows).
 template <typename T>
-__global__ void __launch_bounds__(256) conv_weight_signs(const uint32_t *bits, bie_conv_geom g64, int words, T *dst) {
-    const int C = (int)g64.c, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k), K = C * kk, O = (int)g64.o;
+__global__ void __launch_bounds__(256)
+    conv_weight_signs(const uint32_t *bits, bie_conv_geom g64, int words, T *dst) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k), K = C * kk,
+              O = (int)g64.o;
     const int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= K) return;
     const int c = e / kk, t = e - c * kk;
     for (int o = blockIdx.y; o < O; o += gridDim.y)
-        dst[(int64_t)o * K + e] = from_f32<T>(word_bit(bits + (int64_t)o * words + t * cw, c) ? 1.0f : -1.0f);
+        dst[(int64_t)o * K + e] =
+            from_f32<T>(word_bit(bits + (int64_t)o * words + t * cw, c) ? 1.0f : -1.0f);
 }
 
 // S [c k k][n oh ow]: sign(x') at each tap, 0 outside the input. Block (pixel block, sign
@@ -248,14 +268,16 @@ __global__ void __launch_bounds__(256)
             const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
             const uint32_t bits = inside ? img[(iy * w + ix) * cw] : 0u;
             T *out = dst + ((int64_t)c0 * kk + t) * rows + r;
-            for (int b = 0; b < cn; b++) out[(int64_t)b * kk * rows] = !inside ? zero : (bits >> b) & 1 ? plus : minus;
+            for (int b = 0; b < cn; b++)
+                out[(int64_t)b * kk * rows] = !inside ? zero : (bits >> b) & 1 ? plus : minus;
         }
     }
 }
 
 // G [o][n oh ow] from grad_out [n][o][oh ow]: block (pixel block, channels).
 template <typename T>
-__global__ void __launch_bounds__(256) conv_grad_rows(const T *grad_out, bie_conv_geom g64, T *dst) {
+__global__ void __launch_bounds__(256)
+    conv_grad_rows(const T *grad_out, bie_conv_geom g64, T *dst) {
     const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, O = (int)g64.o;
     const int r = blockIdx.x * 256 + threadIdx.x;
     if (r >= rows) return;
@@ -277,7 +299,8 @@ struct NhwcMask {
 __global__ void __launch_bounds__(256)
     conv_plane_sums(const float *g, const uint32_t *signs, bie_conv_geom g64, double *plane_sum,
                     double *plane_dot) {
-    const int C = (int)g64.c, cw = (C + 31) / 32, hw = (int)(g64.h * g64.w), lane = threadIdx.x & 31;
+    const int C = (int)g64.c, cw = (C + 31) / 32, hw = (int)(g64.h * g64.w),
+              lane = threadIdx.x & 31;
     const int nc = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (nc >= (int)g64.n * C) return;
     const int n = nc / C, c = nc - n * C;
@@ -299,8 +322,8 @@ __global__ void __launch_bounds__(256)
 }
 
 // grad_bias[c] = sum_n plane_sum[n][c]; grad_scale_a = sum plane_dot / denom (fixed order).
-__global__ void conv_bias_scale(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
-                                double denom, float *grad_bias, float *grad_scale) {
+__global__ void conv_bias_scale(const double *plane_sum, const double *plane_dot, int64_t n,
+                                int64_t c, double denom, float *grad_bias, float *grad_scale) {
     for (int64_t ch = threadIdx.x; ch < c; ch += 256) {
         double s = 0;
         for (int64_t i = 0; i < n; i++) s += plane_sum[i * c + ch];
@@ -326,17 +349,22 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     // Workspace: ±1 weight [o, K], sign columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, amax partials, masked grad_x (f32).
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[7] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
-                          up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
-                          up((size_t)(2 * g.n * g.c) * sizeof(double)), up(kAmaxBlocks * sizeof(float)),
+    const size_t sz[7] = {up((size_t)(g.o * K) * sizeof(T)),
+                          up((size_t)(rows * K) * sizeof(T)),
+                          up((size_t)(g.o * rows) * sizeof(T)),
+                          up((size_t)(rows * K) * sizeof(float)),
+                          up((size_t)(2 * g.n * g.c) * sizeof(double)),
+                          up(kAmaxBlocks * sizeof(float)),
                           up((size_t)(g.n * g.c * g.h * g.w) * sizeof(float))};
     size_t off[7], total = 0;
     for (int i = 0; i < 7; i++) off[i] = total, total += sz[i];
     uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (conv backward workspace)"));
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
+                       "cudaMallocAsync (conv backward workspace)"));
     T *wsign = reinterpret_cast<T *>(ws + off[0]), *scols = reinterpret_cast<T *>(ws + off[1]);
     T *grows = reinterpret_cast<T *>(ws + off[2]);
-    float *gcols = reinterpret_cast<float *>(ws + off[3]), *amax = reinterpret_cast<float *>(ws + off[5]);
+    float *gcols = reinterpret_cast<float *>(ws + off[3]),
+          *amax = reinterpret_cast<float *>(ws + off[5]);
     double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + g.n * g.c;
     float *gmasked = reinterpret_cast<float *>(ws + off[6]);
     const uint32_t *wbits = reinterpret_cast<const uint32_t *>(a.wbits);
@@ -344,33 +372,39 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     bie_status s = BIE_OK;
     float *zero = nullptr;
     cublasHandle_t h = nullptr;
-    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK) goto done;
+    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK)
+        goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    conv_weight_signs<T><<<dim3((unsigned)((K + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
-        wbits, g, (int)(a.ld / 4), wsign);
+    conv_weight_signs<T>
+        <<<dim3((unsigned)((K + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
+            wbits, g, (int)(a.ld / 4), wsign);
     {
         const unsigned pb = (unsigned)((rows + 255) / 256);
-        (g.k == 3 ? conv_sign_cols<T, 3> : conv_sign_cols<T, 0>)<<<dim3(pb, (unsigned)bie_cuda_conv_cw(&g)), 256, 0,
-                                                                     st>>>(a.signs, g, scols);
+        (g.k == 3 ? conv_sign_cols<T, 3>
+                  : conv_sign_cols<T, 0>)<<<dim3(pb, (unsigned)bie_cuda_conv_cw(&g)), 256, 0, st>>>(
+            a.signs, g, scols);
         conv_grad_rows<T><<<dim3(pb, (unsigned)std::min<int64_t>(g.o, 4096)), 256, 0, st>>>(
             static_cast<const T *>(a.grad_out), g, grows);
     }
     // grad_w, row-major [o, K] = G [o, rows] @ S^T (S row-major [K, rows]) * scale_a
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
-                                scols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
-                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (conv grad_w)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
+                     scols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
+                     (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (conv grad_w)");
     if (s != BIE_OK) goto done;
     // grad columns, row-major [K, rows] = sign(w)^T [K, o] @ G [o, rows] * scale_w
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
-                                grows, ctype, (int)rows, wsign, ctype, (int)K, zero, gcols, CUDA_R_32F,
-                                (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (conv grad_x)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
+                     grows, ctype, (int)rows, wsign, ctype, (int)K, zero, gcols, CUDA_R_32F,
+                     (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (conv grad_x)");
     if (s != BIE_OK) goto done;
     {
         const NhwcMask mask = {a.mask, (int)bie_cuda_conv_cw(&g), (int)(g.h * g.w)};
         launch_conv_col2im_mask(gcols, mask, g, static_cast<T *>(a.grad_x), gmasked);
-        conv_plane_sums<<<(unsigned)((g.n * g.c + 7) / 8), 256, 0, st>>>(gmasked, a.signs, g, plane_sum, plane_dot);
+        conv_plane_sums<<<(unsigned)((g.n * g.c + 7) / 8), 256, 0, st>>>(gmasked, a.signs, g,
+                                                                         plane_sum, plane_dot);
     }
     conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,
                                        std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
@@ -387,21 +421,23 @@ done:
 }
 
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst) {
-    const dim3 grid((unsigned)((g.n * g.oh * g.ow + 255) / 256), (unsigned)std::min<int64_t>(g.o, 4096));
+    const dim3 grid((unsigned)((g.n * g.oh * g.ow + 255) / 256),
+                    (unsigned)std::min<int64_t>(g.o, 4096));
     if (dtype == BIE_F32)
-        conv_grad_rows<float><<<grid, 256, 0, current_stream>>>(static_cast<const float *>(grad_out), g,
-                                                                static_cast<float *>(dst));
+        conv_grad_rows<float><<<grid, 256, 0, current_stream>>>(
+            static_cast<const float *>(grad_out), g, static_cast<float *>(dst));
     else if (dtype == BIE_BF16)
         conv_grad_rows<__nv_bfloat16><<<grid, 256, 0, current_stream>>>(
             static_cast<const __nv_bfloat16 *>(grad_out), g, static_cast<__nv_bfloat16 *>(dst));
     else
-        conv_grad_rows<__half><<<grid, 256, 0, current_stream>>>(static_cast<const __half *>(grad_out), g,
-                                                                 static_cast<__half *>(dst));
+        conv_grad_rows<__half><<<grid, 256, 0, current_stream>>>(
+            static_cast<const __half *>(grad_out), g, static_cast<__half *>(dst));
 }
 
-void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c, double denom,
-                          float *grad_bias, float *grad_scale) {
-    conv_bias_scale<<<1, 256, 0, current_stream>>>(plane_sum, plane_dot, n, c, denom, grad_bias, grad_scale);
+void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
+                          double denom, float *grad_bias, float *grad_scale) {
+    conv_bias_scale<<<1, 256, 0, current_stream>>>(plane_sum, plane_dot, n, c, denom, grad_bias,
+                                                   grad_scale);
 }
 
 }  // namespace bie_cuda
@@ -413,7 +449,8 @@ extern "C" bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backw
     case BIE_F32: return conv_backward_typed<float>(*args, CUDA_R_32F);
     case BIE_BF16: return conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
     case BIE_F16: return conv_backward_typed<__half>(*args, CUDA_R_16F);
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda conv backward: dtype %s", bie_dtype_name(args->dtype));
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda conv backward: dtype %s", bie_dtype_name(args->dtype));
     }
 }
 

@@ -24,8 +24,8 @@ void sum_over(const double *parts, int64_t count, double denom, float *out);
 // Convolutions: G [o][n oh ow] of grad_out [n][o][oh ow] (f32/bf16/f16), and from per-plane
 // sums and dots [n][c]: grad_bias[c] = sum_n plane_sum, *grad_scale = sum plane_dot / denom.
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);
-void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c, double denom,
-                          float *grad_bias, float *grad_scale);
+void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
+                          double denom, float *grad_bias, float *grad_scale);
 
 // grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
 // (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's
@@ -70,10 +70,14 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T, class Mask>
-void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_conv_geom &g, T *grad_x, float *gm) {
-    const dim3 grid((unsigned)((g.h * g.w + 255) / 256), (unsigned)std::min<int64_t>(g.n * g.c, 65535));
-    auto fn = g.k == 3 ? (g.s == 1 ? conv_col2im_mask<T, true, 3, Mask> : conv_col2im_mask<T, false, 3, Mask>)
-                       : (g.s == 1 ? conv_col2im_mask<T, true, 0, Mask> : conv_col2im_mask<T, false, 0, Mask>);
+void launch_conv_col2im_mask(const float *cols, Mask mask, const bie_conv_geom &g, T *grad_x,
+                             float *gm) {
+    const dim3 grid((unsigned)((g.h * g.w + 255) / 256),
+                    (unsigned)std::min<int64_t>(g.n * g.c, 65535));
+    auto fn =
+        g.k == 3
+            ? (g.s == 1 ? conv_col2im_mask<T, true, 3, Mask> : conv_col2im_mask<T, false, 3, Mask>)
+            : (g.s == 1 ? conv_col2im_mask<T, true, 0, Mask> : conv_col2im_mask<T, false, 0, Mask>);
     fn<<<grid, 256, 0, current_stream>>>(cols, mask, g, grad_x, gm);
 }
 }  // namespace bie_cuda

@@ -34,9 +34,9 @@ __device__ __forceinline__ void store_dot(const Epilogue &ep, const OutRow &row,
 // distinct banks.
 template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES, int MINB = 1>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
-    bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
-             const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
+    bgemm_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A, const uint8_t *__restrict__ B,
+             int64_t ld, const int *__restrict__ pa, const int *__restrict__ pb, int parts_a,
+             int parts_b, Epilogue ep) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     constexpr int kSmemRow = BKB + 16, kStages = STAGES, CHUNKS = BKB / 16;
     const int kblocks = (int)(ld / BKB);
@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
 // of k, and every load is a single vector.
 template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS)
-    bgemv_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A,
-             const uint8_t *__restrict__ B, int64_t ld, const int *__restrict__ pa,
-             const int *__restrict__ pb, int parts_a, int parts_b, Epilogue ep) {
+    bgemv_b1(int m, int n, int64_t k, const uint8_t *__restrict__ A, const uint8_t *__restrict__ B,
+             int64_t ld, const int *__restrict__ pa, const int *__restrict__ pb, int parts_a,
+             int parts_b, Epilogue ep) {
     extern __shared__ uint4 sA[];  // 16 rows of ld + 16 bytes (the pad spreads rows over banks)
     pdl_wait();  // A, B and their popcounts may come from the kernel just before (pdl.cuh)
     const int chunks = (int)(ld / 16), srow = chunks + 1;  // ld <= 227 KB / 16 here
@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         int row = m0 + g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
-        if (row < m && col < n) store_dot(ep, orow[e >> 1], col, k, prow[e >> 1], pcol[e & 1], acc[e], scale);
+        if (row < m && col < n)
+            store_dot(ep, orow[e >> 1], col, k, prow[e >> 1], pcol[e & 1], acc[e], scale);
     }
 }
 constexpr int kGemvWarps = 4;
@@ -223,9 +224,11 @@ struct CudaKernel {
     int threads;
 };
 
-#define BIE_B1_KERNEL(id, BM, BN, WM, WN, BKB, ST)                                             \
-    {id, "cuda.mma_b1.bgemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST,  \
-     bgemm_b1<BM, BN, WM, WN, BKB, ST>, 32 * WM * WN}
+#define BIE_B1_KERNEL(id, BM, BN, WM, WN, BKB, ST)                                                 \
+    {                                                                                              \
+        id, "cuda.mma_b1.bgemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST, BM, BN, BKB, ST, \
+            bgemm_b1<BM, BN, WM, WN, BKB, ST>, 32 * WM *WN                                         \
+    }
 
 const CudaKernel kernels[] = {
     BIE_B1_KERNEL(100, 128, 128, 2, 4, 64, 3),
@@ -239,10 +242,11 @@ const CudaKernel kernels[] = {
     BIE_B1_KERNEL(108, 256, 128, 4, 2, 64, 4),
     // Short k (convolutions: 9 taps of a few hundred channels) gives each block little work;
     // these trade registers for more resident blocks per SM to hide the latency.
-    {110, "cuda.mma_b1.bgemm_64x64_w2x2_k64_s3_b6", 64, 64, 64, 3, bgemm_b1<64, 64, 2, 2, 64, 3, 6>, 128},
-    {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3, bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
-    {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0,
-     bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
+    {110, "cuda.mma_b1.bgemm_64x64_w2x2_k64_s3_b6", 64, 64, 64, 3, bgemm_b1<64, 64, 2, 2, 64, 3, 6>,
+     128},
+    {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3,
+     bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
+    {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0, bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
 constexpr int kStreamIndex = kNumKernels - 1;
@@ -267,10 +271,13 @@ size_t max_smem() {
 
 // Whether the kernel's k block divides the row stride (the main loops have no k tail). The
 // streaming kernel steps 64 bytes at a time.
-bool stride_ok(const CudaKernel &kern, int64_t ld) { return ld % (kern.bm == 0 ? 64 : kern.bkb) == 0; }
+bool stride_ok(const CudaKernel &kern, int64_t ld) {
+    return ld % (kern.bm == 0 ? 64 : kern.bkb) == 0;
+}
 
 const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
-    if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem() && stride_ok(kernels[kStreamIndex], ld))
+    if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem() &&
+        stride_ok(kernels[kStreamIndex], ld))
         return &kernels[kStreamIndex];
     // Small problems need more blocks than 128x128 tiles give to fill the GPU.
     // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
@@ -338,18 +345,25 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     const CudaKernel *kern = default_kernel(m, n, ld);
     if (kernel_id >= 0) {
         int idx = binary_index(kernel_id);
-        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who, kernel_id);
+        if (idx < 0)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who,
+                            kernel_id);
         kern = &kernels[idx];
     }
     const int which = out_type_of(out_dtype);
-    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
     if (!stride_ok(*kern, ld))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run rows of %lld bytes (its k block "
-                        "must divide them)", who, kern->name, (long long)ld);
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s: kernel %s cannot run rows of %lld bytes (its k block "
+                        "must divide them)",
+                        who, kern->name, (long long)ld);
     size_t smem = smem_bytes(*kern, ld);
     if (smem > max_smem())
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s cannot run k = %lld (needs %zu bytes of "
-                        "shared memory)", who, kern->name, (long long)k, smem);
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s: kernel %s cannot run k = %lld (needs %zu bytes of "
+                        "shared memory)",
+                        who, kern->name, (long long)k, smem);
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
     KernelFn fn = kern->fn;
     const int parts_b = bie_cuda_popc_parts(ld);
@@ -362,11 +376,13 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
                        "cudaFuncSetAttribute"));
     dim3 grid;
     if (kern->bm == 0)
-        grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)), (unsigned)((m + 15) / 16));
+        grid = dim3((unsigned)((n + 8 * kGemvWarps - 1) / (8 * kGemvWarps)),
+                    (unsigned)((m + 15) / 16));
     else
-        grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn), (unsigned)((m + kern->bm - 1) / kern->bm));
-    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(kern->threads), smem, (int)m, (int)n, k, a, b, ld, pa, pb, parts_a,
-                                    parts_b, ep),
+        grid = dim3((unsigned)((n + kern->bn - 1) / kern->bn),
+                    (unsigned)((m + kern->bm - 1) / kern->bm));
+    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(kern->threads), smem, (int)m, (int)n, k, a, b,
+                                    ld, pa, pb, parts_a, parts_b, ep),
                        "binary gemm launch"));
     return check(cudaGetLastError(), "binary gemm launch");
 }
@@ -377,15 +393,16 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     static const char *who = "bie_cuda_binary_gemm";
     if (a == NULL || b == NULL || out == NULL)
         return bie_fail(BIE_ERR_NULL_POINTER, "%s: a, b and out must not be NULL", who);
-    if (m < 1 || n < 1 || k < 1)
-        return bie_fail(BIE_ERR_SHAPE, "%s: m, n, k must be >= 1", who);
+    if (m < 1 || n < 1 || k < 1) return bie_fail(BIE_ERR_SHAPE, "%s: m, n, k must be >= 1", who);
     if (k > (1LL << 28) || m > 65535LL * 64 || n > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: k must be <= 2^28 and m <= 4194240", who);
     if (a_row_bytes < (k + 7) / 8 || b_row_bytes < (k + 7) / 8)
         return bie_fail(BIE_ERR_SHAPE, "%s: row strides must be >= ceil(k / 8) bytes", who);
-    if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
+    if (!(scale - scale == 0.0f))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
     if (kernel_id >= 0 && binary_index(kernel_id) < 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who, kernel_id);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA binary kernel with id %d", who,
+                        kernel_id);
     BIE_CUDA_TRY(require_device());
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
         return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);
@@ -401,7 +418,8 @@ bie_status bie_cuda_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, 
     bie_status s = bie_cuda_repack_rows(a, a_row_bytes, m, k, ld, ap, pa);
     if (s == BIE_OK) s = bie_cuda_repack_rows(b, b_row_bytes, n, k, ld, bp, pb);
     if (s == BIE_OK)
-        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, parts, pb, scale, NULL, NULL, BIE_F32, out, NULL);
+        s = bie_cuda_bgemm_launch(kernel_id, m, n, k, ap, bp, ld, pa, parts, pb, scale, NULL, NULL,
+                                  BIE_F32, out, NULL);
     cudaError_t free_err = cudaFreeAsync(ws, st);
     BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");

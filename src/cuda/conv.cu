@@ -5,9 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-
-#include "cuda_common.cuh"
 #include "conv_common.cuh"
+#include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "dtype.cuh"
 #include "epilogue.cuh"
@@ -22,8 +21,8 @@ unsigned blocks_for(int64_t count, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
 }
 
-constexpr int kPackWords = 8;       // sign words per block: a 32 B run of every output row
-constexpr int kPackMinWarps = 1024; // enough warps to fill a large GPU before loads get wider
+constexpr int kPackWords = 8;        // sign words per block: a 32 B run of every output row
+constexpr int kPackMinWarps = 1024;  // enough warps to fill a large GPU before loads get wider
 // (H100, N=64, C=256, 14x14: 1024 gives 2-pixel loads and a 28.1 us forward, 2048 1-pixel
 // loads and 28.8-29.2 us, 512 4-pixel loads and 28.1-28.4 us)
 
@@ -38,12 +37,14 @@ constexpr int kPackMinWarps = 1024; // enough warps to fill a large GPU before l
 // CPU's float arithmetic. Pixel indices in 32 bits (the layer caps n h w), element offsets in 64.
 template <typename T, int VP, bool TRAIN>
 __global__ void __launch_bounds__(256)
-    pack_input(const T *__restrict__ x, bie_conv_geom g64, int wc, int pg, const float *__restrict__ bias,
-               const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
+    pack_input(const T *__restrict__ x, bie_conv_geom g64, int wc, int pg,
+               const float *__restrict__ bias, const float *scale_a, const float *scale_w,
+               float *saved_scales, uint32_t *signs, uint32_t *mask) {
     extern __shared__ uint32_t pack_tile[];
     const int hw = (int)(g64.h * g64.w), C = (int)g64.c, cw = (C + 31) / 32;
     const int nhw = (int)(g64.n * g64.h * g64.w);
-    const int rows = pg * 32 * VP, ld = wc | 1;  // odd row stride: the lanes' words spread over the banks
+    const int rows = pg * 32 * VP,
+              ld = wc | 1;  // odd row stride: the lanes' words spread over the banks
     const int first = (int)blockIdx.x * rows, left = nhw - first;
     const int w0 = (int)blockIdx.y * wc, words = min(wc, cw - w0);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
@@ -107,19 +108,20 @@ __global__ void __launch_bounds__(256)
 
 template <typename T, int VP>
 void launch_pack_input(const T *x, const bie_conv_geom *g, int64_t cw, const float *bias,
-                       const float *scale_a, const float *scale_w, float *saved_scales, uint32_t *signs,
-                       uint32_t *mask) {
+                       const float *scale_a, const float *scale_w, float *saved_scales,
+                       uint32_t *signs, uint32_t *mask) {
     const int64_t nhw = g->n * g->h * g->w;
     const int wc = (int)(cw < kPackWords ? (cw < 1 ? 1 : cw) : kPackWords), pg = kPackWords / wc;
     const int64_t rows = (int64_t)pg * 32 * VP, tiles = (nhw + rows - 1) / rows;
-    const dim3 grid((unsigned)(tiles < 1 ? 1 : tiles), (unsigned)((cw + wc - 1) / wc < 1 ? 1 : (cw + wc - 1) / wc));
+    const dim3 grid((unsigned)(tiles < 1 ? 1 : tiles),
+                    (unsigned)((cw + wc - 1) / wc < 1 ? 1 : (cw + wc - 1) / wc));
     const size_t smem = (size_t)rows * (wc | 1) * sizeof(uint32_t) * (mask ? 2 : 1);
     if (mask)
-        pack_input<T, VP, true><<<grid, 32 * pg * wc, smem, current_stream>>>(x, *g, wc, pg, bias, scale_a,
-                                                                               scale_w, saved_scales, signs, mask);
+        pack_input<T, VP, true><<<grid, 32 * pg * wc, smem, current_stream>>>(
+            x, *g, wc, pg, bias, scale_a, scale_w, saved_scales, signs, mask);
     else
-        pack_input<T, VP, false><<<grid, 32 * pg * wc, smem, current_stream>>>(x, *g, wc, pg, bias, scale_a,
-                                                                                scale_w, saved_scales, signs, mask);
+        pack_input<T, VP, false><<<grid, 32 * pg * wc, smem, current_stream>>>(
+            x, *g, wc, pg, bias, scale_a, scale_w, saved_scales, signs, mask);
 }
 
 // Pixels per lane: the widest aligned run of at most 8 bytes, narrowed while the grid would
@@ -130,23 +132,35 @@ void pack_input_any(const void *xv, const bie_conv_geom *g, const float *bias, c
     const T *x = static_cast<const T *>(xv);
     const int64_t hw = g->h * g->w, nhw = g->n * hw, cw = bie_cuda_conv_cw(g);
     int vp = 1;
-    while (vp * 2 * sizeof(T) <= 8 && hw % (vp * 2) == 0 && (uintptr_t)x % (vp * 2 * sizeof(T)) == 0) vp *= 2;
+    while (vp * 2 * sizeof(T) <= 8 && hw % (vp * 2) == 0 &&
+           (uintptr_t)x % (vp * 2 * sizeof(T)) == 0)
+        vp *= 2;
     while (vp > 1 && (nhw + 32 * vp - 1) / (32 * vp) * cw < kPackMinWarps) vp /= 2;
     constexpr int kWide = 8 / sizeof(T);  // 2 (f32) or 4 (16-bit types)
-    if (vp >= 4) launch_pack_input<T, kWide>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
-    else if (vp == 2) launch_pack_input<T, 2>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
-    else launch_pack_input<T, 1>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
+    if (vp >= 4)
+        launch_pack_input<T, kWide>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
+    else if (vp == 2)
+        launch_pack_input<T, 2>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
+    else
+        launch_pack_input<T, 1>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
 }
 
 // Sign of element idx of weight row `row` ([c, i, j] order) from the source format.
-template <typename S> __device__ __forceinline__ bool weight_sign(const S *src, int64_t rb, int64_t row, int64_t idx);
-template <> __device__ __forceinline__ bool weight_sign<int8_t>(const int8_t *w, int64_t rb, int64_t row, int64_t idx) {
+template <typename S>
+__device__ __forceinline__ bool weight_sign(const S *src, int64_t rb, int64_t row, int64_t idx);
+template <>
+__device__ __forceinline__ bool weight_sign<int8_t>(const int8_t *w, int64_t rb, int64_t row,
+                                                    int64_t idx) {
     return w[row * rb + idx] >= 0;
 }
-template <> __device__ __forceinline__ bool weight_sign<float>(const float *w, int64_t rb, int64_t row, int64_t idx) {
+template <>
+__device__ __forceinline__ bool weight_sign<float>(const float *w, int64_t rb, int64_t row,
+                                                   int64_t idx) {
     return w[row * rb + idx] >= 0.0f;
 }
-template <> __device__ __forceinline__ bool weight_sign<uint8_t>(const uint8_t *q, int64_t rb, int64_t row, int64_t idx) {
+template <>
+__device__ __forceinline__ bool weight_sign<uint8_t>(const uint8_t *q, int64_t rb, int64_t row,
+                                                     int64_t idx) {
     return (q[row * rb + (idx >> 3)] >> (idx & 7)) & 1;
 }
 
@@ -160,7 +174,8 @@ __global__ void __launch_bounds__(256)
     uint32_t v = 0;
     if (q < kk * cw && q < words) {
         const int64_t t = q / cw, c0 = (q % cw) * 32, cn = g.c - c0 < 32 ? g.c - c0 : 32;
-        for (int64_t c = 0; c < cn; c++) v |= (uint32_t)weight_sign(src, rb, row, (c0 + c) * kk + t) << c;
+        for (int64_t c = 0; c < cn; c++)
+            v |= (uint32_t)weight_sign(src, rb, row, (c0 + c) * kk + t) << c;
     }
     if (q < words) bits[row * words + q] = v;
     int count = __popc(v);
@@ -176,7 +191,8 @@ __global__ void __launch_bounds__(256)
 }
 
 // tapsum[o][t] = 2 * (ones among the tap's C bits) - C.
-__global__ void tap_sums(const uint32_t *bits, bie_conv_geom g, int64_t cw, int64_t ld, int *tapsum) {
+__global__ void tap_sums(const uint32_t *bits, bie_conv_geom g, int64_t cw, int64_t ld,
+                         int *tapsum) {
     const int64_t kk = g.k * g.k, words = ld / 4;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * kk;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -190,8 +206,10 @@ __global__ void tap_sums(const uint32_t *bits, bie_conv_geom g, int64_t cw, int6
 // One warp per output pixel: its row of k k taps (cw words each, zero outside the input)
 // and the row's popcount. 32-bit index math.
 __global__ void __launch_bounds__(256)
-    im2col_bits(const uint32_t *__restrict__ signs, bie_conv_geom g64, int words, uint32_t *cols, int *popc) {
-    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
+    im2col_bits(const uint32_t *__restrict__ signs, bie_conv_geom g64, int words, uint32_t *cols,
+                int *popc) {
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, s = (int)g64.s, p = (int)g64.p,
+              d = (int)g64.d;
     const int h = (int)g64.h, w = (int)g64.w, oh = (int)g64.oh, ow = (int)g64.ow;
     const int plane = oh * ow, rows = (int)g64.n * plane, used = k * k * cw;
     const int lane = threadIdx.x & 31;
@@ -224,13 +242,13 @@ __global__ void corrections(const int *tapsum, bie_conv_geom g, const int *ylim,
         int sum = 0;
         for (int64_t i = 0; i < g.k; i++)
             for (int64_t j = 0; j < g.k; j++) {
-                const bool inside = i >= ylim[2 * cy] && i < ylim[2 * cy + 1] && j >= xlim[2 * cx] && j < xlim[2 * cx + 1];
+                const bool inside = i >= ylim[2 * cy] && i < ylim[2 * cy + 1] &&
+                                    j >= xlim[2 * cx] && j < xlim[2 * cx + 1];
                 if (!inside) sum += tapsum[o * kk + i * g.k + j];
             }
         corr[idx] = sum;
     }
 }
-
 
 // ---- Implicit-GEMM binary convolution, persistent. A block keeps BN weight rows (output
 // channels) in shared memory for the whole kernel and walks 32-pixel tiles t = blockIdx.x,
@@ -274,25 +292,30 @@ struct ConvSmem {
 // neighbouring pixels of a channel at once (even planes, output aligned to two elements).
 template <int BN, int UNIT>
 __global__ void __launch_bounds__(2 * BN, 1)
-    bconv_implicit(const uint32_t *__restrict__ signs, bie_conv_geom g64, const uint8_t *__restrict__ wbits,
-                   int64_t ld, const int *__restrict__ wpopc, int ldr, int classes, int tiles, bool pairs,
-                   Epilogue ep) {
+    bconv_implicit(const uint32_t *__restrict__ signs, bie_conv_geom g64,
+                   const uint8_t *__restrict__ wbits, int64_t ld, const int *__restrict__ wpopc,
+                   int ldr, int classes, int tiles, bool pairs, Epilogue ep) {
     constexpr int THREADS = 2 * BN, WARPS_N = BN / 32, NT = 4, TPR = THREADS / kConvBM;
     extern __shared__ __align__(16) uint8_t smem[];
     const int oh = (int)g64.oh, ow = (int)g64.ow;
     const ConvSmem lay(BN, ldr, classes, oh, ow);
     const int stride = ldr + 16;
     uint8_t *sB = smem + lay.b, *sA = smem + lay.a;
-    int *sC = reinterpret_cast<int *>(smem + lay.c), *sCorr = reinterpret_cast<int *>(smem + lay.corr);
-    int *sPcol = reinterpret_cast<int *>(smem + lay.pcol), *sPa = reinterpret_cast<int *>(smem + lay.pa);
-    int *sYcls = reinterpret_cast<int *>(smem + lay.ycls), *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
+    int *sC = reinterpret_cast<int *>(smem + lay.c),
+        *sCorr = reinterpret_cast<int *>(smem + lay.corr);
+    int *sPcol = reinterpret_cast<int *>(smem + lay.pcol),
+        *sPa = reinterpret_cast<int *>(smem + lay.pa);
+    int *sYcls = reinterpret_cast<int *>(smem + lay.ycls),
+        *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
     int *sRowCls = reinterpret_cast<int *>(smem + lay.rcls);
     long long *sRowBase = reinterpret_cast<long long *>(smem + lay.rbase);
 
-    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w;
+    const int C = (int)g64.c, cw = (C + 31) / 32, k = (int)g64.k, kk = k * k, h = (int)g64.h,
+              w = (int)g64.w;
     const int plane = oh * ow, rows = (int)g64.n * plane, O = (int)g64.o;
     const int used = kk * cw * 4;  // bytes of taps in a row
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WARPS_N,
+              wn = warp % WARPS_N;
     const int n0 = blockIdx.y * BN;
 
     // Weights: BN rows of ldr bytes in 16-byte chunks (rows past O zero-filled), and the
@@ -302,7 +325,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
         for (int i = tid; i < BN * chunks; i += THREADS) {
             const int r = i / chunks, c = i - r * chunks;
             const bool ok = n0 + r < O;
-            cp_async_n(smem_u32(sB + r * stride + c * 16), wbits + (int64_t)(ok ? n0 + r : 0) * ld + c * 16, 16, ok);
+            cp_async_n(smem_u32(sB + r * stride + c * 16),
+                       wbits + (int64_t)(ok ? n0 + r : 0) * ld + c * 16, 16, ok);
         }
     }
     // The weight columns' popcounts (a column per thread, THREADS = 2 BN), kept in a register
@@ -310,7 +334,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
     int own_pcol = 0;
     if (tid < BN && n0 + tid < O) {
         const int parts = (int)((ld + 1023) / 1024);
-        for (int part = 0; part < parts; part++) own_pcol += wpopc[(int64_t)(n0 + tid) * parts + part];
+        for (int part = 0; part < parts; part++)
+            own_pcol += wpopc[(int64_t)(n0 + tid) * parts + part];
     }
     // Zero tails of the pixel rows of both buffers (the gathers never write them).
     for (int i = tid; i < 2 * kConvBM * ((ldr - used) / 4); i += THREADS) {
@@ -337,13 +362,15 @@ __global__ void __launch_bounds__(2 * BN, 1)
             const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
             const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
             const unsigned d = dst + tap * cw * 4;
-            for (int wd = 0; wd < cw; wd += UNIT) cp_async_n(d + wd * 4, src + (ok ? wd : 0), UNIT * 4, ok);
+            for (int wd = 0; wd < cw; wd += UNIT)
+                cp_async_n(d + wd * 4, src + (ok ? wd : 0), UNIT * 4, ok);
         }
     };
     // Tile t's rows' padding classes and output offsets, into buffer buf (a thread per row).
     auto row_info = [&](int t, int buf) {
         if (tid >= kConvBM) return;
-        const int row = min(t * kConvBM + tid, rows - 1), n = row / plane, pix = row - n * plane, oy = pix / ow;
+        const int row = min(t * kConvBM + tid, rows - 1), n = row / plane, pix = row - n * plane,
+                  oy = pix / ow;
         sRowCls[buf * kConvBM + tid] = sYcls[oy] + sXcls[pix - oy * ow];
         sRowBase[buf * kConvBM + tid] = (long long)n * O * plane + pix;
     };
@@ -362,8 +389,10 @@ __global__ void __launch_bounds__(2 * BN, 1)
     // class(0, ox) - class(0, 0), from two small tables instead of a load per pixel.
     for (int i = tid; i < oh + ow; i += THREADS) {
         const int *pc = ep.conv.pix_class;
-        if (i < oh) sYcls[i] = pc ? pc[i * ow] : 0;
-        else sXcls[i - oh] = pc ? pc[i - oh] - pc[0] : 0;
+        if (i < oh)
+            sYcls[i] = pc ? pc[i * ow] : 0;
+        else
+            sXcls[i - oh] = pc ? pc[i - oh] - pc[0] : 0;
     }
     if (tid < BN) sPcol[tid] = own_pcol;
     __syncthreads();  // the class tables
@@ -384,7 +413,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
         {
             const int r = tid / TPR, part = tid % TPR;
             int cnt = 0;
-            for (int i = part; i < ldr / 4; i += TPR) cnt += __popc(*reinterpret_cast<const uint32_t *>(tA + r * stride + i * 4));
+            for (int i = part; i < ldr / 4; i += TPR)
+                cnt += __popc(*reinterpret_cast<const uint32_t *>(tA + r * stride + i * 4));
 #pragma unroll
             for (int o = TPR / 2; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
             if (part == 0) sPa[r] = cnt;
@@ -419,7 +449,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int cl = wn * 32 + j * 8 + 2 * t4 + e;
-                    sC[cl * kConvCS + rl] = rowterm - 2 * sPcol[cl] + 4 * acc[j][hh * 2 + e] + corr[cl];
+                    sC[cl * kConvCS + rl] =
+                        rowterm - 2 * sPcol[cl] + 4 * acc[j][hh * 2 + e] + corr[cl];
                 }
         }
         // Output offsets of the rows this thread stores (read before the next gather may
@@ -427,7 +458,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
         const int pr = pairs ? 2 * (tid % (kConvBM / 2)) : tid % kConvBM;
         const long long base = sRowBase[buf * kConvBM + pr];
         __syncthreads();
-        if (t + (int)gridDim.x < tiles) row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
+        if (t + (int)gridDim.x < tiles)
+            row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
         // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane.
         const int row = t * kConvBM + pr;
         if (row < rows) {
@@ -450,28 +482,40 @@ bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_co
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask) {
     switch (dtype) {
-    case BIE_F32: pack_input_any<float>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
-    case BIE_BF16: pack_input_any<__nv_bfloat16>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
-    case BIE_F16: pack_input_any<__half>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask); break;
+    case BIE_F32:
+        pack_input_any<float>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask);
+        break;
+    case BIE_BF16:
+        pack_input_any<__nv_bfloat16>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask);
+        break;
+    case BIE_F16:
+        pack_input_any<__half>(x, g, bias, scale_a, scale_w, saved_scales, signs, mask);
+        break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda conv pack input");
 }
 
 bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
-                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits,
-                                     int *popc, int *tapsum) {
+                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits, int *popc,
+                                     int *tapsum) {
     const int64_t cw = bie_cuda_conv_cw(g), K = g->c * g->k * g->k;
     const dim3 grid((unsigned)g->o, (unsigned)bie_cuda_popc_parts(ld));
     cudaStream_t st = current_stream;
     uint32_t *b = reinterpret_cast<uint32_t *>(bits);
     switch (dtype) {
-    case BIE_I8: pack_weight<<<grid, 256, 0, st>>>(static_cast<const int8_t *>(src), K, *g, cw, ld, b, popc); break;
-    case BIE_F32: pack_weight<<<grid, 256, 0, st>>>(static_cast<const float *>(src), K, *g, cw, ld, b, popc); break;
-    case BIE_U8:
-        pack_weight<<<grid, 256, 0, st>>>(static_cast<const uint8_t *>(src), src_row_bytes, *g, cw, ld, b, popc);
+    case BIE_I8:
+        pack_weight<<<grid, 256, 0, st>>>(static_cast<const int8_t *>(src), K, *g, cw, ld, b, popc);
         break;
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: weight dtype %s", bie_dtype_name(dtype));
+    case BIE_F32:
+        pack_weight<<<grid, 256, 0, st>>>(static_cast<const float *>(src), K, *g, cw, ld, b, popc);
+        break;
+    case BIE_U8:
+        pack_weight<<<grid, 256, 0, st>>>(static_cast<const uint8_t *>(src), src_row_bytes, *g, cw,
+                                          ld, b, popc);
+        break;
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: weight dtype %s", bie_dtype_name(dtype));
     }
     tap_sums<<<blocks_for(g->o * g->k * g->k, 256), 256, 0, st>>>(b, *g, cw, ld, tapsum);
     return check(cudaGetLastError(), "cuda conv pack weight");
@@ -485,19 +529,19 @@ bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, i
     return check(cudaGetLastError(), "cuda conv im2col");
 }
 
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g,
-                                     const int *ylim, int ny, const int *xlim, int nx, int *corr) {
-    corrections<<<blocks_for((int64_t)ny * nx * g->o, 256), 256, 0, current_stream>>>(tapsum, *g, ylim, xlim,
-                                                                                     ny, nx, corr);
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g, const int *ylim,
+                                     int ny, const int *xlim, int nx, int *corr) {
+    corrections<<<blocks_for((int64_t)ny * nx * g->o, 256), 256, 0, current_stream>>>(
+        tapsum, *g, ylim, xlim, ny, nx, corr);
     return check(cudaGetLastError(), "cuda conv corrections");
 }
-
 
 int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     int dev = 0, max_smem = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -509,21 +553,24 @@ int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes) {
     const int widths[2] = {64, 128};
     int best = 0;
     for (int i = 0; i < 2; i++) {
-        if (ConvSmem(widths[i], (int)ldr, classes, (int)g->oh, (int)g->ow).total > (size_t)max_smem) break;
+        if (ConvSmem(widths[i], (int)ldr, classes, (int)g->oh, (int)g->ow).total > (size_t)max_smem)
+            break;
         best = widths[i];
         if (g->o <= widths[i]) break;
     }
     return best;
 }
 
-bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g, const uint8_t *wbits,
-                                  int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
-                                  const float *scale_w, bie_dtype out_dtype, void *out,
-                                  const bie_cuda_conv_out *conv) {
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
+                                  const uint8_t *wbits, int64_t ld, const int *wpopc, int bn,
+                                  int classes, const float *scale_a, const float *scale_w,
+                                  bie_dtype out_dtype, void *out, const bie_cuda_conv_out *conv) {
     const int64_t cw = bie_cuda_conv_cw(g), ldr = (g->k * g->k * cw * 4 + 31) / 32 * 32;
     const int which = out_type_of(out_dtype);
-    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "cuda conv: output dtype %s", bie_dtype_name(out_dtype));
-    if (bn != 64 && bn != 128) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "cuda conv: tile width %d", bn);
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "cuda conv: output dtype %s", bie_dtype_name(out_dtype));
+    if (bn != 64 && bn != 128)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "cuda conv: tile width %d", bn);
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
     const size_t smem = ConvSmem(bn, (int)ldr, classes, (int)g->oh, (int)g->ow).total;
     const bool wide = cw % 4 == 0;
@@ -542,14 +589,15 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
     }
     // Enough blocks to fill the GPU once, then as few as leave every block the same number
     // of pixel tiles (the largest count decides the time).
-    const int64_t rows = g->n * g->oh * g->ow, tiles = (rows + kConvBM - 1) / kConvBM, groups = (g->o + bn - 1) / bn;
+    const int64_t rows = g->n * g->oh * g->ow, tiles = (rows + kConvBM - 1) / kConvBM,
+                  groups = (g->o + bn - 1) / bn;
     int64_t blocks = (int64_t)sms * (per_sm < 1 ? 1 : per_sm) / groups;
     blocks = blocks < 1 ? 1 : blocks > tiles ? tiles : blocks;
     const int64_t per_block = (tiles + blocks - 1) / blocks;
     blocks = (tiles + per_block - 1) / per_block;
     const dim3 grid((unsigned)blocks, (unsigned)groups);
-    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(2 * bn), smem, signs, *g, wbits, ld, wpopc, (int)ldr, classes,
-                                    (int)tiles, pairs, ep),
+    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(2 * bn), smem, signs, *g, wbits, ld, wpopc,
+                                    (int)ldr, classes, (int)tiles, pairs, ep),
                        "cuda conv implicit gemm"));
     return check(cudaGetLastError(), "cuda conv implicit gemm");
 }

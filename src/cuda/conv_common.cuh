@@ -15,11 +15,15 @@ namespace bie_cuda {
 template <int BYTES> struct RawRun;
 template <> struct RawRun<2> {
     uint32_t w[1];
-    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const unsigned short *>(p); }
+    __device__ __forceinline__ void load(const void *p) {
+        w[0] = *static_cast<const unsigned short *>(p);
+    }
 };
 template <> struct RawRun<4> {
     uint32_t w[1];
-    __device__ __forceinline__ void load(const void *p) { w[0] = *static_cast<const uint32_t *>(p); }
+    __device__ __forceinline__ void load(const void *p) {
+        w[0] = *static_cast<const uint32_t *>(p);
+    }
 };
 template <> struct RawRun<8> {
     uint32_t w[2];
@@ -46,7 +50,8 @@ template <> __device__ __forceinline__ float run_elem<__half>(const uint32_t *w,
 __device__ __forceinline__ void cp_async_n(unsigned dst, const void *src, int bytes, bool pred) {
     const int n = pred ? bytes : 0;
     if (bytes == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(n));
     else if (bytes == 8)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n));
     else

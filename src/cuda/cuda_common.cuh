@@ -4,10 +4,10 @@
 
 #include "../core/internal.h"
 
-#define BIE_CUDA_TRY(call)                                                                     \
-    do {                                                                                       \
-        bie_status bie_cuda_try_ = (call);                                                     \
-        if (bie_cuda_try_ != BIE_OK) return bie_cuda_try_;                                     \
+#define BIE_CUDA_TRY(call)                                 \
+    do {                                                   \
+        bie_status bie_cuda_try_ = (call);                 \
+        if (bie_cuda_try_ != BIE_OK) return bie_cuda_try_; \
     } while (0)
 
 namespace bie_cuda {

@@ -2,8 +2,8 @@
 #ifndef BIE_CUDA_INTERNAL_H
 #define BIE_CUDA_INTERNAL_H
 
-#include "bie.h"
 #include "../core/formats.h"
+#include "bie.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,8 +48,8 @@ bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t row
 bie_status bie_cuda_add_bias(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                              const float *bias, void *out);
 /* out[n, c, hw] = x + bias[c] (NCHW planes), in x's dtype. */
-bie_status bie_cuda_add_bias_planes(bie_dtype dtype, const void *x, int64_t n, int64_t c, int64_t hw,
-                                    const float *bias, void *out);
+bie_status bie_cuda_add_bias_planes(bie_dtype dtype, const void *x, int64_t n, int64_t c,
+                                    int64_t hw, const float *bias, void *out);
 /* sum |x| over n elements, deterministic; waits for the result. */
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result);
 
@@ -106,7 +106,8 @@ bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const f
 bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,
                                   int64_t ld, uint8_t *codes);
 /* The user's nibble rows (ceil(k / 2) bytes each; the last high nibble of odd k ignored). */
-bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst);
+bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld,
+                                   uint8_t *dst);
 /* out[m, n] = (float)dot * scale over 4-bit layout rows, exact in int32 for k <= 2^24;
  * otherwise as bie_cuda_bgemm_launch (scale_a/scale_w, output dtype, conv, kernel_id < 0). */
 bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -132,25 +133,26 @@ bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_co
  * tapsum [o][k k] = sum_c sign(w[o, c, tap]). src: int8 or f32 [o, c k k] (sign: >= 0), or
  * (dtype U8) rows of src_row_bytes bytes of packed bits in [c, i, j] order (the user format). */
 bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
-                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits,
-                                     int *popc, int *tapsum);
+                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits, int *popc,
+                                     int *tapsum);
 /* Bit im2col: row r = output pixel r (over all images) [n oh ow][ld], one popcount per row. */
 bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, int64_t ld,
                                 uint8_t *cols, int *popc);
 /* corr [ny nx][o]: class cy * nx + cx has valid taps i in [ylim[2 cy], ylim[2 cy + 1]) and
  * j in [xlim[2 cx], xlim[2 cx + 1]); corr = sum of tapsum over the other taps. */
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g,
-                                     const int *ylim, int ny, const int *xlim, int nx, int *corr);
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g, const int *ylim,
+                                     int ny, const int *xlim, int nx, int *corr);
 
 /* The implicit-GEMM forward (no im2col pass): the channel-tile width it runs with for this
  * shape (with `classes` padding classes) on the current device (256, 128 or 64), or 0 when
- * the weight rows do not fit in shared memory (then use bie_cuda_conv_im2col + bie_cuda_bgemm_launch). wbits/wpopc/ld as
- * bie_cuda_conv_pack_weight wrote them; the output and scales as bie_cuda_bgemm_launch. */
+ * the weight rows do not fit in shared memory (then use bie_cuda_conv_im2col +
+ * bie_cuda_bgemm_launch). wbits/wpopc/ld as bie_cuda_conv_pack_weight wrote them; the output and
+ * scales as bie_cuda_bgemm_launch. */
 int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes);
-bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g, const uint8_t *wbits,
-                                  int64_t ld, const int *wpopc, int bn, int classes, const float *scale_a,
-                                  const float *scale_w, bie_dtype out_dtype, void *out,
-                                  const bie_cuda_conv_out *conv);
+bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
+                                  const uint8_t *wbits, int64_t ld, const int *wpopc, int bn,
+                                  int classes, const float *scale_a, const float *scale_w,
+                                  bie_dtype out_dtype, void *out, const bie_cuda_conv_out *conv);
 
 /* The fused kernel's weight image (the weight rows and their column terms in its shared
  * memory layout, per block of bn output channels), owned by the layer: built by
@@ -168,10 +170,11 @@ typedef struct bie_cuda_fused_image {
  * memory. x, bias as bie_cuda_conv_pack_input (dtype is the input's and the output's), the
  * rest as bie_cuda_conv_implicit; img as above. *ran = false (and nothing launched) when it
  * does not apply. */
-bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_conv_geom *g, const float *bias,
-                               const uint8_t *wbits, int64_t ld, const int *wpopc, int classes,
-                               const float *scale_a, const float *scale_w, void *out,
-                               const bie_cuda_conv_out *conv, bie_cuda_fused_image *img, bool *ran);
+bie_status bie_cuda_conv_fused(bie_dtype dtype, const void *x, const bie_conv_geom *g,
+                               const float *bias, const uint8_t *wbits, int64_t ld,
+                               const int *wpopc, int classes, const float *scale_a,
+                               const float *scale_w, void *out, const bie_cuda_conv_out *conv,
+                               bie_cuda_fused_image *img, bool *ran);
 /* For the tests: plans of the fused kernel limited to bn channels (64, 128 or 256) and bands
  * of bp pixels (a multiple of 32 or of the output width, at most 2048); 0 lifts a limit. Where
  * no such plan fits, the two-kernel path runs. Process-wide: set it before the calls it is for. */
@@ -180,51 +183,51 @@ void bie_cuda_conv_fused_force_plan(int bn, int bp);
 void bie_cuda_conv_fused_last_plan(int *bn, int *bp);
 
 typedef struct bie_cuda_bconv_backward_args {
-    bie_dtype dtype;             /* of grad_out and grad_x */
+    bie_dtype dtype; /* of grad_out and grad_x */
     bie_conv_geom g;
-    const void *grad_out;        /* [n, o, oh, ow] */
-    void *grad_x;                /* [n, c, h, w] or NULL */
-    const uint8_t *wbits;        /* the forward's weight rows (tap layout) */
+    const void *grad_out; /* [n, o, oh, ow] */
+    void *grad_x;         /* [n, c, h, w] or NULL */
+    const uint8_t *wbits; /* the forward's weight rows (tap layout) */
     int64_t ld;
     const uint32_t *signs, *mask; /* the forward's NHWC bits */
-    const float *saved_scales;   /* {scale_a, scale_w} of the forward */
-    float *grad_w;               /* [o, c k k] f32 */
-    int8_t *grad_w_i8;           /* or NULL */
-    float *grad_bias;            /* [c] */
-    float *grad_scale_a;         /* [1] */
+    const float *saved_scales;    /* {scale_a, scale_w} of the forward */
+    float *grad_w;                /* [o, c k k] f32 */
+    int8_t *grad_w_i8;            /* or NULL */
+    float *grad_bias;             /* [c] */
+    float *grad_scale_a;          /* [1] */
 } bie_cuda_bconv_backward_args;
 bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args);
 
 /* ---- Binary linear backward on the device (SPEC §2); see backward.cu. */
 typedef struct bie_cuda_bl_backward_args {
-    bie_dtype dtype;                /* of grad_out and grad_x */
+    bie_dtype dtype; /* of grad_out and grad_x */
     int64_t m, n, k, ld;
-    const void *grad_out;           /* [m, n] */
-    void *grad_x;                   /* [m, k] or NULL */
-    const uint8_t *wbits;           /* the forward's weight sign bits (layout rows) */
-    const uint8_t *signs, *mask;    /* saved activation bits (layout rows) */
-    const float *saved_scales;      /* {scale_a, scale_w} of the forward */
-    float *grad_w;                  /* [n, k] f32 */
-    int8_t *grad_w_i8;              /* [n, k] or NULL */
-    float *grad_bias;               /* [k] */
-    float *grad_scale_a;            /* [1] */
+    const void *grad_out;        /* [m, n] */
+    void *grad_x;                /* [m, k] or NULL */
+    const uint8_t *wbits;        /* the forward's weight sign bits (layout rows) */
+    const uint8_t *signs, *mask; /* saved activation bits (layout rows) */
+    const float *saved_scales;   /* {scale_a, scale_w} of the forward */
+    float *grad_w;               /* [n, k] f32 */
+    int8_t *grad_w_i8;           /* [n, k] or NULL */
+    float *grad_bias;            /* [k] */
+    float *grad_scale_a;         /* [1] */
 } bie_cuda_bl_backward_args;
 bie_status bie_cuda_binary_linear_backward(const bie_cuda_bl_backward_args *args);
 
 /* ---- 4-bit linear backward on the device (SPEC §4); see q4backward.cu. */
 typedef struct bie_cuda_q4l_backward_args {
-    bie_dtype dtype;                /* of grad_out and grad_x */
+    bie_dtype dtype; /* of grad_out and grad_x */
     int64_t m, n, k, ld;
-    const void *grad_out;           /* [m, n] */
-    void *grad_x;                   /* [m, k] or NULL */
-    const uint8_t *wcodes;          /* the forward's weight codes (4-bit layout rows) */
-    const uint8_t *xcodes;          /* the forward's activation codes (4-bit layout rows) */
-    const uint8_t *mask;            /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
-    const int8_t *resid;            /* rounding residuals * 254, flat over m k */
-    const float *saved_scales;      /* {scale_a, scale_w} of the forward */
-    float *grad_w;                  /* [n, k] f32 */
-    float *grad_bias;               /* [k] */
-    float *grad_scale_a;            /* [1] */
+    const void *grad_out;      /* [m, n] */
+    void *grad_x;              /* [m, k] or NULL */
+    const uint8_t *wcodes;     /* the forward's weight codes (4-bit layout rows) */
+    const uint8_t *xcodes;     /* the forward's activation codes (4-bit layout rows) */
+    const uint8_t *mask;       /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
+    const int8_t *resid;       /* rounding residuals * 254, flat over m k */
+    const float *saved_scales; /* {scale_a, scale_w} of the forward */
+    float *grad_w;             /* [n, k] f32 */
+    float *grad_bias;          /* [k] */
+    float *grad_scale_a;       /* [1] */
 } bie_cuda_q4l_backward_args;
 bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args);
 
@@ -252,23 +255,23 @@ bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const
 /* out (NCHW, out_dtype) = scale_a scale_w (codes * taps); variant: the tile shape, an index
  * of q4gemm.cu's q4_conv_kernels (< 0: the default for the shape). */
 bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_conv_geom *g,
-                                    const uint8_t *wtaps, const float *scale_a, const float *scale_w,
-                                    bie_dtype out_dtype, void *out);
+                                    const uint8_t *wtaps, const float *scale_a,
+                                    const float *scale_w, bie_dtype out_dtype, void *out);
 
 typedef struct bie_cuda_q4conv_backward_args {
-    bie_dtype dtype;             /* of grad_out and grad_x */
+    bie_dtype dtype; /* of grad_out and grad_x */
     bie_conv_geom g;
-    const void *grad_out;        /* [n, o, oh, ow] */
-    void *grad_x;                /* [n, c, h, w] or NULL */
-    const uint8_t *wcodes;       /* the forward's weight codes (4-bit layout rows [o][ld]) */
+    const void *grad_out;  /* [n, o, oh, ow] */
+    void *grad_x;          /* [n, c, h, w] or NULL */
+    const uint8_t *wcodes; /* the forward's weight codes (4-bit layout rows [o][ld]) */
     int64_t ld;
-    const uint8_t *codes;        /* the forward's input codes (see bie_cuda_q4_conv_encode) */
-    const uint8_t *mask;         /* clip bits, flat over n c h w */
-    const int8_t *resid;         /* rounding residuals * 254, flat over n c h w */
-    const float *saved_scales;   /* {scale_a, scale_w} of the forward */
-    float *grad_w;               /* [o, c k k] f32 */
-    float *grad_bias;            /* [c] */
-    float *grad_scale_a;         /* [1] */
+    const uint8_t *codes;      /* the forward's input codes (see bie_cuda_q4_conv_encode) */
+    const uint8_t *mask;       /* clip bits, flat over n c h w */
+    const int8_t *resid;       /* rounding residuals * 254, flat over n c h w */
+    const float *saved_scales; /* {scale_a, scale_w} of the forward */
+    float *grad_w;             /* [o, c k k] f32 */
+    float *grad_bias;          /* [c] */
+    float *grad_scale_a;       /* [1] */
 } bie_cuda_q4conv_backward_args;
 bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward_args *args);
 

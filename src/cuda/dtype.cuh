@@ -16,7 +16,9 @@ __device__ __forceinline__ float to_f32(int8_t v) { return (float)v; }
 // Rounded to nearest even for the 16-bit types.
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+    return __float2bfloat16(v);
+}
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
 }  // namespace bie_cuda

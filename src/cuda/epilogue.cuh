@@ -20,9 +20,12 @@ inline int out_type_of(bie_dtype dt) {
 }
 
 __device__ __forceinline__ void store_out(void *out, int64_t i, float v, int type) {
-    if (type == kOutF32) static_cast<float *>(out)[i] = v;
-    else if (type == kOutBF16) static_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16(v);
-    else static_cast<__half *>(out)[i] = __float2half(v);
+    if (type == kOutF32)
+        static_cast<float *>(out)[i] = v;
+    else if (type == kOutBF16)
+        static_cast<__nv_bfloat16 *>(out)[i] = __float2bfloat16(v);
+    else
+        static_cast<__half *>(out)[i] = __float2half(v);
 }
 
 // Where one output row goes: its first element's index, the step between columns, and the
@@ -53,7 +56,8 @@ struct Epilogue {
         const int64_t img = r / conv.plane, pix = r - img * conv.plane;
         return {img * n * conv.plane + pix, conv.corr ? conv.pix_class[pix] : 0};
     }
-    __device__ __forceinline__ void store(const OutRow &r, int64_t col, long long dot, float s) const {
+    __device__ __forceinline__ void store(const OutRow &r, int64_t col, long long dot,
+                                          float s) const {
         if (r.cls) dot += conv.corr[(int64_t)r.cls * n + col];
         store_out(out, r.base + col * (conv.plane ? conv.plane : 1), (float)dot * s, out_type);
     }
@@ -93,26 +97,30 @@ struct Epilogue {
 // the caller guarantees both pixels are in one plane and `first` is even (with out aligned
 // to two elements). Neighbouring threads take neighbouring pixels, so a warp's stores are
 // contiguous runs of a channel plane.
-__device__ __forceinline__ void store_tile_rows(const Epilogue &ep, const int *src, int rs, int cl0, int cstep,
-                                                int cols, int64_t first, int64_t step, bool pairs, float scale) {
+__device__ __forceinline__ void store_tile_rows(const Epilogue &ep, const int *src, int rs, int cl0,
+                                                int cstep, int cols, int64_t first, int64_t step,
+                                                bool pairs, float scale) {
     if (pairs) {
         if (ep.out_type == kOutF32) {
             float *o = static_cast<float *>(ep.out) + first;
             for (int cl = cl0; cl < cols; cl += cstep, o += step) {
                 const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
-                *reinterpret_cast<float2 *>(o) = make_float2((float)v.x * scale, (float)v.y * scale);
+                *reinterpret_cast<float2 *>(o) =
+                    make_float2((float)v.x * scale, (float)v.y * scale);
             }
         } else if (ep.out_type == kOutBF16) {
             __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
             for (int cl = cl0; cl < cols; cl += cstep, o += step) {
                 const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
-                *reinterpret_cast<__nv_bfloat162 *>(o) = __floats2bfloat162_rn((float)v.x * scale, (float)v.y * scale);
+                *reinterpret_cast<__nv_bfloat162 *>(o) =
+                    __floats2bfloat162_rn((float)v.x * scale, (float)v.y * scale);
             }
         } else {
             __half *o = static_cast<__half *>(ep.out) + first;
             for (int cl = cl0; cl < cols; cl += cstep, o += step) {
                 const int2 v = *reinterpret_cast<const int2 *>(src + cl * rs);
-                *reinterpret_cast<__half2 *>(o) = __floats2half2_rn((float)v.x * scale, (float)v.y * scale);
+                *reinterpret_cast<__half2 *>(o) =
+                    __floats2half2_rn((float)v.x * scale, (float)v.y * scale);
             }
         }
     } else if (ep.out_type == kOutF32) {
@@ -120,10 +128,12 @@ __device__ __forceinline__ void store_tile_rows(const Epilogue &ep, const int *s
         for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = (float)src[cl * rs] * scale;
     } else if (ep.out_type == kOutBF16) {
         __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(ep.out) + first;
-        for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2bfloat16((float)src[cl * rs] * scale);
+        for (int cl = cl0; cl < cols; cl += cstep, o += step)
+            *o = __float2bfloat16((float)src[cl * rs] * scale);
     } else {
         __half *o = static_cast<__half *>(ep.out) + first;
-        for (int cl = cl0; cl < cols; cl += cstep, o += step) *o = __float2half((float)src[cl * rs] * scale);
+        for (int cl = cl0; cl < cols; cl += cstep, o += step)
+            *o = __float2half((float)src[cl * rs] * scale);
     }
 }
 

@@ -11,7 +11,8 @@ __device__ __forceinline__ unsigned smem_u32(const void *p) {
 // 16-byte global -> shared copy; with pred false the destination is zero-filled.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void *src, bool pred) {
     int bytes = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -41,7 +42,10 @@ __device__ __forceinline__ uint4 lds128(unsigned addr) {
 // 8-byte shared load and 2- and 4-byte shared stores by shared-window address.
 __device__ __forceinline__ uint2 lds64(unsigned addr) {
     uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "r"(addr)
+                 : "memory");
     return v;
 }
 __device__ __forceinline__ void sts16(unsigned addr, unsigned short v) {
@@ -56,7 +60,9 @@ __device__ __forceinline__ void stg64(void *p, unsigned a, unsigned b) {
     asm volatile("st.global.v2.u32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b) : "memory");
 }
 __device__ __forceinline__ void stg128(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c),
+                 "r"(d)
+                 : "memory");
 }
 
 // Four 8x8 matrices of 16-bit elements, each stored transposed: lane l holds elements (l / 4,
@@ -68,12 +74,13 @@ constexpr bool kStmatrix = true;
 #else
 constexpr bool kStmatrix = false;
 #endif
-__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2,
-                                                  unsigned r3) {
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1,
+                                                  unsigned r2, unsigned r3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
-                 "r"(r1), "r"(r2), "r"(r3)
-                 : "memory");
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+        "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+        : "memory");
 #else
     __trap();
 #endif
@@ -89,12 +96,15 @@ constexpr bool kBulk = true;
 #else
 constexpr bool kBulk = false;
 #endif
-__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes,
+                                          unsigned bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 #else
@@ -103,14 +113,13 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigne
 }
 __device__ __forceinline__ void bulk_wait(unsigned bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "wait_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
-        "@!done bra wait_%=;\n"
-        "}\n" ::"r"(bar)
-        : "memory");
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+                 "@!done bra wait_%=;\n"
+                 "}\n" ::"r"(bar)
+                 : "memory");
 #else
     __trap();
 #endif

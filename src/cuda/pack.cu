@@ -16,7 +16,6 @@
 
 namespace bie_cuda {
 
-
 // Adds the warps' counts of a 256-thread block; thread 0 gets the total.
 __device__ __forceinline__ int block_sum_256(int v) {
     __shared__ int partial[8];
@@ -110,7 +109,8 @@ __global__ void __launch_bounds__(256)
 constexpr int kSumBlocks = 256;
 
 template <typename T>
-__global__ void __launch_bounds__(256) abs_sum_partial(const T *__restrict__ x, int64_t n, double *part) {
+__global__ void __launch_bounds__(256)
+    abs_sum_partial(const T *__restrict__ x, int64_t n, double *part) {
     double s = 0;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)kSumBlocks * 256)
         s += fabs((double)to_f32(x[i]));
@@ -166,13 +166,16 @@ bie_status bie_cuda_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t 
                              int *popc) {
     switch (dtype) {
     case BIE_F32:
-        launch_pack<float, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        launch_pack<float, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask,
+                                 popc);
         break;
     case BIE_BF16:
-        launch_pack<__nv_bfloat16, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        launch_pack<__nv_bfloat16, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits,
+                                         mask, popc);
         break;
     case BIE_F16:
-        launch_pack<__half, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask, popc);
+        launch_pack<__half, true>(x, m, k, bias, scale_a, scale_w, saved_scales, ld, bits, mask,
+                                  popc);
         break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda pack: dtype %s", bie_dtype_name(dtype));
     }
@@ -193,21 +196,28 @@ bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64
 bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,
                                 int64_t ld, uint8_t *dst, int *popc) {
     dim3 grid((unsigned)rows, (unsigned)bie_cuda_popc_parts(ld));
-    repack_user_rows<<<grid, 256, 0, current_stream>>>(static_cast<const uint8_t *>(src), src_stride,
-                                                         k, ld, reinterpret_cast<unsigned *>(dst), popc);
+    repack_user_rows<<<grid, 256, 0, current_stream>>>(static_cast<const uint8_t *>(src),
+                                                       src_stride, k, ld,
+                                                       reinterpret_cast<unsigned *>(dst), popc);
     return check(cudaGetLastError(), "cuda repack rows");
 }
 
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result) {
     cudaStream_t st = current_stream;
     double *ws = NULL;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (kSumBlocks + 1) * sizeof(double), st), "cudaMallocAsync"));
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (kSumBlocks + 1) * sizeof(double), st),
+                       "cudaMallocAsync"));
     switch (dtype) {
-    case BIE_F32: abs_sum_partial<float><<<kSumBlocks, 256, 0, st>>>(static_cast<const float *>(x), n, ws); break;
-    case BIE_BF16:
-        abs_sum_partial<__nv_bfloat16><<<kSumBlocks, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), n, ws);
+    case BIE_F32:
+        abs_sum_partial<float><<<kSumBlocks, 256, 0, st>>>(static_cast<const float *>(x), n, ws);
         break;
-    case BIE_F16: abs_sum_partial<__half><<<kSumBlocks, 256, 0, st>>>(static_cast<const __half *>(x), n, ws); break;
+    case BIE_BF16:
+        abs_sum_partial<__nv_bfloat16>
+            <<<kSumBlocks, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), n, ws);
+        break;
+    case BIE_F16:
+        abs_sum_partial<__half><<<kSumBlocks, 256, 0, st>>>(static_cast<const __half *>(x), n, ws);
+        break;
     default: break;
     }
     sum_partials<<<1, 32, 0, st>>>(ws, kSumBlocks, ws + kSumBlocks);
@@ -225,7 +235,8 @@ bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *r
 namespace bie_cuda {
 // out = x + bias[(i / run) % len]: linear rows (run 1, len k) or NCHW planes (run H W, len C).
 template <typename T>
-__global__ void add_bias_runs(const T *x, int64_t total, int64_t run, int64_t len, const float *bias, T *out) {
+__global__ void add_bias_runs(const T *x, int64_t total, int64_t run, int64_t len,
+                              const float *bias, T *out) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
         out[i] = from_f32<T>(to_f32(x[i]) + bias[(i / run) % len]);
@@ -242,8 +253,8 @@ bie_status add_bias(bie_dtype dtype, const void *x, int64_t total, int64_t run, 
                                             static_cast<float *>(out));
         break;
     case BIE_BF16:
-        add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), total, run, len, bias,
-                                            static_cast<__nv_bfloat16 *>(out));
+        add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const __nv_bfloat16 *>(x), total, run, len,
+                                            bias, static_cast<__nv_bfloat16 *>(out));
         break;
     case BIE_F16:
         add_bias_runs<<<grid, 256, 0, st>>>(static_cast<const __half *>(x), total, run, len, bias,

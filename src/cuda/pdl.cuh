@@ -31,8 +31,8 @@ inline bool pdl_supported() { return device_cc() >= 90; }
 // kernel<<<grid, block, smem, current_stream>>>(args...), allowed to overlap the previous
 // kernel in the stream where the device supports it and overlap is true.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                          Args &&...args) {
+cudaError_t launch_kernel(bool overlap, void (*kernel)(Params...), dim3 grid, dim3 block,
+                          size_t smem, Args &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -46,7 +46,8 @@ cudaError_t launch_kernel(bool overlap, void (*kernel)(Params...), dim3 grid, di
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args &&...args) {
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                         Args &&...args) {
     return launch_kernel(true, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 

@@ -14,7 +14,9 @@ __device__ __forceinline__ int q4_code(float v, float s) { return bie_q4(v, s); 
 
 // The same code with the division only near a half (bie_q4_fast; inv = bie_q4_inverse(s),
 // computed once per thread).
-__device__ __forceinline__ int q4_code_fast(float v, float s, float inv) { return bie_q4_fast(v, s, inv); }
+__device__ __forceinline__ int q4_code_fast(float v, float s, float inv) {
+    return bie_q4_fast(v, s, inv);
+}
 
 // The backward's state of one input v (SPEC §4): the clip bit 1{-8 <= v / s <= 7}, and the
 // rounding residual (rint(q) - q) * 254 rounded to int8 inside the clip range (else 0).

@@ -21,7 +21,8 @@ struct RowsA {
         int kofs;
     };
     template <int N>
-    __device__ __forceinline__ void prepare(State<N> &s, int m, unsigned ld, int row0, int rowstep, int c16) const {
+    __device__ __forceinline__ void prepare(State<N> &s, int m, unsigned ld, int row0, int rowstep,
+                                            int c16) const {
 #pragma unroll
         for (int i = 0; i < N; i++) {
             const int row = row0 + i * rowstep;
@@ -35,12 +36,14 @@ struct RowsA {
         ok = s.ok[i];
         return s.row[i] + s.kofs;
     }
-    template <int N, int BKB> __device__ __forceinline__ void next(State<N> &s) const { s.kofs += BKB; }
+    template <int N, int BKB> __device__ __forceinline__ void next(State<N> &s) const {
+        s.kofs += BKB;
+    }
 };
 
 struct ConvA {
     static constexpr bool kNchwTile = true;  // NCHW output through a shared-memory tile
-    const uint8_t *codes;  // [n h w][cb]
+    const uint8_t *codes;                    // [n h w][cb]
     int cb, h, w, ow, plane, k, s, p, d;
     bool pairs;  // the epilogue may store two neighbouring pixels at once (conv_pairs_ok)
     template <int N> struct State {
@@ -50,7 +53,8 @@ struct ConvA {
         int ti, tj, cofs;  // the k block's tap and offset in it (with this thread's chunk)
     };
     template <int N>
-    __device__ __forceinline__ void prepare(State<N> &st, int m, unsigned, int row0, int rowstep, int c16) const {
+    __device__ __forceinline__ void prepare(State<N> &st, int m, unsigned, int row0, int rowstep,
+                                            int c16) const {
 #pragma unroll
         for (int i = 0; i < N; i++) {
             const int row = row0 + i * rowstep, r = min(row, m - 1);
@@ -86,15 +90,17 @@ struct ConvA {
 // pair of rows, when pairs) of it, so neighbouring threads store neighbouring pixels of a
 // channel plane; the threads beyond a multiple of the rows per pass stay idle.
 template <int BM, int THREADS>
-__device__ __forceinline__ void conv_tile_out(const Epilogue &ep, const int *sC, int rs, int m, int n, int bm0, int bn0,
-                                              int bn, bool pairs, float scale, int tid) {
+__device__ __forceinline__ void conv_tile_out(const Epilogue &ep, const int *sC, int rs, int m,
+                                              int n, int bm0, int bn0, int bn, bool pairs,
+                                              float scale, int tid) {
     static_assert(BM <= THREADS && BM % 2 == 0, "a thread per tile row at least; whole pairs");
     const int per = pairs ? BM / 2 : BM, cstep = THREADS / per;
     const int r = pairs ? 2 * (tid % per) : tid % per, row = bm0 + r;
     if (row >= m || tid >= cstep * per) return;
     const int plane = (int)ep.conv.plane, nn = row / plane, pix = row - nn * plane;
     const int cl0 = tid / per, cols = n - bn0 < bn ? n - bn0 : bn;
-    const int64_t step = (int64_t)cstep * plane, first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
+    const int64_t step = (int64_t)cstep * plane,
+                  first = ((int64_t)nn * n + bn0 + cl0) * plane + pix;
     store_tile_rows(ep, sC + r, rs, cl0, cstep, cols, first, step, pairs, scale);
 }
 

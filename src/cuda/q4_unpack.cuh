@@ -33,6 +33,8 @@ __device__ __forceinline__ void unpack(unsigned w, unsigned &even, unsigned &odd
 }
 
 // The dot product of two unpacked operands, back to the codes' own scale.
-template <bool WIDE> __device__ __forceinline__ int unpacked_dot(int v) { return WIDE ? v : v >> 8; }
+template <bool WIDE> __device__ __forceinline__ int unpacked_dot(int v) {
+    return WIDE ? v : v >> 8;
+}
 
 }  // namespace bie_cuda

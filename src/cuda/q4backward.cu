@@ -15,10 +15,10 @@
 
 namespace bie_cuda {
 
-
 // Codes of 4-bit layout rows as T: one block per row of dst [rows, k].
 template <typename T>
-__global__ void __launch_bounds__(256) values_of_codes(const uint8_t *codes, int64_t ld, int64_t k, T *dst) {
+__global__ void __launch_bounds__(256)
+    values_of_codes(const uint8_t *codes, int64_t ld, int64_t k, T *dst) {
     const int64_t r = blockIdx.x;
     const uint8_t *row = codes + r * ld;
     T *out = dst + r * k;
@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(256) values_of_codes(const uint8_t *codes, int
 // and the row's sum of g * resid / 254 in double (the CPU layer's terms).
 template <typename T>
 __global__ void __launch_bounds__(256)
-    q4_mask_rows(float *g, int64_t k, const uint8_t *mask, const int8_t *resid, T *grad_x, double *row_dot) {
+    q4_mask_rows(float *g, int64_t k, const uint8_t *mask, const int8_t *resid, T *grad_x,
+                 double *row_dot) {
     const int64_t row = blockIdx.x;
     float *gr = g + row * k;
     double d = 0;
@@ -66,7 +67,8 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     size_t off[5], total = 0;
     for (int i = 0; i < 5; i++) off[i] = total, total += sz[i];
     uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (4-bit backward workspace)"));
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
+                       "cudaMallocAsync (4-bit backward workspace)"));
     T *wval = reinterpret_cast<T *>(ws + off[0]), *xval = reinterpret_cast<T *>(ws + off[1]);
     float *g = reinterpret_cast<float *>(ws + off[2]);
     double *row_dot = reinterpret_cast<double *>(ws + off[3]);
@@ -79,10 +81,11 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     values_of_codes<T><<<(unsigned)n, 256, 0, st>>>(a.wcodes, a.ld, k, wval);
     values_of_codes<T><<<(unsigned)m, 256, 0, st>>>(a.xcodes, a.ld, k, xval);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1,
-                                wval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F,
-                                (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (4-bit grad_x)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wval,
+                     ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F, (int)k,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (4-bit grad_x)");
     if (s != BIE_OK) goto done;
     // grad_w, row-major [n, k] = grad_out^T [n, m] @ q4(x') [m, k] * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
@@ -90,7 +93,8 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
                                 CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (4-bit grad_w)");
     if (s != BIE_OK) goto done;
-    q4_mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.mask, a.resid, static_cast<T *>(a.grad_x), row_dot);
+    q4_mask_rows<T>
+        <<<(unsigned)m, 256, 0, st>>>(g, k, a.mask, a.resid, static_cast<T *>(a.grad_x), row_dot);
     column_sums(g, m, k, ws + off[4], a.grad_bias);
     sum_over(row_dot, m, std::sqrt((double)m * (double)k * 7.0), a.grad_scale_a);
     s = check(cudaGetLastError(), "4-bit linear backward kernels");
@@ -115,7 +119,8 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
 template <typename T, int KF>
 __global__ void __launch_bounds__(256)
     q4_conv_value_cols(const uint8_t *__restrict__ codes, bie_conv_geom g64, T *__restrict__ dst) {
-    const int k = KF ? KF : (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow;
+    const int k = KF ? KF : (int)g64.k, kk = k * k, h = (int)g64.h, w = (int)g64.w,
+              ow = (int)g64.ow;
     const int plane = (int)(g64.oh * g64.ow), rows = (int)g64.n * plane, d = (int)g64.d;
     const int r = blockIdx.x * 256 + threadIdx.x;
     if (r >= rows) return;
@@ -141,13 +146,15 @@ __global__ void __launch_bounds__(256)
 // The clip bit of an element from the flat NCHW mask bits (conv_col2im_mask).
 struct FlatMask {
     const uint8_t *bits;
-    __device__ bool operator()(int, int, int, int64_t at) const { return (bits[at >> 3] >> (at & 7)) & 1; }
+    __device__ bool operator()(int, int, int, int64_t at) const {
+        return (bits[at >> 3] >> (at & 7)) & 1;
+    }
 };
 
 // One warp per (n, c) plane of gm: its sum and its sum of gm * resid / 254, in double.
 __global__ void __launch_bounds__(256)
-    q4_conv_plane_sums(const float *gm, const int8_t *resid, int64_t planes, int64_t hw, double *plane_sum,
-                       double *plane_dot) {
+    q4_conv_plane_sums(const float *gm, const int8_t *resid, int64_t planes, int64_t hw,
+                       double *plane_sum, double *plane_dot) {
     const int lane = threadIdx.x & 31;
     const int64_t nc = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (nc >= planes) return;
@@ -175,16 +182,19 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     // Workspace: weight values [o, K], code columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, masked grad_x (f32).
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[6] = {up((size_t)(g.o * K) * sizeof(T)), up((size_t)(rows * K) * sizeof(T)),
-                          up((size_t)(g.o * rows) * sizeof(T)), up((size_t)(rows * K) * sizeof(float)),
-                          up((size_t)(2 * planes) * sizeof(double)), up((size_t)(planes * hw) * sizeof(float))};
+    const size_t sz[6] = {
+        up((size_t)(g.o * K) * sizeof(T)),         up((size_t)(rows * K) * sizeof(T)),
+        up((size_t)(g.o * rows) * sizeof(T)),      up((size_t)(rows * K) * sizeof(float)),
+        up((size_t)(2 * planes) * sizeof(double)), up((size_t)(planes * hw) * sizeof(float))};
     size_t off[6], total = 0;
     for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
     uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (4-bit conv backward workspace)"));
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
+                       "cudaMallocAsync (4-bit conv backward workspace)"));
     T *wval = reinterpret_cast<T *>(ws + off[0]), *xcols = reinterpret_cast<T *>(ws + off[1]);
     T *grows = reinterpret_cast<T *>(ws + off[2]);
-    float *gcols = reinterpret_cast<float *>(ws + off[3]), *gm = reinterpret_cast<float *>(ws + off[5]);
+    float *gcols = reinterpret_cast<float *>(ws + off[3]),
+          *gm = reinterpret_cast<float *>(ws + off[5]);
     double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + planes;
 
     bie_status s = BIE_OK;
@@ -193,28 +203,34 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     values_of_codes<T><<<(unsigned)g.o, 256, 0, st>>>(a.wcodes, a.ld, K, wval);
-    (g.k == 3 ? q4_conv_value_cols<T, 3> : q4_conv_value_cols<T, 0>)<<<
-        dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(g.c, 65535)), 256, 0, st>>>(a.codes, g, xcols);
+    (g.k == 3
+         ? q4_conv_value_cols<T, 3>
+         : q4_conv_value_cols<
+               T,
+               0>)<<<dim3((unsigned)((rows + 255) / 256), (unsigned)std::min<int64_t>(g.c, 65535)),
+                     256, 0, st>>>(a.codes, g, xcols);
     conv_grad_rows_any(a.dtype, a.grad_out, g, grows);
     // grad_w, row-major [o, K] = G [o, rows] @ X^T (X row-major [K, rows]) * scale_a
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
-                                xcols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
-                                (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (4-bit conv grad_w)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)K, (int)g.o, (int)rows, a.saved_scales,
+                     xcols, ctype, (int)rows, grows, ctype, (int)rows, zero, a.grad_w, CUDA_R_32F,
+                     (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (4-bit conv grad_w)");
     if (s != BIE_OK) goto done;
     // grad columns, row-major [K, rows] = q4(w)^T [K, o] @ G [o, rows] * scale_w
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
-                                grows, ctype, (int)rows, wval, ctype, (int)K, zero, gcols, CUDA_R_32F,
-                                (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (4-bit conv grad_x)");
+    s = blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)rows, (int)K, (int)g.o, a.saved_scales + 1,
+                     grows, ctype, (int)rows, wval, ctype, (int)K, zero, gcols, CUDA_R_32F,
+                     (int)rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (4-bit conv grad_x)");
     if (s != BIE_OK) goto done;
     {
         launch_conv_col2im_mask(gcols, FlatMask{a.mask}, g, static_cast<T *>(a.grad_x), gm);
-        q4_conv_plane_sums<<<(unsigned)((planes + 7) / 8), 256, 0, st>>>(gm, a.resid, planes, hw, plane_sum,
-                                                                          plane_dot);
+        q4_conv_plane_sums<<<(unsigned)((planes + 7) / 8), 256, 0, st>>>(gm, a.resid, planes, hw,
+                                                                         plane_sum, plane_dot);
     }
-    conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c, std::sqrt((double)planes * (double)hw * 7.0), a.grad_bias,
-                         a.grad_scale_a);
+    conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c,
+                         std::sqrt((double)planes * (double)hw * 7.0), a.grad_bias, a.grad_scale_a);
     s = check(cudaGetLastError(), "4-bit conv2d backward kernels");
 done:
     cudaError_t free_err = cudaFreeAsync(ws, st);
@@ -231,7 +247,9 @@ extern "C" bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_ar
     case BIE_F32: return q4_backward_typed<float>(*args, CUDA_R_32F);
     case BIE_BF16: return q4_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
     case BIE_F16: return q4_backward_typed<__half>(*args, CUDA_R_16F);
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit backward: dtype %s", bie_dtype_name(args->dtype));
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit backward: dtype %s",
+                        bie_dtype_name(args->dtype));
     }
 }
 
@@ -240,6 +258,8 @@ extern "C" bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward
     case BIE_F32: return q4_conv_backward_typed<float>(*args, CUDA_R_32F);
     case BIE_BF16: return q4_conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);
     case BIE_F16: return q4_conv_backward_typed<__half>(*args, CUDA_R_16F);
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv backward: dtype %s", bie_dtype_name(args->dtype));
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv backward: dtype %s",
+                        bie_dtype_name(args->dtype));
     }
 }

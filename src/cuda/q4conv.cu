@@ -21,12 +21,14 @@ unsigned blocks_for(int64_t count) {
 // input in nibble i % 8 of word i / 8; bias of channel (i / hw) % c, as bie_q4_encode.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    q4_conv_encode(const T *__restrict__ x, int64_t total, int64_t hw, int64_t c, const float *__restrict__ bias,
-                   const float *__restrict__ scale, unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
+    q4_conv_encode(const T *__restrict__ x, int64_t total, int64_t hw, int64_t c,
+                   const float *__restrict__ bias, const float *__restrict__ scale,
+                   unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
                    int8_t *__restrict__ resid) {
     const int64_t groups = (total + 7) / 8;
     const float s = *scale, inv = bie_q4_inverse(s);
-    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups; t += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups;
+         t += (int64_t)gridDim.x * blockDim.x) {
         unsigned w = 0, bits = 0;
         // The channel of the group's first element, then stepped along (one division per
         // group instead of two per element).
@@ -54,9 +56,11 @@ __global__ void __launch_bounds__(256)
 // codes each): the codes of taps e = 8 q .. 8 q + 7 in [c, i, j] order, 0 outside the input
 // and past C k k. 32-bit index math (the layer checks the extents).
 __global__ void __launch_bounds__(128)
-    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_conv_geom g64, int words, unsigned *__restrict__ cols) {
+    q4_conv_im2col(const uint8_t *__restrict__ codes, bie_conv_geom g64, int words,
+                   unsigned *__restrict__ cols) {
     const int r = blockIdx.x, k = (int)g64.k, kk = k * k, C = (int)g64.c, K = C * kk;
-    const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow), d = (int)g64.d;
+    const int h = (int)g64.h, w = (int)g64.w, ow = (int)g64.ow, plane = (int)(g64.oh * g64.ow),
+              d = (int)g64.d;
     const int n = r / plane, pix = r - n * plane, oy = pix / ow, ox = pix - oy * ow;
     const int y0 = oy * (int)g64.s - (int)g64.p, x0 = ox * (int)g64.s - (int)g64.p;
     const int64_t base = (int64_t)n * C * h * w;
@@ -105,8 +109,9 @@ __device__ __forceinline__ void load2(const __half *p, float &a, float &b) {
 // bytes. Codes as q4_conv_encode computes them; channels past C get code 0.
 template <typename T, int VP>
 __global__ void __launch_bounds__(256)
-    q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, const float *__restrict__ bias,
-                        const float *__restrict__ scale, unsigned *__restrict__ codes) {
+    q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw,
+                        const float *__restrict__ bias, const float *__restrict__ scale,
+                        unsigned *__restrict__ codes) {
     __shared__ unsigned tile[32 * VP][9];
     pdl_trigger();  // the GEMM that reads these codes may launch now
     const float s = *scale, inv = bie_q4_inverse(s);
@@ -137,7 +142,8 @@ __global__ void __launch_bounds__(256)
             if (ch < c)
 #pragma unroll
                 for (int e = 0; e < VP; e++)
-                    word[e] |= (unsigned)(q4_code_fast(__fadd_rn(v[j][e], bias[ch]), s, inv) & 15) << (4 * j);
+                    word[e] |= (unsigned)(q4_code_fast(__fadd_rn(v[j][e], bias[ch]), s, inv) & 15)
+                               << (4 * j);
         }
     }
 #pragma unroll
@@ -156,7 +162,8 @@ __global__ void __launch_bounds__(256)
     q4_conv_weight_taps(const uint8_t *__restrict__ w, int64_t ld, int o, int c, int kk, int cb,
                         uint8_t *__restrict__ taps) {
     const int64_t row_bytes = (int64_t)kk * cb, total = (int64_t)o * row_bytes;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t oo = i / row_bytes;
         const int rem = (int)(i - oo * row_bytes), t = rem / cb, b = rem - t * cb;
         unsigned v = 0;
@@ -173,15 +180,16 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T>
-void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias, const float *scale_a,
-                        uint8_t *codes) {
-    const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4), hw = (int)(g->h * g->w);
+void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias,
+                        const float *scale_a, uint8_t *codes) {
+    const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4),
+              hw = (int)(g->h * g->w);
     const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
     const int vp = pairs ? 2 : 1;
     const dim3 grid((unsigned)((pixels + 32 * vp - 1) / (32 * vp)), (unsigned)((cbw + 7) / 8));
     auto fn = pairs ? q4_conv_encode_nhwc<T, 2> : q4_conv_encode_nhwc<T, 1>;
-    fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw, bias, scale_a,
-                                         reinterpret_cast<unsigned *>(codes));
+    fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw,
+                                         bias, scale_a, reinterpret_cast<unsigned *>(codes));
 }
 
 template <typename T>
@@ -189,8 +197,8 @@ void launch_encode(const void *x, const bie_conv_geom *g, const float *bias, con
                    uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const int64_t total = g->n * g->c * g->h * g->w;
     q4_conv_encode<T><<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
-        static_cast<const T *>(x), total, g->h * g->w, g->c, bias, scale_a, reinterpret_cast<unsigned *>(codes),
-        mask, resid);
+        static_cast<const T *>(x), total, g->h * g->w, g->c, bias, scale_a,
+        reinterpret_cast<unsigned *>(codes), mask, resid);
 }
 
 }  // namespace
@@ -201,20 +209,22 @@ using namespace bie_cuda;
 extern "C" {
 
 bie_status bie_cuda_q4_conv_encode(bie_dtype dtype, const void *x, const bie_conv_geom *g,
-                                   const float *bias, const float *scale_a, uint8_t *codes, uint8_t *mask,
-                                   int8_t *resid) {
+                                   const float *bias, const float *scale_a, uint8_t *codes,
+                                   uint8_t *mask, int8_t *resid) {
     switch (dtype) {
     case BIE_F32: launch_encode<float>(x, g, bias, scale_a, codes, mask, resid); break;
     case BIE_BF16: launch_encode<__nv_bfloat16>(x, g, bias, scale_a, codes, mask, resid); break;
     case BIE_F16: launch_encode<__half>(x, g, bias, scale_a, codes, mask, resid); break;
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda 4-bit conv encode");
 }
 
-bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g, int64_t ld, uint8_t *cols) {
-    q4_conv_im2col<<<(unsigned)(g->n * g->oh * g->ow), 128, 0, current_stream>>>(codes, *g, (int)(ld / 4),
-                                                                               reinterpret_cast<unsigned *>(cols));
+bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g, int64_t ld,
+                                   uint8_t *cols) {
+    q4_conv_im2col<<<(unsigned)(g->n * g->oh * g->ow), 128, 0, current_stream>>>(
+        codes, *g, (int)(ld / 4), reinterpret_cast<unsigned *>(cols));
     return check(cudaGetLastError(), "cuda 4-bit conv im2col");
 }
 
@@ -224,7 +234,8 @@ bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bi
     case BIE_F32: launch_encode_nhwc<float>(x, g, bias, scale_a, codes); break;
     case BIE_BF16: launch_encode_nhwc<__nv_bfloat16>(x, g, bias, scale_a, codes); break;
     case BIE_F16: launch_encode_nhwc<__half>(x, g, bias, scale_a, codes); break;
-    default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
+    default:
+        return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda 4-bit conv encode (NHWC)");
 }
@@ -232,8 +243,8 @@ bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bi
 bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_conv_geom *g,
                                         uint8_t *taps) {
     const int64_t cb = bie_cuda_q4_conv_cb(g->c), total = g->o * g->k * g->k * cb;
-    q4_conv_weight_taps<<<blocks_for(total), 256, 0, current_stream>>>(wcodes, ld, (int)g->o, (int)g->c,
-                                                                       (int)(g->k * g->k), (int)cb, taps);
+    q4_conv_weight_taps<<<blocks_for(total), 256, 0, current_stream>>>(
+        wcodes, ld, (int)g->o, (int)g->c, (int)(g->k * g->k), (int)cb, taps);
     return check(cudaGetLastError(), "cuda 4-bit conv weight taps");
 }
 

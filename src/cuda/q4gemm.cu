@@ -26,7 +26,8 @@
 namespace bie_cuda {
 
 // c += a . b over a 16x8x32 tile of signed bytes.
-__device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -42,11 +43,11 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const unsigned (&a)[4], unsi
 // PIPE: the fragments of each 64-code step are loaded from shared memory one step ahead, and
 // across k blocks too (the barrier comes before the last step of a block), so that the
 // ldmatrix latency hides behind the previous step's mma.
-template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES, int MINB, bool PIPE, bool WIDE,
-          class AL = RowsA>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BKB, int STAGES, int MINB, bool PIPE,
+          bool WIDE, class AL = RowsA>
 __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
-    q4gemm_s8(int m, int n, AL al, const uint8_t *__restrict__ B, int64_t ld64, int tiles_m, int tiles_n,
-              Epilogue ep) {
+    q4gemm_s8(int m, int n, AL al, const uint8_t *__restrict__ B, int64_t ld64, int tiles_m,
+              int tiles_n, Epilogue ep) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N;
     constexpr int kSmemRow = BKB + 16, CHUNKS = BKB / 16, KC = BKB / 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
@@ -118,13 +119,14 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
     const unsigned a_frag = sA + (wm * WTM + r8 + 8 * (q & 1)) * kSmemRow + 16 * (q >> 1);
     const unsigned b_frag = sB + (wn * WTN + r8 + 8 * (q >> 1)) * kSmemRow + 16 * (q & 1);
     // Raw words of one 64-code step: A per m16 tile, B per pair of n8 tiles.
-    auto load_frags = [&](unsigned (&wa)[MT][4], unsigned (&wb)[NT / 2][4], unsigned a_s, unsigned b_s, int kc) {
+    auto load_frags = [&](unsigned(&wa)[MT][4], unsigned(&wb)[NT / 2][4], unsigned a_s,
+                          unsigned b_s, int kc) {
 #pragma unroll
         for (int i = 0; i < MT; i++) ldmatrix_x4(wa[i], a_s + i * 16 * kSmemRow + kc * 32);
 #pragma unroll
         for (int j = 0; j < NT / 2; j++) ldmatrix_x4(wb[j], b_s + j * 16 * kSmemRow + kc * 32);
     };
-    auto compute = [&](const unsigned (&wa)[MT][4], const unsigned (&wb)[NT / 2][4]) {
+    auto compute = [&](const unsigned(&wa)[MT][4], const unsigned(&wb)[NT / 2][4]) {
         unsigned af[MT][2][4];
 #pragma unroll
         for (int i = 0; i < MT; i++) {
@@ -179,7 +181,8 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                     __syncthreads();
                     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
                     if (kb + 1 < kblocks)
-                        load_frags(wa[0], wb[0], a_frag + read_stage * STAGE_A, b_frag + read_stage * STAGE_B, 0);
+                        load_frags(wa[0], wb[0], a_frag + read_stage * STAGE_A,
+                                   b_frag + read_stage * STAGE_B, 0);
                 } else {
                     load_frags(wa[(kc + 1) & 1], wb[(kc + 1) & 1], a_s, b_s, kc + 1);
                 }
@@ -213,7 +216,8 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
         // pair of rows) of it, so neighbouring threads store neighbouring pixels of a
         // channel plane (contiguous NCHW stores instead of two values per plane per thread).
         constexpr int RS = BM + 4;  // ints per channel: conflict-free fragment writes and row reads
-        static_assert((size_t)BN * RS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B), "tile fits");
+        static_assert((size_t)BN * RS * sizeof(int) <= (size_t)STAGES * (STAGE_A + STAGE_B),
+                      "tile fits");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
@@ -244,8 +248,10 @@ __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MINB)
                     const int col = bn0 + wn * WTN + j * 8 + 2 * t4;
                     const int v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
                     const long long d0 = unpacked_dot<WIDE>(v0), d1 = unpacked_dot<WIDE>(v1);
-                    if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
-                    else if (col < n) ep.store(orow, col, d0, scale);
+                    if (col + 1 < n)
+                        ep.store2(orow, col, d0, d1, scale);
+                    else if (col < n)
+                        ep.store(orow, col, d0, scale);
                 }
             }
     }
@@ -264,10 +270,12 @@ struct Q4Kernel {
 
 // The wide path (rare k >= 2^17) always runs unpipelined: its longer unpacking would not
 // fit the pipelined variant's registers.
-#define BIE_Q4_KERNEL(id, BM, BN, WM, WN, BKB, ST, MINB, PIPE, SUFFIX, MAXM)                   \
-    {id, "cuda.mma_s8.q4gemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST SUFFIX, BM, BN, BKB, \
-     ST, 32 * WM * WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,            \
-     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false}
+#define BIE_Q4_KERNEL(id, BM, BN, WM, WN, BKB, ST, MINB, PIPE, SUFFIX, MAXM)                      \
+    {                                                                                             \
+        id, "cuda.mma_s8.q4gemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST SUFFIX, BM, BN, \
+            BKB, ST, 32 * WM *WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,    \
+            q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false                          \
+    }
 
 // Measured on the H100 at 8192^3: 210 (wgmma, q4gemm_wgmma.cu) 1,052-1,098 TOPS, 205 ~820,
 // 202 ~800, 200 ~780-810, 204 ~750; 2x4 warps of 64x32 and 256x128 tiles were slower
@@ -279,7 +287,8 @@ const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, false, "", INT64_MAX),
     BIE_Q4_KERNEL(205, 128, 128, 2, 2, 64, 4, 2, true, "_pipe", INT64_MAX),
     BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, false, "", 16),
-    {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL, true},
+    {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL,
+     true},
 };
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 
@@ -307,11 +316,21 @@ struct Q4ConvKernel {
     bool wgmma;  // q4gemm_wgmma.cu's kernel (narrow and wide NULL)
 };
 constexpr int kConvBKB = 64;
-#define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, BKB, ST, MINB, PIPE)                                  \
-    {BM, BN, BKB, ST, 32 * WM * WN, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>, \
-     q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>, false}
+#define BIE_Q4_CONV_KERNEL(BM, BN, WM, WN, BKB, ST, MINB, PIPE)                 \
+    {                                                                           \
+        BM, BN, BKB, ST, 32 * WM *WN,                                           \
+            q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false, ConvA>,       \
+            q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true, ConvA>, false \
+    }
 // The variants the default choice uses (others measured are listed there).
-enum { kConvSmall = 0, kConvK64 = 1, kConvK128 = 2, kConvWave = 3, kConvWgmma = 4, kConvWgmma128 = 5 };
+enum {
+    kConvSmall = 0,
+    kConvK64 = 1,
+    kConvK128 = 2,
+    kConvWave = 3,
+    kConvWgmma = 4,
+    kConvWgmma128 = 5
+};
 const Q4ConvKernel q4_conv_kernels[] = {
     BIE_Q4_CONV_KERNEL(64, 64, 2, 2, 64, 4, 4, false),   // kConvSmall: small problems, more blocks
     BIE_Q4_CONV_KERNEL(128, 64, 4, 2, 64, 4, 2, true),   // kConvK64: padded channels % 128 != 0
@@ -323,7 +342,8 @@ const Q4ConvKernel q4_conv_kernels[] = {
 constexpr int kNumQ4Conv = sizeof q4_conv_kernels / sizeof q4_conv_kernels[0];
 
 size_t conv_smem(const Q4ConvKernel &kern) {
-    return kern.wgmma ? q4gemm_wgmma_smem(kern.bn) : (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
+    return kern.wgmma ? q4gemm_wgmma_smem(kern.bn)
+                      : (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
 // Blocks of a variant that fit on one SM of the current device (0 when unknown), found once
@@ -344,8 +364,10 @@ int conv_blocks_per_sm(int variant) {
         if (blocks == 0) return 0;
     } else if (smem > max_smem() ||
                cudaFuncSetAttribute(reinterpret_cast<const void *>(kern.narrow),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-               cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads, smem) != cudaSuccess) {
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem) != cudaSuccess ||
+               cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern.narrow, kern.threads,
+                                                             smem) != cudaSuccess) {
         cudaGetLastError();
         return 0;  // not cached: a later call may succeed
     }
@@ -373,7 +395,8 @@ int conv_blocks_per_sm(int variant) {
 // also take them at 256 x 14 x 14, where they lose.
 int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         cudaGetLastError();
         sms = 1;
     }
@@ -382,7 +405,10 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
         int variant;
         double rate;
     };
-    const Candidate wide[] = {{kConvK128, 1.0}, {kConvWave, 0.83}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.2}},
+    const Candidate wide[] = {{kConvK128, 1.0},
+                              {kConvWave, 0.83},
+                              {kConvWgmma, 2.5},
+                              {kConvWgmma128, 1.2}},
                     narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.2}};
     const Candidate *cand = cb % 128 == 0 ? wide : narrow;
     const int count = cb % 128 == 0 ? 4 : 3;
@@ -433,7 +459,8 @@ int bie_cuda_q4_kernel_index(int id) {
 bool bie_cuda_q4_kernel_fits(int id, int64_t k) {
     (void)k;  // the tiles stream k; shared memory does not depend on it
     const int idx = bie_cuda_q4_kernel_index(id);
-    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() && (!q4_kernels[idx].wgmma || wgmma_usable());
+    return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() &&
+           (!q4_kernels[idx].wgmma || wgmma_usable());
 }
 
 bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -444,14 +471,18 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
     const Q4Kernel *kern = q4_default_kernel(m, n);
     if (kernel_id >= 0) {
         const int idx = bie_cuda_q4_kernel_index(kernel_id);
-        if (idx < 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who, kernel_id);
+        if (idx < 0)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who,
+                            kernel_id);
         kern = &q4_kernels[idx];
     }
     const int which = out_type_of(out_dtype);
-    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
     const int64_t tiles_m = (m + kern->bm - 1) / kern->bm, tiles_n = (n + kern->bn - 1) / kern->bn;
     if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m, (long long)n);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m,
+                        (long long)n);
     const size_t smem = q4_smem_bytes(*kern);
     if (smem > max_smem())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs %zu bytes of shared memory", who,
@@ -473,13 +504,16 @@ bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, cons
     if (a == NULL || b == NULL || out == NULL)
         return bie_fail(BIE_ERR_NULL_POINTER, "%s: a, b and out must not be NULL", who);
     if (m < 1 || n < 1 || k < 1) return bie_fail(BIE_ERR_SHAPE, "%s: m, n, k must be >= 1", who);
-    if (k > (1 << 24)) return bie_fail(BIE_ERR_OVERFLOW, "%s: k = %lld exceeds 2^24", who, (long long)k);
+    if (k > (1 << 24))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: k = %lld exceeds 2^24", who, (long long)k);
     if (m > INT_MAX || n > INT_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: m and n must be < 2^31", who);
     if (lda < k || ldb < k) return bie_fail(BIE_ERR_SHAPE, "%s: row strides must be >= k", who);
-    if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
+    if (!(scale - scale == 0.0f))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale is not finite", who);
     if (kernel_id >= 0 && bie_cuda_q4_kernel_index(kernel_id) < 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who, kernel_id);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CUDA 4-bit kernel with id %d", who,
+                        kernel_id);
     BIE_CUDA_TRY(require_device());
     if (!is_device_pointer(a) || !is_device_pointer(b) || !is_device_pointer(out))
         return bie_fail(BIE_ERR_DEVICE, "%s: a, b and out must be CUDA device memory", who);
@@ -487,11 +521,13 @@ bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, cons
     const int64_t ld = bie_cuda_q4_row_stride(k);
     cudaStream_t st = current_stream;
     uint8_t *ws = NULL;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (size_t)(m + n) * (size_t)ld, st), "cudaMallocAsync"));
+    BIE_CUDA_TRY(
+        check(cudaMallocAsync((void **)&ws, (size_t)(m + n) * (size_t)ld, st), "cudaMallocAsync"));
     bie_status s = bie_cuda_q4_pack_codes(a, lda, m, k, ld, ws);
     if (s == BIE_OK) s = bie_cuda_q4_pack_codes(b, ldb, n, k, ld, ws + m * ld);
     if (s == BIE_OK)
-        s = bie_cuda_q4gemm_launch(kernel_id, m, n, k, ws, ws + m * ld, ld, scale, NULL, NULL, BIE_F32, out, NULL);
+        s = bie_cuda_q4gemm_launch(kernel_id, m, n, k, ws, ws + m * ld, ld, scale, NULL, NULL,
+                                   BIE_F32, out, NULL);
     cudaError_t free_err = cudaFreeAsync(ws, st);
     BIE_CUDA_TRY(s);
     return check(free_err, "cudaFreeAsync");
@@ -503,35 +539,50 @@ int64_t bie_cuda_q4_conv_cb(int64_t c) {
 }
 
 bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie_conv_geom *g,
-                                    const uint8_t *wtaps, const float *scale_a, const float *scale_w,
-                                    bie_dtype out_dtype, void *out) {
+                                    const uint8_t *wtaps, const float *scale_a,
+                                    const float *scale_w, bie_dtype out_dtype, void *out) {
     static const char *who = "cuda 4-bit implicit conv";
-    const int64_t rows = g->n * g->oh * g->ow, cb = bie_cuda_q4_conv_cb(g->c), ld = g->k * g->k * cb;
+    const int64_t rows = g->n * g->oh * g->ow, cb = bie_cuda_q4_conv_cb(g->c),
+                  ld = g->k * g->k * cb;
     if (variant < 0) variant = default_conv_variant(rows, g->o, cb);
-    if (variant >= kNumQ4Conv) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d", who, variant);
+    if (variant >= kNumQ4Conv)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d", who, variant);
     if (cb % q4_conv_kernels[variant].bkb != 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d needs whole k blocks per tap", who, variant);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: variant %d needs whole k blocks per tap",
+                        who, variant);
     const Q4ConvKernel &kern = q4_conv_kernels[variant];
     const int which = out_type_of(out_dtype);
-    if (which < 0) return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
-    const int64_t tiles_m = (rows + kern.bm - 1) / kern.bm, tiles_n = (g->o + kern.bn - 1) / kern.bn;
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    const int64_t tiles_m = (rows + kern.bm - 1) / kern.bm,
+                  tiles_n = (g->o + kern.bn - 1) / kern.bn;
     if (rows > INT_MAX || tiles_m * tiles_n > INT_MAX || ld * 2 > (1 << 24) ||
         g->n * g->h * g->w * cb > INT_MAX * (int64_t)64)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: problem too large", who);
     const size_t smem = conv_smem(kern);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
-    const ConvA al = {codes,      (int)cb,    (int)g->h,  (int)g->w,  (int)g->ow, (int)(g->oh * g->ow),
-                      (int)g->k, (int)g->s, (int)g->p, (int)g->d, conv_pairs_ok(g->oh * g->ow, out, which)};
+    const ConvA al = {codes,
+                      (int)cb,
+                      (int)g->h,
+                      (int)g->w,
+                      (int)g->ow,
+                      (int)(g->oh * g->ow),
+                      (int)g->k,
+                      (int)g->s,
+                      (int)g->p,
+                      (int)g->d,
+                      conv_pairs_ok(g->oh * g->ow, out, which)};
     if (kern.wgmma) return q4conv_wgmma_launch(kern.bn, rows, g->o, al, wtaps, ld, ep);
     auto fn = ld * 2 >= kWideK ? kern.wide : kern.narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));
     // After the input's encode (pdl.cuh): the weight taps are ready before it runs.
-    BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)(tiles_m * tiles_n)), dim3(kern.threads), smem, (int)rows,
-                                    (int)g->o, al, wtaps, ld, (int)tiles_m, (int)tiles_n, ep),
-                       who));
+    BIE_CUDA_TRY(
+        check(launch_after(fn, dim3((unsigned)(tiles_m * tiles_n)), dim3(kern.threads), smem,
+                           (int)rows, (int)g->o, al, wtaps, ld, (int)tiles_m, (int)tiles_n, ep),
+              who));
     return check(cudaGetLastError(), who);
 }
 

@@ -54,15 +54,16 @@ constexpr int kAChunks = kBM * kBKB / 16 / kThreads;
 template <int BN> struct Tile {
     static constexpr int kRows = kBM + BN, kRawStage = kRows * kBKB, kS8Tile = BN * kS8Row;
     static constexpr int kChunks = kRows * kBKB / 16 / kThreads;  // per stage, per thread
-    static_assert(kChunks * kThreads * 16 == kRawStage && kAChunks * kThreads * 16 == kBM * kBKB, "copy split");
+    static_assert(kChunks * kThreads * 16 == kRawStage && kAChunks * kThreads * 16 == kBM * kBKB,
+                  "copy split");
     // The int8 tiles first (1024-byte aligned, as the swizzle wants), then the raw stages.
     static constexpr size_t kSmem = 1024 + 2 * (size_t)kS8Tile + (size_t)KSTAGES * kRawStage;
 };
 
 template <class AL, int BN, bool WIDE>
 __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
-    q4gemm_wgmma(int m, int n, AL al, const uint8_t *__restrict__ B, int64_t ld64, int tiles_m, int tiles_n,
-                 Epilogue ep) {
+    q4gemm_wgmma(int m, int n, AL al, const uint8_t *__restrict__ B, int64_t ld64, int tiles_m,
+                 int tiles_n, Epilogue ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using TL = Tile<BN>;
     extern __shared__ uint8_t smem[];
@@ -115,9 +116,11 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
     };
     // Raw chunk q of a B row -> int8 chunks 2q (even codes) and 2q + 1 (odd codes), swizzled.
     const unsigned sw = (unsigned)(r0 & 7);
-    const unsigned even_ofs = r0 * kS8Row + ((2 * q) ^ sw) * 16, odd_ofs = r0 * kS8Row + ((2 * q + 1) ^ sw) * 16;
+    const unsigned even_ofs = r0 * kS8Row + ((2 * q) ^ sw) * 16,
+                   odd_ofs = r0 * kS8Row + ((2 * q + 1) ^ sw) * 16;
     auto unpack_b = [&](int kb) {
-        const unsigned from = raw + (kb % KSTAGES) * TL::kRawStage + kBM * kBKB + raw_ofs, to = s8 + (kb & 1) * TL::kS8Tile;
+        const unsigned from = raw + (kb % KSTAGES) * TL::kRawStage + kBM * kBKB + raw_ofs,
+                       to = s8 + (kb & 1) * TL::kS8Tile;
         unsigned w[kBChunks][4];  // all loads first: their latencies overlap
 #pragma unroll
         for (int u = 0; u < kBChunks; u++)
@@ -130,10 +133,10 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) unpack<WIDE>(w[u][i], e[i], o[i]);
             const unsigned row = to + u * kRowStep * kS8Row;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + even_ofs), "r"(e[0]), "r"(e[1]),
-                         "r"(e[2]), "r"(e[3]));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + odd_ofs), "r"(o[0]), "r"(o[1]),
-                         "r"(o[2]), "r"(o[3]));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + even_ofs),
+                         "r"(e[0]), "r"(e[1]), "r"(e[2]), "r"(e[3]));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + odd_ofs),
+                         "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3]));
         }
     };
     // This warp's 16 A rows straight from the raw stage into wgmma A fragments. An
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
     const int wg = tid >> 7;
     const unsigned a_row = wg * 64 + ((tid >> 5) & 3) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
     const unsigned a_frag = raw + a_row * kBKB, a_sw = (a_row >> 1) & 3, a_hi = lane >> 4;
-    auto frags_a = [&](int kb, unsigned (&af)[4][4]) {
+    auto frags_a = [&](int kb, unsigned(&af)[4][4]) {
         const unsigned base = a_frag + (kb % KSTAGES) * TL::kRawStage;
 #pragma unroll
         for (int c = 0; c < 4; c += 2) {
@@ -160,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0;
 
-    // B (weights, written before the kernel that produced A) loads before the wait for that
-    // kernel (pdl.cuh) and joins the first stage's copy group.
+        // B (weights, written before the kernel that produced A) loads before the wait for that
+        // kernel (pdl.cuh) and joins the first stage's copy group.
 #pragma unroll
     for (int s = 0; s < KSTAGES - 1; s++)
         if (s < kblocks) load_b(s);
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
         cp_async_commit();
     }
     unsigned af0[4][4], af1[4][4];  // the A fragments of even and odd k blocks
-    auto step = [&](int kb, unsigned (&af)[4][4]) {
+    auto step = [&](int kb, unsigned(&af)[4][4]) {
         cp_async_wait<KSTAGES - 2>();
         __syncthreads();  // raw stage kb in; the int8 tile kb & 1 no longer read (wait below)
         if (kb + KSTAGES - 1 < kblocks) {
@@ -207,8 +210,11 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
     const int g = lane >> 2, t4 = lane & 3, wrow = wg * 64 + ((tid >> 5) & 3) * 16 + g;
     if constexpr (AL::kNchwTile) {
         // Convolutions: the tile goes channel-major through shared memory (conv_tile_out).
-        constexpr int RS = kBM + 4;  // ints per channel: conflict-free fragment writes and row reads
-        static_assert((size_t)BN * RS * sizeof(int) <= 2 * (size_t)TL::kS8Tile + KSTAGES * (size_t)TL::kRawStage, "tile fits");
+        constexpr int RS =
+            kBM + 4;  // ints per channel: conflict-free fragment writes and row reads
+        static_assert((size_t)BN * RS * sizeof(int) <=
+                          2 * (size_t)TL::kS8Tile + KSTAGES * (size_t)TL::kRawStage,
+                      "tile fits");
         int *sC = reinterpret_cast<int *>(smem);
         __syncthreads();
 #pragma unroll
@@ -230,9 +236,12 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
                 const int col = bn0 + j * 8 + 2 * t4;
-                const long long d0 = unpacked_dot<WIDE>(d[4 * j + 2 * h]), d1 = unpacked_dot<WIDE>(d[4 * j + 2 * h + 1]);
-                if (col + 1 < n) ep.store2(orow, col, d0, d1, scale);
-                else if (col < n) ep.store(orow, col, d0, scale);
+                const long long d0 = unpacked_dot<WIDE>(d[4 * j + 2 * h]),
+                                d1 = unpacked_dot<WIDE>(d[4 * j + 2 * h + 1]);
+                if (col + 1 < n)
+                    ep.store2(orow, col, d0, d1, scale);
+                else if (col < n)
+                    ep.store(orow, col, d0, scale);
             }
         }
     }
@@ -253,7 +262,8 @@ int q4conv_wgmma_blocks_per_sm(int bn) {
     const size_t smem = q4gemm_wgmma_smem(bn);
     int blocks = 0;
     if (!wgmma_usable() || smem > max_smem() ||
-        cudaFuncSetAttribute(reinterpret_cast<const void *>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kThreads, smem) != cudaSuccess) {
         cudaGetLastError();
@@ -264,39 +274,43 @@ int q4conv_wgmma_blocks_per_sm(int bn) {
 
 // Grid and checks shared by the launchers; fn is the kernel for the problem's k.
 template <class AL, int BN>
-bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const AL &al, const uint8_t *b, int64_t ld,
-                  const Epilogue &ep, bool after) {
+bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const AL &al, const uint8_t *b,
+                  int64_t ld, const Epilogue &ep, bool after) {
     constexpr size_t kSmem = Tile<BN>::kSmem;
     if (!wgmma_usable() || kSmem > max_smem())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
     const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + BN - 1) / BN;
     if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m, (long long)n);
-    if (ld % kBKB != 0) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m,
+                        (long long)n);
+    if (ld % kBKB != 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
     auto fn = k >= kWideK ? q4gemm_wgmma<AL, BN, true> : q4gemm_wgmma<AL, BN, false>;
-    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-                       "cudaFuncSetAttribute"));
+    BIE_CUDA_TRY(
+        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
+              "cudaFuncSetAttribute"));
     const dim3 grid((unsigned)(tiles_m * tiles_n));
     if (after)
-        BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(kThreads), kSmem, (int)m, (int)n, al, b, ld, (int)tiles_m,
-                                        (int)tiles_n, ep),
+        BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(kThreads), kSmem, (int)m, (int)n, al, b, ld,
+                                        (int)tiles_m, (int)tiles_n, ep),
                            who));
     else
-        fn<<<grid, kThreads, kSmem, current_stream>>>((int)m, (int)n, al, b, ld, (int)tiles_m, (int)tiles_n, ep);
+        fn<<<grid, kThreads, kSmem, current_stream>>>((int)m, (int)n, al, b, ld, (int)tiles_m,
+                                                      (int)tiles_n, ep);
     return check(cudaGetLastError(), who);
 }
 
 // m x n outputs of the product of 4-bit rows a [m][ld] and b [n][ld] (ld a multiple of 64).
-bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep) {
+bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
+                               int64_t ld, const Epilogue &ep) {
     return launch<RowsA, 256>("cuda 4-bit gemm (wgmma)", m, n, k, RowsA{a}, b, ld, ep, false);
 }
 
 // The implicit convolution of q4gemm.cu's ConvA rows with weight taps b [o][ld] in tiles of
 // bn (128 or 256) channels, launched after the input's encode (pdl.cuh).
-bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep) {
+bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b,
+                               int64_t ld, const Epilogue &ep) {
     static const char *who = "cuda 4-bit implicit conv (wgmma)";
     return bn == 128 ? launch<ConvA, 128>(who, rows, o, ld * 2, al, b, ld, ep, true)
                      : launch<ConvA, 256>(who, rows, o, ld * 2, al, b, ld, ep, true);

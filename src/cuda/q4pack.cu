@@ -17,8 +17,8 @@ namespace bie_cuda {
 // One thread per 32-bit word of the layout (8 codes): word w of row r holds codes
 // 8 (w % words) .. + 7 of row w / words, each taken from Src(row, col) for col < k.
 template <class Src>
-__global__ void __launch_bounds__(256) pack_q4_words(Src src, int64_t rows, int64_t k, int64_t ld,
-                                                    unsigned *__restrict__ dst) {
+__global__ void __launch_bounds__(256)
+    pack_q4_words(Src src, int64_t rows, int64_t k, int64_t ld, unsigned *__restrict__ dst) {
     const int64_t words = ld / 4, total = rows * words;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -48,7 +48,9 @@ struct WeightCodes {  // q4(w, *scale)
     const float *w;
     int64_t k;
     const float *scale;
-    __device__ int operator()(int64_t row, int64_t col) const { return q4_code(w[row * k + col], *scale); }
+    __device__ int operator()(int64_t row, int64_t col) const {
+        return q4_code(w[row * k + col], *scale);
+    }
 };
 struct Int8Codes {  // int8 codes, taken modulo 16
     const int8_t *c;
@@ -57,8 +59,9 @@ struct Int8Codes {  // int8 codes, taken modulo 16
 };
 
 // The user's nibble rows (ceil(k / 2) bytes, the odd k's last high nibble ignored).
-__global__ void __launch_bounds__(256) repack_q4_rows(const uint8_t *__restrict__ src, int64_t rows,
-                                                     int64_t k, int64_t ld, unsigned *__restrict__ dst) {
+__global__ void __launch_bounds__(256)
+    repack_q4_rows(const uint8_t *__restrict__ src, int64_t rows, int64_t k, int64_t ld,
+                   unsigned *__restrict__ dst) {
     const int64_t words = ld / 4, total = rows * words, rb = (k + 1) / 2;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -82,10 +85,10 @@ __global__ void __launch_bounds__(256) repack_q4_rows(const uint8_t *__restrict_
 // bit i (1{-8 <= v / s <= 7}) at byte i / 8, bit i % 8, and resid[i] = (rint(q) - q) * 254
 // rounded (0 outside the clip range). One thread per mask byte.
 template <typename T>
-__global__ void __launch_bounds__(256) q4_act_mask(const T *__restrict__ x, int64_t m, int64_t k,
-                                                  const float *__restrict__ bias,
-                                                  const float *__restrict__ scale,
-                                                  uint8_t *__restrict__ mask, int8_t *__restrict__ resid) {
+__global__ void __launch_bounds__(256)
+    q4_act_mask(const T *__restrict__ x, int64_t m, int64_t k, const float *__restrict__ bias,
+                const float *__restrict__ scale, uint8_t *__restrict__ mask,
+                int8_t *__restrict__ resid) {
     const int64_t n = m * k, nbytes = (n + 7) / 8;
     const float s = *scale;
     for (int64_t byte = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; byte < nbytes;
@@ -106,8 +109,8 @@ unsigned grid_for(int64_t items) {
 }
 
 template <class Src> void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
-    pack_q4_words<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(src, rows, k, ld,
-                                                                          reinterpret_cast<unsigned *>(dst));
+    pack_q4_words<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(
+        src, rows, k, ld, reinterpret_cast<unsigned *>(dst));
 }
 
 template <typename T>
@@ -116,8 +119,8 @@ void launch_act(const void *x, int64_t m, int64_t k, const float *bias, const fl
     const T *xt = static_cast<const T *>(x);
     launch_pack(ActCodes<T>{xt, k, bias, scale_a}, m, k, ld, codes);
     if (mask)
-        q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(xt, m, k, bias, scale_a,
-                                                                              mask, resid);
+        q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(xt, m, k, bias,
+                                                                              scale_a, mask, resid);
 }
 
 }  // namespace bie_cuda
@@ -150,7 +153,8 @@ bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t row
     return check(cudaGetLastError(), "cuda 4-bit pack codes");
 }
 
-bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
+bie_status bie_cuda_q4_repack_rows(const void *src, int64_t rows, int64_t k, int64_t ld,
+                                   uint8_t *dst) {
     repack_q4_rows<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(
         static_cast<const uint8_t *>(src), rows, k, ld, reinterpret_cast<unsigned *>(dst));
     return check(cudaGetLastError(), "cuda 4-bit repack rows");

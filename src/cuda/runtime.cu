@@ -14,7 +14,8 @@ thread_local cudaStream_t current_stream = nullptr;
 bie_status check(cudaError_t err, const char *what) {
     if (err == cudaSuccess) return BIE_OK;
     cudaGetLastError();  // clear the sticky-free error state
-    return bie_fail(BIE_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+    return bie_fail(BIE_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(err),
+                    cudaGetErrorName(err));
 }
 
 bie_status require_device(void) {
@@ -101,7 +102,8 @@ bie_status bie_cuda_tensor_alloc(bie_tensor *out, bie_dtype dtype, int ndim, con
 }
 
 bie_status bie_tensor_copy(bie_tensor *dst, const bie_tensor *src) {
-    if (dst == NULL || src == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: NULL tensor");
+    if (dst == NULL || src == NULL)
+        return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: NULL tensor");
     if (dst->data == NULL || src->data == NULL)
         return bie_fail(BIE_ERR_NULL_POINTER, "bie_tensor_copy: tensor without data");
     if (dst->dtype != src->dtype)
@@ -116,8 +118,9 @@ bie_status bie_tensor_copy(bie_tensor *dst, const bie_tensor *src) {
         return BIE_OK;
     }
     BIE_CUDA_TRY(require_device());
-    BIE_CUDA_TRY(check(cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDefault, current_stream),
-                       "cudaMemcpy"));
+    BIE_CUDA_TRY(
+        check(cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDefault, current_stream),
+              "cudaMemcpy"));
     return check(cudaStreamSynchronize(current_stream), "cudaStreamSynchronize");
 }
 

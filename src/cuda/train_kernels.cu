@@ -24,7 +24,9 @@ unsigned grid_1d(int64_t count) {
     return (unsigned)(b < 1 ? 1 : b > 32768 ? 32768 : b);
 }
 
-__device__ __forceinline__ int64_t thread_index() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t thread_index() {
+    return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
 __device__ __forceinline__ int64_t thread_stride() { return (int64_t)gridDim.x * blockDim.x; }
 
 bie_status launched(const char *what) { return check(cudaGetLastError(), what); }
@@ -32,12 +34,14 @@ bie_status launched(const char *what) { return check(cudaGetLastError(), what); 
 // ---------------------------------------------------------------- linear
 
 __global__ void add_bias_rows(float *y, int64_t m, int64_t out, const float *b) {
-    for (int64_t i = thread_index(); i < m * out; i += thread_stride()) y[i] = __fadd_rn(y[i], b[i % out]);
+    for (int64_t i = thread_index(); i < m * out; i += thread_stride())
+        y[i] = __fadd_rn(y[i], b[i % out]);
 }
 
 // db[j] = sum over the rows of dy[:, j] in double: block (32 columns, 8 row slices), each
 // slice summing its rows in order, then the 8 slices in order.
-__global__ void __launch_bounds__(256) column_sums_f64(const float *dy, int64_t m, int64_t out, float *db) {
+__global__ void __launch_bounds__(256)
+    column_sums_f64(const float *dy, int64_t m, int64_t out, float *db) {
     __shared__ double part[8][32];
     const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double s = 0;
@@ -68,10 +72,12 @@ struct Gemm {
 bie_status run_gemm(cublasHandle_t h, const Gemm &g, const char *what) {
     if (g.rows == 0 || g.cols == 0) return BIE_OK;
     if (g.k == 0)
-        return check(cudaMemsetAsync(g.c, 0, (size_t)(g.rows * g.cols) * sizeof(float), current_stream), what);
+        return check(
+            cudaMemsetAsync(g.c, 0, (size_t)(g.rows * g.cols) * sizeof(float), current_stream),
+            what);
     const float one = 1.0f, zero = 0.0f;
-    return blas_check(cublasSgemm(h, g.ta, g.tb, (int)g.rows, (int)g.cols, (int)g.k, &one, g.a, (int)g.lda, g.b,
-                                  (int)g.ldb, &zero, g.c, (int)g.ldc),
+    return blas_check(cublasSgemm(h, g.ta, g.tb, (int)g.rows, (int)g.cols, (int)g.k, &one, g.a,
+                                  (int)g.lda, g.b, (int)g.ldb, &zero, g.c, (int)g.ldc),
                       what);
 }
 
@@ -98,16 +104,16 @@ __global__ void relu_bwd(const float *y, const float *dy, int64_t n, float *dx) 
     for (int64_t i = thread_index(); i < n; i += thread_stride()) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
 }
 
-__global__ void prelu_fwd(const float *x, int64_t total, int64_t channels, int64_t inner, const float *slopes,
-                          int64_t n_slopes, float *y) {
+__global__ void prelu_fwd(const float *x, int64_t total, int64_t channels, int64_t inner,
+                          const float *slopes, int64_t n_slopes, float *y) {
     for (int64_t i = thread_index(); i < total; i += thread_stride()) {
         const float a = slopes[n_slopes == 1 ? 0 : (i / inner) % channels];
         y[i] = x[i] >= 0 ? x[i] : __fmul_rn(a, x[i]);
     }
 }
 
-__global__ void prelu_bwd_dx(const float *x, const float *dy, int64_t total, int64_t channels, int64_t inner,
-                             const float *slopes, int64_t n_slopes, float *dx) {
+__global__ void prelu_bwd_dx(const float *x, const float *dy, int64_t total, int64_t channels,
+                             int64_t inner, const float *slopes, int64_t n_slopes, float *dx) {
     for (int64_t i = thread_index(); i < total; i += thread_stride()) {
         const float a = slopes[n_slopes == 1 ? 0 : (i / inner) % channels];
         dx[i] = x[i] >= 0 ? dy[i] : __fmul_rn(a, dy[i]);
@@ -134,7 +140,8 @@ int splits_for(int64_t count, int64_t c) {
 unsigned channel_grid_y(int64_t c) { return (unsigned)(c < 1 ? 1 : c > 65535 ? 65535 : c); }
 
 template <class Term>
-__global__ void __launch_bounds__(kThreads) channel_partial(ChannelShape g, Term term, double2 *part) {
+__global__ void __launch_bounds__(kThreads)
+    channel_partial(ChannelShape g, Term term, double2 *part) {
     __shared__ double sa[kThreads], sb[kThreads];
     const int64_t count = g.n * g.inner;
     const int64_t stride = (int64_t)g.splits * kThreads;
@@ -185,7 +192,8 @@ __global__ void channel_final(const double2 *part, int64_t c, int splits, Finish
 
 template <class Term, class Finish>
 void channel_reduce(const ChannelShape &g, Term term, Finish finish, double2 *part) {
-    channel_partial<<<dim3((unsigned)g.splits, channel_grid_y(g.c)), kThreads, 0, current_stream>>>(g, term, part);
+    channel_partial<<<dim3((unsigned)g.splits, channel_grid_y(g.c)), kThreads, 0, current_stream>>>(
+        g, term, part);
     channel_final<<<grid_1d(g.c), kThreads, 0, current_stream>>>(part, g.c, g.splits, finish);
 }
 
@@ -233,7 +241,9 @@ struct StoreSlope {
 
 struct SumTerm {
     const float *x;
-    __device__ double2 operator()(int64_t at, int64_t) const { return make_double2((double)x[at], 0.0); }
+    __device__ double2 operator()(int64_t at, int64_t) const {
+        return make_double2((double)x[at], 0.0);
+    }
 };
 struct StoreMean {
     double2 *stat;  // (mean, invstd) per channel
@@ -263,8 +273,9 @@ struct StoreVar {
     }
 };
 
-__global__ void bn_normalise(const float *x, int64_t total, int64_t c, int64_t inner, const double2 *stat,
-                             const float *gamma, const float *beta, float *y, float *xhat) {
+__global__ void bn_normalise(const float *x, int64_t total, int64_t c, int64_t inner,
+                             const double2 *stat, const float *gamma, const float *beta, float *y,
+                             float *xhat) {
     for (int64_t at = thread_index(); at < total; at += thread_stride()) {
         const int64_t ch = (at / inner) % c;
         const float xh = (float)__dmul_rn(__dsub_rn((double)x[at], stat[ch].x), stat[ch].y);
@@ -273,7 +284,8 @@ __global__ void bn_normalise(const float *x, int64_t total, int64_t c, int64_t i
     }
 }
 
-__global__ void bn_running(int64_t c, float momentum, const float *bm, const float *bv, float *rm, float *rv) {
+__global__ void bn_running(int64_t c, float momentum, const float *bm, const float *bv, float *rm,
+                           float *rv) {
     const float keep = 1.0f - momentum;
     for (int64_t ch = thread_index(); ch < c; ch += thread_stride()) {
         rm[ch] = __fadd_rn(__fmul_rn(keep, rm[ch]), __fmul_rn(momentum, bm[ch]));
@@ -282,10 +294,12 @@ __global__ void bn_running(int64_t c, float momentum, const float *bm, const flo
 }
 
 __global__ void bn_eval(const float *x, int64_t total, int64_t c, int64_t inner, const float *gamma,
-                        const float *beta, float eps, const float *rmean, const float *rvar, float *y) {
+                        const float *beta, float eps, const float *rmean, const float *rvar,
+                        float *y) {
     for (int64_t at = thread_index(); at < total; at += thread_stride()) {
         const int64_t ch = (at / inner) % c;
-        const float scale = (float)((double)gamma[ch] / sqrt(__dadd_rn((double)rvar[ch], (double)eps)));
+        const float scale =
+            (float)((double)gamma[ch] / sqrt(__dadd_rn((double)rvar[ch], (double)eps)));
         const float shift = __fsub_rn(beta[ch], __fmul_rn(rmean[ch], scale));
         y[at] = __fadd_rn(__fmul_rn(x[at], scale), shift);
     }
@@ -307,8 +321,9 @@ struct StoreGrad {
     }
 };
 
-__global__ void bn_dx(const float *xhat, const float *invstd, const float *dy, int64_t total, int64_t c,
-                      int64_t inner, int64_t count, const double2 *stat, const float *gamma, float *dx) {
+__global__ void bn_dx(const float *xhat, const float *invstd, const float *dy, int64_t total,
+                      int64_t c, int64_t inner, int64_t count, const double2 *stat,
+                      const float *gamma, float *dx) {
     const double cnt = (double)count;
     for (int64_t at = thread_index(); at < total; at += thread_stride()) {
         const int64_t ch = (at / inner) % c;
@@ -321,8 +336,8 @@ __global__ void bn_dx(const float *xhat, const float *invstd, const float *dy, i
 
 // ---------------------------------------------------------------- max-pool
 
-__global__ void maxpool_fwd(const float *x, int64_t planes, int64_t h, int64_t w, int k, int s, int64_t oh,
-                            int64_t ow, float *y, int32_t *argmax) {
+__global__ void maxpool_fwd(const float *x, int64_t planes, int64_t h, int64_t w, int k, int s,
+                            int64_t oh, int64_t ow, float *y, int32_t *argmax) {
     const int64_t total = planes * oh * ow;
     for (int64_t o = thread_index(); o < total; o += thread_stride()) {
         const int64_t ox = o % ow, oy = (o / ow) % oh, p = o / (ow * oh);
@@ -342,8 +357,9 @@ __global__ void maxpool_fwd(const float *x, int64_t planes, int64_t h, int64_t w
 // outputs picked the same input form a group, and the group's lowest lane adds their
 // gradients in lane order, so every input receives its additions in increasing output
 // order, as on the CPU.
-__global__ void __launch_bounds__(256) maxpool_bwd(const float *dy, const int32_t *argmax, int64_t planes,
-                                                   int64_t hw, int64_t ohw, float *dx) {
+__global__ void __launch_bounds__(256)
+    maxpool_bwd(const float *dy, const int32_t *argmax, int64_t planes, int64_t hw, int64_t ohw,
+                float *dx) {
     __shared__ float vals[8][32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t warps = (int64_t)gridDim.x * 8;
@@ -354,13 +370,15 @@ __global__ void __launch_bounds__(256) maxpool_bwd(const float *dy, const int32_
         for (int64_t base = 0; base < ohw; base += 32) {
             const int64_t o = base + lane;
             const bool valid = o < ohw;
-            const int target = valid ? argmax[p * ohw + o] : -1 - lane;  // lanes past the end: unique
+            const int target =
+                valid ? argmax[p * ohw + o] : -1 - lane;  // lanes past the end: unique
             vals[wid][lane] = valid ? dy[p * ohw + o] : 0.0f;
             const unsigned group = __match_any_sync(0xffffffffu, target);
             __syncwarp();
             if (valid && lane == __ffs(group) - 1) {
                 float acc = dxp[target];
-                for (unsigned g = group; g; g &= g - 1) acc = __fadd_rn(acc, vals[wid][__ffs(g) - 1]);
+                for (unsigned g = group; g; g &= g - 1)
+                    acc = __fadd_rn(acc, vals[wid][__ffs(g) - 1]);
                 dxp[target] = acc;
             }
             __syncwarp();
@@ -374,12 +392,14 @@ struct AdamScalars {
     float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, step_size, bc2_sqrt, decay, l2;
 };
 
-__global__ void adam_kernel(float *p, const float *g, float *m, float *v, int64_t n, AdamScalars s) {
+__global__ void adam_kernel(float *p, const float *g, float *m, float *v, int64_t n,
+                            AdamScalars s) {
     for (int64_t i = thread_index(); i < n; i += thread_stride()) {
         const float pi = p[i];
         const float gi = __fadd_rn(g[i], __fmul_rn(s.l2, pi));
         const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, gi));
-        const float vi = __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
+        const float vi =
+            __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, gi), gi));
         m[i] = mi;
         v[i] = vi;
         const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
@@ -387,15 +407,16 @@ __global__ void adam_kernel(float *p, const float *g, float *m, float *v, int64_
     }
 }
 
-__global__ void __launch_bounds__(kThreads) signflip_kernel(int8_t *w, const int8_t *g8, const float *gf, float *m,
-                                                            float *v, int64_t n, float lr, float a1, float a2,
-                                                            unsigned long long *count) {
+__global__ void __launch_bounds__(kThreads)
+    signflip_kernel(int8_t *w, const int8_t *g8, const float *gf, float *m, float *v, int64_t n,
+                    float lr, float a1, float a2, unsigned long long *count) {
     __shared__ unsigned long long sh[kThreads];
     unsigned long long flips = 0;
     for (int64_t i = thread_index(); i < n; i += thread_stride()) {
         const float g = g8 ? (float)g8[i] : gf[i];
-        const float mi = __fadd_rn(m[i], __fmul_rn(a1, __fsub_rn(g, m[i])));  // lerp(m, g, 1 - beta1)
-        const float target = mi >= 0 ? lr : -lr;                                 // sign(m) lr, sign(0) = +1
+        const float mi =
+            __fadd_rn(m[i], __fmul_rn(a1, __fsub_rn(g, m[i])));  // lerp(m, g, 1 - beta1)
+        const float target = mi >= 0 ? lr : -lr;                 // sign(m) lr, sign(0) = +1
         const float vi = __fadd_rn(v[i], __fmul_rn(a2, __fsub_rn(target, v[i])));
         m[i] = mi;
         v[i] = vi;
@@ -425,22 +446,25 @@ using namespace bie_cuda;
 
 extern "C" {
 
-bie_status bie_cuda_linear_forward(const float *x, int64_t m, int64_t in, int64_t out, const float *w,
-                                   const float *b, float *y) {
+bie_status bie_cuda_linear_forward(const float *x, int64_t m, int64_t in, int64_t out,
+                                   const float *w, const float *b, float *y) {
     if (!fits_int(m) || !fits_int(in) || !fits_int(out))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "linear (CUDA): sizes %lld x %lld -> %lld exceed the GEMM's range",
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "linear (CUDA): sizes %lld x %lld -> %lld exceed the GEMM's range",
                         (long long)m, (long long)in, (long long)out);
     // y^T [out, m] (column-major) = w [in, out]^T x^T [in, m]
     const Gemm g = {CUBLAS_OP_T, CUBLAS_OP_N, out, m, in, w, in, x, in, y, out};
     BIE_CUDA_TRY(gemms(&g, 1, "linear forward (cublasSgemm)"));
-    if (b != nullptr && m * out > 0) add_bias_rows<<<grid_1d(m * out), kThreads, 0, current_stream>>>(y, m, out, b);
+    if (b != nullptr && m * out > 0)
+        add_bias_rows<<<grid_1d(m * out), kThreads, 0, current_stream>>>(y, m, out, b);
     return launched("linear forward");
 }
 
-bie_status bie_cuda_linear_backward(const float *x, const float *dy, int64_t m, int64_t in, int64_t out,
-                                    const float *w, float *dx, float *dw, float *db) {
+bie_status bie_cuda_linear_backward(const float *x, const float *dy, int64_t m, int64_t in,
+                                    int64_t out, const float *w, float *dx, float *dw, float *db) {
     if (!fits_int(m) || !fits_int(in) || !fits_int(out))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "linear (CUDA): sizes %lld x %lld -> %lld exceed the GEMM's range",
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "linear (CUDA): sizes %lld x %lld -> %lld exceed the GEMM's range",
                         (long long)m, (long long)in, (long long)out);
     Gemm list[2];
     int count = 0;
@@ -450,7 +474,8 @@ bie_status bie_cuda_linear_backward(const float *x, const float *dy, int64_t m, 
     list[count++] = {CUBLAS_OP_N, CUBLAS_OP_T, in, out, m, x, in, dy, out, dw, in};
     BIE_CUDA_TRY(gemms(list, count, "linear backward (cublasSgemm)"));
     if (db != nullptr && out > 0)
-        column_sums_f64<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, current_stream>>>(dy, m, out, db);
+        column_sums_f64<<<(unsigned)((out + 31) / 32), dim3(32, 8), 0, current_stream>>>(dy, m, out,
+                                                                                         db);
     return launched("linear backward");
 }
 
@@ -467,7 +492,9 @@ bie_status bie_cuda_relu_backward(const float *y, const float *dy, int64_t n, fl
 bie_status bie_cuda_prelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
                                   const float *slopes, int64_t n_slopes, float *y) {
     const int64_t total = outer * channels * inner;
-    if (total > 0) prelu_fwd<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, channels, inner, slopes, n_slopes, y);
+    if (total > 0)
+        prelu_fwd<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, channels, inner,
+                                                                   slopes, n_slopes, y);
     return launched("prelu forward");
 }
 
@@ -476,10 +503,11 @@ bie_status bie_cuda_prelu_backward(const float *x, const float *dy, int64_t oute
                                    float *dslopes) {
     const int64_t total = outer * channels * inner;
     if (dx && total > 0)
-        prelu_bwd_dx<<<grid_1d(total), kThreads, 0, current_stream>>>(x, dy, total, channels, inner, slopes, n_slopes,
-                                                                      dx);
+        prelu_bwd_dx<<<grid_1d(total), kThreads, 0, current_stream>>>(x, dy, total, channels, inner,
+                                                                      slopes, n_slopes, dx);
     // a shared slope sums over everything: one channel of one row
-    ChannelShape g = n_slopes == 1 ? ChannelShape{1, 1, total, 1} : ChannelShape{outer, channels, inner, 1};
+    ChannelShape g =
+        n_slopes == 1 ? ChannelShape{1, 1, total, 1} : ChannelShape{outer, channels, inner, 1};
     if (g.c == 0) return launched("prelu backward");
     if (g.inner == 0) {  // no elements: zeros (and no division by a zero row length)
         g.n = 0;
@@ -492,60 +520,67 @@ bie_status bie_cuda_prelu_backward(const float *x, const float *dy, int64_t oute
     return launched("prelu backward");
 }
 
-bie_status bie_cuda_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k, int s,
-                                    int64_t oh, int64_t ow, float *y, int32_t *argmax) {
+bie_status bie_cuda_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                    int s, int64_t oh, int64_t ow, float *y, int32_t *argmax) {
     const int64_t total = planes * oh * ow;
-    if (total > 0) maxpool_fwd<<<grid_1d(total), kThreads, 0, current_stream>>>(x, planes, h, w, k, s, oh, ow, y, argmax);
+    if (total > 0)
+        maxpool_fwd<<<grid_1d(total), kThreads, 0, current_stream>>>(x, planes, h, w, k, s, oh, ow,
+                                                                     y, argmax);
     return launched("maxpool forward");
 }
 
-bie_status bie_cuda_maxpool_backward(const float *dy, const int32_t *argmax, int64_t planes, int64_t h,
-                                     int64_t w, int64_t oh, int64_t ow, float *dx) {
+bie_status bie_cuda_maxpool_backward(const float *dy, const int32_t *argmax, int64_t planes,
+                                     int64_t h, int64_t w, int64_t oh, int64_t ow, float *dx) {
     if (planes > 0 && h * w > 0) {
         const int64_t blocks = (planes + 7) / 8;
-        maxpool_bwd<<<(unsigned)(blocks > 32768 ? 32768 : blocks), 256, 0, current_stream>>>(dy, argmax, planes, h * w,
-                                                                                            oh * ow, dx);
+        maxpool_bwd<<<(unsigned)(blocks > 32768 ? 32768 : blocks), 256, 0, current_stream>>>(
+            dy, argmax, planes, h * w, oh * ow, dx);
     }
     return launched("maxpool backward");
 }
 
 bie_status bie_cuda_batchnorm_forward_train(const float *x, int64_t n, int64_t c, int64_t inner,
-                                            const float *gamma, const float *beta, float eps, float *y,
-                                            float *xhat, float *invstd, float *batch_mean, float *batch_var) {
+                                            const float *gamma, const float *beta, float eps,
+                                            float *y, float *xhat, float *invstd, float *batch_mean,
+                                            float *batch_var) {
     if (c <= 0) return BIE_OK;
     const int64_t count = n * inner;
     BnReduce r;
     BIE_CUDA_TRY(r.init(n, c, inner, "batch norm forward (scratch)"));
     double2 *stat = r.stat;
     channel_reduce(r.g, SumTerm{x}, StoreMean{stat, (double)count}, r.part);
-    channel_reduce(r.g, SquareTerm{x, stat}, StoreVar{stat, count, eps, invstd, batch_mean, batch_var}, r.part);
+    channel_reduce(r.g, SquareTerm{x, stat},
+                   StoreVar{stat, count, eps, invstd, batch_mean, batch_var}, r.part);
     const int64_t total = count * c;
     if (total > 0)
-        bn_normalise<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, c, inner, stat, gamma, beta, y, xhat);
+        bn_normalise<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, c, inner, stat,
+                                                                      gamma, beta, y, xhat);
     return launched("batch norm forward");
 }
 
 bie_status bie_cuda_batchnorm_update_running(int64_t c, float momentum, const float *batch_mean,
-                                             const float *batch_var, float *running_mean, float *running_var) {
+                                             const float *batch_var, float *running_mean,
+                                             float *running_var) {
     if (c > 0)
-        bn_running<<<grid_1d(c), kThreads, 0, current_stream>>>(c, momentum, batch_mean, batch_var, running_mean,
-                                                                running_var);
+        bn_running<<<grid_1d(c), kThreads, 0, current_stream>>>(c, momentum, batch_mean, batch_var,
+                                                                running_mean, running_var);
     return launched("batch norm running statistics");
 }
 
 bie_status bie_cuda_batchnorm_forward_eval(const float *x, int64_t n, int64_t c, int64_t inner,
                                            const float *gamma, const float *beta, float eps,
-                                           const float *running_mean, const float *running_var, float *y) {
+                                           const float *running_mean, const float *running_var,
+                                           float *y) {
     const int64_t total = n * c * inner;
     if (total > 0)
-        bn_eval<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, c, inner, gamma, beta, eps, running_mean,
-                                                                 running_var, y);
+        bn_eval<<<grid_1d(total), kThreads, 0, current_stream>>>(x, total, c, inner, gamma, beta,
+                                                                 eps, running_mean, running_var, y);
     return launched("batch norm forward (evaluation)");
 }
 
-bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, const float *dy, int64_t n,
-                                       int64_t c, int64_t inner, const float *gamma, float *dx, float *dgamma,
-                                       float *dbeta) {
+bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, const float *dy,
+                                       int64_t n, int64_t c, int64_t inner, const float *gamma,
+                                       float *dx, float *dgamma, float *dbeta) {
     if (c <= 0) return BIE_OK;
     const int64_t count = n * inner;
     BnReduce r;
@@ -554,8 +589,8 @@ bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, c
     channel_reduce(r.g, GradTerm{dy, xhat}, StoreGrad{stat, dgamma, dbeta}, r.part);
     const int64_t total = count * c;
     if (dx && total > 0)
-        bn_dx<<<grid_1d(total), kThreads, 0, current_stream>>>(xhat, invstd, dy, total, c, inner, count, stat, gamma,
-                                                               dx);
+        bn_dx<<<grid_1d(total), kThreads, 0, current_stream>>>(xhat, invstd, dy, total, c, inner,
+                                                               count, stat, gamma, dx);
     return launched("batch norm backward");
 }
 
@@ -579,24 +614,30 @@ bie_status bie_cuda_adam_step(float *p, const float *g, float *m, float *v, int6
     return launched("adam step");
 }
 
-bie_status bie_cuda_signflip_step(int8_t *w, const int8_t *g8, const float *gf, float *m, float *v, int64_t n,
-                                  float lr, float beta1, float beta2, int64_t *flipped) {
+bie_status bie_cuda_signflip_step(int8_t *w, const int8_t *g8, const float *gf, float *m, float *v,
+                                  int64_t n, float lr, float beta1, float beta2, int64_t *flipped) {
     if ((g8 == nullptr) == (gf == nullptr))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "signflip_step (CUDA): exactly one gradient array is needed");
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "signflip_step (CUDA): exactly one gradient array is needed");
     const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
     if (flipped == nullptr) {
         if (n > 0)
-            signflip_kernel<<<grid_1d(n), kThreads, 0, current_stream>>>(w, g8, gf, m, v, n, lr, a1, a2, nullptr);
+            signflip_kernel<<<grid_1d(n), kThreads, 0, current_stream>>>(w, g8, gf, m, v, n, lr, a1,
+                                                                         a2, nullptr);
         return launched("signflip step");
     }
     Scratch ws;
     BIE_CUDA_TRY(ws.get(sizeof(unsigned long long), "signflip step (scratch)"));
     unsigned long long *count = static_cast<unsigned long long *>(ws.p), host = 0;
-    BIE_CUDA_TRY(check(cudaMemsetAsync(count, 0, sizeof host, current_stream), "signflip step (memset)"));
-    if (n > 0) signflip_kernel<<<grid_1d(n), kThreads, 0, current_stream>>>(w, g8, gf, m, v, n, lr, a1, a2, count);
+    BIE_CUDA_TRY(
+        check(cudaMemsetAsync(count, 0, sizeof host, current_stream), "signflip step (memset)"));
+    if (n > 0)
+        signflip_kernel<<<grid_1d(n), kThreads, 0, current_stream>>>(w, g8, gf, m, v, n, lr, a1, a2,
+                                                                     count);
     BIE_CUDA_TRY(launched("signflip step"));
-    BIE_CUDA_TRY(check(cudaMemcpyAsync(&host, count, sizeof host, cudaMemcpyDeviceToHost, current_stream),
-                       "signflip step (count)"));
+    BIE_CUDA_TRY(
+        check(cudaMemcpyAsync(&host, count, sizeof host, cudaMemcpyDeviceToHost, current_stream),
+              "signflip step (count)"));
     BIE_CUDA_TRY(check(cudaStreamSynchronize(current_stream), "signflip step (wait)"));
     *flipped = (int64_t)host;
     return BIE_OK;
@@ -609,8 +650,10 @@ bie_status bie_cuda_train_alloc(void **p, size_t bytes, const char *what) {
     *p = nullptr;
     cudaGetLastError();
     if (err == cudaErrorMemoryAllocation)
-        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "out of CUDA device memory for %s (%zu bytes)", what, bytes);
-    return bie_fail(BIE_ERR_CUDA, "cudaMalloc for %s (%zu bytes): %s", what, bytes, cudaGetErrorString(err));
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "out of CUDA device memory for %s (%zu bytes)", what,
+                        bytes);
+    return bie_fail(BIE_ERR_CUDA, "cudaMalloc for %s (%zu bytes): %s", what, bytes,
+                    cudaGetErrorString(err));
 }
 
 void bie_cuda_train_free(void *p) {
@@ -619,7 +662,8 @@ void bie_cuda_train_free(void *p) {
 
 bie_status bie_cuda_train_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return BIE_OK;
-    BIE_CUDA_TRY(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream), "cudaMemcpyAsync"));
+    BIE_CUDA_TRY(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream),
+                       "cudaMemcpyAsync"));
     return check(cudaStreamSynchronize(current_stream), "cudaStreamSynchronize");
 }
 
@@ -628,7 +672,9 @@ bie_status bie_cuda_train_memset0(void *p, size_t bytes) {
     return check(cudaMemsetAsync(p, 0, bytes, current_stream), "cudaMemsetAsync");
 }
 
-bie_status bie_cuda_train_sync(void) { return check(cudaStreamSynchronize(current_stream), "cudaStreamSynchronize"); }
+bie_status bie_cuda_train_sync(void) {
+    return check(cudaStreamSynchronize(current_stream), "cudaStreamSynchronize");
+}
 
 bie_status bie_cuda_train_set_device(int device, int *previous) {
     int now = 0;

@@ -21,11 +21,11 @@ bool wgmma_usable();
 // tiles, and the implicit convolution of ConvA rows with weight taps b [o][ld] in 128 x bn
 // tiles (bn 128 or 256); the shared memory of a block with bn columns.
 size_t q4gemm_wgmma_smem(int bn);
-bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep);
+bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
+                               int64_t ld, const Epilogue &ep);
 // Blocks of the convolution kernel with bn columns that fit on one SM (0: none).
 int q4conv_wgmma_blocks_per_sm(int bn);
-bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b, int64_t ld,
-                               const Epilogue &ep);
+bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b,
+                               int64_t ld, const Epilogue &ep);
 
 }  // namespace bie_cuda

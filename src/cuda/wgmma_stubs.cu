@@ -8,10 +8,12 @@ namespace bie_cuda {
 bool wgmma_usable() { return false; }
 int q4conv_wgmma_blocks_per_sm(int) { return 0; }
 size_t q4gemm_wgmma_smem(int) { return 0; }
-bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t, const Epilogue &) {
+bie_status q4gemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t,
+                               const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm: built without sm_90a code");
 }
-bie_status q4conv_wgmma_launch(int, int64_t, int64_t, const ConvA &, const uint8_t *, int64_t, const Epilogue &) {
+bie_status q4conv_wgmma_launch(int, int64_t, int64_t, const ConvA &, const uint8_t *, int64_t,
+                               const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit conv: built without sm_90a code");
 }
 

@@ -8,9 +8,8 @@
 
 #include "../cpu/dispatch.h"
 #include "../cpu/frame/pack.h"
-#include "layer_cpu.h"
 #include "conv_common.h"
-
+#include "layer_cpu.h"
 
 /* ---------------------------------------------------------------- geometry and checks */
 
@@ -27,10 +26,11 @@ static bie_status check_output(const bie_conv_geom *g, const bie_tensor *t, cons
 /* ---------------------------------------------------------------- forward */
 
 /* Sign and clip bit planes of x' = x + bias_a[c], one plane of H W bits per (n, c). */
-static void pack_planes(const bie_layer *l, const bie_conv_geom *g, const float *x,
-                        float scale_a, uint8_t *signs, uint8_t *mask) {
+static void pack_planes(const bie_layer *l, const bie_conv_geom *g, const float *x, float scale_a,
+                        uint8_t *signs, uint8_t *mask) {
     const int64_t plane = g->h * g->w, pb = bie_conv_plane_bytes(g);
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->n * g->c * plane > 65536)
+#pragma omp parallel for num_threads(bie_threads()) \
+    schedule(static) if (g->n * g->c * plane > 65536)
     for (int64_t nc = 0; nc < g->n * g->c; nc++) {
         const float *xp = x + nc * plane, b = l->bias_a[nc % g->c];
         uint8_t *sp = signs + nc * pb, *mp = mask ? mask + nc * pb : NULL;
@@ -89,7 +89,8 @@ static bie_status weight_taps(const bie_layer *l, uint8_t **wbits_out, int64_t w
             for (int64_t c0 = 0; c0 < C; c0 += 64) { /* 64 channels of tap t at a time */
                 int64_t cn = C - c0 < 64 ? C - c0 : 64;
                 uint64_t chunk = 0;
-                for (int64_t c = 0; c < cn; c++) chunk |= (uint64_t)bie_bit(s, (c0 + c) * kk + t) << c;
+                for (int64_t c = 0; c < cn; c++)
+                    chunk |= (uint64_t)bie_bit(s, (c0 + c) * kk + t) << c;
                 or_bits((uint64_t *)d, t * C + c0, &chunk, cn);
                 ones += __builtin_popcountll(chunk);
             }
@@ -107,7 +108,8 @@ static bie_status weight_taps(const bie_layer *l, uint8_t **wbits_out, int64_t w
 static void im2col_bits(const bie_conv_geom *g, const uint64_t *nhwc, int64_t cw, int64_t n,
                         uint8_t *cols, int64_t crb) {
     const int64_t C = g->c;
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g->oh * g->ow * g->k * g->k * C > 65536)
+#pragma omp parallel for num_threads(bie_threads()) \
+    schedule(static) if (g->oh * g->ow * g->k * g->k * C > 65536)
     for (int64_t pix = 0; pix < g->oh * g->ow; pix++) {
         int64_t oy = pix / g->ow, ox = pix % g->ow;
         uint64_t *row = (uint64_t *)(cols + pix * crb);
@@ -166,7 +168,8 @@ static void border_taps(const bie_conv_geom *g, int32_t *outside) {
         for (int64_t i = 0; i < g->k; i++)
             for (int64_t j = 0; j < g->k; j++) {
                 int64_t iy = bie_conv_in(g, oy, i), ix = bie_conv_in(g, ox, j);
-                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) list[++count] = (int32_t)(i * g->k + j);
+                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                    list[++count] = (int32_t)(i * g->k + j);
             }
         list[0] = count;
     }
@@ -188,14 +191,15 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->w.scale_w;
     if (!isfinite(scale))
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who,
+                        (double)scale);
 
     /* Allocate everything before any state changes. */
     const int64_t C = g.c, K = C * g.k * g.k, plane = g.oh * g.ow, pb = bie_conv_plane_bytes(&g);
     const int64_t cw = (C + 63) / 64, crb = ((K + 63) / 64 + 1) * 8;
     int64_t planes_bytes, nhwc_words, cols_bytes;
-    if (!bie_mul_ok(g.n * g.c, pb, &planes_bytes) || !bie_mul_ok(g.n * g.h * g.w, cw, &nhwc_words) ||
-        !bie_mul_ok(plane, crb, &cols_bytes))
+    if (!bie_mul_ok(g.n * g.c, pb, &planes_bytes) ||
+        !bie_mul_ok(g.n * g.h * g.w, cw, &nhwc_words) || !bie_mul_ok(plane, crb, &cols_bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
     /* Images go through the GEMM in chunks (one call for many images keeps both threads
      * busy); a chunk's bit-im2col stays within about 32 MiB. */
@@ -209,8 +213,10 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bool lists = list_ints <= ((int64_t)1 << 22);
     const size_t nhwc_b = (size_t)nhwc_words * 8, border_b = lists ? (size_t)list_ints * 4 : 0;
     const size_t dots_b = (size_t)(g.o * chunk * plane) * sizeof(float);
-    bie_status st = bie_ws_reserve(&l->ws, bie_ws_piece(nhwc_b) + bie_ws_piece((size_t)cols_bytes) +
-                                               bie_ws_piece(border_b) + bie_ws_piece(dots_b), who);
+    bie_status st = bie_ws_reserve(&l->ws,
+                                   bie_ws_piece(nhwc_b) + bie_ws_piece((size_t)cols_bytes) +
+                                       bie_ws_piece(border_b) + bie_ws_piece(dots_b),
+                                   who);
     uint64_t *nhwc = bie_ws_take(&l->ws, nhwc_b);
     uint8_t *cols = bie_ws_take(&l->ws, (size_t)cols_bytes);
     int32_t *border = lists ? bie_ws_take(&l->ws, border_b) : NULL;
@@ -226,21 +232,25 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
 
     pack_planes(l, &g, x->data, scale_a, signs, mask);
     if (border) border_taps(&g, border);
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (g.n * g.h * g.w * C > 65536)
+#pragma omp parallel for num_threads(bie_threads()) \
+    schedule(static) if (g.n * g.h * g.w * C > 65536)
     for (int64_t px = 0; px < g.n * g.h * g.w; px++) { /* sign planes -> C bits per pixel */
         int64_t n = px / (g.h * g.w), pos = px % (g.h * g.w);
         uint64_t *d = nhwc + px * cw;
         memset(d, 0, (size_t)cw * 8);
-        for (int64_t c = 0; c < C; c++) d[c >> 6] |= (uint64_t)bie_bit(signs + (n * C + c) * pb, pos) << (c & 63);
+        for (int64_t c = 0; c < C; c++)
+            d[c >> 6] |= (uint64_t)bie_bit(signs + (n * C + c) * pb, pos) << (c & 63);
     }
     const bie_cpu_kernel *kern = forward_kernel(l, g.o);
     float *o = out->data;
     for (int64_t n0 = 0; n0 < g.n && st == BIE_OK; n0 += chunk) {
         const int64_t cnt = g.n - n0 < chunk ? g.n - n0 : chunk, width = cnt * plane;
-        for (int64_t n = n0; n < n0 + cnt; n++) im2col_bits(&g, nhwc, cw, n, cols + (n - n0) * plane * crb, crb);
+        for (int64_t n = n0; n < n0 + cnt; n++)
+            im2col_bits(&g, nhwc, cw, n, cols + (n - n0) * plane * crb, crb);
         st = bie_cpu_bgemm(kern, g.o, width, K, wbits, crb, cols, crb, 1.0f, dots);
         for (int64_t n = n0; n < n0 + cnt && st == BIE_OK; n++)
-            finish_image(&g, tapsum, border, scale, dots + (n - n0) * plane, width, o + n * g.o * plane);
+            finish_image(&g, tapsum, border, scale, dots + (n - n0) * plane, width,
+                         o + n * g.o * plane);
     }
     if (st != BIE_OK) goto done;
 

@@ -36,7 +36,9 @@ static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n
             if (g->s != 1) {
                 for (int64_t ox = 0; ox < g->ow; ox++) {
                     int64_t ix = bie_conv_in(g, ox, j);
-                    dst[ox] = ix >= 0 && ix < g->w ? (bie_bit(sp, iy * g->w + ix) ? scale_a : -scale_a) : 0.0f;
+                    dst[ox] = ix >= 0 && ix < g->w
+                                  ? (bie_bit(sp, iy * g->w + ix) ? scale_a : -scale_a)
+                                  : 0.0f;
                 }
                 continue;
             }
@@ -54,12 +56,12 @@ static void im2col_signs(const bie_conv_geom *g, const uint8_t *signs, int64_t n
     }
 }
 
-bie_status bie_bc_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
-                                      bie_tensor *grad_x) {
+bie_status bie_bc_cpu_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "binary_conv2d_backward";
     if (l == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: layer is NULL", who);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_conv_check_shape4(grad_out, gshape, "grad_out", who));
@@ -76,7 +78,8 @@ bie_status bie_bc_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
     double *plane_dot = malloc((size_t)(g.n * C) * sizeof(double));
     double *plane_sum = malloc((size_t)(g.n * C) * sizeof(double));
     int8_t *gq = l->w.i8 ? bie_alloc_aligned((size_t)(g.o * K)) : NULL;
-    if (!wf || !cols || (!grad_x && !gx) || !gw || !gb || !plane_dot || !plane_sum || (l->w.i8 && !gq)) {
+    if (!wf || !cols || (!grad_x && !gx) || !gw || !gb || !plane_dot || !plane_sum ||
+        (l->w.i8 && !gq)) {
         bie_free_aligned(wf);
         bie_free_aligned(cols);
         bie_free_aligned(gx);
@@ -95,7 +98,8 @@ bie_status bie_bc_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
         for (int64_t c = 0; c < C; c++)
             for (int64_t t = 0; t < kk; t++)
                 wf[o * K + c * kk + t] = bie_bit(l->saved_wbits + o * l->saved_wrb, t * C + c)
-                                             ? l->saved_scale_w : -l->saved_scale_w;
+                                             ? l->saved_scale_w
+                                             : -l->saved_scale_w;
     for (int64_t n = 0; n < g.n; n++) {
         const float *gn = go + n * g.o * plane;
         float *gxn = gx + n * C * hw;

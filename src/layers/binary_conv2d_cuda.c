@@ -8,13 +8,13 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
 #include "conv_common.h"
+#include "layer_cuda.h"
 
 struct bie_bc_cuda {
-    bie_cuda_bw d;           /* weight, bias_a, scalars, gradients */
-    bie_conv_geom g;   /* of the last forward */
+    bie_cuda_bw d;   /* weight, bias_a, scalars, gradients */
+    bie_conv_geom g; /* of the last forward */
     /* Weight rows in the GEMM layout with popcounts and per-tap sums: packed by every
      * training forward (the optimizer may have changed the weight), or kept for inference
      * while wversion == d.version. */
@@ -24,17 +24,19 @@ struct bie_bc_cuda {
     unsigned wversion;
     /* Padding classes of the last geometry: pix_class [plane], ylim, xlim, corr. */
     int64_t geo_h, geo_w;
-    int *geo;    /* pix_class, then ylim [2 ny], then xlim [2 nx] */
+    int *geo; /* pix_class, then ylim [2 ny], then xlim [2 nx] */
     int ny, nx;
-    int *corr;   /* [ny nx][o] */
-    bool corr_valid; /* corr matches the geometry and the packed weight */
+    int *corr;                 /* [ny nx][o] */
+    bool corr_valid;           /* corr matches the geometry and the packed weight */
     bie_cuda_fused_image fimg; /* the fused inference kernel's weight image (valid with corr) */
     /* The forward's NHWC sign and mask words (kept for the backward). */
     uint32_t *signs, *mask;
     int64_t act_cap; /* words allocated */
 };
 
-static inline struct bie_bc_cuda *CU(const bie_layer *l) { return (struct bie_bc_cuda *)l->backend; }
+static inline struct bie_bc_cuda *CU(const bie_layer *l) {
+    return (struct bie_bc_cuda *)l->backend;
+}
 
 static const char *const MODULE = "binary_conv2d (cuda)";
 
@@ -49,10 +51,15 @@ static bie_status init(bie_layer *l) {
     /* Rows padded to 64 bytes only (not BIE_CUDA_ROW_ALIGN): for 256 channels and 3x3 taps
      * that is 320 bytes instead of 512, and the kernels with 64-byte k blocks run them. */
     c->d.ld = (l->k * l->k * cw * 4 + 63) / 64 * 64;
-    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
+    bie_status st =
+        bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
     if (st == BIE_OK)
-        st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * bie_cuda_popc_parts(c->d.ld)) * sizeof(int), MODULE, "weight bits");
-    if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int), MODULE, "weight bits");
+        st = bie_cbw_alloc((void **)&c->wpopc,
+                           (size_t)(l->out * bie_cuda_popc_parts(c->d.ld)) * sizeof(int), MODULE,
+                           "weight bits");
+    if (st == BIE_OK)
+        st = bie_cbw_alloc((void **)&c->tapsum, (size_t)(l->out * l->k * l->k) * sizeof(int),
+                           MODULE, "weight bits");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -75,8 +82,8 @@ static void release(bie_layer *l) {
 
 /* Valid taps [lo, hi) along one axis for each output position, grouped into classes with
  * class 0 = all taps valid; cls[o] receives each position's class, lim the classes' ranges. */
-static int axis_classes(int64_t out, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, int *cls,
-                        int *lim) {
+static int axis_classes(int64_t out, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
+                        int *cls, int *lim) {
     int count = 1;
     lim[0] = 0;
     lim[1] = (int)k;
@@ -102,7 +109,8 @@ static bie_status ensure_geometry(bie_layer *l, const bie_conv_geom *g) {
     if (c->geo && c->geo_h == g->h && c->geo_w == g->w) return BIE_OK;
     const int64_t plane = g->oh * g->ow;
     int *ycls = malloc((size_t)g->oh * sizeof(int)), *xcls = malloc((size_t)g->ow * sizeof(int));
-    int *ylim = malloc((size_t)(2 * (g->oh + 1)) * sizeof(int)), *xlim = malloc((size_t)(2 * (g->ow + 1)) * sizeof(int));
+    int *ylim = malloc((size_t)(2 * (g->oh + 1)) * sizeof(int)),
+        *xlim = malloc((size_t)(2 * (g->ow + 1)) * sizeof(int));
     int *host = NULL, *geo = NULL;
     bie_status st = BIE_OK;
     if (!ycls || !xcls || !ylim || !xlim) {
@@ -120,11 +128,14 @@ static bie_status ensure_geometry(bie_layer *l, const bie_conv_geom *g) {
         for (int64_t ox = 0; ox < g->ow; ox++) host[oy * g->ow + ox] = ycls[oy] * nx + xcls[ox];
     memcpy(host + plane, ylim, (size_t)(2 * ny) * sizeof(int));
     memcpy(host + plane + 2 * ny, xlim, (size_t)(2 * nx) * sizeof(int));
-    if ((st = bie_cbw_alloc((void **)&geo, count * sizeof(int), MODULE, "padding classes")) != BIE_OK ||
-        (st = bie_cbw_copy_sync(geo, host, count * sizeof(int), MODULE, "padding classes")) != BIE_OK)
+    if ((st = bie_cbw_alloc((void **)&geo, count * sizeof(int), MODULE, "padding classes")) !=
+            BIE_OK ||
+        (st = bie_cbw_copy_sync(geo, host, count * sizeof(int), MODULE, "padding classes")) !=
+            BIE_OK)
         goto done;
     int *corr = NULL;
-    if ((st = bie_cbw_alloc((void **)&corr, (size_t)(ny * nx) * (size_t)g->o * sizeof(int), MODULE, "padding corrections")) != BIE_OK)
+    if ((st = bie_cbw_alloc((void **)&corr, (size_t)(ny * nx) * (size_t)g->o * sizeof(int), MODULE,
+                            "padding corrections")) != BIE_OK)
         goto done;
     bie_cbw_free_ptr(c->geo);
     bie_cbw_free_ptr(c->corr);
@@ -153,12 +164,15 @@ static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g) {
     c->w_inference = false;
     c->corr_valid = false;
     if (!l->training && c->d.qweight)
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight, bie_packed_row_bytes(l->fan_in, l->w.word_bits),
-                                          g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight,
+                                          bie_packed_row_bytes(l->fan_in, l->w.word_bits), g,
+                                          c->d.ld, c->wbits, c->wpopc, c->tapsum));
     else if (c->d.w_i8)
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->d.ld, c->wbits, c->wpopc,
+                                          c->tapsum));
     else
-        BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->d.ld, c->wbits, c->wpopc, c->tapsum));
+        BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->d.ld, c->wbits, c->wpopc,
+                                          c->tapsum));
     c->w_inference = !l->training;
     c->wversion = c->d.version;
     return BIE_OK;
@@ -200,8 +214,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t rows = g.n * g.oh * g.ow, cw = bie_cuda_conv_cw(&g);
     int64_t words, cols_bytes;
     /* The kernels index in 32 bits within an image and over rows; grid extents cap n and cw. */
-    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->d.ld, &cols_bytes) || rows > INT32_MAX ||
-        g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 || g.o * l->fan_in > INT32_MAX)
+    if (!bie_mul_ok(g.n * g.h * g.w, cw, &words) || !bie_mul_ok(rows, c->d.ld, &cols_bytes) ||
+        rows > INT32_MAX || g.n * g.h * g.w > INT32_MAX || g.n > 65535 || cw > 65535 ||
+        g.o * l->fan_in > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(ensure_geometry(l, &g));
@@ -223,33 +238,35 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
      * training forward keeps the sign and mask words for the backward). */
     if (!keep && l->kernel_id < 0) {
         bool ran = false;
-        BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->d.ld, c->wpopc, classes,
-                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data, &conv, &c->fimg,
-                                    &ran));
+        BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->d.ld, c->wpopc,
+                                    classes, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                    out->data, &conv, &c->fimg, &ran));
         if (ran) return finish_forward(l, &g, keep);
     }
-    BIE_TRY(bie_cuda_conv_pack_input(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
-                                     scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
-                                     c->signs, keep ? c->mask : NULL));
+    BIE_TRY(bie_cuda_conv_pack_input(
+        l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+        keep ? scalars + BIE_CBW_SAVED_SCALES : NULL, c->signs, keep ? c->mask : NULL));
     /* Default: the implicit GEMM, reading the sign words in place. A chosen GEMM kernel (or
      * weights too large for shared memory) takes the im2col path. */
     const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g, classes) : 0;
     if (bn > 0) {
-        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->d.ld, c->wpopc, bn, classes, scalars + BIE_CBW_SCALE_A,
-                                       scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv));
+        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->d.ld, c->wpopc, bn, classes,
+                                       scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                       l->dtype, out->data, &conv));
         return finish_forward(l, &g, keep);
     }
     /* The bit im2col lives only for this call: stream-ordered allocation. */
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;
-    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
-                            MODULE, "im2col workspace"));
+    BIE_TRY(bie_cbw_cuda_ok(
+        cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
+        MODULE, "im2col workspace"));
     int *cpopc = (int *)(cols + cols_bytes);
     bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->d.ld, cols, cpopc);
     if (st == BIE_OK)
-        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->d.ld, cpopc, 1, c->wpopc,
-                                   0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
-                                   out->data, &conv);
+        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->d.ld,
+                                   cpopc, 1, c->wpopc, 0.0f, scalars + BIE_CBW_SCALE_A,
+                                   scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
     BIE_TRY(st);
     BIE_TRY(fst);
@@ -262,21 +279,33 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     static const char *who = "binary_conv2d_backward";
     struct bie_bc_cuda *c = CU(l);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
-    if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
+    if (grad_x)
+        BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
     const int64_t rows = g.n * g.oh * g.ow, K = l->fan_in;
     int64_t cells;
-    if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || K > INT32_MAX || cells > ((int64_t)1 << 40))
+    if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || K > INT32_MAX ||
+        cells > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_bconv_backward_args a = {
-        .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
-        .wbits = c->wbits, .ld = c->d.ld, .signs = c->signs, .mask = c->mask,
-        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_w_i8 = c->d.g_w_i8,
-        .grad_bias = c->d.g_bias, .grad_scale_a = c->d.g_scale,
+        .dtype = l->dtype,
+        .g = g,
+        .grad_out = grad_out->data,
+        .grad_x = grad_x ? grad_x->data : NULL,
+        .wbits = c->wbits,
+        .ld = c->d.ld,
+        .signs = c->signs,
+        .mask = c->mask,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
+        .grad_w = c->d.g_w,
+        .grad_w_i8 = c->d.g_w_i8,
+        .grad_bias = c->d.g_bias,
+        .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_binary_conv2d_backward(&a));
     c->d.has_grads = true;

@@ -7,7 +7,6 @@
 #include "../cpu/frame/pack.h"
 #include "layer_cpu.h"
 
-
 /* ---------------------------------------------------------------- helpers */
 
 #define packed_dtype bie_bw_word_dtype
@@ -29,14 +28,17 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     if (!bie_bw_has_training_weight(&l->w) && (l->training || l->w.qweight == NULL))
         return bie_bw_no_weight(who);
     if (packed_input && l->scale_a == 0.0f)
-        return bie_fail(BIE_ERR_STATE, "%s: scale_a is 0 (uninitialised) and cannot be measured on "
-                        "pre-packed input: run a float forward or set scale_a first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: scale_a is 0 (uninitialised) and cannot be measured on "
+                        "pre-packed input: run a float forward or set scale_a first",
+                        who);
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
     float scale_a = 0;
     BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->w.scale_w;
     if (!isfinite(scale))
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who, (double)scale);
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w = %g is not finite", who,
+                        (double)scale);
     const bie_cpu_kernel *kern = forward_kernel(l, m);
 
     /* Everything that can fail is allocated before any state changes. */
@@ -60,7 +62,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
             st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed input", who);
             goto fail;
         }
-        bie_pack_f32_rows(x->data, m, l->in, l->in, l->bias_a, signs, rb, mask, scale_a, -1.0f, 1.0f);
+        bie_pack_f32_rows(x->data, m, l->in, l->in, l->bias_a, signs, rb, mask, scale_a, -1.0f,
+                          1.0f);
         a = signs;
         lda = rb;
     }

@@ -38,12 +38,13 @@ static void column_sums(const float *gx, int64_t m, int64_t k, float *out) {
     }
 }
 
-bie_status bie_bl_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
-                                      bie_tensor *grad_x) {
+bie_status bie_bl_cpu_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "binary_linear_backward";
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
-                        "on float input first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward "
+                        "on float input first",
+                        who);
     bie_tensor like;
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
@@ -53,7 +54,8 @@ bie_status bie_bl_cpu_backward(bie_layer *l, const bie_tensor *grad_out,
 
     const int64_t m = l->saved_m, k = l->in, n = l->out, rb = bie_bl_row_bytes(l);
     if (m > INT32_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who, (long long)m);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who,
+                        (long long)m);
     float *wf = bie_alloc_aligned((size_t)(n * k) * sizeof(float));
     float *xs = bie_alloc_aligned((size_t)(m * k) * sizeof(float));
     float *gx = grad_x ? NULL : bie_alloc_aligned((size_t)(m * k) * sizeof(float));

@@ -11,12 +11,12 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
+#include "layer_cuda.h"
 
 struct bie_bl_cuda {
-    bie_cuda_bw d;  /* weight, bias_a, scalars, gradients */
-    int parts;      /* popcount slices per row */
+    bie_cuda_bw d; /* weight, bias_a, scalars, gradients */
+    int parts;     /* popcount slices per row */
     /* The packed weight in the GEMM layout for inference (from qweight, or from the training
      * weight), built on first use; valid while qversion == d.version. */
     uint8_t *qbits;
@@ -31,7 +31,9 @@ struct bie_bl_cuda {
     int *wpopc;
 };
 
-static inline struct bie_bl_cuda *CU(const bie_layer *l) { return (struct bie_bl_cuda *)l->backend; }
+static inline struct bie_bl_cuda *CU(const bie_layer *l) {
+    return (struct bie_bl_cuda *)l->backend;
+}
 
 static const char *const MODULE = "binary_linear (cuda)";
 
@@ -44,8 +46,11 @@ static bie_status init(bie_layer *l) {
     struct bie_bl_cuda *c = CU(l);
     c->d.ld = bie_cuda_row_stride(l->in);
     c->parts = bie_cuda_popc_parts(c->d.ld);
-    bie_status st = bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
-    if (st == BIE_OK) st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits");
+    bie_status st =
+        bie_cbw_alloc((void **)&c->wbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits");
+    if (st == BIE_OK)
+        st = bie_cbw_alloc((void **)&c->wpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE,
+                           "weight bits");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -102,8 +107,10 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     int *dst_popc = c->wpopc;
     if (!training) {
         if (c->qbits == NULL) {
-            BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->d.ld), MODULE, "weight bits"));
-            if (bie_cbw_alloc((void **)&c->qpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE, "weight bits") != BIE_OK) {
+            BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->d.ld), MODULE,
+                                  "weight bits"));
+            if (bie_cbw_alloc((void **)&c->qpopc, (size_t)(l->out * c->parts) * sizeof(int), MODULE,
+                              "weight bits") != BIE_OK) {
                 BIE_DEV_FREE(c->qbits);
                 return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight bits", MODULE);
             }
@@ -112,10 +119,12 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
         dst_popc = c->qpopc;
     }
     if (!training && c->d.qweight)
-        BIE_TRY(bie_cuda_repack_rows(c->d.qweight, bie_packed_row_bytes(l->in, l->w.word_bits), l->out,
-                                     l->in, c->d.ld, dst, dst_popc));
-    else if (c->d.w_i8) BIE_TRY(bie_cuda_pack_weight(BIE_I8, c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc));
-    else BIE_TRY(bie_cuda_pack_weight(BIE_F32, c->d.w_f32, l->out, l->in, c->d.ld, dst, dst_popc));
+        BIE_TRY(bie_cuda_repack_rows(c->d.qweight, bie_packed_row_bytes(l->in, l->w.word_bits),
+                                     l->out, l->in, c->d.ld, dst, dst_popc));
+    else if (c->d.w_i8)
+        BIE_TRY(bie_cuda_pack_weight(BIE_I8, c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc));
+    else
+        BIE_TRY(bie_cuda_pack_weight(BIE_F32, c->d.w_f32, l->out, l->in, c->d.ld, dst, dst_popc));
     if (!training) c->qversion = c->d.version;
     *bits = dst;
     *popc = dst_popc;
@@ -132,11 +141,14 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
     if (!has_weight && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
     if (packed_input && !c->d.scale_a_known)
-        return bie_fail(BIE_ERR_STATE, "%s: scale_a is 0 (uninitialised) and cannot be measured on "
-                        "pre-packed input: run a float forward or set scale_a first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: scale_a is 0 (uninitialised) and cannot be measured on "
+                        "pre-packed input: run a float forward or set scale_a first",
+                        who);
     const int64_t m = bie_tensor_numel(x) / x->shape[x->ndim - 1];
     if (m > 65535LL * 64)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the CUDA grid limit", who, (long long)m);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the CUDA grid limit", who,
+                        (long long)m);
     if (!packed_input) BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, m));
     l->has_saved = false;
@@ -145,17 +157,18 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         BIE_TRY(bie_cuda_repack_rows(x->data, bie_packed_row_bytes(l->in, l->w.word_bits), m, l->in,
                                      c->d.ld, c->abits, c->apopc));
     } else {
-        BIE_TRY(bie_cuda_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A,
-                                  scalars + BIE_CBW_SCALE_W, keep ? scalars + BIE_CBW_SAVED_SCALES : NULL,
-                                  c->d.ld, c->abits, keep ? c->amask : NULL, c->apopc));
+        BIE_TRY(bie_cuda_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a,
+                                  scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                  keep ? scalars + BIE_CBW_SAVED_SCALES : NULL, c->d.ld, c->abits,
+                                  keep ? c->amask : NULL, c->apopc));
     }
     const uint8_t *wbits = NULL;
     const int *wpopc = NULL;
     BIE_TRY(forward_weight(l, &wbits, &wpopc));
     const int parts_a = packed_input ? c->parts : bie_cuda_act_popc_parts(m, c->d.ld);
-    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->d.ld, c->apopc, parts_a,
-                                  wpopc, 0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
-                                  out->data, NULL));
+    BIE_TRY(bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, wbits, c->d.ld,
+                                  c->apopc, parts_a, wpopc, 0.0f, scalars + BIE_CBW_SCALE_A,
+                                  scalars + BIE_CBW_SCALE_W, l->dtype, out->data, NULL));
     if (keep) {
         l->saved_m = m;
         l->saved_ndim = x->ndim;
@@ -171,23 +184,39 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     static const char *who = "binary_linear_backward";
     struct bie_bl_cuda *c = CU(l);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward "
-                        "on float input first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward "
+                        "on float input first",
+                        who);
     bie_tensor like;
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
     memcpy(like.shape, l->saved_shape, sizeof like.shape);
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
-    if (grad_x) BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
+    BIE_TRY(
+        bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
+    if (grad_x)
+        BIE_TRY(
+            bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
     if (l->saved_m > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who,
                         (long long)l->saved_m);
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_bl_backward_args a = {
-        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->d.ld,
-        .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL, .wbits = c->wbits,
-        .signs = c->abits, .mask = c->amask, .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
-        .grad_w = c->d.g_w, .grad_w_i8 = c->d.g_w_i8, .grad_bias = c->d.g_bias, .grad_scale_a = c->d.g_scale,
+        .dtype = l->dtype,
+        .m = l->saved_m,
+        .n = l->out,
+        .k = l->in,
+        .ld = c->d.ld,
+        .grad_out = grad_out->data,
+        .grad_x = grad_x ? grad_x->data : NULL,
+        .wbits = c->wbits,
+        .signs = c->abits,
+        .mask = c->amask,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
+        .grad_w = c->d.g_w,
+        .grad_w_i8 = c->d.g_w_i8,
+        .grad_bias = c->d.g_bias,
+        .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_binary_linear_backward(&a));
     c->d.has_grads = true;
@@ -195,7 +224,6 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 }
 
 /* ---------------------------------------------------------------- kernel selection */
-
 
 const bie_layer_ops bie_binary_linear_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,

@@ -1,5 +1,5 @@
-#include "../core/device.h"
 #include "binary_weight.h"
+#include "../core/device.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,8 +30,10 @@ bie_dtype bie_bw_word_dtype(int word_bits) {
 }
 
 bie_status bie_bw_no_weight(const char *who) {
-    return bie_fail(BIE_ERR_STATE, "%s: the layer has no weight (freed by "
-                    "generate_quantized_weight(qweight_only)): it is inference-only", who);
+    return bie_fail(BIE_ERR_STATE,
+                    "%s: the layer has no weight (freed by "
+                    "generate_quantized_weight(qweight_only)): it is inference-only",
+                    who);
 }
 
 static uint64_t splitmix64(uint64_t *s) {
@@ -68,8 +70,10 @@ static bie_status quantize_weight(const float *f, int64_t n, int8_t **q_out, flo
     }
     float sw = (float)(sum_abs / (double)n);
     if (!isfinite(sw) || sw <= 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_w = mean|w| = %g is not a positive finite "
-                        "number (all-zero or non-finite weight)", who, (double)sw);
+        return bie_fail(BIE_ERR_NOT_FINITE,
+                        "%s: scale_w = mean|w| = %g is not a positive finite "
+                        "number (all-zero or non-finite weight)",
+                        who, (double)sw);
     int8_t *q = bie_alloc_aligned((size_t)n);
     if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: int8 weight", who);
     double mean = sum / (double)n, amax = 0;
@@ -101,7 +105,8 @@ bie_status bie_bw_prepare(bie_binary_weight *w, const char *who) {
 bie_status bie_bw_set_data(bie_binary_weight *w, const float *data, const char *who) {
     int64_t n = w->rows * w->cols;
     for (int64_t i = 0; i < n; i++)
-        if (!isfinite(data[i])) return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
+        if (!isfinite(data[i]))
+            return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
     int8_t *q;
     float sw;
     BIE_TRY(quantize_weight(data, n, &q, &sw, who));
@@ -111,7 +116,8 @@ bie_status bie_bw_set_data(bie_binary_weight *w, const float *data, const char *
     return BIE_OK;
 }
 
-bie_status bie_bw_pack(const bie_binary_weight *w, int64_t row_bytes, uint8_t **out, const char *who) {
+bie_status bie_bw_pack(const bie_binary_weight *w, int64_t row_bytes, uint8_t **out,
+                       const char *who) {
     if (!bie_bw_has_training_weight(w)) return bie_bw_no_weight(who);
     uint8_t *q = bie_alloc_aligned((size_t)(w->rows * row_bytes));
     if (q == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed weight", who);
@@ -165,8 +171,8 @@ bie_status bie_bw_set_qweight(bie_binary_weight *w, const void *q, const char *w
 
 bie_status bie_bw_set_word_bits(bie_binary_weight *w, int bits, const char *who) {
     if (!bie_word_bits_ok(bits))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: bits_binary_word must be 8, 32 or 64 (got %d)",
-                        who, bits);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: bits_binary_word must be 8, 32 or 64 (got %d)", who, bits);
     if (bits == w->word_bits) return BIE_OK;
     if (w->qweight) { /* same bit stream, new row padding */
         int64_t old_rb = bie_packed_row_bytes(w->cols, w->word_bits);
@@ -191,8 +197,10 @@ bie_status bie_activation_scale(float current, const float *x, int64_t n, double
     for (int64_t i = 0; i < n; i++) s += fabs((double)x[i]);
     float v = (float)(factor * s / (double)n);
     if (!isfinite(v) || v <= 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: cannot initialise scale_a from this input "
-                        "(mean|x| = %g): it must be positive and finite", who, s / (double)n);
+        return bie_fail(BIE_ERR_NOT_FINITE,
+                        "%s: cannot initialise scale_a from this input "
+                        "(mean|x| = %g): it must be positive and finite",
+                        who, s / (double)n);
     *scale = v;
     return BIE_OK;
 }
@@ -295,7 +303,9 @@ bie_status bie_layer_check_device(bie_device device, bie_dtype dtype, const char
         return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not supported on the CPU (float32 only)",
                         who, bie_dtype_name(dtype));
     if (dtype != BIE_F32 && dtype != BIE_BF16 && dtype != BIE_F16)
-        return bie_fail(BIE_ERR_DTYPE, "%s: dtype %s is not a float type (float32, bfloat16, "
-                        "float16 on CUDA)", who, bie_dtype_name(dtype));
+        return bie_fail(BIE_ERR_DTYPE,
+                        "%s: dtype %s is not a float type (float32, bfloat16, "
+                        "float16 on CUDA)",
+                        who, bie_dtype_name(dtype));
     return BIE_OK;
 }

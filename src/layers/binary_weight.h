@@ -35,7 +35,8 @@ bie_status bie_bw_generate_qweight(bie_binary_weight *w, bool qweight_only, cons
 bie_status bie_bw_set_qweight(bie_binary_weight *w, const void *q, const char *who);
 bie_status bie_bw_set_word_bits(bie_binary_weight *w, int bits, const char *who);
 /* Pack sign(training weight) into rows of row_bytes (>= ceil(cols / 8)) bytes. */
-bie_status bie_bw_pack(const bie_binary_weight *w, int64_t row_bytes, uint8_t **out, const char *who);
+bie_status bie_bw_pack(const bie_binary_weight *w, int64_t row_bytes, uint8_t **out,
+                       const char *who);
 /* The error for a weight freed by qweight_only. */
 bie_status bie_bw_no_weight(const char *who);
 /* U8 / U32 / U64 for word sizes 8 / 32 / 64. */

@@ -18,10 +18,14 @@ bie_status bie_cbw_stage_down(bie_cuda_bw *d, bie_binary_weight *w) {
     if (d->w_f32 && (w->f32 = bie_alloc_aligned(n * sizeof(float))) == NULL) goto oom;
     if (d->w_i8 && (w->i8 = bie_alloc_aligned(n)) == NULL) goto oom;
     if (d->qweight && (w->qweight = bie_alloc_aligned(qb)) == NULL) goto oom;
-    if (d->w_f32 && (st = bie_cbw_copy_sync(w->f32, d->w_f32, n * sizeof(float), d->module, "weight to host")) != BIE_OK)
+    if (d->w_f32 && (st = bie_cbw_copy_sync(w->f32, d->w_f32, n * sizeof(float), d->module,
+                                            "weight to host")) != BIE_OK)
         goto fail;
-    if (d->w_i8 && (st = bie_cbw_copy_sync(w->i8, d->w_i8, n, d->module, "weight to host")) != BIE_OK) goto fail;
-    if (d->qweight && (st = bie_cbw_copy_sync(w->qweight, d->qweight, qb, d->module, "qweight to host")) != BIE_OK)
+    if (d->w_i8 &&
+        (st = bie_cbw_copy_sync(w->i8, d->w_i8, n, d->module, "weight to host")) != BIE_OK)
+        goto fail;
+    if (d->qweight && (st = bie_cbw_copy_sync(w->qweight, d->qweight, qb, d->module,
+                                              "qweight to host")) != BIE_OK)
         goto fail;
     /* scale_w too: users (and optimizers, and model loading) write it through its parameter
      * view, and stage_up uploads the host's value */
@@ -42,7 +46,8 @@ bie_status bie_cbw_stage_up(bie_cuda_bw *d, bie_binary_weight *w) {
     bie_status st;
     if ((st = bie_cbw_upload(d, &f32, w->f32, n * sizeof(float), "weight upload")) != BIE_OK ||
         (st = bie_cbw_upload(d, &i8, w->i8, n, "weight upload")) != BIE_OK ||
-        (st = bie_cbw_upload(d, &q, w->qweight, qweight_bytes(d, w->word_bits), "qweight upload")) != BIE_OK ||
+        (st = bie_cbw_upload(d, &q, w->qweight, qweight_bytes(d, w->word_bits),
+                             "qweight upload")) != BIE_OK ||
         (st = bie_cbw_copy_sync(d->scalars + BIE_CBW_SCALE_W, &w->scale_w, sizeof(float), d->module,
                                 "scale_w upload")) != BIE_OK) {
         bie_cbw_free_ptr(f32);
@@ -95,23 +100,27 @@ bie_status bie_cbw_set_weight_data(bie_cuda_bw *d, bie_binary_weight *w, bie_dty
     return st;
 }
 
-bie_status bie_cbw_generate_qweight(bie_cuda_bw *d, bie_binary_weight *w, bool qweight_only, const char *who) {
+bie_status bie_cbw_generate_qweight(bie_cuda_bw *d, bie_binary_weight *w, bool qweight_only,
+                                    const char *who) {
     BIE_TRY(bie_cbw_stage_down(d, w));
     return staged(d, w, bie_bw_generate_qweight(w, qweight_only, who));
 }
 
-bie_status bie_cbw_set_qweight(bie_cuda_bw *d, bie_binary_weight *w, const bie_tensor *q, const char *who) {
+bie_status bie_cbw_set_qweight(bie_cuda_bw *d, bie_binary_weight *w, const bie_tensor *q,
+                               const char *who) {
     const size_t qb = qweight_bytes(d, w->word_bits);
     void *host = bie_alloc_aligned(qb);
     if (host == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging", who);
     bie_status st = bie_cbw_copy_sync(host, q->data, qb, d->module, "qweight to host");
-    if (st == BIE_OK && (st = bie_cbw_stage_down(d, w)) == BIE_OK) st = staged(d, w, bie_bw_set_qweight(w, host, who));
+    if (st == BIE_OK && (st = bie_cbw_stage_down(d, w)) == BIE_OK)
+        st = staged(d, w, bie_bw_set_qweight(w, host, who));
     bie_free_aligned(host);
     return st;
 }
 
 bie_status bie_cbw_set_bits(bie_cuda_bw *d, bie_binary_weight *w, int bits) {
-    if (!bie_word_bits_ok(bits) || d->qweight == NULL) return bie_bw_set_word_bits(w, bits, d->module);
+    if (!bie_word_bits_ok(bits) || d->qweight == NULL)
+        return bie_bw_set_word_bits(w, bits, d->module);
     BIE_TRY(bie_cbw_stage_down(d, w));
     return staged(d, w, bie_bw_set_word_bits(w, bits, d->module));
 }
@@ -133,18 +142,22 @@ bie_status bie_cbw_check_kernel(int id, int64_t ld, const char *who) {
     if (id == -1) return BIE_OK;
     bie_kernel_info info;
     if (bie_kernel_find(id, &info) != BIE_OK || info.op != BIE_OP_BINARY_GEMM)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no binary GEMM kernel with id %d (see "
-                        "bie_kernel_get for the list)", who, id);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: no binary GEMM kernel with id %d (see "
+                        "bie_kernel_get for the list)",
+                        who, id);
     if (info.device != BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: kernel %d (%s) runs on the CPU; this layer is on CUDA",
                         who, id, info.name);
     if (!bie_cuda_bgemm_kernel_fits_ld(id, ld))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) cannot run rows of %lld bytes", who,
-                        id, info.name, (long long)ld);
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) cannot run rows of %lld bytes",
+                        who, id, info.name, (long long)ld);
     return BIE_OK;
 }
 
-static bie_status select_ok(cudaError_t err, const char *what) { return bie_cbw_cuda_ok(err, "select_gemm_kernel", what); }
+static bie_status select_ok(cudaError_t err, const char *what) {
+    return bie_cbw_cuda_ok(err, "select_gemm_kernel", what);
+}
 
 /* One launch of CUDA kernel `id` of `op` on the operands in ws (a: m rows, b: n rows of ld
  * bytes, then the popcounts of binary rows), writing float32 into out. */
@@ -155,12 +168,13 @@ static bie_status launch_one(bie_op op, int id, int64_t m, int64_t n, int64_t k,
         return bie_cuda_q4gemm_launch(id, m, n, k, a, b, ld, 1.0f, NULL, NULL, BIE_F32, out, NULL);
     const int64_t parts = bie_cuda_popc_parts(ld);
     const int *pa = (const int *)(ws + bits), *pb = pa + m * parts;
-    return bie_cuda_bgemm_launch(id, m, n, k, a, b, ld, pa, (int)parts, pb, 1.0f, NULL, NULL, BIE_F32,
-                                 out, NULL);
+    return bie_cuda_bgemm_launch(id, m, n, k, a, b, ld, pa, (int)parts, pb, 1.0f, NULL, NULL,
+                                 BIE_F32, out, NULL);
 }
 
 static bool fits(bie_op op, int id, int64_t k, int64_t ld) {
-    return op == BIE_OP_Q4_GEMM ? bie_cuda_q4_kernel_fits(id, k) : bie_cuda_bgemm_kernel_fits_ld(id, ld);
+    return op == BIE_OP_Q4_GEMM ? bie_cuda_q4_kernel_fits(id, k)
+                                : bie_cuda_bgemm_kernel_fits_ld(id, ld);
 }
 
 /* Times every CUDA kernel of `op` that fits the layer's shape (random operands, best of a
@@ -193,7 +207,8 @@ bie_status bie_cbw_select_kernel(bie_op op, int64_t m, int64_t n, int64_t k, int
             cudaEventRecord(e1, stream);
             if (st == BIE_OK) st = select_ok(cudaEventSynchronize(e1), "select_gemm_kernel");
             float ms = 0;
-            if (st == BIE_OK && rep > 0 && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms < t_best)
+            if (st == BIE_OK && rep > 0 && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess &&
+                ms < t_best)
                 t_best = ms;
         }
         if (st == BIE_OK && t_best < best) {
@@ -205,7 +220,8 @@ bie_status bie_cbw_select_kernel(bie_op op, int64_t m, int64_t n, int64_t k, int
     if (e1) cudaEventDestroy(e1);
     bie_cbw_free_ptr(ws);
     BIE_TRY(st);
-    if (best_id < 0) return bie_fail(BIE_ERR_UNSUPPORTED, "select_gemm_kernel: no CUDA kernel fits this shape");
+    if (best_id < 0)
+        return bie_fail(BIE_ERR_UNSUPPORTED, "select_gemm_kernel: no CUDA kernel fits this shape");
     *id = best_id;
     return BIE_OK;
 }

@@ -10,7 +10,6 @@
 
 #include "cuda_layer.h"
 
-
 /* Host staging: copy the device weight into host's buffers / upload host's buffers as the new
  * device weight (host's buffers are freed either way). */
 bie_status bie_cbw_stage_down(bie_cuda_bw *d, bie_binary_weight *host);

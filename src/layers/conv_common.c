@@ -8,11 +8,14 @@ bie_status bie_conv_check_params(int64_t in_c, int64_t out_c, int k, int s, int 
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: channels (%lld, %lld) must be in 1..2^31-1",
                         who, (long long)in_c, (long long)out_c);
     if (k < 1 || s < 1 || p < 0 || d < 1)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel_size (%d), stride (%d) and dilation "
-                        "(%d) must be >= 1 and padding (%d) >= 0", who, k, s, d, p);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: kernel_size (%d), stride (%d) and dilation "
+                        "(%d) must be >= 1 and padding (%d) >= 0",
+                        who, k, s, d, p);
     int64_t fan = in_c * k * (int64_t)k, numel;
     if (fan >= (1 << 24) || !bie_mul_ok(fan, out_c, &numel) || numel > INT64_MAX / 8)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: in_c * k * k = %lld must be < 2^24", who, (long long)fan);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: in_c * k * k = %lld must be < 2^24", who,
+                        (long long)fan);
     return BIE_OK;
 }
 
@@ -21,8 +24,8 @@ int64_t bie_conv_out_extent(int64_t in, int64_t k, int64_t s, int64_t p, int64_t
     return padded < span ? 0 : (padded - span) / s + 1;
 }
 
-bie_status bie_conv_check_input(const bie_tensor *x, int64_t in_c, int64_t k, int64_t s,
-                                int64_t p, int64_t d, const char *who) {
+bie_status bie_conv_check_input(const bie_tensor *x, int64_t in_c, int64_t k, int64_t s, int64_t p,
+                                int64_t d, const char *who) {
     return bie_conv_check_input_as(x, BIE_F32, in_c, k, s, p, d, who);
 }
 
@@ -30,23 +33,35 @@ bie_status bie_conv_check_input_as(const bie_tensor *x, bie_dtype dtype, int64_t
                                    int64_t s, int64_t p, int64_t d, const char *who) {
     if (x == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: input is NULL", who);
     if (x->ndim != 4)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input must be NCHW (rank 4), got rank %d", who, x->ndim);
+        return bie_fail(BIE_ERR_SHAPE, "%s: input must be NCHW (rank 4), got rank %d", who,
+                        x->ndim);
     BIE_TRY(bie_check_rows_tensor(x, "input", dtype, x->shape[3], NULL, who));
     if (x->shape[1] != in_c)
         return bie_fail(BIE_ERR_SHAPE, "%s: input has %lld channels, the layer %lld", who,
                         (long long)x->shape[1], (long long)in_c);
-    if (bie_conv_out_extent(x->shape[2], k, s, p, d) < 1 || bie_conv_out_extent(x->shape[3], k, s, p, d) < 1)
-        return bie_fail(BIE_ERR_SHAPE, "%s: the dilated kernel (%lld) is larger than the padded "
-                        "input (%lld x %lld)", who, (long long)(d * (k - 1) + 1),
-                        (long long)(x->shape[2] + 2 * p), (long long)(x->shape[3] + 2 * p));
+    if (bie_conv_out_extent(x->shape[2], k, s, p, d) < 1 ||
+        bie_conv_out_extent(x->shape[3], k, s, p, d) < 1)
+        return bie_fail(BIE_ERR_SHAPE,
+                        "%s: the dilated kernel (%lld) is larger than the padded "
+                        "input (%lld x %lld)",
+                        who, (long long)(d * (k - 1) + 1), (long long)(x->shape[2] + 2 * p),
+                        (long long)(x->shape[3] + 2 * p));
     return BIE_OK;
 }
 
-bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, int64_t s,
-                                int64_t p, int64_t d) {
-    bie_conv_geom g = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], out_c,
+bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, int64_t s, int64_t p,
+                                int64_t d) {
+    bie_conv_geom g = {x->shape[0],
+                       x->shape[1],
+                       x->shape[2],
+                       x->shape[3],
+                       out_c,
                        bie_conv_out_extent(x->shape[2], k, s, p, d),
-                       bie_conv_out_extent(x->shape[3], k, s, p, d), k, s, p, d};
+                       bie_conv_out_extent(x->shape[3], k, s, p, d),
+                       k,
+                       s,
+                       p,
+                       d};
     return g;
 }
 
@@ -60,7 +75,8 @@ bie_status bie_conv_check_shape4_as(const bie_tensor *t, bie_dtype dtype, const 
     BIE_TRY(bie_check_rows_tensor(t, what, dtype, shape[3], NULL, who));
     if (t->ndim != 4 || memcmp(t->shape, shape, 4 * sizeof(int64_t)) != 0)
         return bie_fail(BIE_ERR_SHAPE, "%s: %s must be [%lld, %lld, %lld, %lld]", who, what,
-                        (long long)shape[0], (long long)shape[1], (long long)shape[2], (long long)shape[3]);
+                        (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                        (long long)shape[3]);
     return BIE_OK;
 }
 
@@ -104,7 +120,8 @@ void bie_conv_im2col_f32(const bie_conv_geom *g, const float *img, float *cols) 
             for (int64_t ox = 0; ox < g->ow; ox++) {
                 int64_t ix = bie_conv_in(g, ox, j);
                 row[oy * g->ow + ox] = (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
-                                           ? img[(c * g->h + iy) * g->w + ix] : 0.0f;
+                                           ? img[(c * g->h + iy) * g->w + ix]
+                                           : 0.0f;
             }
         }
     }

@@ -19,16 +19,16 @@ bie_status bie_conv_check_params(int64_t in_c, int64_t out_c, int k, int s, int 
 /* Output extent along one axis (0 when the dilated kernel does not fit). */
 int64_t bie_conv_out_extent(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d);
 /* x must be NCHW F32 on the CPU with in_c channels and room for the dilated kernel. */
-bie_status bie_conv_check_input(const bie_tensor *x, int64_t in_c, int64_t k, int64_t s,
-                                int64_t p, int64_t d, const char *who);
+bie_status bie_conv_check_input(const bie_tensor *x, int64_t in_c, int64_t k, int64_t s, int64_t p,
+                                int64_t d, const char *who);
 /* The same checks for a tensor of `dtype` (the device is checked by the caller: the tensor
  * passed here is marked as a CPU one). */
 bie_status bie_conv_check_input_as(const bie_tensor *x, bie_dtype dtype, int64_t in_c, int64_t k,
                                    int64_t s, int64_t p, int64_t d, const char *who);
 bie_status bie_conv_check_shape4_as(const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
                                     const char *what, const char *who);
-bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, int64_t s,
-                                int64_t p, int64_t d);
+bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, int64_t s, int64_t p,
+                                int64_t d);
 /* t must be an F32 CPU tensor of exactly [d0, d1, d2, d3]. */
 bie_status bie_conv_check_shape4(const bie_tensor *t, const int64_t *shape, const char *what,
                                  const char *who);

@@ -29,13 +29,15 @@ void bie_cbw_free_ptr(void *p) {
     if (p) cudaFree(p);
 }
 
-bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module, const char *what) {
+bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module,
+                             const char *what) {
     cudaStream_t st = (cudaStream_t)bie_cuda_current_stream();
     BIE_TRY(bie_cbw_cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st), module, what));
     return bie_cbw_cuda_ok(cudaStreamSynchronize(st), module, what);
 }
 
-bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes, const char *what) {
+bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes,
+                          const char *what) {
     *dst = NULL;
     if (src == NULL) return BIE_OK;
     BIE_TRY(bie_cbw_alloc(dst, bytes, d->module, what));
@@ -49,9 +51,12 @@ bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, siz
 
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
-    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man == 0) bits = sign;
+    if (exp == 0x1f)
+        bits = sign | 0x7f800000u | (man << 13);
+    else if (exp != 0)
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man == 0)
+        bits = sign;
     else {
         int e = 113;
         while (!(man & 0x400)) {
@@ -65,8 +70,10 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n, float *dst) {
-    if (dtype == BIE_F32) return bie_cbw_copy_sync(dst, src, n * sizeof(float), d->module, "weight to host");
+bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n,
+                               float *dst) {
+    if (dtype == BIE_F32)
+        return bie_cbw_copy_sync(dst, src, n * sizeof(float), d->module, "weight to host");
     uint16_t *h = malloc(n * sizeof(uint16_t));
     if (h == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging", d->module);
     bie_status st = bie_cbw_copy_sync(h, src, n * sizeof(uint16_t), d->module, "weight to host");
@@ -126,7 +133,8 @@ void bie_cbw_free(bie_cuda_bw *d) {
 
 /* ---------------------------------------------------------------- views and checks */
 
-bie_status bie_cbw_view(int device, bie_tensor *v, void *data, bie_dtype dt, int ndim, const int64_t *shape) {
+bie_status bie_cbw_view(int device, bie_tensor *v, void *data, bie_dtype dt, int ndim,
+                        const int64_t *shape) {
     BIE_TRY(bie_tensor_view(v, data, dt, ndim, shape));
     v->device.type = BIE_DEVICE_CUDA;
     v->device.index = device;
@@ -142,35 +150,46 @@ bie_status bie_cbw_param_common(bie_cuda_bw *d, bie_param which, int wndim, cons
         if (d->w_f32) return bie_cbw_view(d->device, v, d->w_f32, BIE_F32, wndim, wshape);
         return bie_bw_no_weight(d->module);
     case BIE_PARAM_BIAS_A: return bie_cbw_view(d->device, v, d->bias_a, BIE_F32, 1, &d->bias_len);
-    case BIE_PARAM_SCALE_A: return bie_cbw_view(d->device, v, d->scalars + BIE_CBW_SCALE_A, BIE_F32, 1, &one);
-    case BIE_PARAM_SCALE_W: return bie_cbw_view(d->device, v, d->scalars + BIE_CBW_SCALE_W, BIE_F32, 1, &one);
+    case BIE_PARAM_SCALE_A:
+        return bie_cbw_view(d->device, v, d->scalars + BIE_CBW_SCALE_A, BIE_F32, 1, &one);
+    case BIE_PARAM_SCALE_W:
+        return bie_cbw_view(d->device, v, d->scalars + BIE_CBW_SCALE_W, BIE_F32, 1, &one);
     default: break;
     }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", d->module, (int)which);
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d does not exist", d->module,
+                    (int)which);
 }
 
-bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape, bie_tensor *v) {
+bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
+                        bie_tensor *v) {
     const int64_t one = 1;
-    if (!d->has_grads) return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward first)", d->module);
+    if (!d->has_grads)
+        return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward first)", d->module);
     switch (which) {
     case BIE_PARAM_WEIGHT:
         if (d->g_w_i8) return bie_cbw_view(d->device, v, d->g_w_i8, BIE_I8, wndim, wshape);
         return bie_cbw_view(d->device, v, d->g_w, BIE_F32, wndim, wshape);
-    case BIE_PARAM_WEIGHT_FLOAT_GRAD: return bie_cbw_view(d->device, v, d->g_w, BIE_F32, wndim, wshape);
+    case BIE_PARAM_WEIGHT_FLOAT_GRAD:
+        return bie_cbw_view(d->device, v, d->g_w, BIE_F32, wndim, wshape);
     case BIE_PARAM_BIAS_A: return bie_cbw_view(d->device, v, d->g_bias, BIE_F32, 1, &d->bias_len);
     case BIE_PARAM_SCALE_A: return bie_cbw_view(d->device, v, d->g_scale, BIE_F32, 1, &one);
     default: break;
     }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", d->module, (int)which);
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: parameter %d has no gradient", d->module,
+                    (int)which);
 }
 
 bie_status bie_cbw_reserve_grads(bie_cuda_bw *d) {
     const size_t n = (size_t)(d->rows * d->cols);
-    if (d->g_w == NULL) BIE_TRY(bie_cbw_alloc((void **)&d->g_w, n * sizeof(float), d->module, "grad weight"));
+    if (d->g_w == NULL)
+        BIE_TRY(bie_cbw_alloc((void **)&d->g_w, n * sizeof(float), d->module, "grad weight"));
     if (d->g_bias == NULL)
-        BIE_TRY(bie_cbw_alloc((void **)&d->g_bias, (size_t)d->bias_len * sizeof(float), d->module, "grad bias_a"));
-    if (d->g_scale == NULL) BIE_TRY(bie_cbw_alloc((void **)&d->g_scale, sizeof(float), d->module, "grad scale_a"));
-    if (d->w_i8 && d->g_w_i8 == NULL) BIE_TRY(bie_cbw_alloc((void **)&d->g_w_i8, n, d->module, "grad weight"));
+        BIE_TRY(bie_cbw_alloc((void **)&d->g_bias, (size_t)d->bias_len * sizeof(float), d->module,
+                              "grad bias_a"));
+    if (d->g_scale == NULL)
+        BIE_TRY(bie_cbw_alloc((void **)&d->g_scale, sizeof(float), d->module, "grad scale_a"));
+    if (d->w_i8 && d->g_w_i8 == NULL)
+        BIE_TRY(bie_cbw_alloc((void **)&d->g_w_i8, n, d->module, "grad weight"));
     if (!d->w_i8) {
         bie_cbw_free_ptr(d->g_w_i8);
         d->g_w_i8 = NULL;
@@ -179,36 +198,40 @@ bie_status bie_cbw_reserve_grads(bie_cuda_bw *d) {
 }
 
 bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a) {
-    BIE_TRY(bie_cbw_copy_sync(d->scalars + BIE_CBW_SCALE_A, &scale_a, sizeof scale_a, d->module, "scale_a upload"));
+    BIE_TRY(bie_cbw_copy_sync(d->scalars + BIE_CBW_SCALE_A, &scale_a, sizeof scale_a, d->module,
+                              "scale_a upload"));
     d->scale_a_known = scale_a != 0.0f;
     return BIE_OK;
 }
 
-bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n, double factor,
-                                  const char *who) {
+bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n,
+                                  double factor, const char *who) {
     if (d->scale_a_known) return BIE_OK;
     double sum = 0;
     BIE_TRY(bie_cuda_abs_sum(dtype, x, n, &sum));
     const double mean = sum / (double)n;
     float v = (float)(factor * sum / (double)n);
     if (!isfinite(v) || v <= 0)
-        return bie_fail(BIE_ERR_NOT_FINITE, "%s: cannot initialise scale_a from this input "
-                        "(mean|x| = %g): it must be positive and finite", who, mean);
+        return bie_fail(BIE_ERR_NOT_FINITE,
+                        "%s: cannot initialise scale_a from this input "
+                        "(mean|x| = %g): it must be positive and finite",
+                        who, mean);
     return bie_cbw_set_scale_a(d, v);
 }
 
 bie_status bie_cbw_save_scales(bie_cuda_bw *d) {
     cudaStream_t st = (cudaStream_t)bie_cuda_current_stream();
-    return bie_cbw_cuda_ok(cudaMemcpyAsync(d->scalars + BIE_CBW_SAVED_SCALES, d->scalars, 2 * sizeof(float),
-                                           cudaMemcpyDeviceToDevice, st),
+    return bie_cbw_cuda_ok(cudaMemcpyAsync(d->scalars + BIE_CBW_SAVED_SCALES, d->scalars,
+                                           2 * sizeof(float), cudaMemcpyDeviceToDevice, st),
                            d->module, "saved scales");
 }
 
-bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who, bie_tensor *host) {
+bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who,
+                             bie_tensor *host) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
     if (t->device.type != BIE_DEVICE_CUDA || t->device.index != device)
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)", who,
-                        what, device);
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d (the layer's device)",
+                        who, what, device);
     *host = *t;
     host->device = bie_cpu();
     return BIE_OK;
@@ -216,14 +239,15 @@ bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, 
 
 bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *what, bie_dtype dtype,
                                 int64_t last, const bie_tensor *like, const char *who) {
-    if (t != NULL && t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
+    if (t != NULL && t->data == NULL)
+        return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
     bie_tensor host;
     BIE_TRY(bie_cbw_on_device(device, t, what, who, &host));
     return bie_check_rows_tensor(&host, what, dtype, last, like, who);
 }
 
-bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
-                                const char *what, const char *who) {
+bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype,
+                                const int64_t *shape, const char *what, const char *who) {
     bie_tensor host;
     BIE_TRY(bie_cbw_on_device(device, t, what, who, &host));
     return bie_conv_check_shape4_as(&host, dtype, shape, what, who);

@@ -14,7 +14,6 @@
 
 #include "binary_weight.h"
 
-
 enum { BIE_CBW_SCALE_A = 0, BIE_CBW_SCALE_W = 1, BIE_CBW_SAVED_SCALES = 2 };
 
 typedef struct bie_cuda_bw {
@@ -22,13 +21,13 @@ typedef struct bie_cuda_bw {
     int64_t rows, cols, bias_len;
     int64_t ld; /* the kind's GEMM-layout row bytes (set by its init) */
     const char *module;
-    float *w_f32;      /* float training weight, or NULL */
-    int8_t *w_i8;      /* int8 training weight (binary layers after prepare_params), or NULL */
-    void *qweight;     /* the user format of the quantized weight [rows, ...], or NULL */
-    float *bias_a;     /* [bias_len] */
-    float *scalars;    /* scale_a, scale_w, saved scale_a, saved scale_w */
+    float *w_f32;       /* float training weight, or NULL */
+    int8_t *w_i8;       /* int8 training weight (binary layers after prepare_params), or NULL */
+    void *qweight;      /* the user format of the quantized weight [rows, ...], or NULL */
+    float *bias_a;      /* [bias_len] */
+    float *scalars;     /* scale_a, scale_w, saved scale_a, saved scale_w */
     bool scale_a_known; /* scale_a is non-zero: set by the user or measured */
-    unsigned version;  /* bumped by every successful upload */
+    unsigned version;   /* bumped by every successful upload */
     /* Gradients of the last backward. */
     bool has_grads;
     float *g_w, *g_bias, *g_scale;
@@ -40,17 +39,20 @@ bie_status bie_cbw_cuda_ok(int cuda_error, const char *module, const char *what)
 bie_status bie_cbw_alloc(void **p, size_t bytes, const char *module, const char *what);
 void bie_cbw_free_ptr(void *p);
 /* Free device memory and clear the pointer. */
-#define BIE_DEV_FREE(p)                                                                        \
-    do {                                                                                       \
-        bie_cbw_free_ptr(p);                                                                   \
-        (p) = NULL;                                                                            \
+#define BIE_DEV_FREE(p)      \
+    do {                     \
+        bie_cbw_free_ptr(p); \
+        (p) = NULL;          \
     } while (0)
 /* Copy (any direction) and wait, on the calling thread's stream. */
-bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module, const char *what);
+bie_status bie_cbw_copy_sync(void *dst, const void *src, size_t bytes, const char *module,
+                             const char *what);
 /* A new device buffer filled from host memory (*dst NULL when src is NULL). */
-bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes, const char *what);
+bie_status bie_cbw_upload(const bie_cuda_bw *d, void **dst, const void *src, size_t bytes,
+                          const char *what);
 /* n elements of a device tensor of float `dtype` (f32/bf16/f16) as host float32. */
-bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n, float *dst);
+bie_status bie_cbw_to_host_f32(const bie_cuda_bw *d, bie_dtype dtype, const void *src, size_t n,
+                               float *dst);
 
 /* A layer's device state of `size` bytes (a struct that starts with a bie_cuda_bw), zeroed,
  * installed as l->backend with its bie_cuda_bw created for the layer's weight and bias_a.
@@ -70,7 +72,8 @@ void bie_cbw_free(bie_cuda_bw *d);
 bie_status bie_cbw_param_common(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
                                 bie_tensor *v);
 /* Gradient views of the last backward. */
-bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape, bie_tensor *v);
+bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
+                        bie_tensor *v);
 /* Room for the gradients (int8 weight gradient only for an int8 weight). */
 bie_status bie_cbw_reserve_grads(bie_cuda_bw *d);
 
@@ -87,10 +90,11 @@ bie_status bie_cbw_check_tensor(int device, const bie_tensor *t, const char *wha
                                 int64_t last, const bie_tensor *like, const char *who);
 /* t is a tensor on CUDA device `device`; *host is t viewed as a host tensor, for the CPU
  * layers' shape and dtype checks (it must not be dereferenced). */
-bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who, bie_tensor *host);
+bie_status bie_cbw_on_device(int device, const bie_tensor *t, const char *what, const char *who,
+                             bie_tensor *host);
 /* A 4-dimensional device tensor of `dtype` and `shape`, checked as the CPU checks a host one. */
-bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype, const int64_t *shape,
-                                const char *what, const char *who);
+bie_status bie_cbw_check_shape4(int device, const bie_tensor *t, bie_dtype dtype,
+                                const int64_t *shape, const char *what, const char *who);
 /* Every change of the weight through the host invalidates what the forward saved. */
 static inline bie_status bie_cbw_weight_changed(bool *has_saved, bie_status st) {
     if (st == BIE_OK) *has_saved = false;

@@ -110,7 +110,8 @@ bie_status bie_q4_linear_create(bie_layer **out, int64_t in_features, int64_t ou
     if (in_features < 1 || out_features < 1 || in_features > (1 << 24) || out_features > INT32_MAX)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT,
                         "%s: in_features must be in 1..2^24 and out_features in 1..2^31-1 (got "
-                        "%lld, %lld)", kind->name, (long long)in_features, (long long)out_features);
+                        "%lld, %lld)",
+                        kind->name, (long long)in_features, (long long)out_features);
     return create(out, kind, in_features, out_features, 1, 1, 0, 1, device, dtype, false);
 }
 
@@ -327,8 +328,8 @@ bie_status bie_layer_check_forward(const bie_layer *l, const bie_tensor *x) {
     BIE_TRY(l->ops->device->on_device(l, x, "packed input", who, &h));
     const bie_dtype word = bie_bw_word_dtype(l->w.word_bits);
     if (x->dtype != word)
-        return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)", who,
-                        bie_dtype_name(x->dtype), l->w.word_bits, bie_dtype_name(word));
+        return bie_fail(BIE_ERR_DTYPE, "%s: packed input is %s but bits_binary_word is %d (%s)",
+                        who, bie_dtype_name(x->dtype), l->w.word_bits, bie_dtype_name(word));
     return bie_check_rows_tensor(&h, "packed input", word, bie_packed_words(l->in, l->w.word_bits),
                                  NULL, who);
 }
@@ -344,12 +345,11 @@ bie_status bie_layer_output_shape(const bie_layer *l, int in_ndim, const int64_t
         return bie_fail(BIE_ERR_SHAPE, "%s: input rank %d is not in 1..%d", name, in_ndim,
                         BIE_MAX_DIMS);
     for (int i = 0; i < in_ndim; i++)
-        if (in_shape[i] < 1)
-            return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", name);
+        if (in_shape[i] < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", name);
     if (!l->kind->conv) {
         if (in_shape[in_ndim - 1] != l->in)
-            return bie_fail(BIE_ERR_SHAPE, "%s: input's last extent is %lld, expected %lld",
-                            name, (long long)in_shape[in_ndim - 1], (long long)l->in);
+            return bie_fail(BIE_ERR_SHAPE, "%s: input's last extent is %lld, expected %lld", name,
+                            (long long)in_shape[in_ndim - 1], (long long)l->in);
         memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
         out_shape[in_ndim - 1] = l->out;
         *out_ndim = in_ndim;
@@ -360,8 +360,10 @@ bie_status bie_layer_output_shape(const bie_layer *l, int in_ndim, const int64_t
     const int64_t oh = bie_conv_out_extent(in_shape[2], l->k, l->stride, l->padding, l->dilation);
     const int64_t ow = bie_conv_out_extent(in_shape[3], l->k, l->stride, l->padding, l->dilation);
     if (oh < 1 || ow < 1)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input of %lld x %lld is smaller than the dilated "
-                        "kernel with padding", name, (long long)in_shape[2], (long long)in_shape[3]);
+        return bie_fail(BIE_ERR_SHAPE,
+                        "%s: input of %lld x %lld is smaller than the dilated "
+                        "kernel with padding",
+                        name, (long long)in_shape[2], (long long)in_shape[3]);
     out_shape[0] = in_shape[0];
     out_shape[1] = l->out;
     out_shape[2] = oh;

@@ -16,11 +16,11 @@ typedef struct bie_layer_ops bie_layer_ops;
 /* What differs by kind (binary / 4-bit x linear / conv2d). */
 typedef struct bie_kind_def {
     bie_layer_kind id;
-    const char *name; /* "binary_linear", ... (also the prefix of error messages) */
-    bie_op op;        /* the GEMM its kernels run */
-    bool conv;        /* NCHW input, weight [out_c, in_c, k, k] */
-    bool binary;      /* weight format: bie_binary_weight (else bie_q4_weight) */
-    bool packed_input; /* the forward also takes pre-packed sign rows (binary linear) */
+    const char *name;         /* "binary_linear", ... (also the prefix of error messages) */
+    bie_op op;                /* the GEMM its kernels run */
+    bool conv;                /* NCHW input, weight [out_c, in_c, k, k] */
+    bool binary;              /* weight format: bie_binary_weight (else bie_q4_weight) */
+    bool packed_input;        /* the forward also takes pre-packed sign rows (binary linear) */
     double scale_a_factor[2]; /* scale_a = factor * mean|x| at first use: [asymmetric, symmetric] */
 } bie_kind_def;
 
@@ -29,9 +29,9 @@ const bie_kind_def *bie_kind_get(bie_layer_kind id);
 /* The state of a layer, common to every kind and device. */
 struct bie_layer {
     const bie_kind_def *kind;
-    const bie_layer_ops *ops; /* the kind's operations on the layer's device */
-    int64_t in, out;          /* features (linear) or channels (conv) */
-    int64_t fan_in;           /* weight columns: in, or in k k in [c, i, j] order */
+    const bie_layer_ops *ops;             /* the kind's operations on the layer's device */
+    int64_t in, out;                      /* features (linear) or channels (conv) */
+    int64_t fan_in;                       /* weight columns: in, or in k k in [c, i, j] order */
     int64_t k, stride, padding, dilation; /* conv kinds (1, 1, 0, 1 for linear kinds) */
     bie_device device;
     bie_dtype dtype;

@@ -7,7 +7,7 @@
 #include "layer_cpu.h"
 
 static bie_status on_device(const bie_layer *l, const bie_tensor *t, const char *what,
-                           const char *who, bie_tensor *host) {
+                            const char *who, bie_tensor *host) {
     (void)l;
     if (t->device.type != BIE_DEVICE_CPU)
         return bie_fail(BIE_ERR_DEVICE, "%s: %s is not on the CPU", who, what);
@@ -37,11 +37,15 @@ static bie_status check_kernel(const bie_layer *l, int id, const char *who) {
         return bie_fail(BIE_ERR_DEVICE, "%s: kernel %d (%s) runs on CUDA; this layer is on the CPU",
                         who, id, info.name);
     if (kern == NULL || kern->op != l->kind->op)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no %s GEMM kernel with id %d (see "
-                        "bie_kernel_get for the list)", who, op, id);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: no %s GEMM kernel with id %d (see "
+                        "bie_kernel_get for the list)",
+                        who, op, id);
     if (!bie_cpu_kernel_available(kern))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) is not available on this CPU or is "
-                        "excluded by BIE_CPU_KERNELS", who, id, kern->name);
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s: kernel %d (%s) is not available on this CPU or is "
+                        "excluded by BIE_CPU_KERNELS",
+                        who, id, kern->name);
     return BIE_OK;
 }
 
@@ -55,7 +59,8 @@ static double now_s(void) {
  * codes). */
 static bie_status run_once(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
                            const uint8_t *a, const uint8_t *b, int64_t ld, float *out) {
-    if (kern->op == BIE_OP_BINARY_GEMM) return bie_cpu_bgemm(kern, m, n, k, a, ld, b, ld, 1.0f, out);
+    if (kern->op == BIE_OP_BINARY_GEMM)
+        return bie_cpu_bgemm(kern, m, n, k, a, ld, b, ld, 1.0f, out);
     return bie_q4_gemm(kern->id, m, n, k, (const int8_t *)a, ld, (const int8_t *)b, ld, 1.0f, out);
 }
 

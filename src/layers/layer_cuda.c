@@ -1,14 +1,14 @@
 /* What every kind shares on CUDA (layer_cuda.h's bie_cuda_device_ops): the device check,
  * set_activation's work on the device, kernel checks and select_gemm_kernel. */
+#include "layer_cuda.h"
 #include "../cuda/cuda_internal.h"
 #include "binary_weight_cuda.h"
-#include "layer_cuda.h"
 #include "q4_weight_cuda.h"
 
 static bie_cuda_bw *dev(const bie_layer *l) { return (bie_cuda_bw *)l->backend; }
 
 static bie_status on_device(const bie_layer *l, const bie_tensor *t, const char *what,
-                           const char *who, bie_tensor *host) {
+                            const char *who, bie_tensor *host) {
     return bie_cbw_on_device(l->device.index, t, what, who, host);
 }
 

@@ -12,7 +12,6 @@
 #include "conv_common.h"
 #include "layer_cpu.h"
 
-
 /* cols [OH OW, C k k] int8: the codes under each tap of each output pixel, 0 outside. */
 static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols) {
     const int64_t kk = g->k * g->k, K = g->c * kk;
@@ -26,7 +25,8 @@ static void im2col_codes(const bie_conv_geom *g, const int8_t *img, int8_t *cols
                 for (int64_t j = 0; j < g->k; j++) {
                     int64_t ix = bie_conv_in(g, ox, j);
                     row[c * kk + i * g->k + j] = (iy >= 0 && iy < g->h && ix >= 0 && ix < g->w)
-                                                     ? img[(c * g->h + iy) * g->w + ix] : 0;
+                                                     ? img[(c * g->h + iy) * g->w + ix]
+                                                     : 0;
                 }
             }
     }
@@ -42,13 +42,17 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     float scale_a = 0;
     BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->qw.scale_w;
-    if (!isfinite(scale)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
+    if (!isfinite(scale))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, g.o, who, &kern));
-    const int64_t n_in = bie_tensor_numel(x), chw = g.c * g.h * g.w, K = l->fan_in, plane = g.oh * g.ow;
+    const int64_t n_in = bie_tensor_numel(x), chw = g.c * g.h * g.w, K = l->fan_in,
+                  plane = g.oh * g.ow;
     const bool keep = l->training;
-    BIE_TRY(bie_ws_reserve(&l->ws, bie_ws_piece((size_t)n_in) + bie_ws_piece((size_t)(plane * K)), who));
-    int8_t *codes = bie_ws_take(&l->ws, (size_t)n_in), *cols = bie_ws_take(&l->ws, (size_t)(plane * K));
+    BIE_TRY(bie_ws_reserve(&l->ws, bie_ws_piece((size_t)n_in) + bie_ws_piece((size_t)(plane * K)),
+                           who));
+    int8_t *codes = bie_ws_take(&l->ws, (size_t)n_in),
+           *cols = bie_ws_take(&l->ws, (size_t)(plane * K));
     uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(n_in)) : NULL;
     uint8_t *mask = keep ? bie_alloc_aligned((size_t)((n_in + 7) / 8)) : NULL;
     int8_t *resid = keep ? bie_alloc_aligned((size_t)n_in) : NULL, *wcodes = NULL;
@@ -63,8 +67,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     float *o = out->data;
     for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
         im2col_codes(&g, codes + n * chw, cols);
-        st = bie_cpu_bgemm(kern, g.o, plane, K * 8, (const uint8_t *)wcodes, K, (const uint8_t *)cols, K,
-                           scale, o + n * g.o * plane);
+        st = bie_cpu_bgemm(kern, g.o, plane, K * 8, (const uint8_t *)wcodes, K,
+                           (const uint8_t *)cols, K, scale, o + n * g.o * plane);
     }
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
@@ -93,12 +97,14 @@ done:
 static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_conv2d_backward";
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_conv_check_shape4(grad_out, gshape, "grad_out", who));
     if (grad_x) BIE_TRY(bie_conv_check_shape4(grad_x, xshape, "grad_x", who));
-    const int64_t K = l->fan_in, plane = g.oh * g.ow, hw = g.h * g.w, chw = g.c * hw, n_in = g.n * chw;
+    const int64_t K = l->fan_in, plane = g.oh * g.ow, hw = g.h * g.w, chw = g.c * hw,
+                  n_in = g.n * chw;
     if (plane > INT32_MAX || K * plane > (int64_t)1 << 40)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: image too large for the BLAS index range", who);
     float *wf = bie_alloc_aligned((size_t)(g.o * K) * sizeof(float));
@@ -129,7 +135,8 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         memset(gxn, 0, (size_t)chw * sizeof(float));
         bie_conv_col2im(&g, cols, gxn);
         /* grad_w += conv2d_weight(q4(x') * scale_a, grad_out) */
-        for (int64_t i = 0; i < chw; i++) img[i] = (float)bie_nibble_get(l->saved_codes, n * chw + i) * l->saved_scale_a;
+        for (int64_t i = 0; i < chw; i++)
+            img[i] = (float)bie_nibble_get(l->saved_codes, n * chw + i) * l->saved_scale_a;
         bie_conv_im2col_f32(&g, img, cols);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.o, (int)K, (int)plane, 1.0f, gn,
                     (int)plane, cols, (int)plane, n ? 1.0f : 0.0f, gw, (int)K);

@@ -12,13 +12,13 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
 #include "conv_common.h"
+#include "layer_cuda.h"
 #include "q4_weight_cuda.h"
 
 struct bie_q4c_cuda {
-    bie_cuda_bw d;         /* weight, bias_a, scalars, gradients */
+    bie_cuda_bw d;   /* weight, bias_a, scalars, gradients */
     bie_conv_geom g; /* of the last forward */
     /* Weight codes in the GEMM layout (rows in the weight's [c, i, j] order): of the last
      * forward that read the float weight (kept for the backward), and the inference cache
@@ -37,7 +37,9 @@ struct bie_q4c_cuda {
     int64_t a_cap, s_cap;
 };
 
-static inline struct bie_q4c_cuda *CU(const bie_layer *l) { return (struct bie_q4c_cuda *)l->backend; }
+static inline struct bie_q4c_cuda *CU(const bie_layer *l) {
+    return (struct bie_q4c_cuda *)l->backend;
+}
 
 static const char *const MODULE = "q4_conv2d (cuda)";
 
@@ -49,7 +51,8 @@ static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4c_cuda), MODULE));
     struct bie_q4c_cuda *c = CU(l);
     c->d.ld = bie_cuda_q4_row_stride(l->fan_in);
-    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
+    bie_status st =
+        bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -76,7 +79,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
         l->has_saved = false;
         BIE_DEV_FREE(c->codes);
         c->a_cap = 0;
-        BIE_TRY(bie_cbw_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), MODULE, "input codes"));
+        BIE_TRY(
+            bie_cbw_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), MODULE, "input codes"));
         c->a_cap = n_in;
     }
     if (keep && n_in > c->s_cap) {
@@ -84,7 +88,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
         BIE_DEV_FREE(c->mask);
         BIE_DEV_FREE(c->resid);
         c->s_cap = 0;
-        BIE_TRY(bie_cbw_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), MODULE, "input clip bits"));
+        BIE_TRY(
+            bie_cbw_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), MODULE, "input clip bits"));
         BIE_TRY(bie_cbw_alloc((void **)&c->resid, (size_t)n_in, MODULE, "input residuals"));
         c->s_cap = n_in;
     }
@@ -98,12 +103,15 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
     struct bie_q4c_cuda *c = CU(l);
     const int64_t K = l->fan_in;
     if (l->training || c->d.qweight == NULL) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W, c->d.ld, c->wcodes));
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W,
+                                        c->d.ld, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes"));
+        if (c->qcodes == NULL)
+            BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE,
+                                  "weight codes"));
         BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, K, c->d.ld, c->qcodes));
         c->qversion = c->d.version;
     }
@@ -125,7 +133,8 @@ static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8
     if (!(cache && c->taps_cached && c->tversion == c->d.version)) {
         if (c->wtaps == NULL)
             BIE_TRY(bie_cbw_alloc((void **)&c->wtaps,
-                              (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), MODULE, "weight taps"));
+                                  (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)),
+                                  MODULE, "weight taps"));
         c->taps_cached = false;
         BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->d.ld, g, c->wtaps));
         c->taps_cached = cache;
@@ -146,10 +155,11 @@ static bie_status forward_implicit(bie_layer *l, const bie_tensor *x, const bie_
     const size_t bytes = (size_t)(g->n * g->h * g->w * bie_cuda_q4_conv_cb(g->c));
     BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&codes, bytes, stream), MODULE, "NHWC codes"));
     float *scalars = c->d.scalars;
-    bie_status st = bie_cuda_q4_conv_encode_nhwc(l->dtype, x->data, g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, codes);
+    bie_status st = bie_cuda_q4_conv_encode_nhwc(l->dtype, x->data, g, c->d.bias_a,
+                                                 scalars + BIE_CBW_SCALE_A, codes);
     if (st == BIE_OK)
-        st = bie_cuda_q4conv_implicit(-1, codes, g, taps, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
-                                      l->dtype, out->data);
+        st = bie_cuda_q4conv_implicit(-1, codes, g, taps, scalars + BIE_CBW_SCALE_A,
+                                      scalars + BIE_CBW_SCALE_W, l->dtype, out->data);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(codes, stream), MODULE, "NHWC codes");
     BIE_TRY(st);
     return fst;
@@ -161,13 +171,14 @@ static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uin
     struct bie_q4c_cuda *c = CU(l);
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *cols = NULL;
-    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE, "im2col workspace"));
+    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE,
+                            "im2col workspace"));
     bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->d.ld, cols);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
     if (st == BIE_OK)
-        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols, wcodes, c->d.ld, 0.0f,
-                                    c->d.scalars + BIE_CBW_SCALE_A, c->d.scalars + BIE_CBW_SCALE_W, l->dtype,
-                                    out->data, &conv);
+        st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols,
+                                    wcodes, c->d.ld, 0.0f, c->d.scalars + BIE_CBW_SCALE_A,
+                                    c->d.scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
     BIE_TRY(st);
     return fst;
@@ -194,12 +205,14 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     float *scalars = c->d.scalars;
     /* The flat codes feed the im2col, and the backward. */
     if (keep || !implicit)
-        BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->codes,
-                                        keep ? c->mask : NULL, keep ? c->resid : NULL));
+        BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a,
+                                        scalars + BIE_CBW_SCALE_A, c->codes, keep ? c->mask : NULL,
+                                        keep ? c->resid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
-    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, out) : forward_im2col(l, &g, wcodes, cols_bytes, out));
+    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, out)
+                     : forward_im2col(l, &g, wcodes, cols_bytes, out));
     if (keep) {
         c->g = g;
         bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};
@@ -215,20 +228,31 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     static const char *who = "q4_conv2d_backward";
     struct bie_q4c_cuda *c = CU(l);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     const bie_conv_geom g = c->g;
     const int64_t gshape[4] = {g.n, g.o, g.oh, g.ow}, xshape[4] = {g.n, g.c, g.h, g.w};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_out, l->dtype, gshape, "grad_out", who));
-    if (grad_x) BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
+    if (grad_x)
+        BIE_TRY(bie_cbw_check_shape4(l->device.index, grad_x, l->dtype, xshape, "grad_x", who));
     const int64_t rows = g.n * g.oh * g.ow, K = l->fan_in;
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || cells > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_q4conv_backward_args a = {
-        .dtype = l->dtype, .g = g, .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL,
-        .wcodes = c->wcodes, .ld = c->d.ld, .codes = c->codes, .mask = c->mask, .resid = c->resid,
-        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_bias = c->d.g_bias,
+        .dtype = l->dtype,
+        .g = g,
+        .grad_out = grad_out->data,
+        .grad_x = grad_x ? grad_x->data : NULL,
+        .wcodes = c->wcodes,
+        .ld = c->d.ld,
+        .codes = c->codes,
+        .mask = c->mask,
+        .resid = c->resid,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
+        .grad_w = c->d.g_w,
+        .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_q4_conv2d_backward(&a));

@@ -9,7 +9,6 @@
 #include "../cpu/frame/pack.h"
 #include "layer_cpu.h"
 
-
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "q4_linear_forward";
     BIE_TRY(bie_layer_check_forward(l, x));
@@ -19,7 +18,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     float scale_a = 0;
     BIE_TRY(bie_layer_activation_scale(l, x, &scale_a));
     const float scale = scale_a * l->qw.scale_w;
-    if (!isfinite(scale)) return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
+    if (!isfinite(scale))
+        return bie_fail(BIE_ERR_NOT_FINITE, "%s: scale_a * scale_w is not finite", who);
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, l->kernel_id, m, who, &kern));
     const bool keep = l->training;
@@ -40,9 +40,10 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         if ((st = bie_q4w_packed(&l->qw, kern, &wp, who)) == BIE_OK)
             st = bie_cpu_bgemm_packed(kern, m, (const uint8_t *)codes, k, wp, scale, out->data);
     } else {
-        if ((st = bie_q4w_codes(&l->qw, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
-        st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k, (const uint8_t *)wcodes, k,
-                           scale, out->data);
+        if ((st = bie_q4w_codes(&l->qw, !l->training, &wcodes, &borrowed, who)) != BIE_OK)
+            goto done;
+        st = bie_cpu_bgemm(kern, m, l->out, k * 8, (const uint8_t *)codes, k,
+                           (const uint8_t *)wcodes, k, scale, out->data);
     }
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
@@ -73,7 +74,8 @@ done:
 static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     static const char *who = "q4_linear_backward";
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     bie_tensor like;
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
@@ -98,13 +100,14 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
     }
     for (int64_t i = 0; i < n * k; i++) wf[i] = (float)l->saved_wcodes[i] * l->saved_scale_w;
-    for (int64_t i = 0; i < m * k; i++) xs[i] = (float)bie_nibble_get(l->saved_codes, i) * l->saved_scale_a;
+    for (int64_t i = 0; i < m * k; i++)
+        xs[i] = (float)bie_nibble_get(l->saved_codes, i) * l->saved_scale_a;
     const float *g = grad_out->data;
     /* grad_x = (grad_out @ (q4(w) * scale_w)) * inr;  grad_w = grad_out^T @ (q4(x') * scale_a) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)k, (int)n, 1.0f, g, (int)n, wf,
-                (int)k, 0.0f, gx, (int)k);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n, xs,
-                (int)k, 0.0f, gw, (int)k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)k, (int)n, 1.0f, g, (int)n,
+                wf, (int)k, 0.0f, gx, (int)k);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n,
+                xs, (int)k, 0.0f, gw, (int)k);
     double dscale = 0;
     for (int64_t i = 0; i < m * k; i++) {
         float v = bie_bit(l->saved_mask, i) ? gx[i] : 0.0f;

@@ -10,12 +10,12 @@
 
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
-#include "layer_cuda.h"
 #include "binary_weight_cuda.h"
+#include "layer_cuda.h"
 #include "q4_weight_cuda.h"
 
 struct bie_q4l_cuda {
-    bie_cuda_bw d;  /* weight, bias_a, scalars, gradients */
+    bie_cuda_bw d; /* weight, bias_a, scalars, gradients */
     /* Weight codes in the GEMM layout: of the last forward that read the float weight (a
      * training forward keeps them for the backward), and the inference cache built from
      * qweight, valid while qversion == d.version. */
@@ -28,7 +28,9 @@ struct bie_q4l_cuda {
     int64_t a_cap, s_cap;
 };
 
-static inline struct bie_q4l_cuda *CU(const bie_layer *l) { return (struct bie_q4l_cuda *)l->backend; }
+static inline struct bie_q4l_cuda *CU(const bie_layer *l) {
+    return (struct bie_q4l_cuda *)l->backend;
+}
 
 static const char *const MODULE = "q4_linear (cuda)";
 
@@ -40,7 +42,8 @@ static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4l_cuda), MODULE));
     struct bie_q4l_cuda *c = CU(l);
     c->d.ld = bie_cuda_q4_row_stride(l->in);
-    bie_status st = bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
+    bie_status st =
+        bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -66,7 +69,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
         l->has_saved = false;
         BIE_DEV_FREE(c->acodes);
         c->a_cap = 0;
-        BIE_TRY(bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->d.ld), MODULE, "activation codes"));
+        BIE_TRY(
+            bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->d.ld), MODULE, "activation codes"));
         c->a_cap = m;
     }
     if (keep && m > c->s_cap) {
@@ -75,7 +79,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
         BIE_DEV_FREE(c->aresid);
         c->s_cap = 0;
         const int64_t mk = m * l->in;
-        BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)((mk + 7) / 8), MODULE, "activation clip bits"));
+        BIE_TRY(bie_cbw_alloc((void **)&c->amask, (size_t)((mk + 7) / 8), MODULE,
+                              "activation clip bits"));
         BIE_TRY(bie_cbw_alloc((void **)&c->aresid, (size_t)mk, MODULE, "activation residuals"));
         c->s_cap = m;
     }
@@ -89,13 +94,15 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
     struct bie_q4l_cuda *c = CU(l);
     const bool from_q = !l->training && c->d.qweight;
     if (!from_q) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W, c->d.ld,
-                                        c->wcodes));
+        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W,
+                                        c->d.ld, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
-        if (c->qcodes == NULL) BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes"));
+        if (c->qcodes == NULL)
+            BIE_TRY(bie_cbw_alloc((void **)&c->qcodes, (size_t)(l->out * c->d.ld), MODULE,
+                                  "weight codes"));
         BIE_TRY(bie_cuda_q4_repack_rows(c->d.qweight, l->out, l->in, c->d.ld, c->qcodes));
         c->qversion = c->d.version;
     }
@@ -113,20 +120,22 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     int64_t bytes;
     /* The GEMM indexes rows in 32 bits, the backward's BLAS too. */
     if (m > INT32_MAX || !bie_mul_ok(m, c->d.ld, &bytes))
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who, (long long)m);
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who,
+                        (long long)m);
     const bool keep = l->training;
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, m, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, c->d.ld,
-                                 c->acodes, keep ? c->amask : NULL, keep ? c->aresid : NULL));
+    BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a,
+                                 scalars + BIE_CBW_SCALE_A, c->d.ld, c->acodes,
+                                 keep ? c->amask : NULL, keep ? c->aresid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
     BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld, 0.0f,
-                                   scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data,
-                                   NULL));
+                                   scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
+                                   out->data, NULL));
     if (keep) {
         l->saved_m = m;
         l->saved_ndim = x->ndim;
@@ -142,19 +151,33 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     static const char *who = "q4_linear_backward";
     struct bie_q4l_cuda *c = CU(l);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: no saved activations: run a training-mode forward first", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: no saved activations: run a training-mode forward first", who);
     bie_tensor like;
     memset(&like, 0, sizeof like);
     like.ndim = l->saved_ndim;
     memcpy(like.shape, l->saved_shape, sizeof like.shape);
-    BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
-    if (grad_x) BIE_TRY(bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
+    BIE_TRY(
+        bie_cbw_check_tensor(l->device.index, grad_out, "grad_out", l->dtype, l->out, &like, who));
+    if (grad_x)
+        BIE_TRY(
+            bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
     BIE_TRY(bie_cbw_reserve_grads(&c->d));
     bie_cuda_q4l_backward_args a = {
-        .dtype = l->dtype, .m = l->saved_m, .n = l->out, .k = l->in, .ld = c->d.ld,
-        .grad_out = grad_out->data, .grad_x = grad_x ? grad_x->data : NULL, .wcodes = c->wcodes,
-        .xcodes = c->acodes, .mask = c->amask, .resid = c->aresid,
-        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES, .grad_w = c->d.g_w, .grad_bias = c->d.g_bias,
+        .dtype = l->dtype,
+        .m = l->saved_m,
+        .n = l->out,
+        .k = l->in,
+        .ld = c->d.ld,
+        .grad_out = grad_out->data,
+        .grad_x = grad_x ? grad_x->data : NULL,
+        .wcodes = c->wcodes,
+        .xcodes = c->acodes,
+        .mask = c->amask,
+        .resid = c->aresid,
+        .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
+        .grad_w = c->d.g_w,
+        .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_q4_linear_backward(&a));

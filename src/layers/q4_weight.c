@@ -52,7 +52,8 @@ bie_status bie_q4w_prepare(bie_q4_weight *w, const char *who) {
 bie_status bie_q4w_set_data(bie_q4_weight *w, const float *data, const char *who) {
     const int64_t n = w->rows * w->cols;
     for (int64_t i = 0; i < n; i++)
-        if (!isfinite(data[i])) return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
+        if (!isfinite(data[i]))
+            return bie_fail(BIE_ERR_NOT_FINITE, "%s: weight has non-finite values", who);
     float sw = 0;
     BIE_TRY(scale_of(data, n, &sw, who));
     float *copy = bie_alloc_aligned((size_t)n * sizeof(float));
@@ -77,7 +78,8 @@ static bie_status float_codes(const bie_q4_weight *w, int8_t **out, const char *
     if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: weight codes", who);
     const bie_q4_quantize_fn quantize = bie_cpu_pack().q4;
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (w->rows * w->cols > 65536)
-    for (int64_t r = 0; r < w->rows; r++) quantize(w->f32 + r * w->cols, w->cols, w->scale_w, c + r * w->cols);
+    for (int64_t r = 0; r < w->rows; r++)
+        quantize(w->f32 + r * w->cols, w->cols, w->scale_w, c + r * w->cols);
     *out = c;
     return BIE_OK;
 }
@@ -129,7 +131,8 @@ bie_status bie_q4w_codes(bie_q4_weight *w, bool prefer_q, int8_t **codes, bool *
         const int64_t rb = bie_nibble_row_bytes(w->cols);
 #pragma omp parallel for num_threads(bie_threads()) schedule(static) if (w->rows * w->cols > 65536)
         for (int64_t r = 0; r < w->rows; r++)
-            for (int64_t i = 0; i < w->cols; i++) c[r * w->cols + i] = bie_nibble_get(w->qweight + r * rb, i);
+            for (int64_t i = 0; i < w->cols; i++)
+                c[r * w->cols + i] = bie_nibble_get(w->qweight + r * rb, i);
         w->qcodes = c;
     }
     *codes = w->qcodes;
@@ -163,7 +166,8 @@ bie_status bie_q4w_packed(bie_q4_weight *w, const bie_cpu_kernel *kern, const bi
         int8_t *codes = NULL;
         bool borrowed = false;
         BIE_TRY(bie_q4w_codes(w, true, &codes, &borrowed, who));
-        bie_status st = bie_cpu_pack_b(kern, w->rows, w->cols * 8, (const uint8_t *)codes, w->cols, &w->packed);
+        bie_status st =
+            bie_cpu_pack_b(kern, w->rows, w->cols * 8, (const uint8_t *)codes, w->cols, &w->packed);
         if (!borrowed) bie_free_aligned(codes);
         BIE_TRY(st);
         bie_free_aligned(w->qcodes); /* the panels supersede the unpacked copy */

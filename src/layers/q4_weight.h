@@ -10,9 +10,9 @@
 
 typedef struct bie_q4_weight {
     int64_t rows, cols;
-    float *f32;       /* or NULL after generate_quantized_weight(qweight_only) */
-    uint8_t *qweight; /* [rows, ceil(cols / 2)] or NULL */
-    int8_t *qcodes;   /* qweight as int8 (inference cache) or NULL */
+    float *f32;          /* or NULL after generate_quantized_weight(qweight_only) */
+    uint8_t *qweight;    /* [rows, ceil(cols / 2)] or NULL */
+    int8_t *qcodes;      /* qweight as int8 (inference cache) or NULL */
     bie_packed_b packed; /* qcodes in a tile kernel's panels (inference cache) */
     float scale_w;
 } bie_q4_weight;

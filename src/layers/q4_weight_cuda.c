@@ -4,7 +4,9 @@
 #include "../cuda/cuda_internal.h"
 
 static size_t weight_count(const bie_cuda_bw *d) { return (size_t)(d->rows * d->cols); }
-static size_t qweight_bytes(const bie_cuda_bw *d) { return (size_t)(d->rows * bie_nibble_row_bytes(d->cols)); }
+static size_t qweight_bytes(const bie_cuda_bw *d) {
+    return (size_t)(d->rows * bie_nibble_row_bytes(d->cols));
+}
 
 /* ---------------------------------------------------------------- host staging */
 
@@ -17,9 +19,11 @@ static bie_status stage_down(bie_cuda_bw *d, bie_q4_weight *w) {
     if ((st = bie_cbw_copy_sync(&w->scale_w, d->scalars + BIE_CBW_SCALE_W, sizeof(float), d->module,
                                 "scale_w to host")) != BIE_OK)
         goto fail;
-    if (d->w_f32 && (st = bie_cbw_copy_sync(w->f32, d->w_f32, n * sizeof(float), d->module, "weight to host")) != BIE_OK)
+    if (d->w_f32 && (st = bie_cbw_copy_sync(w->f32, d->w_f32, n * sizeof(float), d->module,
+                                            "weight to host")) != BIE_OK)
         goto fail;
-    if (d->qweight && (st = bie_cbw_copy_sync(w->qweight, d->qweight, qb, d->module, "qweight to host")) != BIE_OK)
+    if (d->qweight && (st = bie_cbw_copy_sync(w->qweight, d->qweight, qb, d->module,
+                                              "qweight to host")) != BIE_OK)
         goto fail;
     return BIE_OK;
 oom:
@@ -34,7 +38,8 @@ fail:
 static bie_status stage_up(bie_cuda_bw *d, bie_q4_weight *w) {
     void *f32 = NULL, *q = NULL;
     bie_status st;
-    if ((st = bie_cbw_upload(d, &f32, w->f32, weight_count(d) * sizeof(float), "weight upload")) != BIE_OK ||
+    if ((st = bie_cbw_upload(d, &f32, w->f32, weight_count(d) * sizeof(float), "weight upload")) !=
+            BIE_OK ||
         (st = bie_cbw_upload(d, &q, w->qweight, qweight_bytes(d), "qweight upload")) != BIE_OK ||
         (st = bie_cbw_copy_sync(d->scalars + BIE_CBW_SCALE_W, &w->scale_w, sizeof(float), d->module,
                                 "scale_w upload")) != BIE_OK) {
@@ -63,7 +68,8 @@ static bie_status staged(bie_cuda_bw *d, bie_q4_weight *w, bie_status st) {
 
 bie_status bie_cq4w_reset(bie_cuda_bw *d, bie_q4_weight *w, uint64_t seed) {
     /* a fresh float weight, no qweight; scale_w stays */
-    BIE_TRY(bie_cbw_copy_sync(&w->scale_w, d->scalars + BIE_CBW_SCALE_W, sizeof(float), d->module, "scale_w to host"));
+    BIE_TRY(bie_cbw_copy_sync(&w->scale_w, d->scalars + BIE_CBW_SCALE_W, sizeof(float), d->module,
+                              "scale_w to host"));
     return staged(d, w, bie_q4w_reset(w, seed));
 }
 
@@ -73,35 +79,40 @@ bie_status bie_cq4w_prepare(bie_cuda_bw *d, bie_q4_weight *w, const char *who) {
     return staged(d, w, bie_q4w_prepare(w, who));
 }
 
-bie_status bie_cq4w_set_weight_data(bie_cuda_bw *d, bie_q4_weight *w, bie_dtype dtype, const bie_tensor *t,
-                                    const char *who) {
+bie_status bie_cq4w_set_weight_data(bie_cuda_bw *d, bie_q4_weight *w, bie_dtype dtype,
+                                    const bie_tensor *t, const char *who) {
     float *host = bie_alloc_aligned(weight_count(d) * sizeof(float));
     if (host == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging", who);
     bie_status st = bie_cbw_to_host_f32(d, dtype, t->data, weight_count(d), host);
-    if (st == BIE_OK) st = staged(d, w, bie_q4w_set_data(w, host, who)); /* replaces weight and qweight */
+    if (st == BIE_OK)
+        st = staged(d, w, bie_q4w_set_data(w, host, who)); /* replaces weight and qweight */
     bie_free_aligned(host);
     return st;
 }
 
-bie_status bie_cq4w_generate_qweight(bie_cuda_bw *d, bie_q4_weight *w, bool qweight_only, const char *who) {
+bie_status bie_cq4w_generate_qweight(bie_cuda_bw *d, bie_q4_weight *w, bool qweight_only,
+                                     const char *who) {
     if (d->w_f32 == NULL) return d->qweight ? BIE_OK : bie_bw_no_weight(who);
     BIE_TRY(stage_down(d, w));
     return staged(d, w, bie_q4w_generate_qweight(w, qweight_only, who));
 }
 
-bie_status bie_cq4w_set_qweight(bie_cuda_bw *d, bie_q4_weight *w, const bie_tensor *q, const char *who) {
+bie_status bie_cq4w_set_qweight(bie_cuda_bw *d, bie_q4_weight *w, const bie_tensor *q,
+                                const char *who) {
     const size_t qb = qweight_bytes(d);
     uint8_t *host = bie_alloc_aligned(qb);
     if (host == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host staging", who);
     bie_status st = bie_cbw_copy_sync(host, q->data, qb, d->module, "qweight to host");
-    if (st == BIE_OK && (st = stage_down(d, w)) == BIE_OK) st = staged(d, w, bie_q4w_set_qweight(w, host, who));
+    if (st == BIE_OK && (st = stage_down(d, w)) == BIE_OK)
+        st = staged(d, w, bie_q4w_set_qweight(w, host, who));
     bie_free_aligned(host);
     return st;
 }
 
 /* ---------------------------------------------------------------- views and kernels */
 
-bie_status bie_cq4w_param(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape, bie_tensor *v) {
+bie_status bie_cq4w_param(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
+                          bie_tensor *v) {
     if (which != BIE_PARAM_QWEIGHT) return bie_cbw_param_common(d, which, wndim, wshape, v);
     if (d->qweight == NULL)
         return bie_fail(BIE_ERR_STATE, "%s: no qweight yet (generate_quantized_weight)", d->module);
@@ -113,13 +124,15 @@ bie_status bie_cq4w_check_kernel(int id, int64_t k, const char *who) {
     if (id == -1) return BIE_OK;
     bie_kernel_info info;
     if (bie_kernel_find(id, &info) != BIE_OK || info.op != BIE_OP_Q4_GEMM)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no 4-bit GEMM kernel with id %d (see "
-                        "bie_kernel_get for the list)", who, id);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: no 4-bit GEMM kernel with id %d (see "
+                        "bie_kernel_get for the list)",
+                        who, id);
     if (info.device != BIE_DEVICE_CUDA)
         return bie_fail(BIE_ERR_DEVICE, "%s: kernel %d (%s) runs on the CPU; this layer is on CUDA",
                         who, id, info.name);
     if (!bie_cuda_q4_kernel_fits(id, k))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) cannot run on this device", who, id,
-                        info.name);
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %d (%s) cannot run on this device", who,
+                        id, info.name);
     return BIE_OK;
 }

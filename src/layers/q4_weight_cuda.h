@@ -13,7 +13,6 @@
 #include "cuda_layer.h"
 #include "q4_weight.h"
 
-
 bie_status bie_cq4w_reset(bie_cuda_bw *d, bie_q4_weight *host, uint64_t seed);
 bie_status bie_cq4w_prepare(bie_cuda_bw *d, bie_q4_weight *host, const char *who);
 /* w: a device tensor of `dtype`, already checked to hold rows * cols elements. */

@@ -20,7 +20,9 @@ static bie_status set_scale_a(bie_layer *l, float scale_a) {
 
 /* ---------------------------------------------------------------- binary */
 
-static bie_status b_reset(bie_layer *l, uint64_t seed) { return bie_cbw_reset(dev(l), &l->w, seed); }
+static bie_status b_reset(bie_layer *l, uint64_t seed) {
+    return bie_cbw_reset(dev(l), &l->w, seed);
+}
 static bie_status b_prepare(bie_layer *l, const char *who) {
     return bie_cbw_prepare(dev(l), &l->w, who);
 }
@@ -59,7 +61,9 @@ const bie_weight_ops bie_binary_weight_cuda_ops = {
 
 /* ---------------------------------------------------------------- 4-bit */
 
-static bie_status q_reset(bie_layer *l, uint64_t seed) { return bie_cq4w_reset(dev(l), &l->qw, seed); }
+static bie_status q_reset(bie_layer *l, uint64_t seed) {
+    return bie_cq4w_reset(dev(l), &l->qw, seed);
+}
 static bie_status q_prepare(bie_layer *l, const char *who) {
     return bie_cq4w_prepare(dev(l), &l->qw, who);
 }

@@ -6,11 +6,10 @@
 
 void bie_batchnorm_forward_train(const float *x, int64_t n, int64_t c, int64_t inner,
                                  const float *gamma, const float *beta, float eps, float *y,
-                                 float *xhat, float *invstd, float *batch_mean,
-                                 float *batch_var) {
+                                 float *xhat, float *invstd, float *batch_mean, float *batch_var) {
     const int64_t count = n * inner;
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t ch = 0; ch < c; ch++) {
         double sum = 0;
         for (int64_t b = 0; b < n; b++)
@@ -39,8 +38,7 @@ void bie_batchnorm_forward_train(const float *x, int64_t n, int64_t c, int64_t i
 }
 
 void bie_batchnorm_update_running(int64_t c, float momentum, const float *batch_mean,
-                                  const float *batch_var, float *running_mean,
-                                  float *running_var) {
+                                  const float *batch_var, float *running_mean, float *running_var) {
     for (int64_t ch = 0; ch < c; ch++) {
         running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * batch_mean[ch];
         running_var[ch] = (1.0f - momentum) * running_var[ch] + momentum * batch_var[ch];
@@ -50,8 +48,8 @@ void bie_batchnorm_update_running(int64_t c, float momentum, const float *batch_
 void bie_batchnorm_forward_eval(const float *x, int64_t n, int64_t c, int64_t inner,
                                 const float *gamma, const float *beta, float eps,
                                 const float *running_mean, const float *running_var, float *y) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t bc = 0; bc < n * c; bc++) {
         const int64_t ch = bc % c;
         const float scale = (float)(gamma[ch] / sqrt((double)running_var[ch] + (double)eps));
@@ -62,11 +60,11 @@ void bie_batchnorm_forward_eval(const float *x, int64_t n, int64_t c, int64_t in
 
 /* dx = gamma invstd / count * (count dy - sum(dy) - xhat sum(dy xhat)). */
 void bie_batchnorm_backward(const float *xhat, const float *invstd, const float *dy, int64_t n,
-                            int64_t c, int64_t inner, const float *gamma, float *dx,
-                            float *dgamma, float *dbeta) {
+                            int64_t c, int64_t inner, const float *gamma, float *dx, float *dgamma,
+                            float *dbeta) {
     const int64_t count = n * inner;
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (n * c * inner > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t ch = 0; ch < c; ch++) {
         double sdy = 0, sdyx = 0;
         for (int64_t b = 0; b < n; b++)

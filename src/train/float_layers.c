@@ -26,8 +26,8 @@ void bie_linear_forward(const float *x, int64_t m, int64_t in, int64_t out, cons
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)out, (int)in, 1.0f, x,
                 (int)in, w, (int)in, 0.0f, y, (int)out);
     if (b == NULL) return;
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (m * out > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (m * out > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < out; j++) y[i * out + j] += b[j];
 }
@@ -35,14 +35,14 @@ void bie_linear_forward(const float *x, int64_t m, int64_t in, int64_t out, cons
 void bie_linear_backward(const float *x, const float *dy, int64_t m, int64_t in, int64_t out,
                          const float *w, float *dx, float *dw, float *db) {
     if (dx)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)in, (int)out, 1.0f,
-                    dy, (int)out, w, (int)in, 0.0f, dx, (int)in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)in, (int)out, 1.0f, dy,
+                    (int)out, w, (int)in, 0.0f, dx, (int)in);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)m, 1.0f, dy,
                 (int)out, x, (int)in, 0.0f, dw, (int)in);
     if (db == NULL) return;
-    /* Column sums: each thread owns a block of columns and walks the rows in order. */
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (m * out > BIE_TRAIN_PARALLEL_MIN)
+        /* Column sums: each thread owns a block of columns and walks the rows in order. */
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (m * out > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t j = 0; j < out; j++) {
         double s = 0;
         for (int64_t i = 0; i < m; i++) s += dy[i * out + j];
@@ -51,22 +51,20 @@ void bie_linear_backward(const float *x, const float *dy, int64_t m, int64_t in,
 }
 
 void bie_relu_forward(const float *x, int64_t n, float *y) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) num_threads(bie_threads()) if (n > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
 }
 
 /* The output is positive exactly where the input was: no need to keep the input. */
 void bie_relu_backward(const float *y, const float *dy, int64_t n, float *dx) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) num_threads(bie_threads()) if (n > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) dx[i] = y[i] > 0 ? dy[i] : 0.0f;
 }
 
 void bie_prelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
                        const float *slopes, int64_t n_slopes, float *y) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t oc = 0; oc < outer * channels; oc++) {
         const float a = slopes[n_slopes == 1 ? 0 : oc % channels];
         const float *xs = x + oc * inner;
@@ -79,8 +77,8 @@ void bie_prelu_backward(const float *x, const float *dy, int64_t outer, int64_t 
                         int64_t inner, const float *slopes, int64_t n_slopes, float *dx,
                         float *dslopes) {
     if (dx) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
         for (int64_t oc = 0; oc < outer * channels; oc++) {
             const float a = slopes[n_slopes == 1 ? 0 : oc % channels];
             for (int64_t i = oc * inner; i < (oc + 1) * inner; i++)
@@ -96,8 +94,8 @@ void bie_prelu_backward(const float *x, const float *dy, int64_t outer, int64_t 
         dslopes[0] = (float)s;
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (outer * channels * inner > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t c = 0; c < channels; c++) {
         double s = 0;
         for (int64_t o = 0; o < outer; o++) {
@@ -111,8 +109,8 @@ void bie_prelu_backward(const float *x, const float *dy, int64_t outer, int64_t 
 
 void bie_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k, int s,
                          int64_t oh, int64_t ow, float *y, int32_t *argmax) {
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (planes * oh * ow * k * k > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (planes * oh * ow * k * k > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t p = 0; p < planes; p++) {
         const float *xp = x + p * h * w;
         for (int64_t oy = 0; oy < oh; oy++)
@@ -132,8 +130,8 @@ void bie_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, i
 void bie_maxpool_backward(const float *dy, const int32_t *argmax, int64_t planes, int64_t h,
                           int64_t w, int64_t oh, int64_t ow, float *dx) {
     /* One thread per plane: overlapping windows add into the same plane in a fixed order. */
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (planes * h * w > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) \
+    num_threads(bie_threads()) if (planes * h * w > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t p = 0; p < planes; p++) {
         float *dxp = dx + p * h * w;
         memset(dxp, 0, (size_t)(h * w) * sizeof(float));

@@ -12,8 +12,8 @@ bie_status bie_train_check_f32(const bie_tensor *t, const char *what, const char
         return bie_fail(BIE_ERR_DTYPE, "%s: %s must be F32, not %s", who, what,
                         bie_dtype_name(t->dtype));
     if (t->ndim < 1 || t->ndim > BIE_MAX_DIMS || bie_tensor_numel(t) < 1)
-        return bie_fail(BIE_ERR_SHAPE, "%s: %s must be a non-empty tensor of rank 1..%d", who,
-                        what, BIE_MAX_DIMS);
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s must be a non-empty tensor of rank 1..%d", who, what,
+                        BIE_MAX_DIMS);
     if (t->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s has no data", who, what);
     return BIE_OK;
 }
@@ -112,8 +112,7 @@ bie_status bie_argmax(const bie_tensor *logits, bie_tensor *predictions) {
     return BIE_OK;
 }
 
-bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor *labels,
-                             int64_t *correct) {
+bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor *labels, int64_t *correct) {
     static const char *who = "count_correct";
     BIE_CHECK_NULL(labels);
     BIE_CHECK_NULL(correct);

@@ -61,7 +61,8 @@ bie_status bie_layer_type_from_name(const char *name, bie_layer_type *type) {
             *type = (bie_layer_type)t;
             return BIE_OK;
         }
-    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "layer_type_from_name: unknown layer type '%s'", name);
+    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "layer_type_from_name: unknown layer type '%s'",
+                    name);
 }
 
 bie_status bie_model_create(bie_model **out) {
@@ -79,10 +80,10 @@ bie_status bie_model_create(bie_model **out) {
 void bie_model_layer_release(bie_train_layer *l) {
     const bie_train_ops *ops = bie_train_ops_for(l->device);
     if (ops) {
-        float *const buffers[] = {l->weight,       l->bias,         l->grad_weight,
-                                  l->grad_bias,    l->running_mean, l->running_var,
-                                  l->saved_xhat,   l->saved_invstd, l->batch_mean,
-                                  l->batch_var,    (float *)l->saved_argmax};
+        float *const buffers[] = {
+            l->weight,       l->bias,        l->grad_weight,          l->grad_bias,
+            l->running_mean, l->running_var, l->saved_xhat,           l->saved_invstd,
+            l->batch_mean,   l->batch_var,   (float *)l->saved_argmax};
         for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) ops->release(buffers[i]);
     }
     bie_layer_free(l->lowbit);
@@ -114,15 +115,17 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: unknown layer type %d", who, (int)in->type);
     if (in->type == BIE_LAYER_LINEAR || t->low_bit) {
         if (in->in < 1 || in->out < 1 || in->in > kMax || in->out > kMax)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: %s sizes (%lld, %lld) must be in "
-                            "[1, 2^31 - 1]", who, t->name, (long long)in->in,
-                            (long long)in->out);
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                            "%s: %s sizes (%lld, %lld) must be in "
+                            "[1, 2^31 - 1]",
+                            who, t->name, (long long)in->in, (long long)in->out);
         c.in = in->in;
         c.out = in->out;
         c.bias = in->type == BIE_LAYER_LINEAR && in->bias;
         if (t->conv) {
             if (in->kernel_size < 1 || in->stride < 1 || in->padding < 0 || in->dilation < 1)
-                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: conv needs kernel_size >= 1, "
+                return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                                "%s: conv needs kernel_size >= 1, "
                                 "stride >= 1, padding >= 0, dilation >= 1 (got %d, %d, %d, %d)",
                                 who, in->kernel_size, in->stride, in->padding, in->dilation);
             c.kernel_size = in->kernel_size;
@@ -131,9 +134,12 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
             c.dilation = in->dilation;
         }
         if (t->weight == BIE_PARAM_KIND_BINARY) {
-            if (in->bits_binary_word != 8 && in->bits_binary_word != 32 && in->bits_binary_word != 64)
-                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: bits_binary_word = %d must be 8, "
-                                "32 or 64", who, in->bits_binary_word);
+            if (in->bits_binary_word != 8 && in->bits_binary_word != 32 &&
+                in->bits_binary_word != 64)
+                return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                                "%s: bits_binary_word = %d must be 8, "
+                                "32 or 64",
+                                who, in->bits_binary_word);
             c.symmetric = in->symmetric;
             c.bits_binary_word = in->bits_binary_word;
         }
@@ -144,12 +150,16 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
         if (in->in < 1 || in->in > kMax)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: batch norm needs 1..2^31-1 features, "
-                            "got %lld", who, (long long)in->in);
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                            "%s: batch norm needs 1..2^31-1 features, "
+                            "got %lld",
+                            who, (long long)in->in);
         if (!isfinite(in->eps) || in->eps <= 0 || !isfinite(in->momentum) || in->momentum < 0 ||
             in->momentum > 1)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: batch norm needs eps > 0 and momentum "
-                            "in [0, 1] (got %g, %g)", who, (double)in->eps, (double)in->momentum);
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                            "%s: batch norm needs eps > 0 and momentum "
+                            "in [0, 1] (got %g, %g)",
+                            who, (double)in->eps, (double)in->momentum);
         c.in = in->in;
         c.eps = in->eps;
         c.momentum = in->momentum;
@@ -162,22 +172,22 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
         break;
     case BIE_LAYER_MAXPOOL2D:
         if (in->kernel_size < 1 || in->stride < 0)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: max-pool needs kernel_size >= 1 and "
-                            "stride >= 0 (got %d, %d)", who, in->kernel_size, in->stride);
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                            "%s: max-pool needs kernel_size >= 1 and "
+                            "stride >= 0 (got %d, %d)",
+                            who, in->kernel_size, in->stride);
         c.kernel_size = in->kernel_size;
         c.stride = in->stride == 0 ? in->kernel_size : in->stride;
         break;
-    default: /* ReLU, flatten: no hyper-parameters */
-        break;
+    default: /* ReLU, flatten: no hyper-parameters */ break;
     }
     *out = c;
     return BIE_OK;
 }
 
-
 /* Storage and the low-bit object of a new layer; nothing is initialised yet. */
-bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
-                                 bie_train_layer *l, const char *who) {
+bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device, bie_train_layer *l,
+                                 const char *who) {
     memset(l, 0, sizeof *l);
     l->info = *info;
     l->device = device;
@@ -288,8 +298,7 @@ bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
         BIE_TRY(fill_layer(l, l->bias, in, 0.0f, 0, &s));
         BIE_TRY(fill_layer(l, l->running_mean, in, 0.0f, 0, &s));
         return fill_layer(l, l->running_var, in, 1.0f, 0, &s);
-    case BIE_LAYER_PRELU:
-        return fill_layer(l, l->weight, in, 0.25f, 0, &s);
+    case BIE_LAYER_PRELU: return fill_layer(l, l->weight, in, 0.25f, 0, &s);
     default:
         if (l->lowbit == NULL) return BIE_OK; /* ReLU, max-pool, flatten */
         BIE_TRY(bie_layer_reset_parameters(l->lowbit, s));
@@ -405,7 +414,8 @@ bie_status bie_model_add_flatten(bie_model *m) {
 bie_status bie_model_reset_parameters(bie_model *m, uint64_t seed) {
     CHECK_MODEL(m);
     if (m->packed)
-        return bie_fail(BIE_ERR_STATE, "model_reset_parameters: the model is packed (inference-only)");
+        return bie_fail(BIE_ERR_STATE,
+                        "model_reset_parameters: the model is packed (inference-only)");
     for (int i = 0; i < m->count; i++) BIE_TRY(bie_model_layer_reset(m, i, seed));
     changed(m);
     return BIE_OK;
@@ -414,7 +424,8 @@ bie_status bie_model_reset_parameters(bie_model *m, uint64_t seed) {
 bie_status bie_model_prepare_params(bie_model *m) {
     CHECK_MODEL(m);
     if (m->packed)
-        return bie_fail(BIE_ERR_STATE, "model_prepare_params: the model is packed (inference-only)");
+        return bie_fail(BIE_ERR_STATE,
+                        "model_prepare_params: the model is packed (inference-only)");
     bool any = false;
     for (int i = 0; i < m->count; i++) {
         bie_train_layer *l = &m->layers[i];
@@ -462,7 +473,8 @@ bie_status bie_model_pack(bie_model *m) {
     /* Check first that every low-bit layer still has a weight to pack. */
     for (int i = 0; i < m->count; i++) {
         bie_tensor w;
-        if (m->layers[i].lowbit) BIE_TRY(bie_layer_param(m->layers[i].lowbit, BIE_PARAM_WEIGHT, &w));
+        if (m->layers[i].lowbit)
+            BIE_TRY(bie_layer_param(m->layers[i].lowbit, BIE_PARAM_WEIGHT, &w));
     }
     for (int i = 0; i < m->count; i++) {
         bie_train_layer *l = &m->layers[i];
@@ -494,7 +506,8 @@ bie_status bie_model_layer(bie_model *m, int index, bie_layer **layer) {
     CHECK_MODEL(m);
     BIE_CHECK_NULL(layer);
     if (index < 0 || index >= m->count)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: index %d outside [0, %d)", who, index, m->count);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: index %d outside [0, %d)", who, index,
+                        m->count);
     const bie_train_layer *l = &m->layers[index];
     if (l->lowbit == NULL)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: layer %d is a %s, not a low-bit layer", who,

@@ -30,9 +30,8 @@ static bie_status cpu_relu_backward(const float *y, const float *dy, int64_t n, 
     bie_relu_backward(y, dy, n, dx);
     return BIE_OK;
 }
-static bie_status cpu_prelu_forward(const float *x, int64_t outer, int64_t channels,
-                                    int64_t inner, const float *slopes, int64_t n_slopes,
-                                    float *y) {
+static bie_status cpu_prelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                                    const float *slopes, int64_t n_slopes, float *y) {
     bie_prelu_forward(x, outer, channels, inner, slopes, n_slopes, y);
     return BIE_OK;
 }
@@ -42,9 +41,8 @@ static bie_status cpu_prelu_backward(const float *x, const float *dy, int64_t ou
     bie_prelu_backward(x, dy, outer, channels, inner, slopes, n_slopes, dx, dslopes);
     return BIE_OK;
 }
-static bie_status cpu_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w,
-                                      int k, int s, int64_t oh, int64_t ow, float *y,
-                                      int32_t *argmax) {
+static bie_status cpu_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                      int s, int64_t oh, int64_t ow, float *y, int32_t *argmax) {
     bie_maxpool_forward(x, planes, h, w, k, s, oh, ow, y, argmax);
     return BIE_OK;
 }
@@ -88,10 +86,22 @@ static bie_status cpu_zero(void *p, size_t bytes) {
 }
 
 static const bie_train_ops kCpuOps = {
-    cpu_linear_forward, cpu_linear_backward, cpu_relu_forward,  cpu_relu_backward,
-    cpu_prelu_forward,  cpu_prelu_backward,  cpu_maxpool_forward, cpu_maxpool_backward,
-    cpu_bn_train,       cpu_bn_running,      cpu_bn_eval,       cpu_bn_backward,
-    cpu_alloc,          cpu_release,         cpu_copy,          cpu_zero,
+    cpu_linear_forward,
+    cpu_linear_backward,
+    cpu_relu_forward,
+    cpu_relu_backward,
+    cpu_prelu_forward,
+    cpu_prelu_backward,
+    cpu_maxpool_forward,
+    cpu_maxpool_backward,
+    cpu_bn_train,
+    cpu_bn_running,
+    cpu_bn_eval,
+    cpu_bn_backward,
+    cpu_alloc,
+    cpu_release,
+    cpu_copy,
+    cpu_zero,
 };
 
 /* ---- CUDA: the kernels of src/cuda/train_kernels.cu */
@@ -112,14 +122,22 @@ static bie_status cuda_zero(void *p, size_t bytes) {
 }
 
 static const bie_train_ops kCudaOps = {
-    bie_cuda_linear_forward,   bie_cuda_linear_backward,
-    bie_cuda_relu_forward,     bie_cuda_relu_backward,
-    bie_cuda_prelu_forward,    bie_cuda_prelu_backward,
-    bie_cuda_maxpool_forward,  bie_cuda_maxpool_backward,
-    bie_cuda_batchnorm_forward_train, bie_cuda_batchnorm_update_running,
-    bie_cuda_batchnorm_forward_eval,  bie_cuda_batchnorm_backward,
-    cuda_alloc,                cuda_release,
-    cuda_copy,                 cuda_zero,
+    bie_cuda_linear_forward,
+    bie_cuda_linear_backward,
+    bie_cuda_relu_forward,
+    bie_cuda_relu_backward,
+    bie_cuda_prelu_forward,
+    bie_cuda_prelu_backward,
+    bie_cuda_maxpool_forward,
+    bie_cuda_maxpool_backward,
+    bie_cuda_batchnorm_forward_train,
+    bie_cuda_batchnorm_update_running,
+    bie_cuda_batchnorm_forward_eval,
+    bie_cuda_batchnorm_backward,
+    cuda_alloc,
+    cuda_release,
+    cuda_copy,
+    cuda_zero,
 };
 #endif
 

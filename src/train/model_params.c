@@ -53,8 +53,7 @@ static int list_params(const bie_model *m, bie_param_entry *list) {
         case BIE_LAYER_PRELU:
             add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
             break;
-        default:
-            break;
+        default: break;
         }
     }
     return n;
@@ -179,7 +178,8 @@ static bie_status set_binary_weight(bie_model *m, bie_train_layer *l, const bie_
         const int8_t *q = src->data;
         for (int64_t i = 0; i < bie_tensor_numel(src); i++)
             if (q[i] == INT8_MIN)
-                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: int8 weights must be in [-127, 127]", who);
+                return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: int8 weights must be in [-127, 127]",
+                                who);
         if (cur->dtype != BIE_I8) { /* make the layer's weight int8 first, then overwrite it */
             BIE_TRY(bie_layer_prepare_params(l->lowbit));
             m->generation++;
@@ -232,7 +232,8 @@ static bie_status set_from_host(bie_model *m, const bie_param_entry *e, const bi
         if (!low_bit && e->which == SLOT_RUNNING_VAR)
             for (int64_t i = 0; i < bie_tensor_numel(src); i++)
                 if (((const float *)src->data)[i] < 0)
-                    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: '%s' must not be negative", who, name);
+                    return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: '%s' must not be negative", who,
+                                    name);
         const float v0 = *(const float *)src->data;
         if (low_bit && e->which == BIE_PARAM_SCALE_A) {
             BIE_TRY(bie_layer_set_scale_a(l->lowbit, v0));

@@ -24,8 +24,8 @@ static int64_t conv_extent(int64_t size, const bie_layer_info *c) {
     return (size + 2 * (int64_t)c->padding - span) / c->stride + 1;
 }
 
-bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
-                                     const int64_t *shape, int *out_ndim, int64_t *out) {
+bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim, const int64_t *shape,
+                                     int *out_ndim, int64_t *out) {
     const bie_train_layer *l = &m->layers[index];
     const bie_layer_info *c = &l->info;
     char msg[160];
@@ -50,7 +50,8 @@ bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
     }
     if (c->type == BIE_LAYER_LINEAR || t->low_bit) {
         if (shape[ndim - 1] != c->in) {
-            snprintf(msg, sizeof msg, "the input's last extent is %lld, expected in_features = %lld",
+            snprintf(msg, sizeof msg,
+                     "the input's last extent is %lld, expected in_features = %lld",
                      (long long)shape[ndim - 1], (long long)c->in);
             return shape_error(index, l, msg);
         }
@@ -69,8 +70,7 @@ bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
         }
         return BIE_OK;
     }
-    case BIE_LAYER_RELU:
-        return BIE_OK;
+    case BIE_LAYER_RELU: return BIE_OK;
     case BIE_LAYER_PRELU:
         if (c->in > 1 && (ndim < 2 || shape[1] != c->in)) {
             snprintf(msg, sizeof msg, "has %lld slopes: the input's dim 1 must have that size",
@@ -92,8 +92,7 @@ bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
         *out_ndim = 2;
         out[1] = numel_of(ndim - 1, shape + 1);
         return BIE_OK;
-    default:
-        break;
+    default: break;
     }
     return shape_error(index, l, "unknown layer type");
 }
@@ -107,7 +106,8 @@ bie_status bie_model_output_shape(const bie_model *m, int in_ndim, const int64_t
     BIE_CHECK_NULL(out_shape);
     if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
     if (in_ndim < 1 || in_ndim > BIE_MAX_DIMS)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input rank %d outside 1..%d", who, in_ndim, BIE_MAX_DIMS);
+        return bie_fail(BIE_ERR_SHAPE, "%s: input rank %d outside 1..%d", who, in_ndim,
+                        BIE_MAX_DIMS);
     int nd = in_ndim;
     int64_t cur[BIE_MAX_DIMS], next[BIE_MAX_DIMS];
     memcpy(cur, in_shape, (size_t)in_ndim * sizeof *cur);
@@ -147,7 +147,8 @@ static bie_status check_io(const bie_model *m, const bie_tensor *t, const char *
     if (t == NULL || t->device.type == BIE_DEVICE_CPU || m->device.type == BIE_DEVICE_CPU)
         return bie_train_check_f32(t, what, who);
     if (t->device.type != m->device.type || t->device.index != m->device.index)
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on the CPU or on the model's device", who, what);
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on the CPU or on the model's device", who,
+                        what);
     bie_tensor host_like = *t; /* the other checks are the CPU's */
     host_like.device = bie_cpu();
     return bie_train_check_f32(&host_like, what, who);
@@ -180,8 +181,10 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
         if (m->training && (t == BIE_LAYER_BATCHNORM1D || t == BIE_LAYER_BATCHNORM2D)) {
             const int64_t per_channel = in_n / shape[1];
             if (per_channel < 2)
-                return bie_fail(BIE_ERR_SHAPE, "%s: layer %d (batch norm) needs more than one "
-                                "value per channel in training mode", who, i);
+                return bie_fail(BIE_ERR_SHAPE,
+                                "%s: layer %d (batch norm) needs more than one "
+                                "value per channel in training mode",
+                                who, i);
             if (!ensure(m, &l->saved_xhat, &l->saved_cap, in_n))
                 return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm of layer %d", who, i);
         }
@@ -193,8 +196,10 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
             bie_tensor w;
             bie_status st = bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &w);
             if (st != BIE_OK || w.dtype != BIE_I8)
-                return bie_fail(BIE_ERR_STATE, "%s: layer %d's binary weight is not int8: call "
-                                "bie_model_prepare_params before training", who, i);
+                return bie_fail(BIE_ERR_STATE,
+                                "%s: layer %d's binary weight is not int8: call "
+                                "bie_model_prepare_params before training",
+                                who, i);
         }
         l->in_ndim = nd;
         memcpy(l->in_shape, shape, sizeof shape);
@@ -251,18 +256,17 @@ static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
         return k->batchnorm_forward_eval(x, s[0], s[1], inner, l->weight, l->bias, c->eps,
                                          l->running_mean, l->running_var, y);
     }
-    case BIE_LAYER_RELU:
-        return k->relu_forward(x, n, y);
+    case BIE_LAYER_RELU: return k->relu_forward(x, n, y);
     case BIE_LAYER_PRELU: {
-        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
+        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1,
+                      inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
         return k->prelu_forward(x, n / (ch * inner), ch, inner, l->weight, c->in, y);
     }
     case BIE_LAYER_MAXPOOL2D:
         return k->maxpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride,
                                   l->out_shape[2], l->out_shape[3], y,
                                   m->training ? l->saved_argmax : NULL);
-    case BIE_LAYER_FLATTEN:
-        return k->copy(y, x, (size_t)n * sizeof(float));
+    case BIE_LAYER_FLATTEN: return k->copy(y, x, (size_t)n * sizeof(float));
     default:
         if (l->lowbit) return bie_layer_forward(l->lowbit, &tx, &ty);
         break;
@@ -296,7 +300,8 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     if (st != BIE_OK) {
         if (scale_before)
             for (int i = 0; i < m->count; i++)
-                if (scale_a_of(m, &m->layers[i]) != scale_before[i]) set_scale_a(&m->layers[i], scale_before[i]);
+                if (scale_a_of(m, &m->layers[i]) != scale_before[i])
+                    set_scale_a(&m->layers[i], scale_before[i]);
         free(scale_before);
         return st;
     }
@@ -334,11 +339,12 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
         return k->batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, s[0], s[1],
-                                     n / (s[0] * s[1]), l->weight, dx, l->grad_weight, l->grad_bias);
-    case BIE_LAYER_RELU:
-        return dx ? k->relu_backward(m->acts[i + 1], dy, n, dx) : BIE_OK;
+                                     n / (s[0] * s[1]), l->weight, dx, l->grad_weight,
+                                     l->grad_bias);
+    case BIE_LAYER_RELU: return dx ? k->relu_backward(m->acts[i + 1], dy, n, dx) : BIE_OK;
     case BIE_LAYER_PRELU: {
-        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1, inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
+        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1,
+                      inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
         return k->prelu_backward(x, dy, n / (ch * inner), ch, inner, l->weight, c->in, dx,
                                  l->grad_weight);
     }
@@ -346,8 +352,7 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
         return dx ? k->maxpool_backward(dy, l->saved_argmax, s[0] * s[1], s[2], s[3],
                                         l->out_shape[2], l->out_shape[3], dx)
                   : BIE_OK;
-    case BIE_LAYER_FLATTEN:
-        return dx ? k->copy(dx, dy, (size_t)n * sizeof(float)) : BIE_OK;
+    case BIE_LAYER_FLATTEN: return dx ? k->copy(dx, dy, (size_t)n * sizeof(float)) : BIE_OK;
     default:
         if (l->lowbit) return bie_layer_backward(l->lowbit, &tdy, pdx);
         break;

@@ -36,8 +36,8 @@ static bie_status check_state(const bie_tensor *t, const bie_tensor *like, bie_d
         if (like->device.type == BIE_DEVICE_CPU)
             return bie_fail(BIE_ERR_DEVICE, "%s: %s must be a CPU tensor, as the parameter is", who,
                             what);
-        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d, as the parameter is", who,
-                        what, like->device.index);
+        return bie_fail(BIE_ERR_DEVICE, "%s: %s must be on CUDA device %d, as the parameter is",
+                        who, what, like->device.index);
     }
     if (t->dtype != dtype)
         return bie_fail(BIE_ERR_DTYPE, "%s: %s must be %s, not %s", who, what,
@@ -51,8 +51,7 @@ static bie_status check_state(const bie_tensor *t, const bie_tensor *like, bie_d
 static bool beta_ok(float b) { return isfinite(b) && b >= 0.0f && b < 1.0f; }
 
 bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
-                             bie_tensor *v, float lr, float beta1, float beta2,
-                             int64_t *flipped) {
+                             bie_tensor *v, float lr, float beta1, float beta2, int64_t *flipped) {
     static const char *who = "signflip_step";
     BIE_TRY(check_first_device(weight, "weight", who));
     BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
@@ -63,7 +62,8 @@ bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_ten
     BIE_TRY(check_state(m, weight, BIE_F32, "m", who));
     BIE_TRY(check_state(v, weight, BIE_F32, "v", who));
     if (!isfinite(lr) || lr <= 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: lr = %g must be finite and > 0", who, (double)lr);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: lr = %g must be finite and > 0", who,
+                        (double)lr);
     if (!beta_ok(beta1) || !beta_ok(beta2))
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: betas (%g, %g) must be in [0, 1)", who,
                         (double)beta1, (double)beta2);
@@ -108,8 +108,8 @@ bie_adam_options bie_adam_defaults(void) {
     return o;
 }
 
-bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m,
-                         bie_tensor *v, int64_t step, const bie_adam_options *options) {
+bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m, bie_tensor *v,
+                         int64_t step, const bie_adam_options *options) {
     static const char *who = "adam_step";
     BIE_CHECK_NULL(options);
     BIE_TRY(check_first_device(param, "param", who));
@@ -148,8 +148,7 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
     const float bc2_sqrt = (float)sqrt(bc2);
     const float decay = o.decoupled ? 1.0f - o.lr * o.weight_decay : 1.0f;
     const float l2 = o.decoupled ? 0.0f : o.weight_decay;
-#pragma omp parallel for schedule(static) num_threads(bie_threads()) \
-    if (n > BIE_TRAIN_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) num_threads(bie_threads()) if (n > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float gi = g[i] + l2 * p[i];
         const float mi = o.beta1 * mm[i] + (1.0f - o.beta1) * gi;

@@ -37,7 +37,8 @@ static bool lr_ok(float lr) { return isfinite(lr) && lr > 0.0f; }
 
 static bie_status check_options(const bie_optimizer_options *o, const char *who) {
     if (!lr_ok(o->binary_lr) || !lr_ok(o->adam.lr) || !lr_ok(o->adam.eps))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: learning rates and eps must be finite and > 0", who);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "%s: learning rates and eps must be finite and > 0", who);
     if (!beta_ok(o->binary_beta1) || !beta_ok(o->binary_beta2) || !beta_ok(o->adam.beta1) ||
         !beta_ok(o->adam.beta2))
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: betas must be in [0, 1)", who);
@@ -71,8 +72,10 @@ bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
         bie_model_param p;
         BIE_TRY(bie_model_param_get(model, i, &p));
         if (p.kind == BIE_PARAM_KIND_BINARY && p.value.dtype != BIE_I8)
-            return bie_fail(BIE_ERR_STATE, "%s: '%s' is not int8 yet: call bie_model_prepare_params "
-                            "first", who, p.name);
+            return bie_fail(BIE_ERR_STATE,
+                            "%s: '%s' is not int8 yet: call bie_model_prepare_params "
+                            "first",
+                            who, p.name);
         trainable += p.kind == BIE_PARAM_KIND_BINARY || p.kind == BIE_PARAM_KIND_FLOAT;
     }
     bie_optimizer *o = calloc(1, sizeof *o);
@@ -123,8 +126,10 @@ bie_status bie_optimizer_step(bie_optimizer *o, int64_t *flipped) {
     BIE_CHECK_NULL(o);
     bie_model *m = o->model;
     if (m->generation != o->generation)
-        return bie_fail(BIE_ERR_STATE, "%s: the model's parameters changed (reset, prepare, pack, "
-                        "load or new layers) since the optimizer was created", who);
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: the model's parameters changed (reset, prepare, pack, "
+                        "load or new layers) since the optimizer was created",
+                        who);
     if (m->backward_count == o->last_backward)
         return bie_fail(BIE_ERR_STATE, "%s: no backward since the last step", who);
     /* Every check that can fail runs before the first parameter changes. */
@@ -163,8 +168,10 @@ bie_status bie_optimizer_step(bie_optimizer *o, int64_t *flipped) {
 bie_status bie_optimizer_set_lr(bie_optimizer *o, float float_lr, float binary_lr) {
     BIE_CHECK_NULL(o);
     if (!lr_ok(float_lr) || !lr_ok(binary_lr))
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "optimizer_set_lr: learning rates (%g, %g) must "
-                        "be finite and > 0", (double)float_lr, (double)binary_lr);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                        "optimizer_set_lr: learning rates (%g, %g) must "
+                        "be finite and > 0",
+                        (double)float_lr, (double)binary_lr);
     o->options.adam.lr = float_lr;
     o->options.binary_lr = binary_lr;
     return BIE_OK;

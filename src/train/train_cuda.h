@@ -28,9 +28,9 @@ bie_status bie_cuda_relu_backward(const float *y, const float *dy, int64_t n, fl
 bie_status bie_cuda_prelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
                                   const float *slopes, int64_t n_slopes, float *y);
 /* dx may be NULL; dslopes (n_slopes entries) is always written. */
-bie_status bie_cuda_prelu_backward(const float *x, const float *dy, int64_t outer,
-                                   int64_t channels, int64_t inner, const float *slopes,
-                                   int64_t n_slopes, float *dx, float *dslopes);
+bie_status bie_cuda_prelu_backward(const float *x, const float *dy, int64_t outer, int64_t channels,
+                                   int64_t inner, const float *slopes, int64_t n_slopes, float *dx,
+                                   float *dslopes);
 /* argmax may be NULL; first maximum wins ties, as on the CPU. */
 bie_status bie_cuda_maxpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k,
                                     int s, int64_t oh, int64_t ow, float *y, int32_t *argmax);
@@ -40,8 +40,8 @@ bie_status bie_cuda_maxpool_backward(const float *dy, const int32_t *argmax, int
                                      int64_t h, int64_t w, int64_t oh, int64_t ow, float *dx);
 bie_status bie_cuda_batchnorm_forward_train(const float *x, int64_t n, int64_t c, int64_t inner,
                                             const float *gamma, const float *beta, float eps,
-                                            float *y, float *xhat, float *invstd,
-                                            float *batch_mean, float *batch_var);
+                                            float *y, float *xhat, float *invstd, float *batch_mean,
+                                            float *batch_var);
 bie_status bie_cuda_batchnorm_update_running(int64_t c, float momentum, const float *batch_mean,
                                              const float *batch_var, float *running_mean,
                                              float *running_var);
@@ -57,13 +57,12 @@ bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, c
 /* ---- optimizer steps on device arrays (formulas of src/train/optim.c; arguments already
  * validated by the caller) */
 
-bie_status bie_cuda_adam_step(float *p, const float *g, float *m, float *v, int64_t n,
-                              int64_t step, const bie_adam_options *o);
+bie_status bie_cuda_adam_step(float *p, const float *g, float *m, float *v, int64_t n, int64_t step,
+                              const bie_adam_options *o);
 /* Exactly one of g8 / gf is not NULL. flipped is a host pointer (may be NULL); only when it
  * is not NULL does the call wait for the stream, to read the count. */
-bie_status bie_cuda_signflip_step(int8_t *w, const int8_t *g8, const float *gf, float *m,
-                                  float *v, int64_t n, float lr, float beta1, float beta2,
-                                  int64_t *flipped);
+bie_status bie_cuda_signflip_step(int8_t *w, const int8_t *g8, const float *gf, float *m, float *v,
+                                  int64_t n, float lr, float beta1, float beta2, int64_t *flipped);
 
 /* ---- device memory of the current CUDA device */
 

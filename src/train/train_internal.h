@@ -20,10 +20,10 @@ void bie_train_fill_uniform(float *dst, int64_t n, double bound, uint64_t *state
 
 /* What differs between layer types, in one table (model.c). */
 typedef struct bie_layer_type_traits {
-    const char *name;        /* bie_layer_type_name */
-    bool low_bit;            /* a bie.h layer (bie_train_layer.lowbit) */
-    bool conv;               /* kernel_size, stride, padding, dilation of a conv2d */
-    bie_param_kind weight;   /* the kind of its "weight" (BINARY: symmetric, word size) */
+    const char *name;      /* bie_layer_type_name */
+    bool low_bit;          /* a bie.h layer (bie_train_layer.lowbit) */
+    bool conv;             /* kernel_size, stride, padding, dilation of a conv2d */
+    bie_param_kind weight; /* the kind of its "weight" (BINARY: symmetric, word size) */
     /* low-bit types: make the bie.h layer that `info` describes on `device` (F32) */
     bie_status (*create)(const bie_layer_info *info, bie_device device, bie_layer **out);
 } bie_layer_type_traits;
@@ -44,7 +44,7 @@ typedef struct bie_train_layer {
     bool has_grad; /* the gradients above come from a backward */
 
     bie_layer *lowbit; /* the bie.h layer of a low-bit type, else NULL */
-    bool prepared; /* prepare_params ran (or a prepared weight / scale_w was loaded) */
+    bool prepared;     /* prepare_params ran (or a prepared weight / scale_w was loaded) */
 
     /* Saved by a training forward for the backward: batch norm's normalised input and
      * 1/std per channel; max-pool's argmax per output (index within the input plane). */
@@ -69,7 +69,7 @@ typedef struct bie_param_entry {
 struct bie_model {
     bie_train_layer *layers;
     int count, capacity;
-    bie_device device;          /* every buffer below and every layer lives there */
+    bie_device device;               /* every buffer below and every layer lives there */
     const struct bie_train_ops *ops; /* the float kernels and memory of that device */
     bool training, packed;
     /* Grows whenever the set of parameters or their storage changes (add, reset, prepare,
@@ -77,8 +77,8 @@ struct bie_model {
     uint64_t generation;
     /* Grows with every successful backward; an optimizer steps once per backward. */
     uint64_t backward_count;
-    bool can_backward;   /* a training forward was done since the last change */
-    bool qweight_stale;  /* low-bit weights changed since their eval qweight was made */
+    bool can_backward;  /* a training forward was done since the last change */
+    bool qweight_stale; /* low-bit weights changed since their eval qweight was made */
 
     /* acts[0] is a copy of the last input, acts[i + 1] the output of layer i. */
     float **acts;
@@ -118,25 +118,23 @@ void bie_maxpool_backward(const float *dy, const int32_t *argmax, int64_t planes
  * succeeded. Evaluation: running statistics. */
 void bie_batchnorm_forward_train(const float *x, int64_t n, int64_t c, int64_t inner,
                                  const float *gamma, const float *beta, float eps, float *y,
-                                 float *xhat, float *invstd, float *batch_mean,
-                                 float *batch_var);
+                                 float *xhat, float *invstd, float *batch_mean, float *batch_var);
 void bie_batchnorm_update_running(int64_t c, float momentum, const float *batch_mean,
-                                  const float *batch_var, float *running_mean,
-                                  float *running_var);
+                                  const float *batch_var, float *running_mean, float *running_var);
 void bie_batchnorm_forward_eval(const float *x, int64_t n, int64_t c, int64_t inner,
                                 const float *gamma, const float *beta, float eps,
                                 const float *running_mean, const float *running_var, float *y);
 void bie_batchnorm_backward(const float *xhat, const float *invstd, const float *dy, int64_t n,
-                            int64_t c, int64_t inner, const float *gamma, float *dx,
-                            float *dgamma, float *dbeta);
+                            int64_t c, int64_t inner, const float *gamma, float *dx, float *dgamma,
+                            float *dbeta);
 
 /* --- one device's float kernels and memory (model_device.c): the model's layers are
  * written once against this table. Kernels take pointers to that device's memory and
  * have the arguments of the CPU kernels above; on CUDA they are asynchronous on bie's
  * stream. */
 typedef struct bie_train_ops {
-    bie_status (*linear_forward)(const float *x, int64_t m, int64_t in, int64_t out,
-                                 const float *w, const float *b, float *y);
+    bie_status (*linear_forward)(const float *x, int64_t m, int64_t in, int64_t out, const float *w,
+                                 const float *b, float *y);
     bie_status (*linear_backward)(const float *x, const float *dy, int64_t m, int64_t in,
                                   int64_t out, const float *w, float *dx, float *dw, float *db);
     bie_status (*relu_forward)(const float *x, int64_t n, float *y);
@@ -152,8 +150,8 @@ typedef struct bie_train_ops {
                                    int64_t h, int64_t w, int64_t oh, int64_t ow, float *dx);
     bie_status (*batchnorm_forward_train)(const float *x, int64_t n, int64_t c, int64_t inner,
                                           const float *gamma, const float *beta, float eps,
-                                          float *y, float *xhat, float *invstd,
-                                          float *batch_mean, float *batch_var);
+                                          float *y, float *xhat, float *invstd, float *batch_mean,
+                                          float *batch_var);
     bie_status (*batchnorm_update_running)(int64_t c, float momentum, const float *batch_mean,
                                            const float *batch_var, float *running_mean,
                                            float *running_var);
@@ -181,8 +179,8 @@ bie_tensor bie_model_view(const bie_model *m, void *data, bie_dtype dtype, int n
 /* --- model internals shared between model files */
 
 /* Output shape of layer `index` for an input shape; errors name the layer. */
-bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim,
-                                     const int64_t *shape, int *out_ndim, int64_t *out_shape);
+bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim, const int64_t *shape,
+                                     int *out_ndim, int64_t *out_shape);
 /* Rebuild the parameter list if the generation changed. */
 bie_status bie_model_refresh_params(bie_model *m);
 /* Initialise layer `index` from `seed` (reset_parameters of one layer). */
@@ -190,7 +188,7 @@ bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed);
 /* Free what a layer owns. */
 void bie_model_layer_release(bie_train_layer *layer);
 /* Build the storage and the low-bit object of a layer on `device` (nothing initialised). */
-bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device,
-                                 bie_train_layer *l, const char *who);
+bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device, bie_train_layer *l,
+                                 const char *who);
 
 #endif

@@ -121,7 +121,8 @@ static void check_close(const float *got, const float *want, int64_t n, const ch
 static void test_move_round_trip(void) {
     bie_model *cpu = new_model(3, bie_cpu());
     bie_model *gpu = new_model(3, kCuda);
-    CHECK(bie_model_device(gpu).type == BIE_DEVICE_CUDA && bie_model_device(cpu).type == BIE_DEVICE_CPU);
+    CHECK(bie_model_device(gpu).type == BIE_DEVICE_CUDA &&
+          bie_model_device(cpu).type == BIE_DEVICE_CPU);
     for (int i = 0; i < bie_model_param_count(gpu); i++) {
         bie_model_param p;
         CHECK_OK(bie_model_param_get(gpu, i, &p));
@@ -273,7 +274,8 @@ static void test_training(void) {
     bie_model *m = new_model(9, kCuda), *m2 = new_model(9, kCuda);
     train(m, &p, STEPS, losses, &flips);
     train(m2, &p, STEPS, again, &flips2);
-    const float first = losses[0], last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
+    const float first = losses[0],
+                last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
     printf("training on CUDA: loss %.4f -> %.4f, %lld sign flips\n", (double)first, (double)last,
            (long long)flips);
     CHECK(isfinite(first) && last < 0.7f * first);

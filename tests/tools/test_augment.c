@@ -20,13 +20,15 @@ static float background(void) {
 static void reference(const float *src, int dy, int dx, bool mirror, float *out) {
     float tmp[PIX];
     for (int r = 0; r < SIDE; r++)
-        for (int c = 0; c < SIDE; c++) tmp[r * SIDE + c] = src[r * SIDE + (mirror ? SIDE - 1 - c : c)];
+        for (int c = 0; c < SIDE; c++)
+            tmp[r * SIDE + c] = src[r * SIDE + (mirror ? SIDE - 1 - c : c)];
     const float bg = background();
     for (int i = 0; i < PIX; i++) out[i] = bg;
     for (int r = 0; r < SIDE; r++)
         for (int c = 0; c < SIDE; c++) {
             int tr = r + dy, tc = c + dx;
-            if (tr >= 0 && tr < SIDE && tc >= 0 && tc < SIDE) out[tr * SIDE + tc] = tmp[r * SIDE + c];
+            if (tr >= 0 && tr < SIDE && tc >= 0 && tc < SIDE)
+                out[tr * SIDE + tc] = tmp[r * SIDE + c];
         }
 }
 
@@ -72,7 +74,8 @@ static void check_batch(const fmnist_set *set, const augment_config *cfg, int64_
                     }
                 }
         CHECK(matches == 1);
-        if (matches != 1) fprintf(stderr, "  image %lld matched %d transforms\n", (long long)b, matches);
+        if (matches != 1)
+            fprintf(stderr, "  image %lld matched %d transforms\n", (long long)b, matches);
     }
     free(order);
     free(x);
@@ -92,7 +95,8 @@ static void test_transforms(void) {
         const int span = 2 * cfg.max_shift + 1, kinds = span * span * (cfg.flip ? 2 : 1);
         int64_t *counts = calloc((size_t)kinds, sizeof(int64_t));
         const int64_t batches[] = {1, 7, 500};
-        for (size_t j = 0; j < 3; j++) check_batch(&set, &cfg, batches[j], 11 + j + 100 * k, counts);
+        for (size_t j = 0; j < 3; j++)
+            check_batch(&set, &cfg, batches[j], 11 + j + 100 * k, counts);
         /* 508 images over at most 2 * 17 * 17 = 578 kinds: with few kinds every one must
          * occur; with many, at least a wide spread. No identity-only run. */
         int seen = 0;
@@ -102,10 +106,12 @@ static void test_transforms(void) {
             total += counts[i];
         }
         CHECK(total == 508);
-        if (kinds <= 50) CHECK(seen == kinds);
-        else CHECK(seen > 200);
+        if (kinds <= 50)
+            CHECK(seen == kinds);
+        else
+            CHECK(seen > 200);
         CHECK(identity < total / 2 + (kinds == 2 ? 40 : 0)); /* flip only: about half */
-        if (cfg.flip) { /* mirrored in about half the images */
+        if (cfg.flip) {                                      /* mirrored in about half the images */
             int64_t mirrored = 0;
             for (int i = kinds / 2; i < kinds; i++) mirrored += counts[i];
             CHECK(mirrored > 180 && mirrored < 330);

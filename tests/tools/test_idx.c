@@ -84,7 +84,8 @@ static void test_corrupt(void) {
     uint8_t *img = make_idx(3, dims, &size);
     idx_array a;
     /* truncated data, trailing data, bad magic, bad type: in memory */
-    CHECK(idx_parse_u8(img, (int64_t)size - 1, 3, "m", &a) == -1 && strstr(tool_error(), "truncated"));
+    CHECK(idx_parse_u8(img, (int64_t)size - 1, 3, "m", &a) == -1 &&
+          strstr(tool_error(), "truncated"));
     CHECK(idx_parse_u8(img, 10, 3, "m", &a) == -1 && strstr(tool_error(), "truncated"));
     uint8_t *longer = tu_alloc(size + 3);
     memcpy(longer, img, size);

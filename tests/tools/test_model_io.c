@@ -73,7 +73,8 @@ static void test_round_trip(const char *preset, const char *first_last, int64_t 
     CHECK(logits(m, x, ref) == 0);
     char path[256], packed_path[256];
     snprintf(path, sizeof path, "%s/%s_%s.safetensors", dir, preset, first_last);
-    snprintf(packed_path, sizeof packed_path, "%s/%s_%s_packed.safetensors", dir, preset, first_last);
+    snprintf(packed_path, sizeof packed_path, "%s/%s_%s_packed.safetensors", dir, preset,
+             first_last);
     const model_note notes[] = {{"preset", preset}, {"packed", "bogus: fixed keys win"}};
     CHECK(model_save(m, path, notes, 2) == 0);
     check_load_equal(path, x, ref, false);
@@ -93,8 +94,15 @@ static void test_round_trip(const char *preset, const char *first_last, int64_t 
 }
 
 /* Rewrite `src` with one change, then expect model_load to fail mentioning `expect`. */
-typedef enum change { DROP_TENSOR, EXTRA_TENSOR, WRONG_DTYPE, WRONG_SHAPE, BAD_ARCH, BAD_FORMAT,
-                      NAN_SCALE } change;
+typedef enum change {
+    DROP_TENSOR,
+    EXTRA_TENSOR,
+    WRONG_DTYPE,
+    WRONG_SHAPE,
+    BAD_ARCH,
+    BAD_FORMAT,
+    NAN_SCALE
+} change;
 
 static void expect_bad(const char *src, change what, const char *expect) {
     st_file f;

@@ -40,8 +40,8 @@ static void test_options(void) {
     parsed p;
     const char *pos[1] = {NULL};
     int npos = -1;
-    const char *good[] = {"--epochs", "7", "--lr=0.25", "file", "--model", "mlp", "--verbose",
-                          "--out=a=b"};
+    const char *good[] = {"--epochs", "7",   "--lr=0.25", "file",
+                          "--model",  "mlp", "--verbose", "--out=a=b"};
     CHECK(parse(&p, 8, good, pos, &npos) == 0);
     CHECK(p.epochs == 7 && p.lr == 0.25 && strcmp(p.model, "mlp") == 0 && p.verbose);
     CHECK(npos == 1 && strcmp(pos[0], "file") == 0 && strcmp(p.out, "a=b") == 0);
@@ -73,7 +73,8 @@ static void test_metrics(void) {
     snprintf(svg, sizeof svg, "%s/c.svg", dir);
     epoch_metrics rows[7];
     for (int i = 0; i < 7; i++)
-        rows[i] = (epoch_metrics){i + 1, 1.5 / (i + 1), 0.6 + 0.04 * i, 0.58 + 0.045 * i, 1e-3 / (i + 1)};
+        rows[i] =
+            (epoch_metrics){i + 1, 1.5 / (i + 1), 0.6 + 0.04 * i, 0.58 + 0.045 * i, 1e-3 / (i + 1)};
     for (size_t n = 1; n <= 7; n += 3) {
         CHECK(metrics_write_csv(csv, rows, n) == 0);
         FILE *f = fopen(csv, "r");

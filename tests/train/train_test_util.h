@@ -30,8 +30,8 @@ static inline bie_tensor ttu_view(float *data, int ndim, const int64_t *shape) {
 
 /* Append a low-bit layer as bie_model_add_layer describes it: binary layers symmetric with
  * 8-bit words; conv2d with the given kernel_size, stride, padding, dilation. */
-static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int64_t in,
-                                         int64_t out, int k, int s, int p, int d) {
+static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int64_t in, int64_t out,
+                                         int k, int s, int p, int d) {
     bie_layer_info i;
     memset(&i, 0, sizeof i);
     i.type = type;
@@ -55,8 +55,8 @@ static inline bie_status ttu_add_binary_conv2d(bie_model *m, int64_t in_c, int64
                                                int s, int p, int d) {
     return ttu_add_low_bit(m, BIE_LAYER_BINARY_CONV2D, in_c, out_c, k, s, p, d);
 }
-static inline bie_status ttu_add_q4_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k,
-                                           int s, int p, int d) {
+static inline bie_status ttu_add_q4_conv2d(bie_model *m, int64_t in_c, int64_t out_c, int k, int s,
+                                           int p, int d) {
     return ttu_add_low_bit(m, BIE_LAYER_Q4_CONV2D, in_c, out_c, k, s, p, d);
 }
 
@@ -74,7 +74,8 @@ static inline double ttu_loss(bie_model *m, const bie_tensor *x, const float *r)
 }
 
 /* Central difference of L in the float at p. */
-static inline double ttu_numeric(bie_model *m, const bie_tensor *x, const float *r, float *p, float h) {
+static inline double ttu_numeric(bie_model *m, const bie_tensor *x, const float *r, float *p,
+                                 float h) {
     const float keep = *p;
     *p = keep + h;
     const double lp = ttu_loss(m, x, r);

@@ -102,7 +102,8 @@ int fmnist_load(const char *dir, fmnist_split split, int64_t limit, fmnist_set *
 }
 
 void fmnist_normalize(const uint8_t *pixels, int64_t count, float *out) {
-    for (int64_t i = 0; i < count; i++) out[i] = ((float)pixels[i] / 255.0f - FMNIST_MEAN) / FMNIST_STD;
+    for (int64_t i = 0; i < count; i++)
+        out[i] = ((float)pixels[i] / 255.0f - FMNIST_MEAN) / FMNIST_STD;
 }
 
 void fmnist_free(fmnist_set *set) {

@@ -20,16 +20,16 @@ int tool_fail_status(bie_status status, const char *what);
 const char *tool_error(void);
 
 /* Evaluate a library call; on failure record its message and return -1 from the caller. */
-#define TOOL_TRY_BIE(call)                                                                     \
-    do {                                                                                       \
-        bie_status tool_status_ = (call);                                                      \
-        if (tool_status_ != BIE_OK) return tool_fail_status(tool_status_, #call);              \
+#define TOOL_TRY_BIE(call)                                                        \
+    do {                                                                          \
+        bie_status tool_status_ = (call);                                         \
+        if (tool_status_ != BIE_OK) return tool_fail_status(tool_status_, #call); \
     } while (0)
 
 /* Propagate a -1 from a tool function. */
-#define TOOL_TRY(call)                                                                         \
-    do {                                                                                       \
-        if ((call) != 0) return -1;                                                            \
+#define TOOL_TRY(call)              \
+    do {                            \
+        if ((call) != 0) return -1; \
     } while (0)
 
 #endif

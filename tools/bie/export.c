@@ -37,8 +37,9 @@ static int export_model(const char *in, const char *out) {
     if (status == 0) {
         printf("packed %s -> %s\n", in, out);
         printf("binary layer weights: %lld bytes as float32, %lld as int8 (training), %lld "
-               "packed: %.1fx smaller than float32\n", (long long)float_bytes, (long long)before,
-               (long long)after, after > 0 ? (double)float_bytes / (double)after : 0.0);
+               "packed: %.1fx smaller than float32\n",
+               (long long)float_bytes, (long long)before, (long long)after,
+               after > 0 ? (double)float_bytes / (double)after : 0.0);
         printf("file: %lld -> %lld bytes\n", (long long)file_size(in), (long long)file_size(out));
     }
     loaded_model_free(&m);

@@ -20,8 +20,7 @@ int idx_parse_u8(const uint8_t *bytes, int64_t size, int expected_ndim, const ch
                          bytes[2]);
     int ndim = bytes[3];
     if (ndim != expected_ndim)
-        return tool_fail("%s: IDX file has %d dimensions, expected %d", name, ndim,
-                         expected_ndim);
+        return tool_fail("%s: IDX file has %d dimensions, expected %d", name, ndim, expected_ndim);
     int64_t header = 4 + 4 * (int64_t)ndim;
     if (size < header) return tool_fail("%s: truncated IDX header", name);
     idx_array a = {.ndim = ndim};

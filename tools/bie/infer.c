@@ -57,9 +57,10 @@ static int run_eval(const char *path, const infer_options *o) {
         }
         printf("per class:");
         for (int c = 0; c < FMNIST_CLASSES; c++)
-            if (total[c]) printf(" %s %.1f%%%s", fmnist_class_name(c),
-                                 100.0 * (double)right[c] / (double)total[c],
-                                 c + 1 < FMNIST_CLASSES ? "," : "");
+            if (total[c])
+                printf(" %s %.1f%%%s", fmnist_class_name(c),
+                       100.0 * (double)right[c] / (double)total[c],
+                       c + 1 < FMNIST_CLASSES ? "," : "");
         printf("\n");
     }
     free(pred);
@@ -127,8 +128,8 @@ static int predict_batch(bie_model *model, const fmnist_set *set, int64_t first,
         for (int c = 1; c < FMNIST_CLASSES; c++)
             if (l[i * FMNIST_CLASSES + c] > l[i * FMNIST_CLASSES + top]) top = c;
         printf("%s[%lld]: %-11s %5.1f%%", source, (long long)(offset + first + i),
-               fmnist_class_name(top), 100 * top_probability(l + i * FMNIST_CLASSES,
-                                                             FMNIST_CLASSES, top));
+               fmnist_class_name(top),
+               100 * top_probability(l + i * FMNIST_CLASSES, FMNIST_CLASSES, top));
         if (has_labels)
             printf("  (label %s%s)", fmnist_class_name(set->labels[first + i]),
                    set->labels[first + i] == top ? "" : ", wrong");
@@ -164,7 +165,8 @@ static int run_infer(const char *command, int argc, char **argv, bool predict) {
     const opt_spec eval_specs[] = {
         {"data", OPT_STRING, &o.data_dir, 0, 0, NULL, "DIR",
          "Fashion-MNIST IDX files (default $BIE_DATA_DIR or " FMNIST_DEFAULT_DIR ")"},
-        {"limit", OPT_INT, &o.limit, 0, 1e9, NULL, "N", "evaluate the first N test images (0: all)"},
+        {"limit", OPT_INT, &o.limit, 0, 1e9, NULL, "N",
+         "evaluate the first N test images (0: all)"},
         {"batch-size", OPT_INT, &o.batch, 1, 65536, NULL, "N", "images per forward pass"},
         {"threads", OPT_INT, &o.threads, 0, 1024, NULL, "N", "CPU threads (0: all cores)"},
         {"device", OPT_STRING, &o.device, 0, 0, "cpu|cuda", NULL, "where the layers run"},
@@ -176,7 +178,11 @@ static int run_infer(const char *command, int argc, char **argv, bool predict) {
          "IDX file of 28x28 grey images (unsigned bytes, .gz or plain) instead of test images"},
         {"first", OPT_INT, &o.first, 0, 1e9, NULL, "N", "first test image to classify"},
         {"count", OPT_INT, &o.count, 1, 1e9, NULL, "N", "number of test images to classify"},
-        eval_specs[0], eval_specs[2], eval_specs[3], eval_specs[4], eval_specs[5],
+        eval_specs[0],
+        eval_specs[2],
+        eval_specs[3],
+        eval_specs[4],
+        eval_specs[5],
         {NULL, 0, NULL, 0, 0, NULL, NULL, NULL},
     };
     const opt_spec *specs = predict ? predict_specs : eval_specs;

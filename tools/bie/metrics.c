@@ -12,8 +12,8 @@ int metrics_write_csv(const char *path, const epoch_metrics *rows, size_t count)
     if (!f) return tool_fail("cannot create %s: %s", path, strerror(errno));
     fprintf(f, "epoch,train_loss,train_accuracy,test_accuracy,learning_rate\n");
     for (size_t i = 0; i < count; i++)
-        fprintf(f, "%d,%.6f,%.6f,%.6f,%.6g\n", rows[i].epoch, rows[i].train_loss,
-                rows[i].train_acc, rows[i].test_acc, rows[i].lr);
+        fprintf(f, "%d,%.6f,%.6f,%.6f,%.6g\n", rows[i].epoch, rows[i].train_loss, rows[i].train_acc,
+                rows[i].test_acc, rows[i].lr);
     int failed = ferror(f);
     if (fclose(f) != 0 || failed) return tool_fail("cannot write %s: %s", path, strerror(errno));
     return 0;
@@ -21,8 +21,15 @@ int metrics_write_csv(const char *path, const epoch_metrics *rows, size_t count)
 
 /* ------------------------------------------------------------------ SVG chart */
 
-enum { PANEL_W = 460, PANEL_H = 340, MARGIN_L = 64, MARGIN_R = 16, MARGIN_T = 40, MARGIN_B = 52,
-       TITLE_H = 36 };
+enum {
+    PANEL_W = 460,
+    PANEL_H = 340,
+    MARGIN_L = 64,
+    MARGIN_R = 16,
+    MARGIN_T = 40,
+    MARGIN_B = 52,
+    TITLE_H = 36
+};
 
 typedef struct axis {
     double lo, hi, step; /* data range covered and tick spacing */
@@ -53,8 +60,12 @@ typedef struct panel {
     axis ax, ay;
 } panel;
 
-static double px(const panel *p, double x) { return p->x0 + (x - p->ax.lo) / (p->ax.hi - p->ax.lo) * p->w; }
-static double py(const panel *p, double y) { return p->y0 + p->h - (y - p->ay.lo) / (p->ay.hi - p->ay.lo) * p->h; }
+static double px(const panel *p, double x) {
+    return p->x0 + (x - p->ax.lo) / (p->ax.hi - p->ax.lo) * p->w;
+}
+static double py(const panel *p, double y) {
+    return p->y0 + p->h - (y - p->ay.lo) / (p->ay.hi - p->ay.lo) * p->h;
+}
 
 static void draw_axes(FILE *f, const panel *p, const char *xlabel, const char *ylabel,
                       const char *title) {
@@ -80,7 +91,9 @@ static void draw_axes(FILE *f, const panel *p, const char *xlabel, const char *y
             "<text x='%.1f' y='%.1f' text-anchor='middle' font-size='13' "
             "transform='rotate(-90 %.1f %.1f)'>%s</text>\n",
             p->x0 - 46, p->y0 + p->h / 2, p->x0 - 46, p->y0 + p->h / 2, ylabel);
-    fprintf(f, "<text x='%.1f' y='%.1f' text-anchor='middle' font-size='14' font-weight='bold'>%s</text>\n",
+    fprintf(f,
+            "<text x='%.1f' y='%.1f' text-anchor='middle' font-size='14' "
+            "font-weight='bold'>%s</text>\n",
             p->x0 + p->w / 2, p->y0 - 12, title);
 }
 
@@ -137,8 +150,12 @@ int metrics_write_svg(const char *path, const epoch_metrics *rows, size_t count,
     axis ax = make_axis(1, (double)rows[count - 1].epoch, count < 10 ? (int)count : 10);
     if (count < 10) ax.step = 1;
     if (ax.lo < 1) ax.lo = count > 1 ? 1 : 0;
-    panel loss = {MARGIN_L, TITLE_H + MARGIN_T, PANEL_W - MARGIN_L - MARGIN_R,
-                  PANEL_H - MARGIN_T - MARGIN_B, ax, make_axis(0, loss_max, 5)};
+    panel loss = {MARGIN_L,
+                  TITLE_H + MARGIN_T,
+                  PANEL_W - MARGIN_L - MARGIN_R,
+                  PANEL_H - MARGIN_T - MARGIN_B,
+                  ax,
+                  make_axis(0, loss_max, 5)};
     panel acc = loss;
     acc.x0 += PANEL_W;
     acc.ay = make_axis(acc_min * 100, fmin(acc_max * 100, 100), 5);

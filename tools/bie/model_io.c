@@ -168,13 +168,12 @@ static int model_from_architecture(const char *path, const char *text, bie_model
 
 /* Metadata entries this module writes itself (everything else is an informational note). */
 static bool is_fixed_key(const char *key) {
-    static const char *const fixed[] = {"format", "format_version", "architecture",
-                                        "input_shape", "classes", "packed"};
+    static const char *const fixed[] = {"format",      "format_version", "architecture",
+                                        "input_shape", "classes",        "packed"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (strcmp(key, fixed[i]) == 0) return true;
     return false;
 }
-
 
 static char *classes_json(void) {
     json_t *arr = json_array();
@@ -199,12 +198,9 @@ int model_save(bie_model *model, const char *path, const model_note *notes, size
             status = st_writer_add_bie(w, p.name, &p.value);
     }
     const model_note fixed[] = {
-        {"format", MODEL_FORMAT},
-        {"format_version", MODEL_FORMAT_VERSION},
-        {"architecture", arch},
-        {"input_shape", "[1, 28, 28]"},
-        {"classes", classes},
-        {"packed", bie_model_packed(model) ? "true" : "false"},
+        {"format", MODEL_FORMAT}, {"format_version", MODEL_FORMAT_VERSION},
+        {"architecture", arch},   {"input_shape", "[1, 28, 28]"},
+        {"classes", classes},     {"packed", bie_model_packed(model) ? "true" : "false"},
     };
     for (size_t i = 0; status == 0 && i < sizeof fixed / sizeof fixed[0]; i++)
         status = st_writer_meta(w, fixed[i].key, fixed[i].value);
@@ -223,11 +219,14 @@ static int check_format(const st_file *f) {
     const char *format = st_meta(f, "format"), *version = st_meta(f, "format_version");
     if (!format || strcmp(format, MODEL_FORMAT) != 0)
         return tool_fail("%s: not a bie model file (metadata 'format' is %s%s%s, expected "
-                         "\"" MODEL_FORMAT "\")", f->path, format ? "\"" : "missing",
-                         format ? format : "", format ? "\"" : "");
+                         "\"" MODEL_FORMAT "\")",
+                         f->path, format ? "\"" : "missing", format ? format : "",
+                         format ? "\"" : "");
     if (!version || strcmp(version, MODEL_FORMAT_VERSION) != 0)
-        return tool_fail("%s: unsupported model format version %s (this bie reads version "
-                         MODEL_FORMAT_VERSION ")", f->path, version ? version : "(missing)");
+        return tool_fail(
+            "%s: unsupported model format version %s (this bie reads version " MODEL_FORMAT_VERSION
+            ")",
+            f->path, version ? version : "(missing)");
     return 0;
 }
 
@@ -264,8 +263,7 @@ static int install_param(bie_model *m, const st_file *f, const bie_model_param *
                                    p->value.ndim, p->value.shape);
     if (s == BIE_OK) s = bie_model_set_param(m, p->name, &src);
     free(copy);
-    if (s != BIE_OK)
-        return tool_fail("%s: tensor '%s': %s", f->path, p->name, bie_last_error());
+    if (s != BIE_OK) return tool_fail("%s: tensor '%s': %s", f->path, p->name, bie_last_error());
     return 0;
 }
 
@@ -282,7 +280,8 @@ static int install_params(bie_model *m, const st_file *f) {
             bie_model_param p;
             if (bie_model_param_find(m, f->tensors[i].name, &p) != BIE_OK)
                 return tool_fail("%s: unexpected tensor '%s' (not a parameter of the model the "
-                                 "architecture describes)", f->path, f->tensors[i].name);
+                                 "architecture describes)",
+                                 f->path, f->tensors[i].name);
         }
     }
     return 0;
@@ -313,15 +312,15 @@ static int load_from_file(const st_file *f, loaded_model *out) {
     bie_model *m = out->model;
     /* Bring the model into the file's state, then overwrite every tensor from the file. */
     int status = 0;
-    if (bie_model_prepare_params(m) != BIE_OK ||
-        (out->packed && bie_model_pack(m) != BIE_OK) || bie_model_set_training(m, false) != BIE_OK)
+    if (bie_model_prepare_params(m) != BIE_OK || (out->packed && bie_model_pack(m) != BIE_OK) ||
+        bie_model_set_training(m, false) != BIE_OK)
         status = tool_fail("%s: cannot set up the model: %s", f->path, bie_last_error());
     if (status == 0) status = install_params(m, f);
     int64_t shape[4] = {1, out->input_shape[0], out->input_shape[1], out->input_shape[2]};
     int out_ndim;
     int64_t out_shape[BIE_MAX_DIMS];
-    if (status == 0 && bie_model_output_shape(m, out->input_ndim + 1, shape, &out_ndim,
-                                              out_shape) != BIE_OK)
+    if (status == 0 &&
+        bie_model_output_shape(m, out->input_ndim + 1, shape, &out_ndim, out_shape) != BIE_OK)
         status = tool_fail("%s: the architecture does not accept its input_shape: %s", f->path,
                            bie_last_error());
     if (status == 0 && (out_ndim != 2 || out_shape[1] < 2))
@@ -363,15 +362,15 @@ int model_binary_weight_bytes(bie_model *model, int64_t *stored, int64_t *as_flo
     for (int i = 0; i < bie_model_layer_count(model); i++) {
         bie_layer_info info;
         TOOL_TRY_BIE(bie_model_layer_info(model, i, &info));
-        if (info.type != BIE_LAYER_BINARY_LINEAR && info.type != BIE_LAYER_BINARY_CONV2D)
-            continue;
+        if (info.type != BIE_LAYER_BINARY_LINEAR && info.type != BIE_LAYER_BINARY_CONV2D) continue;
         char name[32];
         bie_model_param p;
         snprintf(name, sizeof name, "%d.%s", i, bie_model_packed(model) ? "qweight" : "weight");
         TOOL_TRY_BIE(bie_model_param_find(model, name, &p));
         int64_t n = bie_tensor_numel(&p.value);
         *stored += n * (int64_t)bie_dtype_size(p.value.dtype);
-        int64_t k2 = info.type == BIE_LAYER_BINARY_CONV2D ? (int64_t)info.kernel_size * info.kernel_size : 1;
+        int64_t k2 =
+            info.type == BIE_LAYER_BINARY_CONV2D ? (int64_t)info.kernel_size * info.kernel_size : 1;
         *as_float32 += info.out * info.in * k2 * 4;
     }
     return 0;

@@ -51,7 +51,7 @@ typedef struct loaded_model {
     int64_t input_shape[3]; /* C, H, W */
     int input_ndim;
     int classes;
-    char *preset; /* "" if the file does not say; owned */
+    char *preset;      /* "" if the file does not say; owned */
     model_note *notes; /* the informational metadata entries (strings owned) */
     size_t note_count;
 } loaded_model;

@@ -66,15 +66,14 @@ static int set_value(const char *command, const opt_spec *s, const char *value) 
     char *end;
     errno = 0;
     switch (s->type) {
-    case OPT_FLAG:
-        return tool_fail("bie %s: --%s takes no value", command, s->name);
+    case OPT_FLAG: return tool_fail("bie %s: --%s takes no value", command, s->name);
     case OPT_INT: {
         long long v = strtoll(value, &end, 10);
         if (!*value || *end || errno)
             return tool_fail("bie %s: --%s expects an integer, got '%s'", command, s->name, value);
         if ((double)v < s->min || (double)v > s->max)
-            return tool_fail("bie %s: --%s %lld is out of range [%.0f, %.0f]", command, s->name,
-                             v, s->min, s->max);
+            return tool_fail("bie %s: --%s %lld is out of range [%.0f, %.0f]", command, s->name, v,
+                             s->min, s->max);
         *(int64_t *)s->target = v;
         return 0;
     }
@@ -119,7 +118,8 @@ int opt_parse(const char *command, const opt_spec *specs, int argc, char **argv,
         }
         if (arg[1] != '-')
             return tool_fail("bie %s: unknown option '%s' (options are spelled --name); see "
-                             "bie %s --help", command, arg, command);
+                             "bie %s --help",
+                             command, arg, command);
         const char *eq = strchr(arg + 2, '=');
         size_t len = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
         const opt_spec *s = find_spec(specs, arg + 2, len);

@@ -41,9 +41,9 @@ void progress_start(progress *p, progress_mode mode, FILE *out, const char *labe
 static void draw(progress *p, double loss, bool final) {
     double elapsed = progress_now() - p->start_s;
     double rate = elapsed > 0 ? (double)p->done_samples / elapsed : 0;
-    double remaining = p->done_steps > 0
-                           ? elapsed * (double)(p->total_steps - p->done_steps) / (double)p->done_steps
-                           : -1;
+    double remaining = p->done_steps > 0 ? elapsed * (double)(p->total_steps - p->done_steps) /
+                                               (double)p->done_steps
+                                         : -1;
     char el[32], eta[32];
     progress_format_time(elapsed, el, sizeof el);
     progress_format_time(remaining, eta, sizeof eta);
@@ -52,9 +52,11 @@ static void draw(progress *p, double loss, bool final) {
         char bar[BAR_WIDTH + 1];
         for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < filled ? '#' : '.';
         bar[BAR_WIDTH] = 0;
-        fprintf(p->out, "\r%s [%s] %3d%% %lld/%lld | %6.0f samples/s | %s elapsed, ETA %s | loss %.4f\033[K",
-                p->label, bar, (int)(100 * p->done_steps / p->total_steps),
-                (long long)p->done_steps, (long long)p->total_steps, rate, el, eta, loss);
+        fprintf(
+            p->out,
+            "\r%s [%s] %3d%% %lld/%lld | %6.0f samples/s | %s elapsed, ETA %s | loss %.4f\033[K",
+            p->label, bar, (int)(100 * p->done_steps / p->total_steps), (long long)p->done_steps,
+            (long long)p->total_steps, rate, el, eta, loss);
         if (final) fputc('\n', p->out);
     } else {
         fprintf(p->out, "%s %3d%% %lld/%lld steps, %.0f samples/s, %s elapsed, ETA %s, loss %.4f\n",

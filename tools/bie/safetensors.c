@@ -13,10 +13,9 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_table[ST_DTYPE_COUNT] = {
-    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},   [ST_I8] = {"I8", 1},
-    [ST_U16] = {"U16", 2},   [ST_I16] = {"I16", 2}, [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2}, [ST_U32] = {"U32", 4}, [ST_I32] = {"I32", 4},
-    [ST_F32] = {"F32", 4},   [ST_U64] = {"U64", 8}, [ST_I64] = {"I64", 8},
+    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1},   [ST_I8] = {"I8", 1},     [ST_U16] = {"U16", 2},
+    [ST_I16] = {"I16", 2},   [ST_F16] = {"F16", 2}, [ST_BF16] = {"BF16", 2}, [ST_U32] = {"U32", 4},
+    [ST_I32] = {"I32", 4},   [ST_F32] = {"F32", 4}, [ST_U64] = {"U64", 8},   [ST_I64] = {"I64", 8},
     [ST_F64] = {"F64", 8},
 };
 
@@ -53,8 +52,8 @@ static int dtype_from_name(const char *name) {
 static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t used = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && used < cap; d++)
-        used += (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld",
-                                 (long long)shape[d]);
+        used +=
+            (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld", (long long)shape[d]);
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
@@ -65,8 +64,8 @@ static int64_t json_nonnegative(const json_t *v) {
     return i < 0 ? -1 : (int64_t)i;
 }
 
-static int parse_tensor_entry(const char *file, const char *name, json_t *entry,
-                              size_t data_size, st_tensor *t) {
+static int parse_tensor_entry(const char *file, const char *name, json_t *entry, size_t data_size,
+                              st_tensor *t) {
     if (!json_is_object(entry))
         return tool_fail("%s: tensor '%s': entry is not a JSON object", file, name);
     const char *allowed[] = {"dtype", "shape", "data_offsets"};
@@ -82,7 +81,8 @@ static int parse_tensor_entry(const char *file, const char *name, json_t *entry,
     json_t *offsets = json_object_get(entry, "data_offsets");
     if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offsets))
         return tool_fail("%s: tensor '%s': needs string 'dtype', array 'shape' and array "
-                         "'data_offsets'", file, name);
+                         "'data_offsets'",
+                         file, name);
     int d = dtype_from_name(json_string_value(dtype));
     if (d < 0)
         return tool_fail("%s: tensor '%s': unknown dtype '%s'", file, name,
@@ -112,15 +112,15 @@ static int parse_tensor_entry(const char *file, const char *name, json_t *entry,
                          name);
     if ((uint64_t)end > data_size)
         return tool_fail("%s: tensor '%s': data_offsets [%lld, %lld] past the end of the data "
-                         "(%zu bytes; file truncated?)", file, name, (long long)begin,
-                         (long long)end, data_size);
+                         "(%zu bytes; file truncated?)",
+                         file, name, (long long)begin, (long long)end, data_size);
     int64_t expected;
     if (__builtin_mul_overflow(numel, (int64_t)st_dtype_size(t->dtype), &expected) ||
         expected != end - begin) {
         char s[160];
         format_shape(s, sizeof s, t->ndim, t->shape);
-        return tool_fail("%s: tensor '%s': %s %s needs %lld bytes but data_offsets span %lld",
-                         file, name, st_dtype_name(t->dtype), s, (long long)expected,
+        return tool_fail("%s: tensor '%s': %s %s needs %lld bytes but data_offsets span %lld", file,
+                         name, st_dtype_name(t->dtype), s, (long long)expected,
                          (long long)(end - begin));
     }
     t->data = (const void *)(uintptr_t)begin; /* made absolute once the data start is known */
@@ -222,8 +222,8 @@ int st_parse(uint8_t *buffer, size_t size, const char *name, st_file *out) {
     if (header_len < 2 || buffer[8] != '{')
         return tool_fail("%s: the header is not a JSON object (not a safetensors file?)", name);
     json_error_t err;
-    json_t *root = json_loadb((const char *)buffer + 8, (size_t)header_len,
-                              JSON_REJECT_DUPLICATES, &err);
+    json_t *root =
+        json_loadb((const char *)buffer + 8, (size_t)header_len, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         return tool_fail("%s: invalid JSON header at byte %d: %s", name, err.position, err.text);
     if (!json_is_object(root)) {

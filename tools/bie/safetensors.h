@@ -22,8 +22,20 @@
 #define ST_MAX_HEADER_BYTES (100u << 20)
 
 typedef enum st_dtype {
-    ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_F16, ST_BF16, ST_U32, ST_I32, ST_F32,
-    ST_U64, ST_I64, ST_F64, ST_DTYPE_COUNT
+    ST_BOOL,
+    ST_U8,
+    ST_I8,
+    ST_U16,
+    ST_I16,
+    ST_F16,
+    ST_BF16,
+    ST_U32,
+    ST_I32,
+    ST_F32,
+    ST_U64,
+    ST_I64,
+    ST_F64,
+    ST_DTYPE_COUNT
 } st_dtype;
 
 typedef struct st_tensor {
@@ -77,8 +89,8 @@ int st_writer_create(st_writer **out);
 void st_writer_free(st_writer *w);
 /* Errors: duplicate or empty name, "__metadata__", bad dtype, ndim > ST_MAX_DIMS, negative
  * extents, overflowing size. */
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const int64_t *shape, const void *data);
+int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data);
 /* Add a bie tensor (CPU, contiguous) under `name`. */
 int st_writer_add_bie(st_writer *w, const char *name, const bie_tensor *t);
 int st_writer_meta(st_writer *w, const char *key, const char *value);

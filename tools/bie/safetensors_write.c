@@ -42,8 +42,8 @@ void st_writer_free(st_writer *w) {
     free(w);
 }
 
-int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
-                  const int64_t *shape, const void *data) {
+int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data) {
     if (!name || !*name || strcmp(name, "__metadata__") == 0)
         return tool_fail("safetensors: invalid tensor name '%s'", name ? name : "(null)");
     if ((unsigned)dtype >= ST_DTYPE_COUNT) return tool_fail("safetensors: '%s': bad dtype", name);
@@ -64,8 +64,12 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
         w->tensors = grown;
         w->cap = cap;
     }
-    pending_tensor t = {.name = strdup(name), .dtype = dtype, .ndim = ndim, .data = data,
-                        .nbytes = (size_t)bytes, .order = w->count};
+    pending_tensor t = {.name = strdup(name),
+                        .dtype = dtype,
+                        .ndim = ndim,
+                        .data = data,
+                        .nbytes = (size_t)bytes,
+                        .order = w->count};
     if (!t.name) return tool_fail("out of memory");
     for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
     w->tensors[w->count++] = t;
@@ -74,8 +78,9 @@ int st_writer_add(st_writer *w, const char *name, st_dtype dtype, int ndim,
 
 int st_writer_add_bie(st_writer *w, const char *name, const bie_tensor *t) {
     int dtype = st_dtype_from_bie(t->dtype);
-    if (dtype < 0) return tool_fail("safetensors: '%s': dtype %s has no safetensors name", name,
-                                    bie_dtype_name(t->dtype));
+    if (dtype < 0)
+        return tool_fail("safetensors: '%s': dtype %s has no safetensors name", name,
+                         bie_dtype_name(t->dtype));
     if (t->device.type != BIE_DEVICE_CPU)
         return tool_fail("safetensors: '%s': tensor is not in CPU memory", name);
     return st_writer_add(w, name, (st_dtype)dtype, t->ndim, t->shape, t->data);
@@ -107,9 +112,9 @@ static char *build_header(st_writer *w, size_t *len) {
         const pending_tensor *t = &w->tensors[i];
         json_t *shape = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
-        json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t->dtype),
-                                  "shape", shape, "data_offsets", (json_int_t)offset,
-                                  (json_int_t)(offset + t->nbytes));
+        json_t *entry =
+            json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_dtype_name(t->dtype), "shape", shape,
+                      "data_offsets", (json_int_t)offset, (json_int_t)(offset + t->nbytes));
         if (!entry || json_object_set_new(root, t->name, entry) != 0) {
             json_decref(root);
             return NULL;

@@ -197,8 +197,8 @@ static int train_epoch(trainer *t, int epoch, epoch_metrics *row, double *second
     row->epoch = epoch;
     row->train_loss = loss_sum / (double)t->steps_per_epoch;
     row->train_acc = (double)correct / (double)(t->steps_per_epoch * o->batch);
-    row->lr = o->lr * schedule_factor(o->schedule, (int64_t)epoch * t->steps_per_epoch - 1,
-                                      t->total_steps);
+    row->lr = o->lr *
+              schedule_factor(o->schedule, (int64_t)epoch * t->steps_per_epoch - 1, t->total_steps);
     double test_loss;
     TOOL_TRY(evaluate_model(t->model, &t->test, o->eval_batch, &row->test_acc, &test_loss, NULL));
     return 0;
@@ -227,10 +227,10 @@ static int save_model(trainer *t, double test_acc) {
     snprintf(wd, sizeof wd, "%g", o->weight_decay);
     describe_augment(&t->augment, augment, sizeof augment);
     const model_note notes[] = {
-        {"preset", o->preset},      {"first_last", o->first_last}, {"width", width},
-        {"epochs", epochs},         {"batch_size", batch},         {"lr", lr},
-        {"binary_lr", blr},         {"schedule", o->schedule},     {"seed", seed},
-        {"threads", threads},       {"weight_decay", wd},          {"augment", augment},
+        {"preset", o->preset},  {"first_last", o->first_last}, {"width", width},
+        {"epochs", epochs},     {"batch_size", batch},         {"lr", lr},
+        {"binary_lr", blr},     {"schedule", o->schedule},     {"seed", seed},
+        {"threads", threads},   {"weight_decay", wd},          {"augment", augment},
         {"test_accuracy", acc},
     };
     return model_save(t->model, t->model_path, notes, sizeof notes / sizeof notes[0]);
@@ -247,8 +247,9 @@ static int run_epochs(trainer *t, epoch_metrics *rows) {
         TOOL_TRY(train_epoch(t, e, &rows[e - 1], &seconds));
         total_s += seconds;
         printf("epoch %d/%lld: train loss %.4f, train acc %.2f%%, test acc %.2f%%, lr %.3g, "
-               "%.1f s (%.0f samples/s)\n", e, (long long)o->epochs, rows[e - 1].train_loss,
-               100 * rows[e - 1].train_acc, 100 * rows[e - 1].test_acc, rows[e - 1].lr, seconds,
+               "%.1f s (%.0f samples/s)\n",
+               e, (long long)o->epochs, rows[e - 1].train_loss, 100 * rows[e - 1].train_acc,
+               100 * rows[e - 1].test_acc, rows[e - 1].lr, seconds,
                (double)(t->steps_per_epoch * o->batch) / seconds);
         fflush(stdout);
         /* Written after every epoch, so an interrupted run still leaves its curve. */
@@ -313,9 +314,9 @@ static int setup_trainer(trainer *t) {
         snprintf(where, sizeof where, "%d threads, kernels %s", bie_get_num_threads(),
                  bie_cpu_kernel_set());
     printf("epochs %lld, batch %lld (%lld steps/epoch), lr %g, binary lr %g, %s schedule, "
-           "weight decay %g, seed %lld, %s\n", (long long)o->epochs, (long long)o->batch,
-           (long long)t->steps_per_epoch, o->lr, o->binary_lr, o->schedule, o->weight_decay,
-           (long long)o->seed, where);
+           "weight decay %g, seed %lld, %s\n",
+           (long long)o->epochs, (long long)o->batch, (long long)t->steps_per_epoch, o->lr,
+           o->binary_lr, o->schedule, o->weight_decay, (long long)o->seed, where);
     if (augment_active(&t->augment)) { /* the default run's output stays as documented */
         char augment[48];
         describe_augment(&t->augment, augment, sizeof augment);
@@ -337,12 +338,25 @@ static void free_trainer(trainer *t) {
 }
 
 int cmd_train(int argc, char **argv) {
-    train_options o = {.preset = "cnn", .first_last = "float", .schedule = "cosine",
-                       .device = "cpu", .out_dir = NULL, .progress = "auto", .width = -1,
-                       .epochs = -1, .batch = -1, .seed = DEFAULT_SEED,
-                       .threads = DEFAULT_THREADS, .eval_batch = 1000, .lr = -1,
-                       .binary_lr = -1, .binary_beta1 = 0.99, .binary_beta2 = 0.9999,
-                       .weight_decay = 0, .augment = "none", .augment_shift = 2};
+    train_options o = {.preset = "cnn",
+                       .first_last = "float",
+                       .schedule = "cosine",
+                       .device = "cpu",
+                       .out_dir = NULL,
+                       .progress = "auto",
+                       .width = -1,
+                       .epochs = -1,
+                       .batch = -1,
+                       .seed = DEFAULT_SEED,
+                       .threads = DEFAULT_THREADS,
+                       .eval_batch = 1000,
+                       .lr = -1,
+                       .binary_lr = -1,
+                       .binary_beta1 = 0.99,
+                       .binary_beta2 = 0.9999,
+                       .weight_decay = 0,
+                       .augment = "none",
+                       .augment_shift = 2};
     const opt_spec specs[] = {
         {"model", OPT_STRING, &o.preset, 0, 0, "mlp|cnn", NULL, "model preset"},
         {"first-last", OPT_STRING, &o.first_last, 0, 0, "float|q4", NULL,
@@ -377,7 +391,8 @@ int cmd_train(int argc, char **argv) {
         {"test-limit", OPT_INT, &o.test_limit, 0, 1e9, NULL, "N",
          "use only the first N test images (0: all)"},
         {"eval-batch-size", OPT_INT, &o.eval_batch, 1, 65536, NULL, "N", "batch for evaluation"},
-        {"out", OPT_STRING, &o.out_dir, 0, 0, NULL, "DIR", "output directory (default runs/<model>)"},
+        {"out", OPT_STRING, &o.out_dir, 0, 0, NULL, "DIR",
+         "output directory (default runs/<model>)"},
         {"progress", OPT_STRING, &o.progress, 0, 0, "auto|bar|plain|none", NULL,
          "progress display on stderr (auto: a bar on a terminal)"},
         {"help", OPT_FLAG, &o.help, 0, 0, NULL, NULL, "show this help"},

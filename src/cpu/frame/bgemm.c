@@ -10,13 +10,14 @@ static int big_enough_for_threads(int64_t m, int64_t n, int64_t k) {
     return (double)m * (double)n * (double)k > 4.0e6;
 }
 
-static void run_rows(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k,
-                     const uint8_t *a, int64_t lda, const uint8_t *b, int64_t ldb, float scale,
-                     float *out) {
-#pragma omp parallel for num_threads(bie_threads()) schedule(static) if (big_enough_for_threads(m, n, k))
+static void run_rows(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                     int64_t lda, const uint8_t *b, int64_t ldb, float scale, float *out) {
+#pragma omp parallel for num_threads(bie_threads()) \
+    schedule(static) if (big_enough_for_threads(m, n, k))
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *bj = b + j * ldb;
-        for (int64_t i = 0; i < m; i++) out[i * n + j] = bie_finish_dot(k, kern->rows(a + i * lda, bj, k), scale);
+        for (int64_t i = 0; i < m; i++)
+            out[i * n + j] = bie_finish_dot(k, kern->rows(a + i * lda, bj, k), scale);
     }
 }
 
@@ -42,9 +43,8 @@ static void fetch_chunk(const uint8_t *row, int64_t k, int64_t off, int len, uin
 }
 
 /* Pack rows [row0, row0 + rows_per_panel) of a packed matrix into one micro-panel. */
-static void pack_panel(const bie_tile_kernel *t, int rows_per_panel, const uint8_t *src,
-                       int64_t ld, int64_t row0, int64_t nrows, int64_t k, int64_t steps,
-                       uint8_t *dst) {
+static void pack_panel(const bie_tile_kernel *t, int rows_per_panel, const uint8_t *src, int64_t ld,
+                       int64_t row0, int64_t nrows, int64_t k, int64_t steps, uint8_t *dst) {
     int sb = t->step_bytes;
     uint8_t buf[64];
     if (t->layout == BIE_PANEL_NIBBLE32) {
@@ -66,7 +66,8 @@ static void pack_panel(const bie_tile_kernel *t, int rows_per_panel, const uint8
         const uint8_t *row = row0 + r < nrows ? src + (row0 + r) * ld : NULL;
         int64_t s = 0;
         if (row) /* whole chunks before the last byte: plain copies */
-            for (; (s + 1) * sb < nbytes; s++) memcpy(dst + (s * rows_per_panel + r) * sb, row + s * sb, (size_t)sb);
+            for (; (s + 1) * sb < nbytes; s++)
+                memcpy(dst + (s * rows_per_panel + r) * sb, row + s * sb, (size_t)sb);
         for (; s < steps; s++) fetch_chunk(row, k, s * sb, sb, dst + (s * rows_per_panel + r) * sb);
     }
 }
@@ -89,7 +90,8 @@ static void compute_tiles(const bie_tile_kernel *t, int64_t m, int64_t n, int64_
                           const uint8_t *ap, const uint8_t *bp, float scale, float *out) {
     const int mr = t->mr, nr = t->nr;
     const int64_t a_panels = (m + mr - 1) / mr, b_panels = (n + nr - 1) / nr;
-    const int64_t a_panel_bytes = panel_bytes_of(t, mr, steps), b_panel_bytes = panel_bytes_of(t, nr, steps);
+    const int64_t a_panel_bytes = panel_bytes_of(t, mr, steps),
+                  b_panel_bytes = panel_bytes_of(t, nr, steps);
     /* Blocks: a B block of about 16 KiB stays in L1 while the A panels of an A block (about
      * 256 KiB, in L2) stream past it one at a time; each A panel is then reused from L1
      * across the whole B block. */
@@ -99,7 +101,8 @@ static void compute_tiles(const bie_tile_kernel *t, int64_t m, int64_t n, int64_
     a_per_block = a_per_block < 1 ? 1 : a_per_block;
     const int64_t ablocks = (a_panels + a_per_block - 1) / a_per_block;
     const int64_t bblocks = (b_panels + b_per_block - 1) / b_per_block;
-#pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) collapse(2) if (big_enough_for_threads(m, n, k))
+#pragma omp parallel for num_threads(bie_threads()) schedule(dynamic) \
+    collapse(2) if (big_enough_for_threads(m, n, k))
     for (int64_t jb = 0; jb < bblocks; jb++)
         for (int64_t ib = 0; ib < ablocks; ib++) {
             float edge[256]; /* partial tiles at the matrix edges go through here */
@@ -117,7 +120,8 @@ static void compute_tiles(const bie_tile_kernel *t, int64_t m, int64_t n, int64_
                     }
                     t->fn(steps, apan, bpan, k, scale, edge, nr);
                     for (int r = 0; r < rows; r++)
-                        for (int c = 0; c < cols; c++) out[(i0 + r) * n + j0 + c] = edge[r * nr + c];
+                        for (int c = 0; c < cols; c++)
+                            out[(i0 + r) * n + j0 + c] = edge[r * nr + c];
                 }
         }
 }
@@ -130,7 +134,8 @@ static bie_status pack_side(const bie_tile_kernel *t, int per_panel, const uint8
     if (!bie_mul_ok(panels, panel_bytes_of(t, per_panel, steps), &bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "gemm: packed panels too large");
     uint8_t *p = bie_alloc_aligned((size_t)bytes);
-    if (p == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "gemm: %lld bytes of panels", (long long)bytes);
+    if (p == NULL)
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "gemm: %lld bytes of panels", (long long)bytes);
     pack_all(t, per_panel, src, ld, rows, k, steps, p, panel_bytes_of(t, per_panel, steps));
     *out = p;
     return BIE_OK;
@@ -153,12 +158,13 @@ void bie_cpu_packed_b_free(bie_packed_b *p) {
     memset(p, 0, sizeof *p);
 }
 
-bool bie_cpu_packed_b_fits(const bie_packed_b *p, const bie_cpu_kernel *kern, int64_t n, int64_t k) {
+bool bie_cpu_packed_b_fits(const bie_packed_b *p, const bie_cpu_kernel *kern, int64_t n,
+                           int64_t k) {
     return p->panels && p->kern == kern && p->n == n && p->k == k;
 }
 
-bie_status bie_cpu_bgemm_packed(const bie_cpu_kernel *kern, int64_t m, const uint8_t *a, int64_t lda,
-                                const bie_packed_b *b, float scale, float *out) {
+bie_status bie_cpu_bgemm_packed(const bie_cpu_kernel *kern, int64_t m, const uint8_t *a,
+                                int64_t lda, const bie_packed_b *b, float scale, float *out) {
     const bie_tile_kernel *t = kern->tile;
     uint8_t *ap = NULL;
     BIE_TRY(pack_side(t, t->mr, a, lda, m, b->k, &ap));
@@ -192,15 +198,18 @@ bie_status bie_cpu_bgemm(const bie_cpu_kernel *kern, int64_t m, int64_t n, int64
 
 bie_status bie_cpu_kernel_for_call(bie_op op, int kernel_id, int64_t m, const char *who,
                                    const bie_cpu_kernel **out) {
-    const bie_cpu_kernel *kern = kernel_id < 0 ? bie_cpu_default_kernel_for(op, m) : bie_cpu_kernel_by_id(kernel_id);
+    const bie_cpu_kernel *kern =
+        kernel_id < 0 ? bie_cpu_default_kernel_for(op, m) : bie_cpu_kernel_by_id(kernel_id);
     if (kern == NULL)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: no CPU kernel with id %d", who, kernel_id);
     if (kern->op != op)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel %s computes a different operation", who,
-                        kern->name);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: kernel %s computes a different operation",
+                        who, kern->name);
     if (!bie_cpu_kernel_available(kern))
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs an ISA this CPU lacks or "
-                        "BIE_CPU_KERNELS excludes (active set: %s)", who, kern->name, bie_cpu_kernel_set());
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s: kernel %s needs an ISA this CPU lacks or "
+                        "BIE_CPU_KERNELS excludes (active set: %s)",
+                        who, kern->name, bie_cpu_kernel_set());
     *out = kern;
     return BIE_OK;
 }
@@ -213,15 +222,19 @@ bie_status bie_binary_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const
     BIE_CHECK_NULL(b);
     BIE_CHECK_NULL(out);
     if (m < 1 || n < 1 || k < 1)
-        return bie_fail(BIE_ERR_SHAPE, "bie_binary_gemm: m, n, k must be >= 1 (got %lld, %lld, %lld)",
+        return bie_fail(BIE_ERR_SHAPE,
+                        "bie_binary_gemm: m, n, k must be >= 1 (got %lld, %lld, %lld)",
                         (long long)m, (long long)n, (long long)k);
     if (k > INT32_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "bie_binary_gemm: k = %lld exceeds 2^31 - 1", (long long)k);
+        return bie_fail(BIE_ERR_OVERFLOW, "bie_binary_gemm: k = %lld exceeds 2^31 - 1",
+                        (long long)k);
     int64_t need = (k + 7) / 8, mn;
     if (a_row_bytes < need || b_row_bytes < need)
-        return bie_fail(BIE_ERR_SHAPE, "bie_binary_gemm: row strides must be >= ceil(k / 8) = %lld bytes",
+        return bie_fail(BIE_ERR_SHAPE,
+                        "bie_binary_gemm: row strides must be >= ceil(k / 8) = %lld bytes",
                         (long long)need);
-    if (!bie_mul_ok(m, n, &mn) || !bie_mul_ok(m, a_row_bytes, &need) || !bie_mul_ok(n, b_row_bytes, &need))
+    if (!bie_mul_ok(m, n, &mn) || !bie_mul_ok(m, a_row_bytes, &need) ||
+        !bie_mul_ok(n, b_row_bytes, &need))
         return bie_fail(BIE_ERR_OVERFLOW, "bie_binary_gemm: sizes overflow");
     if (!(scale == scale) || scale - scale != 0.0f)
         return bie_fail(BIE_ERR_NOT_FINITE, "bie_binary_gemm: scale is not finite");
@@ -237,14 +250,17 @@ bie_status bie_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int
     BIE_CHECK_NULL(out);
     if (m < 1 || n < 1 || k < 1)
         return bie_fail(BIE_ERR_SHAPE, "bie_q4_gemm: m, n, k must be >= 1");
-    if (k > (1 << 24)) return bie_fail(BIE_ERR_OVERFLOW, "bie_q4_gemm: k = %lld exceeds 2^24", (long long)k);
+    if (k > (1 << 24))
+        return bie_fail(BIE_ERR_OVERFLOW, "bie_q4_gemm: k = %lld exceeds 2^24", (long long)k);
     if (lda < k || ldb < k) return bie_fail(BIE_ERR_SHAPE, "bie_q4_gemm: row strides must be >= k");
     int64_t mn;
     if (!bie_mul_ok(m, n, &mn) || !bie_mul_ok(m, lda, &mn) || !bie_mul_ok(n, ldb, &mn))
         return bie_fail(BIE_ERR_OVERFLOW, "bie_q4_gemm: sizes overflow");
-    if (!(scale - scale == 0.0f)) return bie_fail(BIE_ERR_NOT_FINITE, "bie_q4_gemm: scale is not finite");
+    if (!(scale - scale == 0.0f))
+        return bie_fail(BIE_ERR_NOT_FINITE, "bie_q4_gemm: scale is not finite");
     const bie_cpu_kernel *kern;
     BIE_TRY(bie_cpu_kernel_for_call(BIE_OP_Q4_GEMM, kernel_id, m, "bie_q4_gemm", &kern));
     /* The frame moves bytes: an int8 row of k codes is a k * 8-bit row. */
-    return bie_cpu_bgemm(kern, m, n, k * 8, (const uint8_t *)a, lda, (const uint8_t *)b, ldb, scale, out);
+    return bie_cpu_bgemm(kern, m, n, k * 8, (const uint8_t *)a, lda, (const uint8_t *)b, ldb, scale,
+                         out);
 }

@@ -53,8 +53,8 @@ typedef struct bie_tile_kernel {
  * NULL) into dst[0 .. ceil(cols / 8)), and, when mask != NULL, the clip bits
  * 1{lo <= v / scale <= hi} in the same layout. Every ISA computes v, the division and the
  * comparisons exactly as the scalar version, so the bits are identical. */
-typedef void (*bie_pack_f32_row_fn)(const float *x, const float *bias, int64_t cols,
-                                    uint8_t *dst, uint8_t *mask, float scale, float lo, float hi);
+typedef void (*bie_pack_f32_row_fn)(const float *x, const float *bias, int64_t cols, uint8_t *dst,
+                                    uint8_t *mask, float scale, float lo, float hi);
 /* Sign bits of int8 values (v >= 0 -> 1) into dst[0 .. ceil(cols / 8)). */
 typedef void (*bie_pack_i8_row_fn)(const int8_t *x, int64_t cols, uint8_t *dst);
 
@@ -95,8 +95,7 @@ extern const bie_tile_kernel bie_tile_avx512_6x32;
 
 /* Shared helper: popcount of XOR over bytes [from, nbytes) of two rows, last byte masked
  * by the tail of k. Used by the row kernels for their tails. */
-static inline uint64_t bie_popc_tail(const uint8_t *a, const uint8_t *b, int64_t from,
-                                     int64_t k) {
+static inline uint64_t bie_popc_tail(const uint8_t *a, const uint8_t *b, int64_t from, int64_t k) {
     int64_t nbytes = (k + 7) >> 3;
     uint64_t p = 0;
     int64_t i = from;

@@ -4,11 +4,12 @@
  * and are widened (vpsadbw) every 63 steps, before they could overflow. */
 #include <immintrin.h>
 
-#include "../kernels.h"
 #include "../../../core/formats.h"
+#include "../kernels.h"
 
-#define NIBBLE_LUT _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, \
-                                    0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4)
+#define NIBBLE_LUT                                                                                 \
+    _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, \
+                     2, 3, 2, 3, 3, 4)
 
 static inline uint64_t hsum_epi64(__m256i v) {
     __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -40,9 +41,9 @@ uint64_t bie_row_popc_avx2(const uint8_t *a, const uint8_t *b, int64_t k) {
  * intrinsics version spilled accumulators and added register copies, doubling the
  * instructions of the inner loop. Each pair (i, j) of a step costs exactly
  * vpxor + vpshufb + vpaddb. */
-#define PAIR(A, C)                                                                             \
-    "vpxor %[" A "], %[bv], %[t]\n\t"                                                          \
-    "vpshufb %[t], %[lut], %[t]\n\t"                                                           \
+#define PAIR(A, C)                    \
+    "vpxor %[" A "], %[bv], %[t]\n\t" \
+    "vpshufb %[t], %[lut], %[t]\n\t"  \
     "vpaddb %[t], %[" C "], %[" C "]\n\t"
 
 /* [sum of v0's lanes, v1's, v2's, v3's] for vectors of four 64-bit partial sums. */
@@ -75,18 +76,16 @@ static inline __attribute__((always_inline)) void block_4x2(int64_t n, const uin
         "vmovdqa 32(%[ap]), %[a1]\n\t"
         "vmovdqa 64(%[ap]), %[a2]\n\t"
         "vmovdqa 96(%[ap]), %[a3]\n\t"
-        "vmovdqa (%[bp]), %[bv]\n\t"
-        PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20") PAIR("a3", "c30")
-        "vmovdqa 32(%[bp]), %[bv]\n\t"
-        PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21") PAIR("a3", "c31")
-        "add $128, %[ap]\n\t"
-        "add $64, %[bp]\n\t"
-        "dec %[n]\n\t"
-        "jnz 1b\n\t"
-        : [c00] "+x"(c00), [c10] "+x"(c10), [c20] "+x"(c20), [c30] "+x"(c30),
-          [c01] "+x"(c01), [c11] "+x"(c11), [c21] "+x"(c21), [c31] "+x"(c31),
-          [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [a3] "=&x"(a3), [bv] "=&x"(bv),
-          [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+        "vmovdqa (%[bp]), %[bv]\n\t" PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20")
+            PAIR("a3", "c30") "vmovdqa 32(%[bp]), %[bv]\n\t" PAIR("a0", "c01") PAIR("a1", "c11")
+                PAIR("a2", "c21") PAIR("a3", "c31") "add $128, %[ap]\n\t"
+                                                    "add $64, %[bp]\n\t"
+                                                    "dec %[n]\n\t"
+                                                    "jnz 1b\n\t"
+        : [c00] "+x"(c00), [c10] "+x"(c10), [c20] "+x"(c20), [c30] "+x"(c30), [c01] "+x"(c01),
+          [c11] "+x"(c11), [c21] "+x"(c21), [c31] "+x"(c31), [a0] "=&x"(a0), [a1] "=&x"(a1),
+          [a2] "=&x"(a2), [a3] "=&x"(a3), [bv] "=&x"(bv), [t] "=&x"(t), [ap] "+r"(ap),
+          [bp] "+r"(bp), [n] "+r"(n)
         : [lut] "x"(lut)
         : "cc", "memory");
     sums[0] = _mm256_sad_epu8(c00, zero);
@@ -99,8 +98,8 @@ static inline __attribute__((always_inline)) void block_4x2(int64_t n, const uin
     sums[7] = _mm256_sad_epu8(c31, zero);
 }
 
-static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
-                          float scale, float *c, int64_t ldc) {
+static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k, float scale,
+                          float *c, int64_t ldc) {
     __m256i wide[8], more[8];
     block_4x2(steps < 63 ? steps : 63, a, b, wide);
     for (int64_t s0 = 63; s0 < steps; s0 += 63) { /* k > 8064: widen every 63 steps */
@@ -116,8 +115,8 @@ static void tile_avx2_4x2(int64_t steps, const uint8_t *a, const uint8_t *b, int
     _mm_storeh_pi((__m64 *)(c + 3 * ldc), rows23);
 }
 
-static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k,
-                          float scale, float *c, int64_t ldc) {
+static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, int64_t k, float scale,
+                          float *c, int64_t ldc) {
     const __m256i lut = NIBBLE_LUT;
     uint64_t total[9] = {0};
     for (int64_t s0 = 0; s0 < steps; s0 += 63) {
@@ -131,20 +130,17 @@ static void tile_avx2_3x3(int64_t steps, const uint8_t *a, const uint8_t *b, int
             "vmovdqa (%[ap]), %[a0]\n\t"
             "vmovdqa 32(%[ap]), %[a1]\n\t"
             "vmovdqa 64(%[ap]), %[a2]\n\t"
-            "vmovdqa (%[bp]), %[bv]\n\t"
-            PAIR("a0", "c00") PAIR("a1", "c10") PAIR("a2", "c20")
-            "vmovdqa 32(%[bp]), %[bv]\n\t"
-            PAIR("a0", "c01") PAIR("a1", "c11") PAIR("a2", "c21")
-            "vmovdqa 64(%[bp]), %[bv]\n\t"
-            PAIR("a0", "c02") PAIR("a1", "c12") PAIR("a2", "c22")
-            "add $96, %[ap]\n\t"
-            "add $96, %[bp]\n\t"
-            "dec %[n]\n\t"
-            "jnz 1b\n\t"
-            : [c00] "+x"(c00), [c01] "+x"(c01), [c02] "+x"(c02), [c10] "+x"(c10),
-              [c11] "+x"(c11), [c12] "+x"(c12), [c20] "+x"(c20), [c21] "+x"(c21),
-              [c22] "+x"(c22), [a0] "=&x"(a0), [a1] "=&x"(a1), [a2] "=&x"(a2), [bv] "=&x"(bv),
-              [t] "=&x"(t), [ap] "+r"(ap), [bp] "+r"(bp), [n] "+r"(n)
+            "vmovdqa (%[bp]), %[bv]\n\t" PAIR("a0", "c00") PAIR("a1", "c10")
+                PAIR("a2", "c20") "vmovdqa 32(%[bp]), %[bv]\n\t" PAIR("a0", "c01") PAIR("a1", "c11")
+                    PAIR("a2", "c21") "vmovdqa 64(%[bp]), %[bv]\n\t" PAIR("a0", "c02")
+                        PAIR("a1", "c12") PAIR("a2", "c22") "add $96, %[ap]\n\t"
+                                                            "add $96, %[bp]\n\t"
+                                                            "dec %[n]\n\t"
+                                                            "jnz 1b\n\t"
+            : [c00] "+x"(c00), [c01] "+x"(c01), [c02] "+x"(c02), [c10] "+x"(c10), [c11] "+x"(c11),
+              [c12] "+x"(c12), [c20] "+x"(c20), [c21] "+x"(c21), [c22] "+x"(c22), [a0] "=&x"(a0),
+              [a1] "=&x"(a1), [a2] "=&x"(a2), [bv] "=&x"(bv), [t] "=&x"(t), [ap] "+r"(ap),
+              [bp] "+r"(bp), [n] "+r"(n)
             : [lut] "x"(lut)
             : "cc", "memory");
         const __m256i acc[9] = {c00, c01, c02, c10, c11, c12, c20, c21, c22};
@@ -170,7 +166,8 @@ void bie_pack_f32_row_avx2(const float *x, const float *bias, int64_t cols, uint
         dst[c >> 3] = (uint8_t)_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ));
         if (mask) {
             __m256 q = _mm256_div_ps(v, vs);
-            __m256 in = _mm256_and_ps(_mm256_cmp_ps(q, vlo, _CMP_GE_OQ), _mm256_cmp_ps(q, vhi, _CMP_LE_OQ));
+            __m256 in =
+                _mm256_and_ps(_mm256_cmp_ps(q, vlo, _CMP_GE_OQ), _mm256_cmp_ps(q, vhi, _CMP_LE_OQ));
             mask[c >> 3] = (uint8_t)_mm256_movemask_ps(in);
         }
     }
@@ -182,7 +179,8 @@ void bie_pack_f32_row_avx2(const float *x, const float *bias, int64_t cols, uint
 void bie_pack_i8_row_avx2(const int8_t *x, int64_t cols, uint8_t *dst) {
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
-        uint32_t negative = (uint32_t)_mm256_movemask_epi8(_mm256_loadu_si256((const __m256i *)(x + c)));
+        uint32_t negative =
+            (uint32_t)_mm256_movemask_epi8(_mm256_loadu_si256((const __m256i *)(x + c)));
         uint32_t bits = ~negative; /* bit i of the word is element c + i */
         __builtin_memcpy(dst + (c >> 3), &bits, 4);
     }
@@ -206,8 +204,9 @@ static inline int32_t hsum_epi32(__m256i v) {
 
 /* n (1..128) steps of the 3x2 4-bit tile in registers (the intrinsics version spilled two
  * accumulators): acc gets the 16-bit sums of row i x column j, bacc the column sums. */
-static inline __attribute__((always_inline)) void
-block_i8_3x2(int64_t n, const uint8_t *ap, const uint8_t *bp, __m256i *acc, __m256i *bacc) {
+static inline __attribute__((always_inline)) void block_i8_3x2(int64_t n, const uint8_t *ap,
+                                                               const uint8_t *bp, __m256i *acc,
+                                                               __m256i *bacc) {
     const __m256i eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
     __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256i s0 = c00, s1 = c00, av, b0, b1, t;
@@ -261,7 +260,8 @@ static void i8tile_avx2_3x2(int64_t steps, const uint8_t *a, const uint8_t *b, i
     }
     for (int j = 0; j < 2; j++) {
         int32_t sb = hsum_epi32(bsum[j]);
-        for (int i = 0; i < 3; i++) c[i * ldc + j] = (float)(hsum_epi32(wide[i * 2 + j]) - 8 * sb) * scale;
+        for (int i = 0; i < 3; i++)
+            c[i * ldc + j] = (float)(hsum_epi32(wide[i * 2 + j]) - 8 * sb) * scale;
     }
 }
 

@@ -73,7 +73,8 @@ static void tile_avx512_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, 
         for (int i = 0; i < 6; i++) {
             __m512i av = _mm512_set1_epi64((long long)as[i]);
             for (int j = 0; j < 4; j++)
-                acc[i][j] = _mm512_add_epi64(acc[i][j], _mm512_popcnt_epi64(_mm512_xor_si512(av, bv[j])));
+                acc[i][j] =
+                    _mm512_add_epi64(acc[i][j], _mm512_popcnt_epi64(_mm512_xor_si512(av, bv[j])));
         }
     }
     const __m256i vk = _mm256_set1_epi32((int)k);
@@ -104,7 +105,8 @@ static void i8tile_vnni_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, 
     }
     for (int64_t s = 0; s < steps; s++) {
         const uint8_t *as = a + s * 6 * 4, *bs = b + s * 32 * 4;
-        __m512i b0 = _mm512_load_si512((const void *)bs), b1 = _mm512_load_si512((const void *)(bs + 64));
+        __m512i b0 = _mm512_load_si512((const void *)bs),
+                b1 = _mm512_load_si512((const void *)(bs + 64));
         bsum[0] = _mm512_dpbusd_epi32(bsum[0], ones, b0);
         bsum[1] = _mm512_dpbusd_epi32(bsum[1], ones, b1);
         for (int i = 0; i < 6; i++) {
@@ -119,8 +121,9 @@ static void i8tile_vnni_6x32(int64_t steps, const uint8_t *a, const uint8_t *b, 
     for (int j = 0; j < 2; j++) {
         __m512i corr = _mm512_slli_epi32(bsum[j], 3);
         for (int i = 0; i < 6; i++)
-            _mm512_storeu_ps(c + i * ldc + j * 16,
-                             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), vs));
+            _mm512_storeu_ps(
+                c + i * ldc + j * 16,
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), vs));
     }
 }
 

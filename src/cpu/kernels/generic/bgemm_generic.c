@@ -1,6 +1,6 @@
 /* Reference and portable binary kernels: plain C, any CPU. */
-#include "../kernels.h"
 #include "../../../core/formats.h"
+#include "../kernels.h"
 
 uint64_t bie_row_popc_ref(const uint8_t *a, const uint8_t *b, int64_t k) {
     uint64_t p = 0;
@@ -19,7 +19,8 @@ static void tile_generic_4x4(int64_t steps, const uint8_t *a, const uint8_t *b, 
         const uint64_t *as = (const uint64_t *)(a + s * 32);
         const uint64_t *bs = (const uint64_t *)(b + s * 32);
         for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) acc[i * 4 + j] += (uint64_t)__builtin_popcountll(as[i] ^ bs[j]);
+            for (int j = 0; j < 4; j++)
+                acc[i * 4 + j] += (uint64_t)__builtin_popcountll(as[i] ^ bs[j]);
     }
     bie_tile_store(4, 4, acc, k, scale, c, ldc);
 }
