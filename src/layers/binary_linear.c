@@ -1,5 +1,6 @@
-/* Binary linear layer (SPEC §2): life cycle and forward. Backward in
- * binary_linear_backward.c, kernel selection in select_kernel.c. */
+/* Binary linear layer (SPEC §2) on the CPU: the forward and the kind's CPU ops table (the life
+ * cycle is layer.c's, the backward binary_linear_backward.c's, kernel selection
+ * layer_cpu.c's). */
 #include <math.h>
 #include <string.h>
 

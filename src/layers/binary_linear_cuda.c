@@ -1,5 +1,5 @@
 /* The binary linear layer on CUDA (SPEC §2). The parameters live in device memory, so an
- * optimizer updates them in place through bie_binary_linear_param views; scale_a and scale_w
+ * optimizer updates them in place through bie_layer_param views; scale_a and scale_w
  * are device scalars that the kernels read, which keeps the forward free of host syncs.
  *
  * Life-cycle calls that are rare and not on the hot path (reset, set_weight_data, prepare,

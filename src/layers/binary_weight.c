@@ -1,3 +1,5 @@
+/* The binary weight format (binary_weight.h) and what the layers share about weights, scales,
+ * gradients and tensor checks. */
 #include "binary_weight.h"
 #include "../core/device.h"
 

@@ -1,3 +1,4 @@
+/* Convolution geometry, checks and float im2col / col2im (conv_common.h). */
 #include "conv_common.h"
 
 #include <string.h>

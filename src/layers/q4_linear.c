@@ -1,6 +1,6 @@
-/* 4-bit linear layer (SPEC §4 as a matrix product): life cycle, forward and backward. The
- * codes of x' and w are int8 rows multiplied exactly by the 4-bit GEMM kernels. Layers on a
- * CUDA device delegate to q4_linear_cuda.c. */
+/* 4-bit linear layer (SPEC §4 as a matrix product) on the CPU: forward, backward and the kind's
+ * CPU ops table (the life cycle is layer.c's). The codes of x' and w are int8 rows multiplied
+ * exactly by the 4-bit GEMM kernels. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>

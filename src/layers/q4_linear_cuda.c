@@ -1,5 +1,5 @@
 /* The 4-bit linear layer on CUDA (SPEC §4). The parameters live in device memory, so an
- * optimizer updates them in place through bie_q4_linear_param views; scale_a and scale_w are
+ * optimizer updates them in place through bie_layer_param views; scale_a and scale_w are
  * device scalars that the kernels read, which keeps the forward free of host syncs.
  *
  * The forward quantizes x + bias_a and the weight into 4-bit rows of the device GEMM layout

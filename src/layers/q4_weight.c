@@ -1,3 +1,4 @@
+/* The 4-bit weight format (q4_weight.h): init, reset, scale_w, codes and nibble packing. */
 #include "q4_weight.h"
 
 #include <math.h>
