@@ -1,7 +1,7 @@
 /* Binary conv2d (SPEC §3) on the CPU: the forward and the kind's CPU ops table (the life cycle is
  * layer.c's, the backward binary_conv2d_backward.c's). The forward is an implicit GEMM on packed
- * bits: per image, the weight's sign rows (out_c x in_c k k, taps in [i, j, c] order) against bit-
- * im2col rows of the input (one per output pixel). Taps outside the input are packed as -1 and
+ * bits: per image, the weight's sign rows (out_c x in_c k k, taps in [i, j, c] order) against
+ * bit-im2col rows of the input (one per output pixel). Taps outside the input are packed as -1 and
  * corrected exactly afterwards: dot = xor_dot + sum over those taps of sum_c sign(w), so zero
  * padding contributes 0 as in a float convolution. */
 #include <math.h>
