@@ -32,10 +32,14 @@ class Kind(NamedTuple):
 
     def arguments(self, sizes, device, dtype, symmetric):
         """The creator's arguments after ``bie_layer **out``."""
-        sizes = tuple(int(s) for s in sizes)
+        sizes = tuple(sizes)
         if len(sizes) != len(self.sizes):
             fail(_lib.ERR_SHAPE, f"{self.creator} takes {len(self.sizes)} sizes "
                  f"({', '.join(self.sizes)}), got {len(sizes)}")
+        # Channels and features are int64_t in C, the conv geometry int: checked here, as
+        # ctypes would pass only the low bits of a larger value.
+        sizes = tuple(_lib.c_int64(v, name) if i < 2 else _lib.c_int(v, name)
+                      for i, (v, name) in enumerate(zip(sizes, self.sizes)))
         return sizes + (device, dtype) + ((bool(symmetric),) if self.binary else ())
 
 
@@ -103,7 +107,13 @@ class Layer:
         spec = _kind(kind)
         self.kind = kind
         self.spec = spec
+        self.sizes = tuple(sizes)
+        self.symmetric = bool(symmetric)
+        self.dtype = dtype
+        self.retired = False  # replaced by another layer (see rebuilt); its memory stays valid
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.is_cuda = self.device.type == "cuda"
         if self.is_cuda:
             _probe_device(kind, self.device)
@@ -166,7 +176,8 @@ class Layer:
     # -------------------------------------------------------------- the calls
 
     def reset_parameters(self, seed):
-        self._call(_lib.function("bie_layer_reset_parameters"), ctypes.c_uint64(int(seed)))
+        self._call(_lib.function("bie_layer_reset_parameters"),
+                   ctypes.c_uint64(_lib.c_uint64(seed, "seed")))
 
     def set_weight_data(self, w):
         """w: a contiguous tensor kept alive by the caller during the call."""
@@ -184,7 +195,8 @@ class Layer:
                    ctypes.byref(describe(q, packed=True, what="qweight")))
 
     def set_bits_binary_word(self, bits):
-        self._call(_lib.function("bie_layer_set_bits_binary_word"), int(bits))
+        self._call(_lib.function("bie_layer_set_bits_binary_word"),
+                   _lib.c_int(bits, "bits_binary_word"))
 
     def check_forward(self, x, packed=False):
         self._call(_lib.function("bie_layer_check_forward"),
@@ -200,7 +212,8 @@ class Layer:
                    ctypes.byref(describe(x, what="input")))
 
     def set_gemm_kernel(self, kernel_id):
-        self._call(_lib.function("bie_layer_set_gemm_kernel"), int(kernel_id))
+        self._call(_lib.function("bie_layer_set_gemm_kernel"),
+                   _lib.c_int(kernel_id, "gemm_kernel_id"))
 
     def set_scale_a(self, value):
         self._call(_lib.function("bie_layer_set_scale_a"), ctypes.c_float(float(value)))
@@ -216,6 +229,48 @@ class Layer:
     def changed(self):
         """Record that the state kept by the last training forward may be gone."""
         self.generation += 1
+
+    # -------------------------------------------------------------- rebuilding
+
+    def rebuilt(self, device=None, dtype=None):
+        """A new C layer of this kind and sizes, on ``device`` with float dtype ``dtype``
+        (default: this layer's), holding this layer's parameter values and settings: weight
+        (float or int8, or none for an inference-only layer), qweight, bias_a, scale_a,
+        scale_w, word size, training flag and the selected kernel where the new device and
+        dtype still offer it. This layer is left as it was (a failure raises BieError before
+        anything of it changed); the caller retires it (see ``retire``)."""
+        device = self.device if device is None else torch.device(device)
+        dtype = self.dtype if dtype is None else dtype
+        new = Layer(self.kind, self.sizes, device, self.symmetric, dtype)
+        new.keep_inputs = self.keep_inputs
+        if self.binary and self.bits_binary_word != new.bits_binary_word:
+            new.set_bits_binary_word(self.bits_binary_word)
+        weight, qweight = self.view(WEIGHT), self.view(QWEIGHT)
+        if weight is None:  # inference-only: the packed weight is all there is
+            new.generate_quantized_weight(True)
+        else:
+            if weight.dtype == torch.int8 and new.view(WEIGHT).dtype != torch.int8:
+                new.prepare_params()
+            new.view(WEIGHT).copy_(weight)
+        if qweight is not None:
+            new.set_quantized_weight_data(qweight.to(device).contiguous())
+        for which in (BIAS_A, SCALE_A, SCALE_W):  # as they are (an optimizer writes them so)
+            new.view(which).copy_(self.view(which))
+        kernel = self.kernel_id
+        if kernel != -1:
+            try:
+                new.set_gemm_kernel(kernel)
+            except BieError:
+                pass  # a kernel of the old device or dtype: the new layer keeps the default
+        new.set_training(self.training)
+        return new
+
+    def retire(self):
+        """Mark this layer as replaced: tensors over its memory stay valid (they keep it
+        alive), but a backward of a forward it ran raises instead of reaching the module's
+        new layer."""
+        self.retired = True
+        self.changed()
 
     # -------------------------------------------------------------- parameters
 

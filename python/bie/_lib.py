@@ -7,6 +7,7 @@ descriptors made by :func:`describe` from torch tensors.
 
 import ctypes
 import ctypes.util
+import operator
 import os
 import pathlib
 import threading
@@ -32,6 +33,7 @@ class BieError(RuntimeError):
 
 
 # Status codes the package raises itself (values of bie_status in bie.h).
+ERR_INVALID_ARGUMENT = 2
 ERR_SHAPE = 3
 ERR_DTYPE = 4
 ERR_DEVICE = 5
@@ -49,6 +51,59 @@ _STATUS_NAMES = {
 def fail(status, message):
     """Raise a BieError the package detected itself (no C call involved)."""
     raise BieError(status, _STATUS_NAMES.get(status, str(status)), message)
+
+
+class BieValueError(BieError, ValueError):
+    """An argument the package refuses before it reaches C (not an integer, or outside the
+    range of the C parameter): both a :class:`BieError` (``BIE_ERR_INVALID_ARGUMENT``) and a
+    ``ValueError``."""
+
+    def __init__(self, message):
+        super().__init__(ERR_INVALID_ARGUMENT, _STATUS_NAMES[ERR_INVALID_ARGUMENT], message)
+
+
+# ------------------------------------------------------------------ integer arguments
+
+INT_MIN, INT_MAX = -2 ** 31, 2 ** 31 - 1
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+UINT64_MAX = 2 ** 64 - 1
+
+
+def integer(value, what, low, high):
+    """``value`` as a Python int within [low, high], else BieValueError.
+
+    Every integer the package hands to C goes through here: ctypes would otherwise keep only
+    the low bits of a value too large for the C type (2**32 + 8 as an ``int`` is 8). Floats are
+    refused even when whole (as torch refuses ``nn.Linear(20.0, 3)``); bools, numpy and torch
+    integers are accepted.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_floating_point() or value.is_complex():
+            raise BieValueError(f"{what} must be an integer, got a tensor {value!r}")
+        value = value.item()
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise BieValueError(f"{what} must be an integer, got {value!r} "
+                            f"({type(value).__name__})") from None
+    if not low <= number <= high:
+        raise BieValueError(f"{what} is {number}, outside the range {low}..{high} bie accepts")
+    return number
+
+
+def c_int(value, what, low=INT_MIN, high=INT_MAX):
+    """An ``int`` argument of a C function (32 bits), range-checked."""
+    return integer(value, what, max(low, INT_MIN), min(high, INT_MAX))
+
+
+def c_int64(value, what, low=INT64_MIN, high=INT64_MAX):
+    """An ``int64_t`` argument, range-checked."""
+    return integer(value, what, max(low, INT64_MIN), min(high, INT64_MAX))
+
+
+def c_uint64(value, what):
+    """A ``uint64_t`` argument, range-checked."""
+    return integer(value, what, 0, UINT64_MAX)
 
 
 # ------------------------------------------------------------------ descriptors
@@ -191,12 +246,33 @@ def _sanitized(build_dir):
         return False
 
 
+def _installed_prefixes():
+    """Library folders where ``cmake --install`` puts libbie (default prefix /usr/local, or
+    this Python's prefix), which the system loader may not search without ``ldconfig``."""
+    import sys
+    import sysconfig
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    dirs = []
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, "/usr/local",
+                                 os.path.expanduser("~/.local"))):
+        for sub in ("lib", f"lib/{multiarch}" if multiarch else None, "lib64"):
+            if sub:
+                dirs.append(pathlib.Path(prefix) / sub)
+    return dirs
+
+
 def _candidates():
-    """Where libbie may be, in order: BIE_LIBRARY, the repository's build trees, installed."""
+    """Where libbie may be, in order: BIE_LIBRARY; the copy shipped inside the package (a
+    ``pip install``); the repository's build trees (the package used in place); the system
+    loader's libbie; an installed one (``cmake --install``) in the usual library folders."""
     explicit = os.environ.get("BIE_LIBRARY")
     if explicit:
         return [explicit], True
     found = []
+    here = pathlib.Path(__file__).resolve().parent
+    shipped = here / "libbie.so"
+    if shipped.is_file():
+        found.append(str(shipped))
     root = _repo_root()
     if (root / "include" / "bie.h").is_file():
         # build/ (the README's) first, then the newest other build tree. Sanitizer builds
@@ -208,6 +284,7 @@ def _candidates():
     if system:
         found.append(system)
     found += ["libbie.so.0", "libbie.so"]
+    found += [str(d / "libbie.so") for d in _installed_prefixes() if (d / "libbie.so").exists()]
     return found, False
 
 
@@ -243,7 +320,8 @@ def _load():
         _prototype(handle)
         return handle
     hint = ("BIE_LIBRARY names a library that cannot be loaded" if explicit else
-            "build it (cmake -S . -B build && cmake --build build) or set BIE_LIBRARY "
+            "install the package with pip (it builds and ships libbie), build it in the "
+            "repository (cmake -S . -B build && cmake --build build) or set BIE_LIBRARY "
             "to the path of libbie.so")
     raise ImportError("bie: cannot load libbie: " + hint + "\n  " + "\n  ".join(errors))
 

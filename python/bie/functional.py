@@ -56,8 +56,8 @@ def _standalone_layer(kind, sizes, weight, scale_a, scale_w, bias_a, is_train, k
     layer.set_scale_a(_scalar(scale_a, "scale_a"))
     if bias_a is not None:
         _copy_into(layer.view(BIAS_A), bias_a, "bias_a")
-    if kernel_id is not None and int(kernel_id) >= 0:
-        layer.set_gemm_kernel(int(kernel_id))
+    if kernel_id is not None and _lib.c_int(kernel_id, "gemm_kernel_id") >= 0:
+        layer.set_gemm_kernel(kernel_id)
     layer.set_training(bool(is_train))
     return layer
 
@@ -93,6 +93,10 @@ def _restore_state(ctx):
     if ctx.generation is None:
         fail(_lib.ERR_STATE, f"{layer.kind}: this output was computed in inference mode "
              "(eval() or is_train=False), which keeps nothing for a backward")
+    if layer.retired:
+        fail(_lib.ERR_STATE, f"{layer.kind}: the module's C layer was replaced (moved, "
+             "converted, or its weight replaced) after the forward this backward belongs "
+             "to; run backward before such calls")
     if ctx.generation == layer.generation:
         return
     if not ctx.kept:

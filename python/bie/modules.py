@@ -26,14 +26,29 @@ from torch import nn
 
 from . import _lib
 from ._layer import BIAS_A, QWEIGHT, SCALE_A, SCALE_W, WEIGHT, WEIGHT_FLOAT_GRAD, Layer
-from ._lib import WORD_DTYPE, fail
+from ._lib import WORD_DTYPE, BieError, fail
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
                          Q4LinearForward)
 
 _PARAMS = (("weight", WEIGHT), ("qweight", QWEIGHT), ("bias_a", BIAS_A),
            ("scale_a", SCALE_A), ("scale_w", SCALE_W))
 _LEARNABLE = ("weight", "bias_a", "scale_a")  # float weights only: int8 ones use weight.grad
-_MOVABLE = ("weight", "qweight")  # buffers bie may replace; the others live as long as the layer
+
+
+def _autocast_dtype(x):
+    """The autocast dtype in effect for tensors on x's device type, or None."""
+    kind = x.device.type
+    try:  # torch >= 2.4
+        if torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
+        return None
+    except TypeError:
+        pass
+    if kind == "cuda" and torch.is_autocast_enabled():
+        return torch.get_autocast_gpu_dtype()
+    if kind == "cpu" and torch.is_autocast_cpu_enabled():
+        return torch.get_autocast_cpu_dtype()
+    return None
 
 
 def _seed_from_torch():
@@ -47,9 +62,9 @@ class _BieLayerModule(nn.Module):
     _kind = None
 
     def _setup(self, sizes, device, dtype, symmetric, keep_inputs):
-        self._layer_args = (tuple(sizes), device, symmetric, dtype)
         self._layer = Layer(self._kind, sizes, device, symmetric, dtype)
         self._layer.keep_inputs = bool(keep_inputs)
+        self._layer_args = (tuple(sizes), self._layer.device, symmetric, dtype)
         self.device = self._layer.device
         self.dtype = dtype
         self._qweight_installed = False  # qweight set by the user, not derived from weight
@@ -73,6 +88,9 @@ class _BieLayerModule(nn.Module):
                 continue
             learnable = name in _LEARNABLE and view.is_floating_point()
             self._parameters[name] = nn.Parameter(view, requires_grad=learnable)
+        self._remember()
+
+    def _remember(self):
         self._expected = tuple((name, p, p.data_ptr()) for name, p in self._parameters.items()
                                if p is not None)
 
@@ -86,32 +104,94 @@ class _BieLayerModule(nn.Module):
     def _check_params(self):
         if not self._params_intact():
             fail(_lib.ERR_STATE, f"{type(self).__name__}: a parameter no longer lives in the "
-                 "bie layer's memory (it was replaced or converted); load values with "
-                 "set_weight_data() or load_state_dict(), and create the module on the "
-                 "device and dtype it should run with")
+                 "bie layer's memory (it was replaced); load values with set_weight_data() "
+                 "or load_state_dict(), and move or convert the module with .to() / .cuda() "
+                 "/ .half() ...")
+
+    def _install(self, new):
+        """Make ``new`` (a C layer holding this module's state) the module's layer.
+
+        The old layer is retired, not freed: tensors over its memory (parameters or views of
+        them held elsewhere) keep it alive and stay valid, detached from the module. Each
+        Parameter object whose dtype and shape are unchanged stays the same object, its
+        ``.data`` now the new layer's memory (as torch's own ``Module._apply`` does), so an
+        optimizer holding it keeps working; its gradient moves along. A parameter whose dtype
+        or shape changes (the weight becoming int8 in prepare_params, qweight under a new word
+        size) gets a new Parameter object."""
+        old, self._layer = self._layer, new
+        old.retire()
+        for name, which in _PARAMS:
+            view = new.view(which)
+            current = self._parameters.get(name)
+            if view is None:
+                self._parameters[name] = None
+            elif (current is not None and current.dtype == view.dtype
+                  and current.shape == view.shape):
+                grad, current.grad = current.grad, None
+                current.data = view
+                if grad is not None:
+                    current.grad = grad.to(view.device)
+            else:
+                learnable = name in _LEARNABLE and view.is_floating_point()
+                self._parameters[name] = nn.Parameter(view, requires_grad=learnable)
+        self._remember()
+        self.device, self.dtype = new.device, new.dtype
+        self._layer_args = (new.sizes, new.device, new.symmetric, new.dtype)
 
     def _lifecycle(self, call, *args):
-        """Run ``call(*args)``, a method of the C layer that may replace buffers; keep the old
-        Parameter objects valid."""
-        backups = {name: self._parameters[name].detach().clone()
-                   for name in _MOVABLE if self._parameters.get(name) is not None}
-        call(*args)
-        self._layer.changed()
-        for name, backup in backups.items():
-            old = self._parameters[name]
-            view = self._layer.view(dict(_PARAMS)[name])
-            if view is None or view.data_ptr() != old.data_ptr() or view.dtype != old.dtype:
-                old.data = backup  # the old object now owns its values; bie freed its buffer
-        self._sync()
+        """Run ``call`` (the name of a method of the C layer that may replace buffers) on a
+        copy of the layer, then make the copy the module's layer. A failing call leaves the
+        module as it was; views of the old buffers stay valid (see _install)."""
+        new = self._layer.rebuilt()
+        getattr(new, call)(*args)
+        new.changed()
+        self._install(new)
+
+    # ---------------------------------------------------------------- moving and converting
+
+    def _target_of(self, fn):
+        """The (device, float dtype) ``fn`` (what ``Module._apply`` applies to every tensor)
+        converts this layer's float tensors to, found by applying it to a one-element tensor
+        of the layer's device and dtype."""
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        out = fn(probe)
+        if not torch.is_tensor(out):
+            return self.device, self.dtype
+        return out.device, out.dtype
+
+    def _move(self, device, dtype):
+        """Rebuild the C layer on ``device`` with compute dtype ``dtype``; BieError (the module
+        unchanged) where the library has no such layer."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        supported = ("bie layers run in float32 on the CPU and in float32, bfloat16 or "
+                     "float16 on CUDA")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16) or (
+                device.type == "cpu" and dtype != torch.float32):
+            fail(_lib.ERR_DTYPE, f"{type(self).__name__} on {self.device} cannot be converted "
+                 f"to {dtype} on {device}: {supported}; the module is unchanged")
+        if device.type not in ("cpu", "cuda"):
+            fail(_lib.ERR_DEVICE, f"{type(self).__name__} cannot be moved to {device}: bie has "
+                 "CPU and CUDA layers; the module is unchanged")
+        self._install(self._layer.rebuilt(device, dtype))
 
     def _apply(self, fn, *args, **kwargs):
-        result = super()._apply(fn, *args, **kwargs)
-        if not self._params_intact():
-            self._sync(force=True)  # back to the layer's own memory
-            fail(_lib.ERR_DEVICE, f"{type(self).__name__}: its parameters live in bie's "
-                 f"layer on {self.device} and cannot be converted or moved; create the module "
-                 "with the device (and dtype) it should use")
-        return result
+        """``.to()``, ``.cuda()``, ``.cpu()``, ``.half()``, ``.bfloat16()``, ``.float()`` ...
+        rebuild the C layer on the target device with the target compute dtype, with the same
+        parameter values and settings (see _install for what happens to the Parameter
+        objects). Parameters stay float32 (int8 / packed words where they are): the dtype is
+        the one of inputs and outputs, as bie's layers keep float32 master values on every
+        device."""
+        device, dtype = self._target_of(fn)
+        if (device, dtype) != (self.device, self.dtype):
+            self._move(device, dtype)
+        for module in self.children():
+            module._apply(fn, *args, **kwargs)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         weight = state_dict.get(prefix + "weight")
@@ -131,6 +211,14 @@ class _BieLayerModule(nn.Module):
         if qweight is not None:  # saved beside its weight, qweight was derived from it
             self._qweight_installed = weight is None
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """State dicts are snapshots: each value is a copy of the parameter (the Parameter
+        itself with keep_vars), so later training, ``train()`` / ``eval()`` or calls that
+        replace the layer's buffers never change a state dict already taken."""
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.detach().clone()
+
     # ---------------------------------------------------------------- copy and pickle
 
     def __getstate__(self):
@@ -149,20 +237,33 @@ class _BieLayerModule(nn.Module):
         return state
 
     def __setstate__(self, state):
+        """Rebuild the C layer from __getstate__'s values. The device is the one the saved
+        values were loaded to (``torch.load(..., map_location=...)`` moves a model); a layer
+        loaded to the CPU runs in float32."""
         info = state.pop("_bie_layer")
         values = state.pop("_parameters")
         super().__setstate__(state)
         sizes, device, symmetric, dtype = self._layer_args
+        loaded = [v for v in values.values() if v is not None]
+        if loaded:
+            device = loaded[0].device
+        if torch.device(device).type == "cpu":
+            dtype = torch.float32
         self._layer = Layer(self._kind, sizes, device, symmetric, dtype)
         self._layer.keep_inputs = info["keep_inputs"]
         self._parameters = OrderedDict((name, None) for name in values)
         self._expected = ()
         self._sync()
+        self._layer_args = (tuple(sizes), self._layer.device, symmetric, dtype)
+        self.device, self.dtype = self._layer.device, dtype
         if self._layer.binary and info["bits"] != 8:
             self.set_bits_binary_word(info["bits"])
         self.load_state_dict({k: v for k, v in values.items() if v is not None}, strict=False)
         if info["kernel"] != -1:
-            self.gemm_kernel_id = info["kernel"]
+            try:
+                self.gemm_kernel_id = info["kernel"]
+            except BieError:
+                pass  # a kernel of another device: the default one
         self._layer.set_training(info["training"])
 
     # ---------------------------------------------------------------- the seed's methods
@@ -170,32 +271,32 @@ class _BieLayerModule(nn.Module):
     def reset_parameters(self, seed=None):
         """Kaiming-uniform weight from a generator seeded with ``seed`` (default: drawn from
         torch's generator); the weight becomes float again."""
-        self._lifecycle(self._layer.reset_parameters,
-                        _seed_from_torch() if seed is None else int(seed))
+        seed = _seed_from_torch() if seed is None else _lib.c_uint64(seed, "seed")
+        self._lifecycle("reset_parameters", seed)
         self._qweight_installed = False
 
     def prepare_params(self):
         """SPEC §2/§4 prepare_params (binary: the weight becomes int8). Call before training
         and before creating the optimizer."""
-        self._lifecycle(self._layer.prepare_params)
+        self._lifecycle("prepare_params")
 
     def set_weight_data(self, x):
         """Copy x (the layer's shape and dtype) into the weight, then prepare_params."""
         x = x.detach().contiguous()
-        self._lifecycle(self._layer.set_weight_data, x)
+        self._lifecycle("set_weight_data", x)
         self._qweight_installed = False
 
     def generate_quantized_weight(self, qweight_only=False):
         """Pack the weight into ``qweight``; with qweight_only, free the weight
         (inference-only layer)."""
-        self._lifecycle(self._layer.generate_quantized_weight, bool(qweight_only))
+        self._lifecycle("generate_quantized_weight", bool(qweight_only))
         self._qweight_installed = False
 
     def set_quantized_weight_data(self, x):
         """Install packed weights (binary: words of bits_binary_word bits as uint8 / int32 /
         int64; 4-bit: uint8 nibbles); used by inference from then on."""
         x = x.detach().contiguous()
-        self._lifecycle(self._layer.set_quantized_weight_data, x)
+        self._lifecycle("set_quantized_weight_data", x)
         self._qweight_installed = True
 
     @property
@@ -235,7 +336,7 @@ class _BieLayerModule(nn.Module):
 
     @gemm_kernel_id.setter
     def gemm_kernel_id(self, kernel_id):
-        self._layer.set_gemm_kernel(int(kernel_id))
+        self._layer.set_gemm_kernel(_lib.c_int(kernel_id, "gemm_kernel_id"))
 
     def describe(self):
         """What the C layer reports about itself (``bie_layer_describe``), as a dict: kind
@@ -281,6 +382,17 @@ class _BieLayerModule(nn.Module):
 
     def forward(self, x):
         self._check_params()
+        cast = _autocast_dtype(x)
+        if cast is None:
+            return self._forward(x)
+        # Under autocast: the input in the layer's dtype, the output in the autocast dtype
+        # (what torch's linear and conv2d return there).
+        if x.is_floating_point() and x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        out = self._forward(x)
+        return out if out.dtype == cast else out.to(cast)
+
+    def _forward(self, x):
         if not self.training and not (x.requires_grad and torch.is_grad_enabled()):
             # Inference keeps nothing for a backward: no autograd node, the C call only.
             out = self._inference(x)
@@ -307,7 +419,8 @@ class _BinaryMixin:
 
     def set_bits_binary_word(self, num_bit):
         """Words of 8, 32 or 64 bits for packed weights and inputs."""
-        self._lifecycle(self._layer.set_bits_binary_word, int(num_bit))
+        self._lifecycle("set_bits_binary_word",
+                        _lib.c_int(num_bit, "bits_binary_word"))
 
     @property
     def bits_binary_word(self):
@@ -332,8 +445,8 @@ class BinaryLinearBase(_BinaryMixin, _BieLayerModule):
     def __init__(self, input_features, out_features, device=None, dtype=torch.float32,
                  symmetric=True, keep_inputs=False):
         super().__init__()
-        self.input_features = int(input_features)
-        self.output_features = int(out_features)
+        self.input_features = _lib.c_int64(input_features, "input_features")
+        self.output_features = _lib.c_int64(out_features, "out_features")
         self.symmetric = bool(symmetric)
         self._setup((input_features, out_features), device, dtype, symmetric, keep_inputs)
 
@@ -367,9 +480,12 @@ class BinaryConv2dBase(_BinaryMixin, _BieLayerModule):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  device=None, dtype=torch.float32, symmetric=True, keep_inputs=False):
         super().__init__()
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size, self.stride = int(kernel_size), int(stride)
-        self.padding, self.dilation = int(padding), int(dilation)
+        self.in_channels = _lib.c_int64(in_channels, "in_channels")
+        self.out_channels = _lib.c_int64(out_channels, "out_channels")
+        self.kernel_size = _lib.c_int(kernel_size, "kernel_size")
+        self.stride = _lib.c_int(stride, "stride")
+        self.padding = _lib.c_int(padding, "padding")
+        self.dilation = _lib.c_int(dilation, "dilation")
         self.symmetric = bool(symmetric)
         self._setup((in_channels, out_channels, kernel_size, stride, padding, dilation), device,
                     dtype, symmetric, keep_inputs)
@@ -401,8 +517,8 @@ class Q4LinearCutlass(_BieLayerModule):
     def __init__(self, input_features, out_features, device=None, dtype=torch.float32,
                  keep_inputs=False):
         super().__init__()
-        self.input_features = int(input_features)
-        self.output_features = int(out_features)
+        self.input_features = _lib.c_int64(input_features, "input_features")
+        self.output_features = _lib.c_int64(out_features, "out_features")
         self._setup((input_features, out_features), device, dtype, True, keep_inputs)
 
     in_features = property(lambda self: self.input_features)
@@ -430,9 +546,12 @@ class Q4Conv2dCutlass(_BieLayerModule):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  device=None, dtype=torch.float32, keep_inputs=False):
         super().__init__()
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size, self.stride = int(kernel_size), int(stride)
-        self.padding, self.dilation = int(padding), int(dilation)
+        self.in_channels = _lib.c_int64(in_channels, "in_channels")
+        self.out_channels = _lib.c_int64(out_channels, "out_channels")
+        self.kernel_size = _lib.c_int(kernel_size, "kernel_size")
+        self.stride = _lib.c_int(stride, "stride")
+        self.padding = _lib.c_int(padding, "padding")
+        self.dilation = _lib.c_int(dilation, "dilation")
         self._setup((in_channels, out_channels, kernel_size, stride, padding, dilation), device,
                     dtype, True, keep_inputs)
 

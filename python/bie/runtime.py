@@ -49,7 +49,7 @@ def kernels():
 
 def set_num_threads(n):
     """Threads for bie's CPU kernels and OpenBLAS (0 = the default)."""
-    _lib.check(_lib.lib().bie_set_num_threads(int(n)))
+    _lib.check(_lib.lib().bie_set_num_threads(_lib.c_int(n, "threads")))
 
 
 def get_num_threads():
