@@ -45,6 +45,8 @@ void bie_free_aligned(void *p);
 
 /* Number of threads for a parallel region. */
 int bie_threads(void);
+/* Give the calling thread's OpenMP default (which OpenBLAS follows) the requested count. */
+void bie_blas_threads(void);
 
 #ifdef __cplusplus
 }

@@ -34,3 +34,15 @@ int bie_threads(void) {
 }
 
 int bie_get_num_threads(void) { return bie_threads(); }
+
+/* The OpenMP build of OpenBLAS sizes each call by the calling thread's OpenMP default
+ * (omp_get_max_threads()), and openblas_set_num_threads() sets that default only in the thread
+ * that calls bie_set_num_threads: a layer run from another thread used the default count, and
+ * OpenBLAS' choice of kernel by thread count changed its gradients' last bits. The layers call
+ * this before OpenBLAS, so that a requested count holds in every thread (SPEC §7). */
+void bie_blas_threads(void) {
+#ifdef _OPENMP
+    const int n = atomic_load(&requested_threads);
+    if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+#endif
+}

@@ -411,5 +411,6 @@ bie_status bie_layer_forward(bie_layer *l, const bie_tensor *x, bie_tensor *out)
 
 bie_status bie_layer_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     CHECK_LAYER(l);
+    bie_blas_threads(); /* the CPU backward's float GEMMs (OpenBLAS) in this thread */
     return l->ops->backward(l, grad_out, grad_x);
 }
