@@ -50,10 +50,14 @@ BIE_API bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor 
 /* ------------------------------------------------- 2. optimizer steps on tensors */
 
 /* Sign-flip step for an int8 binary weight (SPEC §5), element by element:
- *   m = lerp(m, g, 1 - beta1);  v = lerp(v, sign(m) * lr, 1 - beta2);  u = -sign(v);
- *   where u != sign(w): w = -w   (sign(0) = +1; a zero weight becomes -1 when it flips).
+ *   m = lerp(m, g, 1 - beta1);  v = lerp(v, sgn0(m) * lr, 1 - beta2);  u = -sign(v);
+ *   where u != sign(w): w = -w
+ * where sgn0(0) = 0 (the momentum's sign only) and sign(0) = +1 everywhere else; a zero
+ * weight becomes -1 when it flips. Start the state with bie_signflip_init (m = 0,
+ * v = -sign(w) * delta): then u starts equal to sign(w), and a weight whose gradient has
+ * been 0 since the start never flips (for beta2 >= 0.5: v keeps its sign as it decays).
  * weight: I8, any shape; grad: same shape, I8 (the layers' int8-quantized gradient, used as
- * integers) or F32; m, v: same shape F32 optimizer state (zeros at the start), updated.
+ * integers) or F32; m, v: same shape F32 optimizer state, updated.
  * flipped (may be NULL) receives the number of weights that changed sign.
  * The tensors may all be CPU tensors or all on one CUDA device (CUDA builds; asynchronous
  * on the current stream, except that a non-NULL flipped waits for the count).
@@ -62,6 +66,14 @@ BIE_API bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor 
 BIE_API bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
                                      bie_tensor *v, float lr, float beta1, float beta2,
                                      int64_t *flipped);
+
+/* The sign-flip state at the start (SPEC §5): m = 0 and v = -sign(w) * delta (sign(0) = +1),
+ * delta uniform in (0, 1e-3], one per element in order, from a splitmix64 generator seeded
+ * with `seed` (the same seed gives the same state on any device). weight: I8; m, v: F32 of
+ * its shape, all CPU tensors or all on one CUDA device (CUDA builds; waits for the copies).
+ * Errors: NULL, shapes, dtypes, devices (as bie_signflip_step), out of memory. */
+BIE_API bie_status bie_signflip_init(const bie_tensor *weight, bie_tensor *m, bie_tensor *v,
+                                     uint64_t seed);
 
 typedef struct bie_adam_options {
     float lr;           /* default 1e-3 */
@@ -304,6 +316,9 @@ typedef struct bie_optimizer_options {
     float binary_beta1, binary_beta2; /* default 0.99, 0.9999 */
     /* Adam / AdamW for BIE_PARAM_KIND_FLOAT */
     bie_adam_options adam; /* default bie_adam_defaults() */
+    /* seed of the sign-flip state's initial v (bie_signflip_init); each binary weight's
+     * generator is seeded with a mix of it and the parameter's index. Default 0. */
+    uint64_t seed;
 } bie_optimizer_options;
 
 BIE_API bie_optimizer_options bie_optimizer_defaults(void);
@@ -312,8 +327,10 @@ BIE_API bie_optimizer_options bie_optimizer_defaults(void);
 typedef struct bie_optimizer bie_optimizer;
 
 /* An optimizer over the model's current trainable parameters (create it after
- * bie_model_prepare_params). options NULL = defaults. Errors: NULL, options out of range
- * (as bie_signflip_step / bie_adam_step), a packed model, binary weights not yet int8. */
+ * bie_model_prepare_params). options NULL = defaults. Binary weights start their sign-flip
+ * state as bie_signflip_init does, from options->seed; float ones start at m = v = 0.
+ * Errors: NULL, options out of range (as bie_signflip_step / bie_adam_step), a packed
+ * model, binary weights not yet int8, out of memory. */
 BIE_API bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
                                         const bie_optimizer_options *options);
 BIE_API void bie_optimizer_free(bie_optimizer *optimizer); /* NULL is fine */

@@ -11,8 +11,16 @@ class SignFlip(torch.optim.Optimizer):
     For an int8 parameter (a prepared binary weight) with gradient ``g`` (its int8-quantized
     gradient, which bie's backward stores in ``weight.grad``), element by element::
 
-        m = lerp(m, g, 1 - beta1);  v = lerp(v, sign(m) * lr, 1 - beta2);  u = -sign(v)
-        where u != sign(w): w = -w                         (sign(0) = +1 throughout)
+        m = lerp(m, g, 1 - beta1);  v = lerp(v, sgn0(m) * lr, 1 - beta2);  u = -sign(v)
+        where u != sign(w): w = -w
+
+    where ``sgn0(0) = 0`` (the momentum's sign only) and ``sign(0) = +1`` everywhere else; a
+    zero weight becomes -1 when it flips. The state starts at ``m = 0``,
+    ``v = -sign(w) * delta`` with ``delta`` uniform in (0, 1e-3], drawn once per element (at
+    the parameter's first step, in parameter order) from the optimizer's generator, seeded
+    with ``seed`` or, when ``seed`` is None, with a number drawn from torch's default
+    generator at construction (so ``torch.manual_seed`` decides it). So ``u`` starts equal to
+    ``sign(w)``: a weight whose gradient has been 0 since the start never flips.
 
     Float parameters (scale_a, bias_a, float weights, the rest of the network) take an Adam
     step with bias correction, ``float_lr`` / ``float_betas`` / ``eps``; ``weight_decay`` is
@@ -22,7 +30,7 @@ class SignFlip(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
                  float_betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 decoupled_weight_decay=True):
+                 decoupled_weight_decay=True, seed=None):
         for name, value in (("lr", lr), ("float_lr", float_lr), ("eps", eps)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"SignFlip: {name} must be finite and > 0, got {value}")
@@ -35,12 +43,21 @@ class SignFlip(torch.optim.Optimizer):
                         float_betas=tuple(float_betas), eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        self._generator = torch.Generator().manual_seed(int(seed))
         self.flipped = 0  # binary weights that changed sign in the last step
 
     @staticmethod
     def _sign(t):
         """sign with sign(0) = +1 (SPEC §1), as float."""
         return torch.where(t >= 0, 1.0, -1.0).to(torch.float32)
+
+    def _initial_v(self, p):
+        """v = -sign(w) * delta, delta uniform in (0, 1e-3] (drawn on the CPU, then moved)."""
+        u = torch.rand(p.shape, generator=self._generator, dtype=torch.float64)
+        delta = ((1.0 - u) * 1e-3).to(torch.float32).to(p.device)  # 1 - u in (0, 1]
+        return -self._sign(p) * delta
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -64,11 +81,11 @@ class SignFlip(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             state["m"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            state["v"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            state["v"] = self._initial_v(p)
         m, v = state["m"], state["v"]
         beta1, beta2 = group["betas"]
         m.lerp_(p.grad.to(torch.float32), 1.0 - beta1)
-        v.lerp_(self._sign(m) * group["lr"], 1.0 - beta2)
+        v.lerp_(torch.sign(m) * group["lr"], 1.0 - beta2)  # sgn0: torch.sign(0) = 0
         flip = (-self._sign(v)) != self._sign(p)
         flipped_values = torch.where(p == 0, torch.full_like(p, -1), -p)  # 0 flips to -1
         p.copy_(torch.where(flip, flipped_values, p))

@@ -14,45 +14,125 @@ def _sign(t):
     return torch.where(t >= 0, 1.0, -1.0)
 
 
-def test_signflip_matches_formula():
-    w = torch.randint(-127, 128, (9, 13), dtype=torch.int8)
-    w[0, :3] = 0  # zero weights flip to -1
+def _initial_v(w, seed):
+    """The documented initial v: -sign(w) * delta, delta = (1 - torch.rand) * 1e-3 from a
+    generator seeded with ``seed`` (float64 draws)."""
+    u = torch.rand(w.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    delta = ((1.0 - u) * 1e-3).float()
+    return -_sign(w.float()) * delta
+
+
+def _reference_step(w, m, v, g, lr, beta1, beta2):
+    """SPEC §5 written out: returns the new w, m, v and the flip mask."""
+    m = m + (g.float() - m) * (1 - beta1)
+    v = v + (torch.sign(m) * lr - v) * (1 - beta2)  # sgn0(m): sign(0) = 0
+    flip = -_sign(v) != _sign(w.float())
+    flipped = torch.where(w == 0, torch.full_like(w, -1), -w)
+    return torch.where(flip, flipped, w), m, v, flip
+
+
+def test_signflip_initial_state():
+    w = torch.randint(-127, 128, (40, 50), dtype=torch.int8)
+    w[0, :3] = 0  # sign(0) = +1: v < 0
     p = nn.Parameter(w.clone(), requires_grad=False)
-    opt = bie.SignFlip([p], lr=1e-3, betas=(0.9, 0.99))
-    m = torch.zeros(9, 13)
-    v = torch.zeros(9, 13)
+    opt = bie.SignFlip([p], seed=5)
+    p.grad = torch.zeros_like(w)
+    opt.step()
+    v0 = _initial_v(w, 5)
+    assert ((v0.abs() > 0) & (v0.abs() <= 1e-3)).all()
+    assert (torch.where(w < 0, v0 > 0, v0 < 0)).all()
+    assert abs(float(v0.abs().mean()) - 5e-4) < 5e-5  # uniform in (0, 1e-3]
+    state = opt.state[p]
+    assert torch.equal(state["m"], torch.zeros(40, 50))
+    torch.testing.assert_close(state["v"], v0 * 0.9999, rtol=1e-6, atol=0)  # one zero step
+    # the same seed gives the same state; by default torch's generator decides the seed
+    for make in (lambda q: bie.SignFlip([q], seed=5), lambda q: bie.SignFlip([q])):
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(3)
+            q = nn.Parameter(w.clone(), requires_grad=False)
+            o = make(q)
+            q.grad = torch.zeros_like(w)
+            o.step()
+            runs.append(o.state[q]["v"])
+        assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], state["v"])
+
+
+@pytest.mark.parametrize("betas", [(0.99, 0.9999), (0.9, 0.99), (0.5, 0.6)])
+def test_zero_gradient_never_flips(betas):
+    w = torch.randint(-128, 128, (33, 17), dtype=torch.int8)
+    w[0, :4] = torch.tensor([0, -128, 127, 1], dtype=torch.int8)
+    p = nn.Parameter(w.clone(), requires_grad=False)
+    opt = bie.SignFlip([p], lr=1e-2, betas=betas, seed=1)
+    for _ in range(1000):
+        p.grad = torch.zeros_like(w)
+        opt.step()
+        assert opt.flipped == 0
+    assert torch.equal(p.detach(), w)
+
+
+@pytest.mark.parametrize("rows,lr,betas,steps", [(9, 1e-3, (0.9, 0.99), 1000),
+                                                 (200, 1e-4, (0.99, 0.9999), 1000),
+                                                 (9, 1e-2, (0.5, 0.6), 200)])
+def test_signflip_matches_formula(rows, lr, betas, steps):
+    shape = (rows, 13)
+    w = torch.randint(-127, 128, shape, dtype=torch.int8)
+    w[0, :3] = 0  # zero weights flip to -1
+    w[1, 0] = -128  # flips to 127
+    p = nn.Parameter(w.clone(), requires_grad=False)
+    opt = bie.SignFlip([p], lr=lr, betas=betas, seed=11)
+    m, v = torch.zeros(shape), _initial_v(w, 11)
     expect = w.clone()
-    for _ in range(4):
-        g = torch.randint(-127, 128, (9, 13), dtype=torch.int8)
+    bias = (torch.arange(13) % 7 - 3) * 20  # some signs persist, some alternate
+    dead = torch.zeros(shape, dtype=torch.bool)
+    dead[:, 4] = True  # these gradients stay 0
+    total = 0
+    for _ in range(steps):
+        g = (torch.randint(-127, 128, shape) + bias).clamp(-127, 127).to(torch.int8)
+        g[dead | (torch.rand(shape) < 0.125)] = 0  # exact zeros
         p.grad = g
         opt.step()
-        m = m + (g.float() - m) * 0.1
-        v = v + (_sign(m) * 1e-3 - v) * 0.01
-        flip = -_sign(v) != _sign(expect.float())
-        flipped = torch.where(expect == 0, torch.full_like(expect, -1), -expect)
+        expect, m, v, flip = _reference_step(expect, m, v, g, lr, *betas)
         assert opt.flipped == int(flip.sum())
-        expect = torch.where(flip, flipped, expect)
         assert torch.equal(p.detach(), expect)
+        total += opt.flipped
+    torch.testing.assert_close(opt.state[p]["v"], v, rtol=1e-5, atol=1e-5 * lr)
+    assert total > 0
+    assert torch.equal(p.detach()[dead], w[dead])
 
 
 def test_signflip_agrees_with_the_c_library():
     fn = getattr(_lib.lib(), "bie_signflip_step", None)
-    if fn is None:
-        pytest.skip("this libbie has no bie_signflip_step")
+    init = getattr(_lib.lib(), "bie_signflip_init", None)
+    if fn is None or init is None:
+        pytest.skip("this libbie has no bie_signflip_step / bie_signflip_init")
     w = torch.randint(-127, 128, (5, 7), dtype=torch.int8)
-    g = torch.randint(-127, 128, (5, 7), dtype=torch.int8)
+    w[0, 0] = 0
     cw, m, v = w.clone(), torch.zeros(5, 7), torch.zeros(5, 7)
+    g = torch.zeros(5, 7, dtype=torch.int8)
     descs = [_lib.describe(t) for t in (cw, g, m, v)]
-    flipped = ctypes.c_int64()
-    status = fn(*(ctypes.byref(d) for d in descs), 1e-4, 0.99, 0.9999, ctypes.byref(flipped))
+    status = init(ctypes.byref(descs[0]), ctypes.byref(descs[2]), ctypes.byref(descs[3]),
+                  ctypes.c_uint64(17))
     if status == _lib.ERR_UNSUPPORTED:
-        pytest.skip("bie_signflip_step is not implemented in this libbie yet")
+        pytest.skip("bie_signflip_init is not implemented in this libbie yet")
     _lib.check(status)
+    assert torch.equal(m, torch.zeros(5, 7))
+    assert ((-_sign(w.float()) * v > 0) & (v.abs() <= 1e-3)).all()
     p = nn.Parameter(w.clone(), requires_grad=False)
-    p.grad = g
-    opt = bie.SignFlip([p])
-    opt.step()
-    assert torch.equal(p.detach(), cw) and opt.flipped == flipped.value
+    opt = bie.SignFlip([p], lr=1e-3, betas=(0.9, 0.99))
+    opt.state[p] = {"m": m.clone(), "v": v.clone()}  # the C library's initial state
+    flipped = ctypes.c_int64()
+    for step in range(200):
+        g.copy_(torch.randint(-127, 128, (5, 7), dtype=torch.int8))
+        g[:, 3] = 0
+        g[torch.rand(5, 7) < 0.125] = 0
+        _lib.check(fn(*(ctypes.byref(d) for d in descs), 1e-3, 0.9, 0.99, ctypes.byref(flipped)))
+        p.grad = g.clone()
+        opt.step()
+        assert torch.equal(p.detach(), cw) and opt.flipped == flipped.value, step
+    torch.testing.assert_close(opt.state[p]["v"], v, rtol=1e-5, atol=1e-8)
+    assert torch.equal(cw[:, 3], w[:, 3])  # zero gradient: never flipped
 
 
 @pytest.mark.parametrize("decoupled", [True, False])

@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(kThreads)
         const float g = g8 ? (float)g8[i] : gf[i];
         const float mi =
             __fadd_rn(m[i], __fmul_rn(a1, __fsub_rn(g, m[i])));  // lerp(m, g, 1 - beta1)
-        const float target = mi >= 0 ? lr : -lr;                 // sign(m) lr, sign(0) = +1
+        const float target = mi > 0 ? lr : mi < 0 ? -lr : 0.0f;  // sgn0(m) lr, sgn0(0) = 0
         const float vi = __fadd_rn(v[i], __fmul_rn(a2, __fsub_rn(target, v[i])));
         m[i] = mi;
         v[i] = vi;

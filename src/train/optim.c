@@ -1,8 +1,9 @@
-/* Optimizer steps on plain tensors: sign-flip for int8 binary weights (SPEC §5) and
- * Adam / AdamW with bias correction. Element-wise, so parallel loops stay deterministic;
- * the flip count is summed per thread and combined in a fixed order by OpenMP's integer
- * reduction (exact for integers). Tensors on a CUDA device step there (train_cuda.h). */
+/* Optimizer steps on plain tensors: sign-flip for int8 binary weights (SPEC §5) with its
+ * initial state, and Adam / AdamW with bias correction. Element-wise, so parallel loops stay
+ * deterministic; the flip count is summed per thread and combined in a fixed order by OpenMP's
+ * integer reduction (exact for integers). Tensors on a CUDA device step there (train_cuda.h). */
 #include <math.h>
+#include <string.h>
 
 #include "train_internal.h"
 #ifdef BIE_HAVE_CUDA
@@ -87,8 +88,8 @@ bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_ten
     if (n > BIE_TRAIN_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float g = g8 ? (float)g8[i] : gf[i];
-        const float mi = mm[i] + a1 * (g - mm[i]); /* lerp(m, g, 1 - beta1) */
-        const float target = mi >= 0 ? lr : -lr;   /* sign(m) * lr, sign(0) = +1 */
+        const float mi = mm[i] + a1 * (g - mm[i]);              /* lerp(m, g, 1 - beta1) */
+        const float target = mi > 0 ? lr : mi < 0 ? -lr : 0.0f; /* sgn0(m) * lr, sgn0(0) = 0 */
         const float vi = vv[i] + a2 * (target - vv[i]);
         mm[i] = mi;
         vv[i] = vi;
@@ -101,6 +102,60 @@ bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_ten
     }
     if (flipped) *flipped = flips;
     return BIE_OK;
+}
+
+/* delta uniform in (0, 1e-3]: 53 random bits as k in [1, 2^53], times 1e-3 / 2^53. */
+static float signflip_delta(uint64_t *state) {
+    const double u = (double)((bie_train_splitmix64(state) >> 11) + 1) * (1.0 / 9007199254740992.0);
+    return (float)(u * 1e-3);
+}
+
+bie_status bie_signflip_init(const bie_tensor *weight, bie_tensor *m, bie_tensor *v,
+                             uint64_t seed) {
+    static const char *who = "signflip_init";
+    BIE_TRY(check_first_device(weight, "weight", who));
+    BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
+    if (weight->ndim < 1 || bie_tensor_numel(weight) < 0)
+        return bie_fail(BIE_ERR_SHAPE, "%s: weight has no valid shape", who);
+    BIE_TRY(check_state(m, weight, BIE_F32, "m", who));
+    BIE_TRY(check_state(v, weight, BIE_F32, "v", who));
+    if (m->data == v->data) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: m and v alias", who);
+    const int64_t n = bie_tensor_numel(weight);
+    const size_t bytes = (size_t)n * sizeof(float);
+    const bool on_cpu = weight->device.type == BIE_DEVICE_CPU;
+    /* On a device the state is made on the host (the same numbers anywhere), then copied. */
+    int8_t *w = on_cpu ? weight->data : malloc(n > 0 ? (size_t)n : 1);
+    float *vh = on_cpu ? v->data : malloc(bytes > 0 ? bytes : 1);
+    if (w == NULL || vh == NULL) {
+        if (!on_cpu) free(w), free(vh);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: host copy", who);
+    }
+    bie_status st = BIE_OK;
+#ifdef BIE_HAVE_CUDA
+    int previous = 0;
+    if (!on_cpu) {
+        st = bie_cuda_train_set_device(weight->device.index, &previous);
+        if (st == BIE_OK) st = bie_cuda_train_copy(w, weight->data, (size_t)n);
+    }
+#endif
+    uint64_t state = seed;
+    if (st == BIE_OK)
+        for (int64_t i = 0; i < n; i++) {
+            const float delta = signflip_delta(&state);
+            vh[i] = w[i] < 0 ? delta : -delta; /* -sign(w) * delta, sign(0) = +1 */
+        }
+    if (on_cpu) {
+        memset(m->data, 0, bytes);
+        return BIE_OK;
+    }
+#ifdef BIE_HAVE_CUDA
+    if (st == BIE_OK) st = bie_cuda_train_copy(v->data, vh, bytes);
+    if (st == BIE_OK) st = bie_cuda_train_memset0(m->data, bytes);
+    if (st == BIE_OK) st = bie_cuda_train_sync();
+    bie_cuda_train_set_device(previous, NULL);
+#endif
+    free(w), free(vh);
+    return st;
 }
 
 bie_adam_options bie_adam_defaults(void) {

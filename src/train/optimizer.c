@@ -1,5 +1,6 @@
 /* The optimizer object: per-parameter state over a model's trainable parameters, stepping
- * binary weights by sign flips and float parameters by Adam / AdamW. */
+ * binary weights by sign flips (state started by bie_signflip_init from the options' seed)
+ * and float parameters by Adam / AdamW. */
 #include <math.h>
 #include <string.h>
 
@@ -29,7 +30,15 @@ bie_optimizer_options bie_optimizer_defaults(void) {
     o.binary_beta1 = 0.99f;
     o.binary_beta2 = 0.9999f;
     o.adam = bie_adam_defaults();
+    o.seed = 0;
     return o;
+}
+
+/* The generator seed of parameter `index`'s initial sign-flip state: a mix of the
+ * optimizer's seed and the index. */
+static uint64_t param_seed(uint64_t seed, int index) {
+    uint64_t s = seed ^ ((uint64_t)(index + 1) * 0x9E6C63D0676A9A99ull);
+    return bie_train_splitmix64(&s);
 }
 
 static bool beta_ok(float b) { return isfinite(b) && b >= 0.0f && b < 1.0f; }
@@ -105,9 +114,14 @@ bie_status bie_optimizer_create(bie_optimizer **out, bie_model *model,
             bie_optimizer_free(o);
             return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: optimizer state", who);
         }
-        /* the moments start at 0 */
-        st = o->ops->zero(s->m, bytes);
-        if (st == BIE_OK) st = o->ops->zero(s->v, bytes);
+        if (p.kind == BIE_PARAM_KIND_BINARY) { /* m = 0, v = -sign(w) * delta (SPEC §5) */
+            bie_tensor tm = bie_model_view(model, s->m, BIE_F32, p.value.ndim, p.value.shape);
+            bie_tensor tv = bie_model_view(model, s->v, BIE_F32, p.value.ndim, p.value.shape);
+            st = bie_signflip_init(&p.value, &tm, &tv, param_seed(opts.seed, i));
+        } else { /* Adam's moments start at 0 */
+            st = o->ops->zero(s->m, bytes);
+            if (st == BIE_OK) st = o->ops->zero(s->v, bytes);
+        }
         if (st != BIE_OK) {
             bie_optimizer_free(o);
             return st;

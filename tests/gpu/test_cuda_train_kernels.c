@@ -5,9 +5,10 @@
  * element by element (ReLU, PReLU, max-pool values and argmax, sign-flip weights, moments
  * and flip count, batch norm's running statistics and evaluation) equal bit for bit, Adam
  * within 1e-6. Every kernel runs twice into poisoned outputs and must give identical bits.
- * Then the public bie_adam_step / bie_signflip_step on CUDA tensors, and mixed-device calls
- * refused with nothing changed. Reports itself skipped (77) without a GPU.
- * Usage: test_cuda_train_kernels [--small] */
+ * Then the public bie_adam_step / bie_signflip_init / bie_signflip_step on CUDA tensors
+ * against the CPU (sign flips, state and counts bit for bit over many steps; a zero gradient
+ * never flips), and mixed-device calls refused with nothing changed. Reports itself
+ * skipped (77) without a GPU. Usage: test_cuda_train_kernels [--small] */
 #include "bie_train.h"
 #include "gpu_util.h"
 #ifdef BIE_TEST_CUDA_INTERNALS
@@ -504,12 +505,15 @@ static void check_public_adam(int64_t n) {
     free(p), free(g), free(m), free(v), free(got), free(before);
 }
 
-static void check_public_signflip(int64_t n) {
+/* bie_signflip_init on CUDA tensors gives the CPU's state bit for bit; then `steps` steps
+ * (int8 gradients, exact zeros, every 5th element's always 0) give the CPU's weights, flip
+ * counts and moments bit for bit, and the weights whose gradient stayed 0 never flip. */
+static void check_public_signflip(int64_t n, int steps, float lr, float b1, float b2) {
     int8_t *w = tu_alloc((size_t)n), *g = tu_alloc((size_t)n), *gotw = tu_alloc((size_t)n);
     float *m = fvec(n), *v = fvec(n), *got = fvec(n);
+    memset(g, 0, (size_t)n);
     for (int64_t i = 0; i < n; i++) {
         w[i] = (int8_t)(tu_next() >> 56);
-        g[i] = (int8_t)(tu_next() >> 56);
         m[i] = tu_uniform(-0.05f, 0.05f);
         v[i] = tu_uniform(-0.002f, 0.002f);
     }
@@ -525,30 +529,87 @@ static void check_public_signflip(int64_t n) {
     int8_t *w0 = tu_alloc((size_t)n);
     memcpy(w0, w, (size_t)n);
     int64_t flips = -7;
-    CHECK(bie_signflip_step(&dw, &hg, &dm, &dv, 0.01f, 0.9f, 0.99f, &flips) == BIE_ERR_DEVICE);
-    CHECK(bie_signflip_step(&hw, &hg, &dm, &hv, 0.01f, 0.9f, 0.99f, &flips) == BIE_ERR_DEVICE);
-    CHECK(bie_signflip_step(&dw, &dg, &dm, &hv, 0.01f, 0.9f, 0.99f, &flips) == BIE_ERR_DEVICE);
+    CHECK(bie_signflip_step(&dw, &hg, &dm, &dv, lr, b1, b2, &flips) == BIE_ERR_DEVICE);
+    CHECK(bie_signflip_step(&hw, &hg, &dm, &hv, lr, b1, b2, &flips) == BIE_ERR_DEVICE);
+    CHECK(bie_signflip_step(&dw, &dg, &dm, &hv, lr, b1, b2, &flips) == BIE_ERR_DEVICE);
+    CHECK(bie_signflip_init(&dw, &dm, &hv, 9) == BIE_ERR_DEVICE);
+    CHECK(bie_signflip_init(&hw, &dm, &dv, 9) == BIE_ERR_DEVICE);
     CHECK(flips == -7);
     CHECK(memcmp(w, w0, (size_t)n) == 0);
     to_host(gotw, &dw);
     CHECK(memcmp(gotw, w0, (size_t)n) == 0);
     to_host(got, &dm);
     CHECK(memcmp(got, m, (size_t)n * 4) == 0);
+    to_host(got, &dv);
+    CHECK(memcmp(got, v, (size_t)n * 4) == 0);
 
-    for (int step = 0; step < 2; step++) {
+    /* the initial state: m = 0, v = -sign(w) * delta, the same bits on both devices */
+    CHECK_OK(bie_signflip_init(&hw, &hm, &hv, 9));
+    CHECK_OK(bie_signflip_init(&dw, &dm, &dv, 9));
+    to_host(got, &dv);
+    CHECK(memcmp(got, v, (size_t)n * 4) == 0);
+    to_host(got, &dm);
+    CHECK(memcmp(got, m, (size_t)n * 4) == 0);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += m[i] != 0.0f ||
+               (w[i] < 0 ? !(v[i] > 0 && v[i] <= 1e-3f) : !(v[i] < 0 && v[i] >= -1e-3f));
+    CHECK(bad == 0);
+
+    int same = 1;
+    int64_t total = 0;
+    for (int step = 0; step < steps; step++) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint64_t r = tu_next();
+            g[i] = i % 5 == 2 || r % 8 == 0 ? 0 : (int8_t)(r >> 56);
+        }
+        bie_tensor dgs = cuda_from(g, BIE_I8, n);
         int64_t cpu_flips = -1, gpu_flips = -2;
-        CHECK_OK(bie_signflip_step(&hw, &hg, &hm, &hv, 0.01f, 0.9f, 0.99f, &cpu_flips));
-        CHECK_OK(
-            bie_signflip_step(&dw, &dg, &dm, &dv, 0.01f, 0.9f, 0.99f, step ? &gpu_flips : NULL));
+        CHECK_OK(bie_signflip_step(&hw, &hg, &hm, &hv, lr, b1, b2, &cpu_flips));
+        const int count = step % 3 != 0; /* and without the count (asynchronous) */
+        CHECK_OK(bie_signflip_step(&dw, &dgs, &dm, &dv, lr, b1, b2, count ? &gpu_flips : NULL));
         CHECK_OK(bie_cuda_synchronize());
-        if (step) CHECK(gpu_flips == cpu_flips);
+        if (count) same &= gpu_flips == cpu_flips;
+        total += cpu_flips;
         to_host(gotw, &dw);
-        CHECK(memcmp(gotw, w, (size_t)n) == 0);
+        same &= memcmp(gotw, w, (size_t)n) == 0;
         to_host(got, &dv);
-        CHECK(memcmp(got, v, (size_t)n * 4) == 0);
+        same &= memcmp(got, v, (size_t)n * 4) == 0;
+        to_host(got, &dm);
+        same &= memcmp(got, m, (size_t)n * 4) == 0;
+        bie_tensor_free(&dgs);
     }
+    CHECK(same);
+    CHECK(total > 0);
+    int dead = 0;
+    for (int64_t i = 2; i < n; i += 5) dead += w[i] != w0[i];
+    CHECK(dead == 0);
     bie_tensor_free(&dw), bie_tensor_free(&dg), bie_tensor_free(&dm), bie_tensor_free(&dv);
     free(w), free(g), free(gotw), free(m), free(v), free(got), free(w0);
+}
+
+/* Gradients exactly 0 from the start: on CUDA not one flip in 1000 steps. */
+static void check_public_zero_grad(int64_t n) {
+    int8_t *w = tu_alloc((size_t)n), *g = tu_alloc((size_t)n), *gotw = tu_alloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) w[i] = (int8_t)(tu_next() >> 56);
+    memset(g, 0, (size_t)n);
+    float *zeros = fvec(n);
+    memset(zeros, 0, (size_t)n * 4);
+    bie_tensor dw = cuda_from(w, BIE_I8, n), dg = cuda_from(g, BIE_I8, n);
+    bie_tensor dm = cuda_from(zeros, BIE_F32, n), dv = cuda_from(zeros, BIE_F32, n);
+    CHECK_OK(bie_signflip_init(&dw, &dm, &dv, 3));
+    int64_t total = 0;
+    for (int step = 0; step < 1000; step++) {
+        int64_t flips = -1;
+        CHECK_OK(bie_signflip_step(&dw, &dg, &dm, &dv, 1e-4f, 0.99f, 0.9999f,
+                                   step % 100 == 99 ? &flips : NULL));
+        if (step % 100 == 99) total += flips;
+    }
+    to_host(gotw, &dw);
+    CHECK(total == 0);
+    CHECK(memcmp(gotw, w, (size_t)n) == 0);
+    bie_tensor_free(&dw), bie_tensor_free(&dg), bie_tensor_free(&dm), bie_tensor_free(&dv);
+    free(w), free(g), free(gotw), free(zeros);
 }
 
 int main(int argc, char **argv) {
@@ -597,6 +658,8 @@ int main(int argc, char **argv) {
     }
 #endif
     check_public_adam(small ? 33 : 5001);
-    check_public_signflip(small ? 33 : 5001);
+    check_public_signflip(small ? 33 : 5001, small ? 5 : 300, 1e-3f, 0.9f, 0.99f);
+    check_public_signflip(small ? 33 : 5001, small ? 5 : 50, 1e-2f, 0.5f, 0.6f);
+    check_public_zero_grad(small ? 33 : 100003);
     return tu_finish();
 }

@@ -291,6 +291,7 @@ static int setup_trainer(trainer *t) {
     oo.binary_lr = (float)o->binary_lr;
     oo.binary_beta1 = (float)o->binary_beta1;
     oo.binary_beta2 = (float)o->binary_beta2;
+    oo.seed = (uint64_t)o->seed;
     TOOL_TRY_BIE(bie_optimizer_create(&t->optimizer, t->model, &oo));
     t->order = malloc((size_t)t->train.count * sizeof(int64_t));
     t->x = malloc((size_t)o->batch * FMNIST_PIXELS * sizeof(float));
