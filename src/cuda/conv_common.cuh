@@ -1,5 +1,6 @@
-// Pieces the binary conv kernels share (conv.cu: the pack, the implicit GEMM; conv_fused.cu:
-// the fused pack + implicit GEMM): raw element runs of the NCHW input and small cp.async.
+// Pieces the binary conv kernels share (conv.cu: the pack, the implicit GEMM;
+// conv_fused_kernel.cu: the fused pack + implicit GEMM): raw element runs of the NCHW input
+// and small cp.async.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
