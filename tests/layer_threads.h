@@ -44,7 +44,7 @@ typedef struct lt_entry_head {
     uint32_t tag, how, bytes, pad;
 } lt_entry_head;
 
-static void lt_put(lt_record *r, uint32_t tag, uint32_t how, const void *p, size_t bytes) {
+static inline void lt_put(lt_record *r, uint32_t tag, uint32_t how, const void *p, size_t bytes) {
     const size_t need = r->len + sizeof(lt_entry_head) + bytes;
     if (need > r->cap) {
         size_t cap = r->cap ? r->cap : 4096;
@@ -63,7 +63,7 @@ static void lt_put(lt_record *r, uint32_t tag, uint32_t how, const void *p, size
     r->len = need;
 }
 
-static void lt_put_int(lt_record *r, uint32_t tag, int v) {
+static inline void lt_put_int(lt_record *r, uint32_t tag, int v) {
     lt_put(r, tag, LT_EXACT, &v, sizeof v);
 }
 
@@ -79,14 +79,14 @@ static void lt_put_int(lt_record *r, uint32_t tag, int v) {
     } while (0)
 
 /* ---- a per-script generator (the same stream in every run of a script) */
-static uint64_t lt_next(uint64_t *s) {
+static inline uint64_t lt_next(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     uint64_t x = *s;
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdull;
     return x ^ (x >> 33);
 }
-static void lt_fill(uint64_t *s, float *x, int64_t n, float lo, float hi) {
+static inline void lt_fill(uint64_t *s, float *x, int64_t n, float lo, float hi) {
     for (int64_t i = 0; i < n; i++)
         x[i] = lo + (hi - lo) * (float)((lt_next(s) >> 40) * (1.0 / 16777216.0));
 }
@@ -97,19 +97,20 @@ typedef struct lt_ctx {
     bool small; /* smaller shapes (sanitizer builds) */
 } lt_ctx;
 
-static bie_status lt_alloc(const lt_ctx *c, bie_tensor *t, int ndim, const int64_t *shape) {
+static inline bie_status lt_alloc(const lt_ctx *c, bie_tensor *t, int ndim, const int64_t *shape) {
     if (c->dev.type == BIE_DEVICE_CPU) return bie_tensor_alloc(t, BIE_F32, ndim, shape);
     return bie_cuda_tensor_alloc(t, BIE_F32, ndim, shape, c->dev.index);
 }
 
-static bie_status lt_upload(bie_tensor *t, const float *host) {
+static inline bie_status lt_upload(bie_tensor *t, const float *host) {
     bie_tensor h;
     bie_status st = bie_tensor_view(&h, (void *)host, BIE_F32, t->ndim, t->shape);
     return st != BIE_OK ? st : bie_tensor_copy(t, &h);
 }
 
 /* Any tensor (any dtype, CPU or CUDA) into the record. */
-static void lt_put_tensor(lt_record *r, int tid, uint32_t tag, uint32_t how, const bie_tensor *t) {
+static inline void lt_put_tensor(lt_record *r, int tid, uint32_t tag, uint32_t how,
+                                 const bie_tensor *t) {
     const int64_t n = bie_tensor_numel(t);
     const size_t bytes = (size_t)n * bie_dtype_size(t->dtype);
     unsigned char *host = malloc(bytes ? bytes : 1);
@@ -122,7 +123,7 @@ static void lt_put_tensor(lt_record *r, int tid, uint32_t tag, uint32_t how, con
 }
 
 /* ---- the script of thread t's layer of kind j */
-static void lt_script(const lt_ctx *c, int t, int j, lt_record *r) {
+static inline void lt_script(const lt_ctx *c, int t, int j, lt_record *r) {
     uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(t * LT_KINDS + j + 1);
     const int64_t sz = c->small ? 1 : 2;
     const bool conv = j == 1 || j == 3, binary = j <= 1;
@@ -234,7 +235,8 @@ static void lt_script(const lt_ctx *c, int t, int j, lt_record *r) {
 }
 
 /* ---- comparing a record with the reference */
-static bool lt_same(const lt_record *ref, const lt_record *got, bool tolerant, int t, int round) {
+static inline bool lt_same(const lt_record *ref, const lt_record *got, bool tolerant, int t,
+                           int round) {
     size_t a = 0, b = 0;
     int entry = 0;
     while (a < ref->len && b < got->len) {
@@ -294,11 +296,11 @@ typedef struct lt_worker {
     lt_record *rec; /* one per round */
 } lt_worker;
 
-static void lt_run_scripts(const lt_ctx *c, int t, lt_record *r) {
+static inline void lt_run_scripts(const lt_ctx *c, int t, lt_record *r) {
     for (int j = 0; j < LT_KINDS; j++) lt_script(c, t, j, r);
 }
 
-static void *lt_thread(void *arg) {
+static inline void *lt_thread(void *arg) {
     lt_worker *w = arg;
     void *state = NULL;
     const bool ready = w->hooks->begin == NULL || w->hooks->begin(w->t, &state);
@@ -310,7 +312,7 @@ static void *lt_thread(void *arg) {
 }
 
 /* N threads x R rounds, then the reference; 0 when every round of every thread matches. */
-static int lt_run(const lt_ctx *c, const lt_hooks *hooks, int threads, int rounds) {
+static inline int lt_run(const lt_ctx *c, const lt_hooks *hooks, int threads, int rounds) {
     lt_worker w[LT_MAX_THREADS];
     pthread_t tid[LT_MAX_THREADS];
     pthread_barrier_t start;
@@ -351,7 +353,7 @@ static int lt_run(const lt_ctx *c, const lt_hooks *hooks, int threads, int round
 }
 
 /* --threads N (1..16), --rounds R, --small */
-static void lt_args(int argc, char **argv, int *threads, int *rounds, bool *small) {
+static inline void lt_args(int argc, char **argv, int *threads, int *rounds, bool *small) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             *threads = atoi(argv[++i]);
