@@ -135,13 +135,76 @@ static int layer_from_json(const char *path, int index, json_t *o, bie_layer_inf
     return 0;
 }
 
-static int model_from_architecture(const char *path, const char *text, bie_model **out) {
+static bool is_lowbit(bie_layer_type type) {
+    return type == BIE_LAYER_BINARY_LINEAR || type == BIE_LAYER_BINARY_CONV2D ||
+           type == BIE_LAYER_Q4_LINEAR || type == BIE_LAYER_Q4_CONV2D;
+}
+
+/* Before layer `index` is built (which allocates and initialises its weights), its weight
+ * tensor must be in the file with the size the architecture implies, so what the layer
+ * allocates stays proportional to the file's real content. (The exact dtypes and shapes of
+ * every tensor are checked when they are installed.) */
+static int check_layer_weight(const st_file *f, bool packed, int index, const bie_layer_info *l) {
+    int64_t rows = l->out, fan = l->in;
+    switch (l->type) {
+    case BIE_LAYER_BATCHNORM1D:
+    case BIE_LAYER_BATCHNORM2D:
+    case BIE_LAYER_PRELU: rows = 1; break;
+    case BIE_LAYER_LINEAR:
+    case BIE_LAYER_BINARY_LINEAR:
+    case BIE_LAYER_Q4_LINEAR: break;
+    case BIE_LAYER_BINARY_CONV2D:
+    case BIE_LAYER_Q4_CONV2D:
+        if (__builtin_mul_overflow(fan, (int64_t)l->kernel_size * l->kernel_size, &fan))
+            return tool_fail("%s: architecture layer %d is too large", f->path, index);
+        break;
+    default: return 0; /* no parameters */
+    }
+    bool qweight = packed && is_lowbit(l->type);
+    char name[48];
+    snprintf(name, sizeof name, "%d.%s", index, qweight ? "qweight" : "weight");
+    const st_tensor *t = st_find(f, name);
+    if (!t) return tool_fail("%s: tensor '%s' is missing", f->path, name);
+    int64_t numel = 1, need;
+    for (int d = 0; d < t->ndim; d++) numel *= t->shape[d]; /* <= the file's data bytes */
+    if (qweight) {
+        /* [out, row]: a row holds fan_in weights of 1 (binary) or 4 (4-bit) bits. */
+        int64_t bits = l->type == BIE_LAYER_Q4_LINEAR || l->type == BIE_LAYER_Q4_CONV2D ? 4 : 1;
+        int64_t row_bits = t->ndim == 2 ? t->shape[1] * (int64_t)st_dtype_size(t->dtype) * 8 : 0;
+        if (t->ndim == 2 && t->shape[0] == rows && !__builtin_mul_overflow(fan, bits, &need) &&
+            row_bits >= need)
+            return 0;
+        return tool_fail("%s: tensor '%s' is too small for architecture layer %d (%lld x %lld "
+                         "weights of %lld bits)",
+                         f->path, name, index, (long long)rows, (long long)fan, (long long)bits);
+    }
+    if (__builtin_mul_overflow(rows, fan, &need) || numel != need)
+        return tool_fail("%s: tensor '%s' has %lld elements, architecture layer %d (%s) needs "
+                         "%lld x %lld",
+                         f->path, name, (long long)numel, index, bie_layer_type_name(l->type),
+                         (long long)rows, (long long)fan);
+    return 0;
+}
+
+static int model_from_architecture(const st_file *f, bool packed, const char *text,
+                                   bie_model **out) {
+    const char *path = f->path;
+    size_t text_len = strlen(text);
+    if (text_len > MODEL_MAX_ARCHITECTURE_BYTES)
+        return tool_fail("%s: metadata 'architecture' is %zu bytes (at most %u)", path, text_len,
+                         MODEL_MAX_ARCHITECTURE_BYTES);
     json_error_t err;
-    json_t *arr = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+    json_t *arr = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &err);
     if (!json_is_array(arr) || json_array_size(arr) == 0) {
         json_decref(arr);
         return tool_fail("%s: metadata 'architecture' is not a non-empty JSON array%s%s", path,
                          arr ? "" : ": ", arr ? "" : err.text);
+    }
+    if (json_array_size(arr) > MODEL_MAX_LAYERS) {
+        size_t n = json_array_size(arr);
+        json_decref(arr);
+        return tool_fail("%s: metadata 'architecture' has %zu layers (at most %d)", path, n,
+                         MODEL_MAX_LAYERS);
     }
     bie_model *m;
     if (bie_model_create(&m) != BIE_OK) {
@@ -152,6 +215,7 @@ static int model_from_architecture(const char *path, const char *text, bie_model
     for (size_t i = 0; status == 0 && i < json_array_size(arr); i++) {
         bie_layer_info info;
         status = layer_from_json(path, (int)i, json_array_get(arr, i), &info);
+        if (status == 0) status = check_layer_weight(f, packed, (int)i, &info);
         if (status == 0 && bie_model_add_layer(m, &info) != BIE_OK)
             status = tool_fail("%s: architecture layer %zu: %s", path, i, bie_last_error());
     }
@@ -308,7 +372,7 @@ static int load_from_file(const st_file *f, loaded_model *out) {
         return tool_fail("%s: metadata 'packed' must be \"true\" or \"false\"", f->path);
     TOOL_TRY(parse_input_shape(f, out));
     out->packed = strcmp(packed, "true") == 0;
-    TOOL_TRY(model_from_architecture(f->path, arch, &out->model));
+    TOOL_TRY(model_from_architecture(f, out->packed, arch, &out->model));
     bie_model *m = out->model;
     /* Bring the model into the file's state, then overwrite every tensor from the file. */
     int status = 0;
@@ -334,14 +398,30 @@ static int load_from_file(const st_file *f, loaded_model *out) {
     return status;
 }
 
-int model_load(const char *path, loaded_model *out) {
-    st_file f;
-    TOOL_TRY(st_read(path, &f));
+static int load_parsed(st_file *f, loaded_model *out) {
     loaded_model m = {0};
-    int status = load_from_file(&f, &m);
-    st_close(&f);
+    int status = load_from_file(f, &m);
+    st_close(f);
     if (status == 0) *out = m;
     return status;
+}
+
+int model_load(const char *path, loaded_model *out) {
+    st_file f;
+    TOOL_TRY(st_read_max(path, MODEL_MAX_HEADER_BYTES, &f));
+    return load_parsed(&f, out);
+}
+
+int model_load_memory(const uint8_t *bytes, size_t size, const char *name, loaded_model *out) {
+    uint8_t *copy = malloc(size ? size : 1);
+    if (!copy) return tool_fail("%s: out of memory", name);
+    if (size) memcpy(copy, bytes, size);
+    st_file f;
+    if (st_parse_max(copy, size, name, MODEL_MAX_HEADER_BYTES, &f) != 0) {
+        free(copy);
+        return -1;
+    }
+    return load_parsed(&f, out);
 }
 
 void loaded_model_free(loaded_model *m) {

@@ -15,11 +15,19 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "bie_train.h"
 
 #define MODEL_FORMAT "bie-model"
 #define MODEL_FORMAT_VERSION "1"
+
+/* Limits on what a model file may declare, far above the presets (the CNN has 20 layers,
+ * its file a header of about 4 KB): they bound the time and memory of loading a hostile
+ * file before anything is built. */
+#define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_ARCHITECTURE_BYTES (1u << 20) /* metadata 'architecture', as text */
+#define MODEL_MAX_HEADER_BYTES (16u << 20)      /* the safetensors JSON header */
 
 typedef struct preset_config {
     const char *name;       /* "mlp" or "cnn" */
@@ -58,8 +66,14 @@ typedef struct loaded_model {
 
 /* Load a model file: validate the file (safetensors.h), rebuild the architecture, check
  * that the file holds exactly the model's tensors with the expected dtypes and shapes, and
- * install them. Errors (-1, tool_error): all of those, naming the file and the tensor. */
+ * install them. Errors (-1, tool_error): all of those, naming the file and the tensor; not
+ * a regular file; a header, architecture or layer count above the limits above. Each
+ * layer's weight tensor is checked (present, with the element count the architecture
+ * implies) before the layer is built, so a file declaring huge layers without their data
+ * is refused before anything large is allocated. */
 int model_load(const char *path, loaded_model *out);
+/* model_load on a file image in memory (copied); `name` is used in messages. */
+int model_load_memory(const uint8_t *bytes, size_t size, const char *name, loaded_model *out);
 void loaded_model_free(loaded_model *m);
 
 /* Bytes of the weights of the model's binary layers as stored now (I8 or packed words), and

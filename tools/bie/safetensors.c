@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "errors.h"
+#include "file_read.h"
 
 static const struct {
     const char *name;
@@ -184,7 +184,20 @@ static void free_parsed(st_file *f) {
     free(f->meta_values);
     for (size_t i = 0; i < f->count; i++) free((char *)f->tensors[i].name);
     free(f->tensors);
+    free(f->by_name);
     free(f->path);
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp((*(const st_tensor *const *)a)->name, (*(const st_tensor *const *)b)->name);
+}
+
+static int index_names(const char *name, st_file *f) {
+    f->by_name = malloc((f->count ? f->count : 1) * sizeof *f->by_name);
+    if (!f->by_name) return tool_fail("%s: out of memory", name);
+    for (size_t i = 0; i < f->count; i++) f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->count, sizeof *f->by_name, compare_names);
+    return 0;
 }
 
 static int parse_header(const char *name, json_t *root, size_t data_size, st_file *f) {
@@ -205,17 +218,25 @@ static int parse_header(const char *name, json_t *root, size_t data_size, st_fil
         f->count++;
         TOOL_TRY(parse_tensor_entry(name, owned, value, data_size, &f->tensors[f->count - 1]));
     }
-    return check_layout(name, f, data_size);
+    TOOL_TRY(check_layout(name, f, data_size));
+    return index_names(name, f);
 }
 
 int st_parse(uint8_t *buffer, size_t size, const char *name, st_file *out) {
+    return st_parse_max(buffer, size, name, ST_MAX_HEADER_BYTES, out);
+}
+
+int st_parse_max(uint8_t *buffer, size_t size, const char *name, size_t max_header_bytes,
+                 st_file *out) {
+    if (max_header_bytes > ST_MAX_HEADER_BYTES) max_header_bytes = ST_MAX_HEADER_BYTES;
     if (size < 8)
         return tool_fail("%s: not a safetensors file (%zu bytes; truncated?)", name, size);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; i--) header_len = header_len << 8 | buffer[i];
-    if (header_len > ST_MAX_HEADER_BYTES)
-        return tool_fail("%s: header length %llu is implausible (not a safetensors file?)", name,
-                         (unsigned long long)header_len);
+    if (header_len > max_header_bytes)
+        return tool_fail("%s: header length %llu is implausible (above the limit of %zu "
+                         "bytes; not a safetensors file?)",
+                         name, (unsigned long long)header_len, max_header_bytes);
     if (header_len > size - 8)
         return tool_fail("%s: truncated: the header needs %llu bytes, the file has %zu", name,
                          (unsigned long long)header_len, size - 8);
@@ -245,19 +266,13 @@ int st_parse(uint8_t *buffer, size_t size, const char *name, st_file *out) {
     return 0;
 }
 
-int st_read(const char *path, st_file *out) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tool_fail("cannot open %s: %s", path, strerror(errno));
-    int status = 0;
-    long size = -1;
-    if (fseek(fp, 0, SEEK_END) != 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0)
-        status = tool_fail("cannot read %s: %s", path, strerror(errno));
-    uint8_t *buf = status == 0 ? malloc(size ? (size_t)size : 1) : NULL;
-    if (status == 0 && !buf) status = tool_fail("%s: out of memory", path);
-    if (status == 0 && fread(buf, 1, (size_t)size, fp) != (size_t)size)
-        status = tool_fail("cannot read %s: %s", path, ferror(fp) ? strerror(errno) : "short read");
-    fclose(fp);
-    if (status == 0) status = st_parse(buf, (size_t)size, path, out);
+int st_read(const char *path, st_file *out) { return st_read_max(path, ST_MAX_HEADER_BYTES, out); }
+
+int st_read_max(const char *path, size_t max_header_bytes, st_file *out) {
+    uint8_t *buf;
+    size_t size;
+    TOOL_TRY(tool_read_regular(path, INT64_MAX, &buf, &size));
+    int status = st_parse_max(buf, size, path, max_header_bytes, out);
     if (status != 0) free(buf);
     return status;
 }
@@ -270,8 +285,17 @@ void st_close(st_file *f) {
 }
 
 const st_tensor *st_find(const st_file *f, const char *name) {
-    for (size_t i = 0; i < f->count; i++)
-        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+    size_t lo = 0, hi = f->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const st_tensor *t = f->by_name[mid];
+        int c = strcmp(name, t->name);
+        if (c == 0) return t;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
     return NULL;
 }
 

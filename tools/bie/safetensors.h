@@ -52,7 +52,8 @@ typedef struct st_file {
     size_t size;
     st_tensor *tensors; /* in data order */
     size_t count;
-    char **meta_keys; /* __metadata__, in file order */
+    const st_tensor **by_name; /* the tensors sorted by name (for st_find) */
+    char **meta_keys;          /* __metadata__, in file order */
     char **meta_values;
     size_t meta_count;
     char *path;
@@ -65,15 +66,20 @@ size_t st_dtype_size(st_dtype dtype);
 int st_dtype_from_bie(bie_dtype dtype);
 
 /* Read and validate a file. Errors (-1, tool_error names the file and the problem): cannot
- * read, truncated, header length out of range, invalid JSON, any rule above broken.
+ * read, not a regular file (a directory, FIFO or device is refused before reading),
+ * truncated, header length out of range, invalid JSON, any rule above broken.
  * *out is untouched on error. */
 int st_read(const char *path, st_file *out);
+/* st_read with a smaller limit on the header's length (at most ST_MAX_HEADER_BYTES). */
+int st_read_max(const char *path, size_t max_header_bytes, st_file *out);
 /* Validate a file image in memory; on success *out owns `buffer` (malloc'ed), on error the
  * caller still does. `name` is used in messages. */
 int st_parse(uint8_t *buffer, size_t size, const char *name, st_file *out);
+int st_parse_max(uint8_t *buffer, size_t size, const char *name, size_t max_header_bytes,
+                 st_file *out);
 void st_close(st_file *f);
 
-/* The tensor called `name`, or NULL. */
+/* The tensor called `name`, or NULL (a binary search). */
 const st_tensor *st_find(const st_file *f, const char *name);
 /* The tensor called `name` with the given dtype and shape (ndim extents); NULL with a
  * message (missing, wrong dtype, wrong shape) otherwise. */

@@ -138,7 +138,7 @@ static char *build_header(st_writer *w, size_t *len) {
 }
 
 int st_writer_save(st_writer *w, const char *path) {
-    qsort(w->tensors, w->count, sizeof *w->tensors, compare_for_layout);
+    if (w->count) qsort(w->tensors, w->count, sizeof *w->tensors, compare_for_layout);
     size_t header_len;
     char *header = build_header(w, &header_len);
     if (!header) return tool_fail("safetensors: cannot build the header for %s", path);
