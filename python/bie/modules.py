@@ -4,19 +4,17 @@ Where the parameters live: in the C layer. ``weight``, ``qweight``, ``bias_a``, 
 ``scale_w`` are ordinary ``nn.Parameter``s whose storage *is* the layer's memory (made with
 ``torch.frombuffer`` over the pointers ``bie_layer_param`` returns). An optimizer updating them in
 place updates the layer; the forward reads them where they are, so no parameter is copied on
-any call. The module keeps this true across the calls that make bie replace a buffer
-(``prepare_params`` turns the float weight into an int8 one, ``generate_quantized_weight``,
-``reset_parameters``, ``set_weight_data``, ``set_quantized_weight_data``,
-``set_bits_binary_word``): the old Parameter objects are first given a private copy of their
-values (so they stay valid, just no longer connected to the layer) and new Parameters over
-the new buffers take their place. Create optimizers after ``prepare_params``, as the seed
-asks. Tensors derived from a parameter (``.detach()``, slices, ``state_dict()`` values) share
-its memory and are valid until such a call.
+any call.
 
-Parameters replaced by other tensors (``module.weight = ...``, ``.double()``, ``.cuda()`` of a
-CPU module) are detected: conversions raise at once, replacements at the next forward. Use
-``set_weight_data`` / ``load_state_dict`` to load values, and create the module on the device
-it should run on.
+Calls that make bie replace a buffer (``prepare_params``, ``generate_quantized_weight``,
+``reset_parameters``, ``set_weight_data``, ``set_quantized_weight_data``,
+``set_bits_binary_word``) and moves or conversions (``.to()``, ``.cuda()``, ``.half()`` ...) run
+on a new C layer holding the module's state, which then takes the old one's place (see
+``_BieLayerModule._install``): Parameter objects whose dtype and shape stay the same keep their
+identity (``.data`` swapped, as torch's ``Module._apply`` does), the others are new objects;
+the old layer is retired, not freed, so every tensor over its memory stays valid. State dicts
+are copies. Parameters replaced by other tensors (``module.weight = ...``) are detected at the
+next forward.
 """
 
 from collections import OrderedDict

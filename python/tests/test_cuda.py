@@ -2,7 +2,9 @@
 torch without copies, and CUDA layers either working or refused with a clear message.
 Skipped without a CUDA device (or without libbie's CUDA backend)."""
 
+import copy
 import ctypes
+import io
 
 import pytest
 import torch
@@ -123,3 +125,125 @@ def test_cuda_describe_and_kernel_selection(cls, args, shape):
     gpu.eval()
     assert not gpu.describe()["training"]
     assert torch.equal(gpu(x), expect)
+
+
+# ------------------------------------------------------------------ moving and converting
+
+MOVE_CASES = [
+    (bie.BinaryLinearCutlass, (70, 24), (6, 70)),
+    (bie.BinaryConv2dCutlass, (3, 8, 3, 1, 1), (2, 3, 9, 9)),
+    (bie.Q4LinearCutlass, (70, 24), (6, 70)),
+    (bie.Q4Conv2dCutlass, (3, 8, 3, 1, 1), (2, 3, 9, 9)),
+]
+
+
+def _runs_on_cuda(cls, args):
+    _need_backend()
+    try:
+        cls(*args, device="cuda")
+    except bie.BieError:
+        pytest.skip(f"{cls.__name__} does not run on CUDA in this build yet")
+
+
+def _cpu_state(m):
+    return {k: v.cpu() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("cls,args,shape", MOVE_CASES)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_cuda_and_cpu_round_trip_keeps_state_and_parameters(cls, args, shape, mode):
+    _runs_on_cuda(cls, args)
+    m = cls(*args)
+    m.prepare_params()
+    if isinstance(m, bie.BinaryLinearBase):
+        m.set_bits_binary_word(32)
+    x = torch.randn(*shape)
+    m(x)
+    if mode == "eval":
+        m.eval()
+    expect = m(x).detach()
+    state, describe = _cpu_state(m), m.describe()
+    params = dict(m.named_parameters())
+    opt = bie.SignFlip(m.parameters(), float_lr=1e-3)
+    model = torch.nn.Sequential(m)
+    assert model.cuda() is model
+    assert m.device == torch.device("cuda", torch.cuda.current_device())
+    assert dict(m.named_parameters()) == params  # the same objects, now device memory
+    assert all(p.is_cuda for p in params.values())
+    d = m.describe()
+    assert d["device"].type == "cuda" and d["training"] == describe["training"]
+    assert d["bits_binary_word"] == describe["bits_binary_word"]
+    for k, v in _cpu_state(m).items():
+        assert torch.equal(v, state[k]), k
+    assert torch.equal(m(x.cuda()).detach().cpu(), expect)
+    m.train()
+    opt.zero_grad()
+    m(x.cuda()).sum().backward()
+    opt.step()  # the optimizer made before the move follows the parameters
+    trained = _cpu_state(m)
+    model.to("cpu")
+    assert m.device == torch.device("cpu") and dict(m.named_parameters()) == params
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, trained[k]), k
+
+
+@pytest.mark.parametrize("cls,args,shape", MOVE_CASES)
+def test_cuda_half_and_bfloat16_layers(cls, args, shape):
+    _runs_on_cuda(cls, args)
+    m = cls(*args).cuda()
+    m.prepare_params()
+    x = torch.randn(*shape, device="cuda")
+    m(x)
+    for dtype, convert in ((torch.float16, m.half), (torch.bfloat16, m.bfloat16),
+                           (torch.float16, lambda: m.to(torch.float16))):
+        assert convert() is m
+        assert m.dtype == dtype and m.describe()["dtype"] == dtype
+        assert m.bias_a.dtype == torch.float32  # parameters stay float32 / int8
+        y = m(x.to(dtype))
+        assert y.dtype == dtype and y.shape[0] == shape[0]
+        y.float().sum().backward()
+        m.zero_grad()
+    with pytest.raises(bie.BieError, match="float32 on the CPU"):
+        m.cpu()  # no bfloat16 layer on the CPU: the module stays on CUDA
+    assert m.device.type == "cuda" and m.dtype == torch.bfloat16
+    m.to("cpu", torch.float32)
+    assert m.device.type == "cpu" and m.dtype == torch.float32
+    m(x.cpu())
+
+
+@pytest.mark.parametrize("cls,args,shape", MOVE_CASES)
+def test_cuda_autocast_returns_what_torch_returns(cls, args, shape):
+    _runs_on_cuda(cls, args)
+    m = cls(*args, device="cuda")
+    m.prepare_params()
+    x = torch.randn(*shape, device="cuda", requires_grad=True)
+    expect = m(x).detach()
+    with torch.autocast("cuda"):
+        ref = (torch.nn.functional.linear(x, torch.randn(4, shape[-1], device="cuda"))
+               if len(shape) == 2 else
+               torch.nn.functional.conv2d(x, torch.randn(4, shape[1], 3, 3, device="cuda")))
+        y = m(x)
+        y16 = m(x.half())
+    assert y.dtype == ref.dtype == torch.float16 and y16.dtype == torch.float16
+    torch.testing.assert_close(y.float(), expect, rtol=1e-2, atol=1e-2)
+    y16.float().sum().backward()
+    assert x.grad is not None
+
+
+def test_cuda_model_saved_and_loaded_to_cpu():
+    _runs_on_cuda(bie.BinaryLinearCutlass, (40, 8))
+    model = torch.nn.Sequential(bie.BinaryLinearCutlass(40, 16), torch.nn.ReLU(),
+                                bie.Q4LinearCutlass(16, 4)).cuda()
+    bie.prepare_bie_layers(model)
+    x = torch.randn(3, 40)
+    model(x.cuda())
+    model.eval()
+    expect = model(x.cuda()).cpu()
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location="cpu", weights_only=False)
+    assert loaded[0].device == torch.device("cpu")
+    torch.testing.assert_close(loaded(x), expect, rtol=1e-5, atol=1e-5)
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin(x.cuda()).cpu(), expect)

@@ -246,7 +246,7 @@ def test_module_conversion_inside_a_model_and_copies():
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
-    for twin in (copy.deepcopy(model), torch.load(buffer, map_location="cpu"),
+    for twin in (copy.deepcopy(model), torch.load(buffer, map_location="cpu", weights_only=False),
                  copy.deepcopy(model).cpu().float()):
         assert torch.equal(twin(x), expect)
 
