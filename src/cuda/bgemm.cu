@@ -367,6 +367,8 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
     KernelFn fn = kern->fn;
     const int parts_b = bie_cuda_popc_parts(ld);
+    // Held to the launch: the streaming kernel's shared memory depends on ld.
+    std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));

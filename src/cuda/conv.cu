@@ -577,6 +577,8 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
     auto fn = bn == 128 ? (wide ? bconv_implicit<128, 4> : bconv_implicit<128, 1>)
                         : (wide ? bconv_implicit<64, 4> : bconv_implicit<64, 1>);
     const bool pairs = conv_pairs_ok(g->oh * g->ow, out, which);
+    // Held to the launch: the shared memory depends on the geometry.
+    std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        "cudaFuncSetAttribute"));

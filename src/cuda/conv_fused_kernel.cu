@@ -13,6 +13,7 @@
 
 #include "conv_common.cuh"
 #include "conv_fused.cuh"
+#include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "epilogue.cuh"
 #include "mma.cuh"
@@ -510,6 +511,8 @@ cudaError_t launch_fused(const void *x, const float *bias, const uint8_t *wimg, 
                          const bie_conv_geom *g, const FusedPlan &p, const Epilogue &ep) {
     auto fn = p.warps == 16 ? bconv_fused<T, VP, 16> : bconv_fused<T, VP, 8>;
     const size_t smem = FusedSmem(p, (int)g->oh, (int)g->ow).total;
+    // Held to the launch: the shared memory depends on the plan.
+    std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;

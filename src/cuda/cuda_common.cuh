@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <mutex>
+
 #include "../core/internal.h"
 
 #define BIE_CUDA_TRY(call)                                 \
@@ -19,4 +21,9 @@ bool is_device_pointer(const void *p);
 // The current device's compute capability as major * 10 + minor (90 on Hopper), cached per
 // device; 0 when it cannot be asked.
 int device_cc();
+// A kernel's largest dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize) is
+// one setting per kernel for the whole process. Where a kernel's need differs between calls
+// (it depends on the shape), this lock is held from setting it to the launch, so that another
+// thread cannot lower it in between and fail this launch (SPEC §7: distinct layers at once).
+std::mutex &smem_attribute_mutex();
 }  // namespace bie_cuda

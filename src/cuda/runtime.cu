@@ -46,6 +46,11 @@ int device_cc() {
     return cc;
 }
 
+std::mutex &smem_attribute_mutex() {
+    static std::mutex m;
+    return m;
+}
+
 bool is_device_pointer(const void *p) {
     cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
