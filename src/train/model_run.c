@@ -280,6 +280,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     BIE_CHECK_NULL(out);
     BIE_TRY(check_io(m, x, "x", who));
     if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
+    bie_blas_threads(); /* the float layers' GEMMs (OpenBLAS) in this thread */
     /* The layers' recorded shapes change below: only a complete training forward allows a
      * backward again. */
     m->can_backward = false;
@@ -385,6 +386,7 @@ bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tens
     BIE_TRY(check_io(m, grad_out, "grad_out", who));
     if (!m->can_backward || !m->training)
         return bie_fail(BIE_ERR_STATE, "%s: no training forward since the model last changed", who);
+    bie_blas_threads();
     const bie_train_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
     bie_tensor like = view(NULL, last->out_ndim, last->out_shape);
     if (!bie_train_same_shape(grad_out, &like))
