@@ -6,6 +6,7 @@ build trees (when the package is used in place), else where the system loader fi
 installed ``libbie``.
 """
 
+from . import distributed
 from ._lib import BieError, library_path
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
                          Q4LinearForward)
@@ -16,7 +17,7 @@ from .runtime import (cuda_built, kernels, set_num_threads, get_num_threads, ver
                       cpu_kernel_set)
 
 __all__ = [
-    "BieError", "library_path", "version", "cuda_built", "kernels", "cpu_kernel_set",
+    "BieError", "library_path", "distributed", "version", "cuda_built", "kernels", "cpu_kernel_set",
     "set_num_threads", "get_num_threads",
     "BinaryLinearForward", "BinaryConv2dForward", "Q4Conv2dCutlassForward", "Q4LinearForward",
     "BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",

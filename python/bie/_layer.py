@@ -121,6 +121,9 @@ class Layer:
         self.conv = spec.conv
         self.generation = 0  # training forwards and state changes so far
         self.keep_inputs = False  # see functional: recompute a lost forward state
+        # Under data parallelism: scale_a was found set (or set to the ranks' average) since
+        # this layer was made or loaded (see distributed.agree_scale_a).
+        self.scale_a_agreed = False
         args = spec.arguments(sizes, _lib.bie_device(self.device), _lib.float_dtype(dtype),
                               symmetric)
         create = _lib.function(spec.creator)
@@ -206,6 +209,11 @@ class Layer:
         self._call(_lib.function("bie_layer_set_activation"),
                    ctypes.byref(describe(x, what="input")),
                    ctypes.byref(describe(out, what="output")))
+
+    def init_scale_a(self, x):
+        """If scale_a is 0, set it from x (set_activation without an output)."""
+        self._call(_lib.function("bie_layer_set_activation"),
+                   ctypes.byref(describe(x, what="input")), None)
 
     def select_gemm_kernel(self, x):
         self._call(_lib.function("bie_layer_select_gemm_kernel"),

@@ -14,7 +14,10 @@ follow:
 
 Gradients: input, weight (float weights through autograd; an int8 weight cannot carry an
 autograd gradient, so its int8-quantized gradient is stored in ``weight.grad``, overwriting
-it, for :class:`bie.optim.SignFlip`), scale_a and bias_a. scale_w is not learnable.
+it, for :class:`bie.optim.SignFlip`), scale_a and bias_a. scale_w is not learnable. Inside a
+``DistributedDataParallel`` forward the int8 gradient is that of the float gradient averaged
+over the ranks, and a scale_a of 0 is set to the ranks' average measurement (see
+:mod:`bie.distributed`).
 
 The C layer keeps, from a training forward, only what its backward needs (packed signs and
 clip bits). A second training forward through the same layer before the first one's
@@ -25,7 +28,7 @@ module), in which case the lost forward is run again from the kept input.
 
 import torch
 
-from . import _lib
+from . import _lib, distributed
 from ._layer import BIAS_A, SCALE_A, SCALE_W, WEIGHT, Layer
 from ._lib import fail
 
@@ -69,6 +72,9 @@ def _forward(ctx, layer, x, weight, scale_a, bias_a, is_train):
     x_run = x.contiguous()  # a copy only for non-contiguous input
     if not layer.conv and x_run.dim() > _lib.MAX_DIMS:  # bie tensors have rank <= 4
         x_run = x_run.reshape(-1, x_run.shape[-1])
+    sync = distributed.active()  # inside a DistributedDataParallel forward
+    if sync is not None and not packed:
+        distributed.agree_scale_a(layer, x_run, sync)
     out = layer.forward(x_run, packed)
     training = bool(is_train) and not packed
     if layer.training:
@@ -77,6 +83,7 @@ def _forward(ctx, layer, x, weight, scale_a, bias_a, is_train):
     ctx.generation = layer.generation if training else None
     ctx.x_shape, ctx.run_shape, ctx.out_run_shape = x.shape, x_run.shape, out.shape
     ctx.weight = weight
+    ctx.sync = sync if sync is not None and sync.grads and training else None
     ctx.scale_a_shape = scale_a.shape if torch.is_tensor(scale_a) else None
     ctx.has_bias = bias_a is not None
     ctx.kept = training and layer.keep_inputs
@@ -127,11 +134,16 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
         grads[0] = _shaped(grad_x, ctx.x_shape)
     weight = ctx.weight
     if weight is not None and (weight.dtype == torch.int8 or ctx.needs_input_grad[weight_index]):
-        gw = _shaped(layer.grad_copy(WEIGHT), weight.shape)
-        if weight.dtype == torch.int8:
-            weight.grad = gw
+        if weight.dtype == torch.int8 and ctx.sync is not None:
+            # Data parallel: weight.grad is set at the end of the backward from the float
+            # gradient averaged over the ranks (DDP skips int8 parameters).
+            distributed.reduce_weight_grad(layer, weight, ctx.sync)
         else:
-            grads[weight_index] = gw
+            gw = _shaped(layer.grad_copy(WEIGHT), weight.shape)
+            if weight.dtype == torch.int8:
+                weight.grad = gw
+            else:
+                grads[weight_index] = gw
     if ctx.scale_a_shape is not None and ctx.needs_input_grad[scale_a_index]:
         grads[scale_a_index] = _shaped(layer.grad_copy(SCALE_A), ctx.scale_a_shape)
     if ctx.has_bias and ctx.needs_input_grad[bias_index]:

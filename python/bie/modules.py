@@ -22,7 +22,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from . import _lib
+from . import _lib, distributed
 from ._layer import BIAS_A, QWEIGHT, SCALE_A, SCALE_W, WEIGHT, WEIGHT_FLOAT_GRAD, Layer
 from ._lib import WORD_DTYPE, BieError, fail
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
@@ -206,6 +206,7 @@ class _BieLayerModule(nn.Module):
         if weight is None and qweight is not None and mine is not None:
             self.generate_quantized_weight(qweight_only=True)  # an inference-only model
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._layer.scale_a_agreed = False  # a loaded scale_a may be 0 (measure it again)
         if qweight is not None:  # saved beside its weight, qweight was derived from it
             self._qweight_installed = weight is None
 
@@ -406,6 +407,10 @@ class _BieLayerModule(nn.Module):
         layer.set_training(False)
         x = x.contiguous()  # a copy only for non-contiguous input
         packed = layer.binary and not x.is_floating_point()
+        sync = distributed.active()  # inside a DistributedDataParallel forward
+        if sync is not None and not packed:
+            distributed.agree_scale_a(layer, x if layer.conv or x.dim() <= _lib.MAX_DIMS
+                                      else x.reshape(-1, x.shape[-1]), sync)
         if not layer.conv and x.dim() > _lib.MAX_DIMS:  # bie tensors have rank <= 4
             return layer.forward(x.reshape(-1, x.shape[-1]), packed).reshape(
                 tuple(x.shape[:-1]) + (layer.out_features,))

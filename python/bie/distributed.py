@@ -1,0 +1,150 @@
+"""Data-parallel training of bie modules with ``torch.distributed``.
+
+``DistributedDataParallel`` (DDP) keeps a model identical on every rank by broadcasting rank
+0's parameters and buffers once, when it is built, and by averaging, in every backward, the
+gradients of the floating-point parameters that require one. For bie's layers that covers
+``bias_a``, ``scale_a`` and the float weights (the 4-bit layers' weights, binary weights before
+``prepare_params``): they are ordinary ``nn.Parameter``s and DDP reduces them as any other.
+Two things it cannot do are done here, for every bie layer whose forward runs inside a DDP
+forward over a process group of more than one rank:
+
+- **int8 binary weights.** Their gradient is the int8 quantization of the float gradient
+  (SPEC §2), stored in ``weight.grad`` by the backward; DDP skips parameters that do not
+  require a gradient, so each rank would flip signs after its own gradient. The backward
+  instead starts an asynchronous all-reduce of the float gradient
+  (``BIE_PARAM_WEIGHT_FLOAT_GRAD``) over DDP's process group as soon as the layer's backward
+  has made it, so it overlaps the rest of the backward, as DDP's buckets do; at the end of the
+  backward (an autograd engine callback, run before ``backward()`` returns) the sum is divided
+  by the number of ranks, as DDP averages, and quantized to int8 with SPEC §1's per-tensor
+  formula (:func:`quantize_int8`) into ``weight.grad``. Every rank quantizes the same reduced
+  values, so every rank gets the same int8 gradient. Averaging float gradients costs one
+  all-reduce of 4 bytes per weight, as an int32 sum of int8 gradients would, but an int32 sum
+  needs a scale shared by all ranks first (a second collective, for the maximum) and then a
+  coarser result (each rank's gradient rounded to 8 bits before the sum); the float average
+  is exact up to float rounding and quantized once.
+- **The first scale_a.** A layer measures ``scale_a`` (factor times mean|x|, SPEC §2/§4) on
+  its first input when it is 0. Each rank has its own input, so before that forward the
+  layer measures it (the C library's ``set_activation``, the formula written once), the ranks
+  average their measurements (with equal batch sizes: the measurement of the whole global
+  batch) and every rank stores the average. Whether scale_a is 0 is read once per C layer
+  (again after ``load_state_dict``), not at every forward.
+
+Nothing is reduced twice: bie reduces only int8 weights, which DDP leaves out; DDP reduces
+the float parameters, which bie leaves alone. ``no_sync()`` is respected (no int8 gradient
+reduction in its backwards; int8 gradients are never accumulated: ``weight.grad`` holds the
+last backward's, as without DDP). Every rank must run the same bie layers in each step, as
+the collectives are matched by order.
+
+The sign-flip optimizer needs the same state on every rank: it draws its initial ``v`` from a
+generator seeded with ``seed``, so give :class:`bie.SignFlip` the same ``seed`` on every rank
+(or create it after the same ``torch.manual_seed`` on every rank).
+"""
+
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+
+from ._layer import SCALE_A, WEIGHT, WEIGHT_FLOAT_GRAD
+
+try:
+    import torch.distributed as _dist
+    _AVAILABLE = _dist.is_available()
+except ImportError:  # a torch built without distributed support
+    _dist = None
+    _AVAILABLE = False
+
+_DDP = None
+if _AVAILABLE:
+    try:
+        from torch.nn.parallel import DistributedDataParallel as _DDP
+    except ImportError:
+        _DDP = None
+
+_MISSING = object()
+_warned = False
+
+
+class Sync(NamedTuple):
+    """The data parallelism a bie forward runs under."""
+
+    group: Any  # DDP's process group
+    size: int  # ranks in it
+    grads: bool  # its backward reduces gradients (DDP's require_backward_grad_sync)
+
+
+def _warn_undetectable():
+    global _warned
+    if not _warned and _dist.is_initialized() and _dist.get_world_size() > 1:
+        _warned = True
+        warnings.warn("bie: this torch does not mark the running DistributedDataParallel "
+                      "forward (DistributedDataParallel._active_ddp_module), so bie cannot "
+                      "average the int8 binary weights' gradients or the first scale_a "
+                      "across ranks; ranks will drift apart", RuntimeWarning, stacklevel=3)
+
+
+def active():
+    """The :class:`Sync` of the DistributedDataParallel forward now running, or None (no DDP
+    forward running, or a process group of one rank)."""
+    if _DDP is None:
+        return None
+    ddp = getattr(_DDP, "_active_ddp_module", _MISSING)
+    if ddp is _MISSING:
+        _warn_undetectable()
+        return None
+    if ddp is None:
+        return None
+    group = ddp.process_group
+    size = _dist.get_world_size(group)
+    if size <= 1:
+        return None
+    return Sync(group, size, bool(getattr(ddp, "require_backward_grad_sync", True)))
+
+
+def quantize_int8(t):
+    """SPEC §1 int8 tensor quantization (narrow range, per tensor): ``amax = max|t|``,
+    ``q = clamp(rint(t * 127 / amax), -127, 127)``, all zeros when ``amax == 0``; computed in
+    float32 as bie's backward does (round half to even)."""
+    t = t.to(torch.float32)
+    amax = t.abs().max()
+    q = torch.where(amax > 0, torch.round(t * 127.0 / amax), torch.zeros_like(t))
+    return q.clamp_(-127, 127).to(torch.int8)
+
+
+def agree_scale_a(layer, x, sync):
+    """Before a forward of ``layer`` on input ``x`` (contiguous, the layer's float dtype) under
+    ``sync``: if scale_a is 0, measure it on x, average the measurements of all ranks and store
+    the average, so that the C forward finds it set. Read once per C layer (see
+    ``Layer.scale_a_agreed``)."""
+    if layer.scale_a_agreed or not x.is_floating_point():
+        return
+    scale_a = layer.view(SCALE_A)
+    if float(scale_a.reshape(()).item()) == 0.0:  # the same on every rank (same parameters)
+        layer.init_scale_a(x)
+        total = scale_a.detach().clone()
+        _dist.all_reduce(total, group=sync.group)
+        scale_a.copy_(total.div_(sync.size))
+    layer.scale_a_agreed = True
+
+
+def reduce_weight_grad(layer, weight, sync):
+    """After the C backward of ``layer`` (an int8 binary weight ``weight``): start the
+    all-reduce of its float weight gradient; at the end of the backward, set ``weight.grad``
+    to the int8 quantization of the average, and the layer's gradients (``weight_float_grad``
+    and the int8 one) to the reduced values."""
+    grad = layer.grad_copy(WEIGHT_FLOAT_GRAD)
+    work = _dist.all_reduce(grad, group=sync.group, async_op=True)
+
+    def finish():
+        work.wait()
+        grad.div_(sync.size)
+        q = quantize_int8(grad)
+        weight.grad = q if q.shape == weight.shape else q.reshape(weight.shape)
+        if not layer.retired:  # what weight_float_grad() and the C layer report
+            layer.view(WEIGHT_FLOAT_GRAD, grad=True).copy_(grad)
+            layer.view(WEIGHT, grad=True).copy_(q)
+
+    torch.autograd.Variable._execution_engine.queue_callback(finish)
+
+
+__all__ = ["quantize_int8", "active", "Sync"]

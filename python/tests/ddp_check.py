@@ -1,0 +1,201 @@
+"""Data-parallel training of every bie layer kind under DistributedDataParallel: one rank's
+part of the check that every parameter, buffer and optimizer state ends up bit-identical on
+every rank.
+
+Used by test_distributed.py (gloo on the CPU: ``python3 ddp_check.py RANK WORLD PORT OUT``,
+one process per rank, each saving its results to OUT for the test to compare) and by
+tests/gpu/ddp_nccl.py (NCCL, one GPU per rank, under torchrun). Each rank builds the model
+from its own seed (DDP must broadcast rank 0's parameters, int8 weights and all, into bie's
+memory), trains on its own random data (scaled differently per rank, so that each rank would
+measure another scale_a), with SignFlip for the int8 binary weights (the same ``seed`` on
+every rank) and Adam for the float parameters.
+"""
+
+import copy
+import pathlib
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # python/: the package
+
+import bie  # noqa: E402
+import bie.distributed  # noqa: E402
+
+BATCH, STEPS = 16, 12
+BIE_KINDS = (bie.BinaryConv2dBase, bie.BinaryLinearBase, bie.Q4Conv2dCutlass,
+             bie.Q4LinearCutlass)
+
+
+def make_model():
+    """Every bie kind (binary conv2d, 4-bit conv2d, binary linear, 4-bit linear) among torch
+    layers, batch norm included (a module with buffers)."""
+    return nn.Sequential(
+        bie.BinaryConv2dCutlass(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        bie.Q4Conv2dCutlass(8, 8, 3, padding=1), nn.MaxPool2d(2), nn.Flatten(),
+        bie.BinaryLinearCutlass(8 * 4 * 4, 32), nn.BatchNorm1d(32),
+        bie.Q4LinearCutlass(32, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+class _CountAllReduce:
+    """Counts torch.distributed.all_reduce calls (bie's; DDP's reducer calls C++ directly)."""
+
+    def __init__(self):
+        self.calls = 0
+        self._original = torch.distributed.all_reduce
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._original(*args, **kwargs)
+
+
+def _cpu(t):
+    """A CPU copy of t (on the CPU, .cpu() would return t itself, which zero_grad zeroes)."""
+    return t.detach().to("cpu", copy=True)
+
+
+def train(rank, device, fix=True, steps=STEPS):
+    """Train under DDP on this rank; returns a dict of CPU tensors (what must agree across
+    ranks) and a few facts. With fix=False, bie's data-parallel support is switched off (what
+    the package did before it had one): the ranks must then drift apart."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    active = bie.distributed.active
+    if not fix:
+        bie.distributed.active = lambda: None
+    counter = _CountAllReduce()
+    torch.distributed.all_reduce = counter
+    try:
+        torch.manual_seed(100 + rank)  # each rank builds other weights: DDP broadcasts rank 0's
+        model = make_model().to(device)
+        bie.prepare_bie_layers(model)  # int8 binary weights, before DDP and the optimizer
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = bie.SignFlip(ddp.parameters(), lr=1e-2, betas=(0.9, 0.99), float_lr=1e-2,
+                           seed=1234)  # the same seed on every rank: the same initial state
+        data = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+        out = {}
+        flipped = 0
+        calls = []
+        for step in range(steps):
+            x = torch.randn(BATCH, 3, 8, 8, generator=data) * (1 + rank)
+            y = torch.randint(0, 10, (BATCH,), generator=data)
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            before = counter.calls
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            calls.append(counter.calls - before)
+            if step == 0:
+                _record_gradients(model, x, y, out)
+            opt.step()
+            flipped += opt.flipped
+        # An eval forward with the same input on every rank: DDP broadcasts rank 0's buffers
+        # (batch norm's running statistics, which each rank's last training forward updated
+        # from its own batch) before it; eval() packs qweight from the trained weights.
+        ddp.eval()
+        with torch.no_grad():
+            probe = torch.randn(BATCH, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+            out["eval_output"] = _cpu(ddp(probe.to(device)))
+        for name, t in model.state_dict().items():
+            out["state/" + name] = _cpu(t)
+        for i, state in opt.state_dict()["state"].items():
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    out[f"opt/{i}/{key}"] = _cpu(value)
+        facts = {"flipped": flipped, "all_reduce_calls": calls,
+                 "int8_weights": [n for n, p in model.named_parameters()
+                                  if p.dtype == torch.int8],
+                 "ddp_float_params": [n for n, p in model.named_parameters()
+                                      if p.requires_grad]}
+        return out, facts
+    finally:
+        bie.distributed.active = active
+        torch.distributed.all_reduce = counter._original
+
+
+def _record_gradients(model, x, y, out):
+    """The first step's gradients after DDP's backward (float ones averaged by DDP, int8 ones
+    by bie), and this rank's local ones: the same step on a copy of the model outside DDP."""
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            out["grad/" + name] = _cpu(p.grad)
+    local = copy.deepcopy(model)  # same parameters (scale_a as agreed), no DDP
+    nn.functional.cross_entropy(local(x), y).backward()
+    for (name, m), (_, lm) in zip(model.named_modules(), local.named_modules()):
+        if isinstance(m, BIE_KINDS):
+            if m.weight.dtype == torch.int8:
+                out[f"float_grad/{name}"] = _cpu(m.weight_float_grad())
+                out[f"local_float_grad/{name}"] = _cpu(lm.weight_float_grad())
+    for name, p in local.named_parameters():
+        if p.grad is not None and p.is_floating_point():
+            out["local_grad/" + name] = _cpu(p.grad)
+
+
+def _bits(t):
+    """The bytes of t (so that -0.0 != 0.0 and a NaN equals itself)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def mismatches(results):
+    """Names of the tensors that are not bit-identical on every rank (results: one dict per
+    rank)."""
+    bad = []
+    first = results[0]
+    for name, t in first.items():
+        if name.startswith("local_"):
+            continue  # each rank's own gradients: they differ by design
+        for other in results[1:]:
+            u = other.get(name)
+            if (u is None or u.dtype != t.dtype or u.shape != t.shape
+                    or not torch.equal(_bits(t), _bits(u))):
+                bad.append(name)
+                break
+    return bad
+
+
+def check_gradients(results):
+    """The first step's reduced gradients against the ranks' local ones: float ones averaged
+    (by DDP), int8 ones the SPEC §1 quantization of the averaged float gradient (by bie).
+    Returns a list of problems."""
+    problems = []
+    world = len(results)
+    r0 = results[0]
+    for name in r0:
+        if name.startswith("local_grad/"):
+            mean = sum(r[name] for r in results) / world
+            got = r0["grad/" + name[len("local_grad/"):]]
+            if not torch.allclose(got, mean, rtol=1e-5, atol=1e-6):
+                problems.append(f"{name[len('local_grad/'):]}: DDP's gradient is not the mean")
+        if name.startswith("local_float_grad/"):
+            layer = name[len("local_float_grad/"):]
+            mean = sum(r[name] for r in results) / world
+            got = r0["float_grad/" + layer]
+            if not torch.allclose(got, mean, rtol=1e-5, atol=1e-6):
+                problems.append(f"{layer}: weight_float_grad() is not the mean of the ranks'")
+            if not torch.equal(r0[f"grad/{layer}.weight"], bie.distributed.quantize_int8(got)):
+                problems.append(f"{layer}: weight.grad is not the int8 quantization of the "
+                                "mean float gradient")
+            if torch.equal(results[0][name], results[1][name]):
+                problems.append(f"{layer}: the ranks' local gradients are equal (same data?)")
+    return problems
+
+
+def main():
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    bie.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=60))
+    try:
+        device = torch.device("cpu")
+        fixed, facts = train(rank, device)
+        drifted, drift_facts = train(rank, device, fix=False, steps=4)
+        torch.save({"fixed": fixed, "facts": facts, "drifted": drifted,
+                    "drift_facts": drift_facts}, out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
