@@ -179,6 +179,61 @@ def check_gradients(results):
     return problems
 
 
+def check_facts(facts):
+    """What DDP and bie each reduce (one rank's facts). Returns a list of problems."""
+    problems = []
+    # DDP reduces the float parameters (they require a gradient); bie the int8 weights, which
+    # DDP skips: disjoint sets, so nothing is reduced twice.
+    if facts["int8_weights"] != ["0.weight", "6.weight"]:
+        problems.append(f"int8 weights: {facts['int8_weights']}")
+    ddp = set(facts["ddp_float_params"])
+    expected = {"0.bias_a", "0.scale_a", "3.weight", "3.bias_a", "3.scale_a", "6.bias_a",
+                "6.scale_a", "8.weight", "8.bias_a", "8.scale_a"}
+    if not expected <= ddp:
+        problems.append(f"DDP does not reduce {sorted(expected - ddp)}")
+    if ddp & set(facts["int8_weights"]):
+        problems.append("DDP reduces an int8 weight")
+    # bie's all-reduces: the 4 layers' first scale_a, then one per int8 weight and step
+    calls = facts["all_reduce_calls"]
+    if calls[0] != 4 + 2 or set(calls[1:]) != {2}:
+        problems.append(f"bie's all-reduces per step: {calls}, expected [6, 2, 2, ...]")
+    if facts["flipped"] <= 0:
+        problems.append("no binary weight flipped: the sign flips were not exercised")
+    return problems
+
+
+def check_drift(drifted, drift_facts):
+    """Without bie's data-parallel support (one dict per rank): int8 weights and scale_a must
+    differ between the ranks, or the bit-for-bit check could not fail."""
+    bad = mismatches(drifted)
+    problems = []
+    if not ("state/0.scale_a" in bad and "state/8.scale_a" in bad):
+        problems.append("without bie's support, scale_a still agrees across ranks")
+    if not ("state/0.weight" in bad or "state/6.weight" in bad):
+        problems.append("without bie's support, the int8 weights still agree across ranks")
+    if drift_facts["all_reduce_calls"] != [0] * len(drift_facts["all_reduce_calls"]):
+        problems.append("bie reduced something with its support switched off")
+    return problems
+
+
+def check(ranks):
+    """Every check on the ranks' results (one dict per rank, as ``run`` returns); a list of
+    problems, empty when data-parallel training works."""
+    fixed = [r["fixed"] for r in ranks]
+    problems = [f"{name} differs between ranks" for name in mismatches(fixed)]
+    problems += check_gradients(fixed)
+    problems += check_facts(ranks[0]["facts"])
+    problems += check_drift([r["drifted"] for r in ranks], ranks[0]["drift_facts"])
+    return problems
+
+
+def run(rank, device):
+    """This rank's part: training with bie's data-parallel support, then without it."""
+    fixed, facts = train(rank, device)
+    drifted, drift_facts = train(rank, device, fix=False, steps=4)
+    return {"fixed": fixed, "facts": facts, "drifted": drifted, "drift_facts": drift_facts}
+
+
 def main():
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     from datetime import timedelta
@@ -188,11 +243,7 @@ def main():
                                          rank=rank, world_size=world,
                                          timeout=timedelta(seconds=60))
     try:
-        device = torch.device("cpu")
-        fixed, facts = train(rank, device)
-        drifted, drift_facts = train(rank, device, fix=False, steps=4)
-        torch.save({"fixed": fixed, "facts": facts, "drifted": drifted,
-                    "drift_facts": drift_facts}, out)
+        torch.save(run(rank, torch.device("cpu")), out)
     finally:
         torch.distributed.destroy_process_group()
 
