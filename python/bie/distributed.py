@@ -33,7 +33,7 @@ Nothing is reduced twice: bie reduces only int8 weights, which DDP leaves out; D
 the float parameters, which bie leaves alone. ``no_sync()`` is respected (no int8 gradient
 reduction in its backwards; int8 gradients are never accumulated: ``weight.grad`` holds the
 last backward's, as without DDP). Every rank must run the same bie layers in each step, as
-the collectives are matched by order.
+the collectives are matched by order (DDP's ``join()`` for uneven inputs is not supported).
 
 The sign-flip optimizer needs the same state on every rank: it draws its initial ``v`` from a
 generator seeded with ``seed``, so give :class:`bie.SignFlip` the same ``seed`` on every rank
