@@ -5,6 +5,19 @@ import math
 import torch
 
 
+def _same_on_every_rank(seed):
+    """Rank 0's seed on every rank of an initialised torch.distributed group (a collective:
+    every rank constructs its optimizer); the seed itself elsewhere."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return seed
+    t = torch.tensor([seed], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
 class SignFlip(torch.optim.Optimizer):
     """Sign flips for int8 binary weights, Adam / AdamW for float parameters (SPEC §5).
 
@@ -19,7 +32,9 @@ class SignFlip(torch.optim.Optimizer):
     ``v = -sign(w) * delta`` with ``delta`` uniform in (0, 1e-3], drawn once per element (at
     the parameter's first step, in parameter order) from the optimizer's generator, seeded
     with ``seed`` or, when ``seed`` is None, with a number drawn from torch's default
-    generator at construction (so ``torch.manual_seed`` decides it). So ``u`` starts equal to
+    generator at construction (so ``torch.manual_seed`` decides it; under an initialised
+    ``torch.distributed`` group, rank 0's draw, broadcast, so that every rank of a
+    data-parallel run starts from the same state). So ``u`` starts equal to
     ``sign(w)``: a weight whose gradient has been 0 since the start never flips.
 
     Float parameters (scale_a, bias_a, float weights, the rest of the network) take an Adam
@@ -44,7 +59,7 @@ class SignFlip(torch.optim.Optimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
         if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+            seed = _same_on_every_rank(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
         self._generator = torch.Generator().manual_seed(int(seed))
         self.flipped = 0  # binary weights that changed sign in the last step
 
