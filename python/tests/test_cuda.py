@@ -203,9 +203,10 @@ def test_cuda_half_and_bfloat16_layers(cls, args, shape):
         assert y.dtype == dtype and y.shape[0] == shape[0]
         y.float().sum().backward()
         m.zero_grad()
+    before = m.dtype  # float16, the loop's last conversion
     with pytest.raises(bie.BieError, match="float32 on the CPU"):
-        m.cpu()  # no bfloat16 layer on the CPU: the module stays on CUDA
-    assert m.device.type == "cuda" and m.dtype == torch.bfloat16
+        m.cpu()  # no float16 / bfloat16 layer on the CPU: the module stays on CUDA as it was
+    assert m.device.type == "cuda" and m.dtype == before == torch.float16
     m.to("cpu", torch.float32)
     assert m.device.type == "cpu" and m.dtype == torch.float32
     m(x.cpu())
