@@ -153,6 +153,12 @@ def mismatches(results):
     return bad
 
 
+def _gap(got, want):
+    """How far got is from want: the largest difference and the largest value."""
+    return (f"max |diff| {float((got - want).abs().max()):.3g}, "
+            f"max |value| {float(want.abs().max()):.3g}")
+
+
 def check_gradients(results):
     """The first step's reduced gradients against the ranks' local ones: float ones averaged
     (by DDP), int8 ones the SPEC §1 quantization of the averaged float gradient (by bie).
@@ -165,13 +171,15 @@ def check_gradients(results):
             mean = sum(r[name] for r in results) / world
             got = r0["grad/" + name[len("local_grad/"):]]
             if not torch.allclose(got, mean, rtol=1e-5, atol=1e-6):
-                problems.append(f"{name[len('local_grad/'):]}: DDP's gradient is not the mean")
+                problems.append(f"{name[len('local_grad/'):]}: DDP's gradient is not the mean "
+                                f"({_gap(got, mean)})")
         if name.startswith("local_float_grad/"):
             layer = name[len("local_float_grad/"):]
             mean = sum(r[name] for r in results) / world
             got = r0["float_grad/" + layer]
             if not torch.allclose(got, mean, rtol=1e-5, atol=1e-6):
-                problems.append(f"{layer}: weight_float_grad() is not the mean of the ranks'")
+                problems.append(f"{layer}: weight_float_grad() is not the mean of the ranks' "
+                                f"({_gap(got, mean)})")
             if not torch.equal(r0[f"grad/{layer}.weight"], bie.distributed.quantize_int8(got)):
                 problems.append(f"{layer}: weight.grad is not the int8 quantization of the "
                                 "mean float gradient")
@@ -209,7 +217,9 @@ def check_drift(drifted, drift_facts):
     bad = mismatches(drifted)
     problems = []
     if not ("state/0.scale_a" in bad and "state/8.scale_a" in bad):
-        problems.append("without bie's support, scale_a still agrees across ranks")
+        values = [[float(r[f"state/{i}.scale_a"].reshape(())) for r in drifted] for i in (0, 8)]
+        problems.append(f"without bie's support, scale_a still agrees across ranks (layers 0 "
+                        f"and 8, per rank: {values})")
     if not ("state/0.weight" in bad or "state/6.weight" in bad):
         problems.append("without bie's support, the int8 weights still agree across ranks")
     if drift_facts["all_reduce_calls"] != [0] * len(drift_facts["all_reduce_calls"]):

@@ -53,6 +53,12 @@ def main():
         return SKIP
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
+    # The checks compare the reduced gradients with the mean of the ranks' own ones at float32
+    # precision: torch's float layers in full float32 (no TF32) with deterministic algorithms.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     torch.distributed.init_process_group("nccl")
     try:
         return _run(rank, world, device, torch.cuda.get_device_name(device) + ", NCCL")
