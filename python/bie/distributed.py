@@ -36,8 +36,8 @@ last backward's, as without DDP). Every rank must run the same bie layers in eac
 the collectives are matched by order (DDP's ``join()`` for uneven inputs is not supported).
 
 The sign-flip optimizer needs the same state on every rank: it draws its initial ``v`` from a
-generator seeded with ``seed``, so give :class:`bie.SignFlip` the same ``seed`` on every rank
-(or create it after the same ``torch.manual_seed`` on every rank).
+generator seeded with ``seed``; without one, :class:`bie.SignFlip` takes rank 0's draw on
+every rank of an initialised process group (its construction is then a collective).
 """
 
 import warnings
