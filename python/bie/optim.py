@@ -40,12 +40,19 @@ class SignFlip(torch.optim.Optimizer):
     Float parameters (scale_a, bias_a, float weights, the rest of the network) take an Adam
     step with bias correction, ``float_lr`` / ``float_betas`` / ``eps``; ``weight_decay`` is
     decoupled (AdamW) when ``decoupled_weight_decay`` is true, else added to the gradient.
-    Runs on whatever device the parameters are on, with torch operations.
+    Runs on whatever device the parameters are on, with torch operations. A step is one
+    pass over all parameters: the binary weights' and the float parameters' updates each run
+    as ``torch._foreach_*`` operations over the lists of parameters, gradients and states
+    (grouped by device; an operation this torch lacks, e.g. ``_foreach_lerp_`` before torch
+    2.0, runs tensor by tensor with the same arithmetic), unless ``foreach=False``, which runs
+    the same operations tensor by tensor. Both give bit-identical results. A step never
+    synchronises with the device: the number of binary weights that changed sign in the last
+    step stays on the device and is read only when ``flipped`` is asked for.
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
                  float_betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 decoupled_weight_decay=True, seed=None):
+                 decoupled_weight_decay=True, seed=None, foreach=True):
         for name, value in (("lr", lr), ("float_lr", float_lr), ("eps", eps)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"SignFlip: {name} must be finite and > 0, got {value}")
@@ -61,7 +68,16 @@ class SignFlip(torch.optim.Optimizer):
         if seed is None:
             seed = _same_on_every_rank(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
         self._generator = torch.Generator().manual_seed(int(seed))
-        self.flipped = 0  # binary weights that changed sign in the last step
+        self.foreach = bool(foreach)
+        self._flip_counts = []  # the last step's flip counts, one int64 tensor per device
+
+    @property
+    def flipped(self):
+        """Binary weights that changed sign in the last step (0 before the first step).
+
+        Read lazily: the count stays on the parameters' device during the step, and asking
+        for it here waits for the device (one synchronisation per device)."""
+        return sum(int(t) for t in self._flip_counts)
 
     @staticmethod
     def _sign(t):
@@ -74,55 +90,98 @@ class SignFlip(torch.optim.Optimizer):
         delta = ((1.0 - u) * 1e-3).to(torch.float32).to(p.device)  # 1 - u in (0, 1]
         return -self._sign(p) * delta
 
+    def _op(self, name, *args, **kwargs):
+        """torch._foreach_<name>(*args) when foreach is on and this torch has it, else the
+        tensor method <name> applied element by element of the lists (list arguments are
+        zipped, scalars broadcast; a list of scalars, ScalarList, is zipped too)."""
+        fn = getattr(torch, "_foreach_" + name, None) if self.foreach else None
+        if fn is not None:
+            return fn(*args, **kwargs)
+        n = len(args[0])
+        rows = [[a[i] if isinstance(a, (list, tuple)) else a for a in args] for i in range(n)]
+        out = [getattr(row[0], name)(*row[1:], **kwargs) for row in rows]
+        return None if name.endswith("_") else out
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        flipped = 0
-        for group in self.param_groups:
+        binary, floats = {}, {}  # (group index, device) -> parameters, in parameter order
+        for k, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.dtype == torch.int8:
-                    flipped += self._flip(p, group)
+                    state = self.state[p]
+                    if not state:  # drawn in parameter order from the generator
+                        state["m"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                        state["v"] = self._initial_v(p)
+                    binary.setdefault((k, p.device), []).append(p)
                 elif p.is_floating_point():
-                    self._adam(p, group)
-        self.flipped = flipped
+                    floats.setdefault((k, p.device, p.dtype), []).append(p)
+        counts = {}
+        for (k, device), params in binary.items():
+            count = self._flip(params, self.param_groups[k])
+            counts.setdefault(device, []).append(count)
+        for (k, _, _), params in floats.items():
+            self._adam(params, self.param_groups[k])
+        self._flip_counts = [c[0] if len(c) == 1 else torch.stack(c).sum()
+                             for c in counts.values()]
         return loss
 
-    def _flip(self, p, group):
-        state = self.state[p]
-        if not state:
-            state["m"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            state["v"] = self._initial_v(p)
-        m, v = state["m"], state["v"]
+    def _flip(self, params, group):
+        """One sign-flip step over int8 parameters of one device; returns the number of
+        flips as a 0-dim device tensor."""
+        ms = [self.state[p]["m"] for p in params]
+        vs = [self.state[p]["v"] for p in params]
+        grads = [p.grad.to(torch.float32) for p in params]
         beta1, beta2 = group["betas"]
-        m.lerp_(p.grad.to(torch.float32), 1.0 - beta1)
-        v.lerp_(torch.sign(m) * group["lr"], 1.0 - beta2)  # sgn0: torch.sign(0) = 0
-        flip = (-self._sign(v)) != self._sign(p)
-        flipped_values = torch.where(p == 0, torch.full_like(p, -1), -p)  # 0 flips to -1
-        p.copy_(torch.where(flip, flipped_values, p))
-        return int(flip.sum().item())
+        self._op("lerp_", ms, grads, 1.0 - beta1)
+        target = self._op("sign", ms)  # sgn0: torch.sign(0) = 0
+        self._op("mul_", target, group["lr"])
+        self._op("lerp_", vs, target, 1.0 - beta2)
+        counts = []
+        for p, v in zip(params, vs):
+            # -sign(v) != sign(w), sign(0) = +1  <=>  (v >= 0) == (w >= 0)
+            flip = torch.eq(v >= 0, p >= 0)
+            flipped_values = torch.where(p == 0, -1, torch.neg(p))  # 0 flips to -1
+            torch.where(flip, flipped_values, p, out=p)
+            counts.append(flip.sum())
+        return counts[0] if len(counts) == 1 else torch.stack(counts).sum()
 
-    def _adam(self, p, group):
-        state = self.state[p]
-        if not state:
-            state["step"] = 0
-            state["m"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["v"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["step"] += 1
-        step, m, v = state["step"], state["m"], state["v"]
+    def _adam(self, params, group):
+        """One Adam(W) step over floating-point parameters of one device and dtype."""
+        ms, vs, steps = [], [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["m"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["v"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            ms.append(state["m"])
+            vs.append(state["v"])
+            steps.append(state["step"])
         beta1, beta2 = group["float_betas"]
         lr, decay = group["float_lr"], group["weight_decay"]
-        grad = p.grad
+        grads = [p.grad for p in params]
         if decay:
             if group["decoupled_weight_decay"]:
-                p.mul_(1.0 - lr * decay)
+                self._op("mul_", params, 1.0 - lr * decay)
             else:
-                grad = grad.add(p, alpha=decay)
-        m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-        v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        denom = (v / (1.0 - beta2 ** step)).sqrt_().add_(group["eps"])
-        p.addcdiv_(m, denom, value=-lr / (1.0 - beta1 ** step))
+                grads = self._op("add", grads, params, alpha=decay)
+        self._op("mul_", ms, beta1)
+        self._op("add_", ms, grads, alpha=1.0 - beta1)
+        self._op("mul_", vs, beta2)
+        self._op("addcmul_", vs, grads, grads, value=1.0 - beta2)
+        denom = self._op("div", vs, [1.0 - beta2 ** s for s in steps])
+        self._op("sqrt_", denom)
+        self._op("add_", denom, group["eps"])
+        step_sizes = [-lr / (1.0 - beta1 ** s) for s in steps]
+        if self.foreach and hasattr(torch, "_foreach_addcdiv_"):
+            torch._foreach_addcdiv_(params, ms, denom, step_sizes)
+        else:
+            for p, m, d, size in zip(params, ms, denom, step_sizes):
+                p.addcdiv_(m, d, value=size)

@@ -187,3 +187,90 @@ def test_a_few_training_steps_reduce_the_loss():
     with torch.no_grad():
         accuracy = (model(images).argmax(1) == labels).float().mean()
     assert accuracy > 0.5  # three classes: chance is about 1/3
+
+
+def _mixed_model_params(seed):
+    """int8 binary weights (two groups, one with a zero gradient now and then) and float
+    parameters, with gradients drawn per step."""
+    gen = torch.Generator().manual_seed(seed)
+    ws = [torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
+          for shape in ((17, 9), (4, 3, 3, 5), (64,))]
+    ws[0][0, :3] = 0
+    fs = [torch.randn(shape, generator=gen) for shape in ((6, 4), (5,))]
+    return ws, fs
+
+
+def _run_optimizer(foreach, steps=60, seed=3):
+    ws, fs = _mixed_model_params(seed)
+    bins = [nn.Parameter(w.clone(), requires_grad=False) for w in ws]
+    flts = [nn.Parameter(f.clone()) for f in fs]
+    opt = bie.SignFlip([{"params": bins[:2] + flts[:1]},
+                        {"params": bins[2:] + flts[1:], "lr": 1e-2, "betas": (0.5, 0.6)}],
+                       lr=1e-3, betas=(0.9, 0.99), float_lr=1e-2, weight_decay=0.1,
+                       seed=9, foreach=foreach)
+    gen = torch.Generator().manual_seed(seed + 1)
+    history = []
+    for step in range(steps):
+        for p in bins:
+            p.grad = torch.randint(-127, 128, p.shape, generator=gen, dtype=torch.int8)
+        for p in flts:
+            p.grad = torch.randn(p.shape, generator=gen)
+        if step % 7 == 3:
+            bins[1].grad = None  # skipped this step
+            flts[0].grad = None
+        before = [p.detach().clone() for p in bins]
+        opt.step()
+        changed = sum(int(((b >= 0) != (p.detach() >= 0)).sum()) for b, p in zip(before, bins))
+        history.append((opt.flipped, changed))
+    return bins, flts, opt, history
+
+
+def test_foreach_and_per_parameter_steps_agree_bit_for_bit():
+    a_bins, a_flts, a_opt, a_hist = _run_optimizer(True)
+    b_bins, b_flts, b_opt, b_hist = _run_optimizer(False)
+    assert a_hist == b_hist
+    for p, q in zip(a_bins + a_flts, b_bins + b_flts):
+        assert torch.equal(p.detach(), q.detach())
+        for key in a_opt.state[p]:
+            x, y = a_opt.state[p][key], b_opt.state[q][key]
+            assert torch.equal(x, y) if torch.is_tensor(x) else x == y
+
+
+def test_flip_count_is_read_lazily_and_counts_sign_changes():
+    bins, _, opt, history = _run_optimizer(True)
+    assert all(torch.is_tensor(t) for t in opt._flip_counts)
+    assert all(flipped == changed for flipped, changed in history)
+    assert sum(flipped for flipped, _ in history) > 0
+    fresh = bie.SignFlip([nn.Parameter(torch.ones(3))])
+    assert fresh.flipped == 0
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_step_does_not_synchronise(monkeypatch, foreach):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ws, fs = _mixed_model_params(4)
+    params = ([nn.Parameter(w.to(device), requires_grad=False) for w in ws]
+              + [nn.Parameter(f.to(device)) for f in fs])
+    opt = bie.SignFlip(params, weight_decay=0.1, foreach=foreach, seed=2)
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("SignFlip.step synchronised with the device")
+
+    for step in range(4):
+        for p in params:
+            p.grad = (torch.randint(-127, 128, p.shape, dtype=torch.int8, device=device)
+                      if p.dtype == torch.int8 else torch.randn(p.shape, device=device))
+        if step == 0:  # the first step draws the initial state (a copy to the device)
+            opt.step()
+            continue
+        with monkeypatch.context() as patch:
+            for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
+                patch.setattr(torch.Tensor, name, no_sync)
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                opt.step()
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.set_sync_debug_mode("default")
+        assert opt.flipped >= 0  # read outside the step
