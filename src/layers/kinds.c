@@ -4,6 +4,12 @@
 #include "../core/device.h"
 #include "layer.h"
 
+#define NAMES(kind)                                                                          \
+    {                                                                                        \
+        kind "_prepare_params", kind "_set_weight_data", kind "_generate_quantized_weight",  \
+            kind "_set_quantized_weight_data", kind "_check_forward", kind "_set_activation" \
+    }
+
 static const bie_kind_def kinds[] = {
     [BIE_KIND_BINARY_LINEAR] = {BIE_KIND_BINARY_LINEAR,
                                 "binary_linear",
@@ -11,28 +17,32 @@ static const bie_kind_def kinds[] = {
                                 false,
                                 true,
                                 true,
-                                {4.0, 2.0}},
+                                {4.0, 2.0},
+                                NAMES("binary_linear")},
     [BIE_KIND_BINARY_CONV2D] = {BIE_KIND_BINARY_CONV2D,
                                 "binary_conv2d",
                                 BIE_OP_BINARY_GEMM,
                                 true,
                                 true,
                                 false,
-                                {4.0, 2.0}},
+                                {4.0, 2.0},
+                                NAMES("binary_conv2d")},
     [BIE_KIND_Q4_LINEAR] = {BIE_KIND_Q4_LINEAR,
                             "q4_linear",
                             BIE_OP_Q4_GEMM,
                             false,
                             false,
                             false,
-                            {2.0 / 11.269, 2.0 / 11.269}},
+                            {2.0 / 11.269, 2.0 / 11.269},
+                            NAMES("q4_linear")},
     [BIE_KIND_Q4_CONV2D] = {BIE_KIND_Q4_CONV2D,
                             "q4_conv2d",
                             BIE_OP_Q4_GEMM,
                             true,
                             false,
                             false,
-                            {2.0 / 11.269, 2.0 / 11.269}},
+                            {2.0 / 11.269, 2.0 / 11.269},
+                            NAMES("q4_conv2d")},
 };
 
 static const bie_layer_ops *const cpu_ops[] = {

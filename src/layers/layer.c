@@ -2,7 +2,6 @@
  * tables of layer.h. Each call checks its arguments, lets the device change the weight or
  * run the kernels, and keeps the common state (mode, kernel, saved forward) consistent. On
  * error nothing has changed: the ops validate and allocate before they change anything. */
-#include <stdio.h>
 #include <string.h>
 
 #include "conv_common.h"
@@ -176,11 +175,6 @@ bie_status bie_layer_describe(const bie_layer *l, bie_layer_desc *desc) {
 
 /* ---------------------------------------------------------------- the weight */
 
-static const char *who_name(const bie_layer *l, const char *op, char *buf, size_t n) {
-    snprintf(buf, n, "%s_%s", l->kind->name, op);
-    return buf;
-}
-
 bie_status bie_layer_reset_parameters(bie_layer *l, uint64_t seed) {
     CHECK_LAYER(l);
     BIE_TRY(l->ops->weight->reset(l, seed));
@@ -190,9 +184,8 @@ bie_status bie_layer_reset_parameters(bie_layer *l, uint64_t seed) {
 
 bie_status bie_layer_prepare_params(bie_layer *l) {
     CHECK_LAYER(l);
-    char who[64];
     const bool was_float = l->ops->weight->weight_is_float(l);
-    BIE_TRY(l->ops->weight->prepare(l, who_name(l, "prepare_params", who, sizeof who)));
+    BIE_TRY(l->ops->weight->prepare(l, l->kind->who.prepare_params));
     if (was_float) bie_layer_drop_saved(l);
     return BIE_OK;
 }
@@ -223,8 +216,7 @@ static bie_status check_exact(const bie_layer *l, const bie_tensor *t, const cha
 
 bie_status bie_layer_set_weight_data(bie_layer *l, const bie_tensor *w) {
     CHECK_LAYER(l);
-    char who[64];
-    who_name(l, "set_weight_data", who, sizeof who);
+    const char *who = l->kind->who.set_weight_data;
     int64_t shape[4];
     const int ndim = bie_layer_weight_shape(l, shape);
     BIE_TRY(check_exact(l, w, "weight", l->dtype, ndim, shape, who));
@@ -235,9 +227,7 @@ bie_status bie_layer_set_weight_data(bie_layer *l, const bie_tensor *w) {
 
 bie_status bie_layer_generate_quantized_weight(bie_layer *l, bool qweight_only) {
     CHECK_LAYER(l);
-    char who[64];
-    BIE_TRY(l->ops->weight->generate(l, qweight_only,
-                                     who_name(l, "generate_quantized_weight", who, sizeof who)));
+    BIE_TRY(l->ops->weight->generate(l, qweight_only, l->kind->who.generate_quantized_weight));
     if (qweight_only) bie_layer_drop_saved(l);
     return BIE_OK;
 }
@@ -255,8 +245,7 @@ static void qweight_format(const bie_layer *l, bie_dtype *dtype, int64_t *row) {
 
 bie_status bie_layer_set_quantized_weight_data(bie_layer *l, const bie_tensor *q) {
     CHECK_LAYER(l);
-    char who[64];
-    who_name(l, "set_quantized_weight_data", who, sizeof who);
+    const char *who = l->kind->who.set_quantized_weight_data;
     bie_dtype dtype;
     int64_t shape[2] = {l->out, 0};
     qweight_format(l, &dtype, &shape[1]);
@@ -320,8 +309,7 @@ static bie_status check_float_input(const bie_layer *l, const bie_tensor *x, con
 
 bie_status bie_layer_check_forward(const bie_layer *l, const bie_tensor *x) {
     CHECK_LAYER(l);
-    char who[64];
-    who_name(l, "check_forward", who, sizeof who);
+    const char *who = l->kind->who.check_forward;
     const bool packed = x && (x->dtype == BIE_U8 || x->dtype == BIE_U32 || x->dtype == BIE_U64);
     if (!packed || !l->kind->packed_input) return check_float_input(l, x, who);
     bie_tensor h;
@@ -374,8 +362,7 @@ bie_status bie_layer_output_shape(const bie_layer *l, int in_ndim, const int64_t
 
 bie_status bie_layer_set_activation(bie_layer *l, const bie_tensor *x, bie_tensor *x_out) {
     CHECK_LAYER(l);
-    char who[64];
-    who_name(l, "set_activation", who, sizeof who);
+    const char *who = l->kind->who.set_activation;
     BIE_TRY(check_float_input(l, x, who));
     if (x_out)
         BIE_TRY(bie_layer_check_rows(l, x_out, "output", l->dtype, x->shape[x->ndim - 1], x, who));

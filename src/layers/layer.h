@@ -13,6 +13,13 @@
 
 typedef struct bie_layer_ops bie_layer_ops;
 
+/* The names the life cycle's error messages give (KIND_operation), fixed per kind so that no
+ * call formats them. */
+typedef struct bie_kind_names {
+    const char *prepare_params, *set_weight_data, *generate_quantized_weight;
+    const char *set_quantized_weight_data, *check_forward, *set_activation;
+} bie_kind_names;
+
 /* What differs by kind (binary / 4-bit x linear / conv2d). */
 typedef struct bie_kind_def {
     bie_layer_kind id;
@@ -22,6 +29,7 @@ typedef struct bie_kind_def {
     bool binary;              /* weight format: bie_binary_weight (else bie_q4_weight) */
     bool packed_input;        /* the forward also takes pre-packed sign rows (binary linear) */
     double scale_a_factor[2]; /* scale_a = factor * mean|x| at first use: [asymmetric, symmetric] */
+    bie_kind_names who;
 } bie_kind_def;
 
 const bie_kind_def *bie_kind_get(bie_layer_kind id);
