@@ -1,13 +1,14 @@
 /*
- * bie_train — training a low-bit network with bie: float layers, a sequential model that
- * holds them together with bie's binary and 4-bit layers, a loss, and optimizers.
+ * bie_train — training a low-bit network with bie: float layers, a model (a chain or a graph
+ * of layers) that holds them together with bie's binary and 4-bit layers, a loss, and
+ * optimizers.
  *
  * API status: stable
  *
  * Ordered from simple to advanced:
  *   1. loss and accuracy on logits
  *   2. optimizer steps on plain tensors (sign-flip for int8 binary weights, Adam / AdamW)
- *   3. the sequential model: building, life cycle, forward / backward
+ *   3. the model (a chain or a graph of layers): building, life cycle, forward / backward
  *   4. architecture description (to save a model and rebuild it)
  *   5. parameter enumeration (for optimizers, model files, inspection)
  *   6. the optimizer object over a model's parameters
@@ -99,11 +100,12 @@ BIE_API bie_adam_options bie_adam_defaults(void);
 BIE_API bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *m,
                                  bie_tensor *v, int64_t step, const bie_adam_options *options);
 
-/* ------------------------------------------------------ 3. the sequential model */
+/* ------------------------------------------------------------- 3. the model */
 
-/* Opaque handle: a sequential network (like torch.nn.Sequential) of float layers and
- * bie's binary / 4-bit layers, which the model creates and owns. Layers are numbered from
- * 0 in the order they were added. The model owns the intermediate activations. */
+/* Opaque handle: a network of float layers and bie's binary / 4-bit layers, which the model
+ * creates and owns: a chain (like torch.nn.Sequential) or a graph (see "graphs" below).
+ * Layers are numbered from 0 in the order they were added. The model owns the intermediate
+ * activations. */
 typedef struct bie_model bie_model;
 
 /* An empty model in training mode. Errors: NULL out. */
@@ -142,8 +144,23 @@ BIE_API bie_status bie_model_add_prelu(bie_model *model, int64_t num_parameters)
 BIE_API bie_status bie_model_add_maxpool2d(bie_model *model, int kernel_size, int stride);
 /* [N, d1, ...] -> [N, d1 * ...]. */
 BIE_API bie_status bie_model_add_flatten(bie_model *model);
+/* Float conv2d (torch.nn.Conv2d, groups 1): NCHW [N, in, H, W] -> [N, out, OH, OW], square
+ * kernel, stride, zero padding; weight [out, in, k, k] and bias [out] (if `bias`) uniform in
+ * ±1/sqrt(in k k) (PyTorch's init). CPU: im2col + OpenBLAS; CUDA: im2col + cuBLAS. */
+BIE_API bie_status bie_model_add_conv2d(bie_model *model, int64_t in_channels, int64_t out_channels,
+                                        int kernel_size, int stride, int padding, bool bias);
+/* 2-D average pooling of NCHW input: square window, stride (0 = kernel_size), no padding,
+ * floor output size; each output is the mean of its k x k window. */
+BIE_API bie_status bie_model_add_avgpool2d(bie_model *model, int kernel_size, int stride);
+/* Global average pooling: [N, C, H, W] -> [N, C] (AdaptiveAvgPool2d(1) + flatten). */
+BIE_API bie_status bie_model_add_global_avgpool(bie_model *model);
+/* RPReLU over dim 1 ([N, C] or [N, C, H, W]), one value per channel for each of its three
+ * parameters: t = x + shift_in; y = (t >= 0 ? t : weight * t) + shift_out. Parameters
+ * "shift_in" (zeros), "weight" (slopes, 0.25), "shift_out" (zeros). */
+BIE_API bie_status bie_model_add_rprelu(bie_model *model, int64_t channels);
 /* bie's low-bit layers (bie.h) are added with bie_model_add_layer (types BIE_LAYER_BINARY_*,
- * BIE_LAYER_Q4_*); the model owns them. */
+ * BIE_LAYER_Q4_*); the model owns them. Nodes with several inputs (residual add, concat) are
+ * added with bie_model_add_node (section 4). */
 
 /* Re-initialise every layer: layer i from a generator seeded with a value derived from
  * (seed, i), so one layer's values do not depend on the others. Float layers as their
@@ -222,12 +239,19 @@ typedef enum bie_layer_type {
     BIE_LAYER_BINARY_LINEAR = 7,
     BIE_LAYER_BINARY_CONV2D = 8,
     BIE_LAYER_Q4_LINEAR = 9,
-    BIE_LAYER_Q4_CONV2D = 10
+    BIE_LAYER_Q4_CONV2D = 10,
+    BIE_LAYER_CONV2D = 11,         /* float conv2d */
+    BIE_LAYER_AVGPOOL2D = 12,      /* average pool */
+    BIE_LAYER_GLOBAL_AVGPOOL = 13, /* [N, C, H, W] -> [N, C] */
+    BIE_LAYER_ADD = 14,            /* sum of its inputs (residual add) */
+    BIE_LAYER_CONCAT = 15,         /* channel concat of its inputs */
+    BIE_LAYER_RPRELU = 16          /* shift, PReLU, shift (ReActNet's RPReLU) */
 } bie_layer_type;
 
 /* Stable lower-case name of a type, for files: "linear", "batchnorm1d", "batchnorm2d",
  * "relu", "prelu", "maxpool2d", "flatten", "binary_linear", "binary_conv2d", "q4_linear",
- * "q4_conv2d"; NULL for an unknown type. */
+ * "q4_conv2d", "conv2d", "avgpool2d", "global_avgpool", "add", "concat", "rprelu"; NULL for
+ * an unknown type. */
 BIE_API const char *bie_layer_type_name(bie_layer_type type);
 /* Inverse of bie_layer_type_name. Errors: NULL, unknown name. */
 BIE_API bie_status bie_layer_type_from_name(const char *name, bie_layer_type *type);
@@ -236,10 +260,10 @@ BIE_API bie_status bie_layer_type_from_name(const char *name, bie_layer_type *ty
 typedef struct bie_layer_info {
     bie_layer_type type;
     int64_t in;  /* in_features (linear kinds), in_channels (conv kinds), num_features
-                    (batch norm), num_parameters (PReLU) */
+                    (batch norm), num_parameters (PReLU), channels (RPReLU) */
     int64_t out; /* out_features / out_channels */
-    int kernel_size, stride, padding, dilation; /* conv kinds; max-pool: kernel_size, stride */
-    bool bias;                                  /* linear: has a bias */
+    int kernel_size, stride, padding, dilation; /* conv kinds; pools: kernel_size, stride */
+    bool bias;                                  /* linear, conv2d: has a bias */
     bool symmetric;                             /* binary kinds (SPEC §2) */
     int bits_binary_word;                       /* binary kinds: 8, 32 or 64 */
     float eps, momentum;                        /* batch norm: 1e-5, 0.1 */
@@ -252,6 +276,38 @@ BIE_API bie_status bie_model_layer_info(const bie_model *model, int index, bie_l
  * (e.g. symmetric, bits_binary_word, eps, momentum). Errors: as the builders; eps not
  * finite and > 0, momentum outside [0, 1], bits_binary_word not 8 / 32 / 64. */
 BIE_API bie_status bie_model_add_layer(bie_model *model, const bie_layer_info *info);
+
+/* ---- graphs. The model is a graph of nodes (the layers) in topological order: node i
+ * reads the outputs of earlier nodes, or the model's input (BIE_MODEL_INPUT); the model's
+ * output is the last node's. Every builder above appends a node that reads the node before
+ * it (the input for the first node), so a sequential model is a chain. A node's index is its
+ * name: parameters are "<index>.<name>". Backward sums the gradients of a tensor that feeds
+ * several nodes; a node whose output nobody reads gets a zero gradient. */
+#define BIE_MODEL_INPUT (-1)
+#define BIE_MODEL_MAX_INPUTS 8
+
+/* Append a node of any type (what bie_model_add_layer takes) reading `inputs` (n_inputs
+ * entries, each BIE_MODEL_INPUT or the index of an earlier node; a node may appear twice).
+ * BIE_LAYER_ADD takes 2..BIE_MODEL_MAX_INPUTS inputs of one shape; BIE_LAYER_CONCAT
+ * 2..BIE_MODEL_MAX_INPUTS inputs equal except in dim 1; every other type exactly 1. When the
+ * model has an input shape (bie_model_set_input_shape), the new node's shapes are checked
+ * here; otherwise when data flows. Errors: as bie_model_add_layer; n_inputs wrong for the
+ * type; an input that is not an earlier node (unknown node, or a cycle); shapes that do not
+ * fit (BIE_ERR_SHAPE, naming the node and its inputs). */
+BIE_API bie_status bie_model_add_node(bie_model *model, const bie_layer_info *info, int n_inputs,
+                                      const int *inputs);
+/* The inputs of node `index`: *n_inputs entries written to inputs (room for
+ * BIE_MODEL_MAX_INPUTS). Errors: NULL, index out of range. */
+BIE_API bie_status bie_model_node_inputs(const bie_model *model, int index, int *n_inputs,
+                                         int *inputs);
+/* Declare the shape of one sample of the model's input (the extents after N: {C, H, W} or
+ * {features}; ndim 0 clears it). Every node is checked against it now and every later one
+ * when it is added; forward still takes any batch size and refuses other sample shapes.
+ * Errors: NULL, ndim outside 0..BIE_MAX_DIMS - 1, extents < 1, a node that does not accept
+ * the shapes it would see (the model is unchanged). */
+BIE_API bie_status bie_model_set_input_shape(bie_model *model, int ndim, const int64_t *shape);
+/* The declared sample shape (*ndim 0 when none). Errors: NULL. */
+BIE_API bie_status bie_model_input_shape(const bie_model *model, int *ndim, int64_t *shape);
 
 /* The low-bit layer object at `index` (bie.h's bie_layer_* calls), for what the model does
  * not wrap (kernel selection, word size, ...). The model keeps ownership; don't free it, and

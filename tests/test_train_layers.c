@@ -4,67 +4,6 @@
  * running statistics and evaluation mode against their definitions. */
 #include "train/train_test_util.h"
 
-static const float kH = 1e-2f; /* finite-difference step */
-
-/* Checks every analytic gradient (input and trainable parameters) of L = sum(y * r) for a
- * model in training mode against central differences. x must keep away from kinks. */
-static void grad_check(bie_model *m, float *x, int ndim, const int64_t *shape, const char *label) {
-    int on;
-    int64_t os[BIE_MAX_DIMS];
-    CHECK_OK(bie_model_output_shape(m, ndim, shape, &on, os));
-    const int64_t nx = ttu_numel(ndim, shape), ny = ttu_numel(on, os);
-    float *r = tu_alloc((size_t)ny * 4), *gx = tu_alloc((size_t)nx * 4);
-    tu_fill(r, ny, -1, 1);
-    bie_tensor tx = ttu_view(x, ndim, shape), tr = ttu_view(r, on, os),
-               tgx = ttu_view(gx, ndim, shape);
-    bie_tensor y;
-    CHECK_OK(bie_model_forward(m, &tx, &y));
-    CHECK(y.ndim == on && ttu_numel(y.ndim, y.shape) == ny);
-    tu_poison(gx, nx);
-    CHECK_OK(bie_model_backward(m, &tr, &tgx));
-
-    int bad = 0, checked = 0;
-    const int64_t stride_x = nx > 120 ? nx / 97 : 1; /* a spread sample of large inputs */
-    for (int64_t i = 0; i < nx; i += stride_x) {
-        const double num = ttu_numeric(m, &tx, r, &x[i], kH);
-        checked++;
-        if (!ttu_close(gx[i], num, 5e-3, 1e-2)) {
-            if (bad++ < 3)
-                fprintf(stderr, "  %s: d/dx[%lld] = %g, numeric %g\n", label, (long long)i,
-                        (double)gx[i], num);
-        }
-    }
-    for (int p = 0; p < bie_model_param_count(m); p++) {
-        bie_model_param prm;
-        CHECK_OK(bie_model_param_get(m, p, &prm));
-        if (prm.kind != BIE_PARAM_KIND_FLOAT) {
-            CHECK(prm.grad.data == NULL);
-            continue;
-        }
-        CHECK(prm.grad.data != NULL && prm.grad.dtype == BIE_F32);
-        if (prm.grad.data == NULL) continue;
-        const int64_t n = bie_tensor_numel(&prm.value);
-        float *ana = tu_alloc((size_t)n * 4);
-        memcpy(ana, prm.grad.data,
-               (size_t)n * 4); /* the forwards below keep the gradient, but copy */
-        for (int64_t i = 0; i<n; i += n> 100 ? n / 53 : 1) {
-            const double num = ttu_numeric(m, &tx, r, (float *)prm.value.data + i, kH);
-            checked++;
-            if (!ttu_close(ana[i], num, 5e-3, 1e-2)) {
-                if (bad++ < 6)
-                    fprintf(stderr, "  %s: d/d%s[%lld] = %g, numeric %g\n", label, prm.name,
-                            (long long)i, (double)ana[i], num);
-            }
-        }
-        free(ana);
-    }
-    CHECK(checked > 0);
-    CHECK(bad == 0);
-    if (bad) fprintf(stderr, "  %s: %d of %d gradients differ\n", label, bad, checked);
-    free(r);
-    free(gx);
-}
-
 /* Values at least `gap` away from 0 (ReLU / PReLU kinks). */
 static void fill_away_from_zero(float *x, int64_t n, float gap) {
     for (int64_t i = 0; i < n; i++) {
@@ -125,7 +64,7 @@ static void test_linear(int64_t rows, int64_t in, int64_t out, bool bias, int nd
     char label[64];
     snprintf(label, sizeof label, "linear %lldx%lld->%lld", (long long)m_rows, (long long)in,
              (long long)out);
-    grad_check(m, x, ndim, shape, label);
+    ttu_grad_check(m, x, ndim, shape, label);
     free(x);
     bie_model_free(m);
 }
@@ -179,7 +118,7 @@ static void test_batchnorm(int two_d, int64_t n, int64_t c, int64_t h, int64_t w
 
     char label[64];
     snprintf(label, sizeof label, "batchnorm%dd c=%lld", two_d ? 2 : 1, (long long)c);
-    grad_check(m, x, ndim, shape, label);
+    ttu_grad_check(m, x, ndim, shape, label);
 
     /* evaluation mode: running statistics, against the formula */
     tu_fill(rm.value.data, c, -0.5f, 0.5f);
@@ -225,7 +164,7 @@ static void test_relu_prelu(void) {
         int bad = 0;
         for (int i = 0; i < 33; i++) bad += ((float *)y.data)[i] != (x[i] > 0 ? x[i] : 0.0f);
         CHECK(bad == 0);
-        grad_check(m, x, 2, shape, "relu");
+        ttu_grad_check(m, x, 2, shape, "relu");
         bie_model_free(m);
     }
     for (int per_channel = 0; per_channel < 2; per_channel++) { /* PReLU */
@@ -247,7 +186,7 @@ static void test_relu_prelu(void) {
             bad += ((float *)y.data)[i] != (x[i] >= 0 ? x[i] : s * x[i]);
         }
         CHECK(bad == 0);
-        grad_check(m, x, 4, shape, per_channel ? "prelu per channel" : "prelu shared");
+        ttu_grad_check(m, x, 4, shape, per_channel ? "prelu per channel" : "prelu shared");
         bie_model_free(m);
     }
 }
@@ -276,7 +215,7 @@ static void test_maxpool(int64_t n, int64_t c, int64_t h, int64_t w, int k, int 
     CHECK(bad == 0);
     char label[64];
     snprintf(label, sizeof label, "maxpool k%d s%d", k, s);
-    grad_check(m, x, 4, shape, label);
+    ttu_grad_check(m, x, 4, shape, label);
     free(x);
     bie_model_free(m);
 }
@@ -301,7 +240,7 @@ static void test_flatten_and_chain(void) {
     int64_t os[4];
     CHECK_OK(bie_model_output_shape(m, 4, shape, &on, os));
     CHECK(on == 2 && os[0] == 5 && os[1] == 4);
-    grad_check(m, x, 4, shape, "flatten-linear-bn-prelu-linear");
+    ttu_grad_check(m, x, 4, shape, "flatten-linear-bn-prelu-linear");
     bie_model_free(m);
 }
 

@@ -41,6 +41,12 @@ static const bie_layer_type_traits kTypes[] = {
                                  create_binary_conv2d},
     [BIE_LAYER_Q4_LINEAR] = {"q4_linear", true, false, BIE_PARAM_KIND_FLOAT, create_q4_linear},
     [BIE_LAYER_Q4_CONV2D] = {"q4_conv2d", true, true, BIE_PARAM_KIND_FLOAT, create_q4_conv2d},
+    [BIE_LAYER_CONV2D] = {"conv2d", false, true, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_AVGPOOL2D] = {"avgpool2d", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_GLOBAL_AVGPOOL] = {"global_avgpool", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_ADD] = {"add", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_CONCAT] = {"concat", false, false, BIE_PARAM_KIND_FLOAT, NULL},
+    [BIE_LAYER_RPRELU] = {"rprelu", false, false, BIE_PARAM_KIND_FLOAT, NULL},
 };
 #define TYPE_COUNT ((int)(sizeof kTypes / sizeof kTypes[0]))
 
@@ -80,10 +86,13 @@ bie_status bie_model_create(bie_model **out) {
 void bie_model_layer_release(bie_train_layer *l) {
     const bie_train_ops *ops = bie_train_ops_for(l->device);
     if (ops) {
-        float *const buffers[] = {
-            l->weight,       l->bias,        l->grad_weight,          l->grad_bias,
-            l->running_mean, l->running_var, l->saved_xhat,           l->saved_invstd,
-            l->batch_mean,   l->batch_var,   (float *)l->saved_argmax};
+        float *const buffers[] = {l->weight,       l->bias,
+                                  l->grad_weight,  l->grad_bias,
+                                  l->running_mean, l->running_var,
+                                  l->saved_xhat,   l->saved_invstd,
+                                  l->batch_mean,   l->batch_var,
+                                  l->shift_in,     l->grad_shift_in,
+                                  l->work,         (float *)l->saved_argmax};
         for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) ops->release(buffers[i]);
     }
     bie_layer_free(l->lowbit);
@@ -94,18 +103,20 @@ void bie_model_free(bie_model *m) {
     if (m == NULL) return;
     for (int i = 0; i < m->count; i++) bie_model_layer_release(&m->layers[i]);
     free(m->layers);
-    if (m->acts)
-        for (int i = 0; i <= m->count; i++) m->ops->release(m->acts[i]);
+    for (int i = 0; m->acts && i <= m->count; i++) m->ops->release(m->acts[i]);
+    for (int i = 0; m->grads && i <= m->count; i++) m->ops->release(m->grads[i]);
     free(m->acts);
     free(m->act_cap);
-    m->ops->release(m->grad_buf[0]);
-    m->ops->release(m->grad_buf[1]);
+    free(m->grads);
+    free(m->grad_cap);
+    m->ops->release(m->scratch);
     free(m->params);
     free(m);
 }
 
 /* The hyper-parameters that apply to info->type, checked, with every other field zero. */
-static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, const char *who) {
+bie_status bie_model_canonical_info(const bie_layer_info *in, bie_layer_info *out,
+                                    const char *who) {
     bie_layer_info c;
     memset(&c, 0, sizeof c);
     c.type = in->type;
@@ -113,7 +124,7 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
     const bie_layer_type_traits *t = bie_layer_type_traits_of(in->type);
     if (t == NULL)
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: unknown layer type %d", who, (int)in->type);
-    if (in->type == BIE_LAYER_LINEAR || t->low_bit) {
+    if (in->type == BIE_LAYER_LINEAR || in->type == BIE_LAYER_CONV2D || t->low_bit) {
         if (in->in < 1 || in->out < 1 || in->in > kMax || in->out > kMax)
             return bie_fail(BIE_ERR_INVALID_ARGUMENT,
                             "%s: %s sizes (%lld, %lld) must be in "
@@ -121,7 +132,7 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
                             who, t->name, (long long)in->in, (long long)in->out);
         c.in = in->in;
         c.out = in->out;
-        c.bias = in->type == BIE_LAYER_LINEAR && in->bias;
+        c.bias = (in->type == BIE_LAYER_LINEAR || in->type == BIE_LAYER_CONV2D) && in->bias;
         if (t->conv) {
             if (in->kernel_size < 1 || in->stride < 1 || in->padding < 0 || in->dilation < 1)
                 return bie_fail(BIE_ERR_INVALID_ARGUMENT,
@@ -165,21 +176,24 @@ static bie_status canonical_info(const bie_layer_info *in, bie_layer_info *out, 
         c.momentum = in->momentum;
         break;
     case BIE_LAYER_PRELU:
+    case BIE_LAYER_RPRELU:
         if (in->in < 1 || in->in > kMax)
-            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: PReLU needs 1..2^31-1 slopes, got %lld",
-                            who, (long long)in->in);
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: %s needs 1..2^31-1 %s, got %lld", who,
+                            t->name, in->type == BIE_LAYER_PRELU ? "slopes" : "channels",
+                            (long long)in->in);
         c.in = in->in;
         break;
     case BIE_LAYER_MAXPOOL2D:
+    case BIE_LAYER_AVGPOOL2D:
         if (in->kernel_size < 1 || in->stride < 0)
             return bie_fail(BIE_ERR_INVALID_ARGUMENT,
-                            "%s: max-pool needs kernel_size >= 1 and "
+                            "%s: %s needs kernel_size >= 1 and "
                             "stride >= 0 (got %d, %d)",
-                            who, in->kernel_size, in->stride);
+                            who, t->name, in->kernel_size, in->stride);
         c.kernel_size = in->kernel_size;
         c.stride = in->stride == 0 ? in->kernel_size : in->stride;
         break;
-    default: /* ReLU, flatten: no hyper-parameters */ break;
+    default: /* ReLU, flatten, global pool, add, concat: no hyper-parameters */ break;
     }
     *out = c;
     return BIE_OK;
@@ -199,11 +213,13 @@ bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device, 
     bie_status st = BIE_OK;
     const int64_t in = info->in, out = info->out;
     switch (info->type) {
-    case BIE_LAYER_LINEAR: {
-        int64_t n;
-        if (!bie_mul_ok(in, out, &n) || n > ((int64_t)1 << 40))
-            return bie_fail(BIE_ERR_OVERFLOW, "%s: linear %lld x %lld is too large", who,
-                            (long long)out, (long long)in);
+    case BIE_LAYER_LINEAR:
+    case BIE_LAYER_CONV2D: {
+        int64_t n, kk = 1;
+        if (info->type == BIE_LAYER_CONV2D) kk = (int64_t)info->kernel_size * info->kernel_size;
+        if (!bie_mul_ok(in, out, &n) || !bie_mul_ok(n, kk, &n) || n > ((int64_t)1 << 40))
+            return bie_fail(BIE_ERR_OVERFLOW, "%s: %s %lld x %lld is too large", who,
+                            bie_layer_type_name(info->type), (long long)out, (long long)in);
         l->weight = alloc_floats(n);
         l->grad_weight = alloc_floats(n);
         if (info->bias) {
@@ -211,9 +227,21 @@ bie_status bie_model_build_layer(const bie_layer_info *info, bie_device device, 
             l->grad_bias = alloc_floats(out);
         }
         if (!l->weight || !l->grad_weight || (info->bias && (!l->bias || !l->grad_bias)))
-            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: linear parameters", who);
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: %s parameters", who,
+                          bie_layer_type_name(info->type));
         break;
     }
+    case BIE_LAYER_RPRELU:
+        l->weight = alloc_floats(in);
+        l->grad_weight = alloc_floats(in);
+        l->bias = alloc_floats(in);
+        l->grad_bias = alloc_floats(in);
+        l->shift_in = alloc_floats(in);
+        l->grad_shift_in = alloc_floats(in);
+        if (!l->weight || !l->grad_weight || !l->bias || !l->grad_bias || !l->shift_in ||
+            !l->grad_shift_in)
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: RPReLU parameters", who);
+        break;
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
         l->weight = alloc_floats(in);
@@ -298,7 +326,18 @@ bie_status bie_model_layer_reset(bie_model *m, int index, uint64_t seed) {
         BIE_TRY(fill_layer(l, l->bias, in, 0.0f, 0, &s));
         BIE_TRY(fill_layer(l, l->running_mean, in, 0.0f, 0, &s));
         return fill_layer(l, l->running_var, in, 1.0f, 0, &s);
+    case BIE_LAYER_CONV2D: { /* U(±1/sqrt(fan_in)), fan_in = in k k */
+        const int64_t kk = (int64_t)l->info.kernel_size * l->info.kernel_size;
+        const double bound = 1.0 / sqrt((double)(in * kk));
+        BIE_TRY(fill_layer(l, l->weight, in * out * kk, NAN, bound, &s));
+        if (l->bias) BIE_TRY(fill_layer(l, l->bias, out, NAN, bound, &s));
+        return BIE_OK;
+    }
     case BIE_LAYER_PRELU: return fill_layer(l, l->weight, in, 0.25f, 0, &s);
+    case BIE_LAYER_RPRELU:
+        BIE_TRY(fill_layer(l, l->shift_in, in, 0.0f, 0, &s));
+        BIE_TRY(fill_layer(l, l->weight, in, 0.25f, 0, &s));
+        return fill_layer(l, l->bias, in, 0.0f, 0, &s);
     default:
         if (l->lowbit == NULL) return BIE_OK; /* ReLU, max-pool, flatten */
         BIE_TRY(bie_layer_reset_parameters(l->lowbit, s));
@@ -314,35 +353,40 @@ static void changed(bie_model *m) {
     m->qweight_stale = true;
 }
 
-bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
-    static const char *who = "model_add_layer";
-    CHECK_MODEL(m);
-    BIE_CHECK_NULL(info);
-    if (m->packed)
-        return bie_fail(BIE_ERR_STATE, "%s: a packed (inference-only) model can't grow", who);
-    bie_layer_info c;
-    BIE_TRY(canonical_info(info, &c, who));
-    if (m->count == INT32_MAX / 2) return bie_fail(BIE_ERR_OVERFLOW, "%s: too many layers", who);
-    /* Grow every per-layer array first, so a failure leaves the model as it was. */
-    if (m->count == m->capacity) {
-        const int cap = m->capacity ? 2 * m->capacity : 8;
-        bie_train_layer *layers = realloc(m->layers, (size_t)cap * sizeof *layers);
-        if (layers == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
-        m->layers = layers;
-        float **acts = realloc(m->acts, (size_t)(cap + 1) * sizeof *acts);
-        if (acts == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
-        m->acts = acts;
-        int64_t *act_cap = realloc(m->act_cap, (size_t)(cap + 1) * sizeof *act_cap);
-        if (act_cap == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
-        m->act_cap = act_cap;
-        for (int i = m->count + (m->count ? 1 : 0); i <= cap; i++) {
-            m->acts[i] = NULL;
-            m->act_cap[i] = 0;
+/* Room for one more node in every per-node array; a failure leaves the model as it was. */
+static bie_status grow(bie_model *m, const char *who) {
+    if (m->count < m->capacity) return BIE_OK;
+    const int cap = m->capacity ? 2 * m->capacity : 8;
+    bie_train_layer *layers = realloc(m->layers, (size_t)cap * sizeof *layers);
+    if (layers == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+    m->layers = layers;
+    float ***const bufs[2] = {&m->acts, &m->grads};
+    int64_t **const caps[2] = {&m->act_cap, &m->grad_cap};
+    for (int b = 0; b < 2; b++) {
+        float **p = realloc(*bufs[b], (size_t)(cap + 1) * sizeof *p);
+        if (p == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+        const int old = *bufs[b] ? m->capacity + 1 : 0;
+        *bufs[b] = p;
+        int64_t *c = realloc(*caps[b], (size_t)(cap + 1) * sizeof *c);
+        if (c == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: layer list", who);
+        *caps[b] = c;
+        for (int i = old; i <= cap; i++) {
+            p[i] = NULL;
+            c[i] = 0;
         }
-        m->capacity = cap;
     }
+    m->capacity = cap;
+    return BIE_OK;
+}
+
+bie_status bie_model_append(bie_model *m, const bie_layer_info *c, int n_inputs, const int *inputs,
+                            const char *who) {
+    if (m->count == INT32_MAX / 2) return bie_fail(BIE_ERR_OVERFLOW, "%s: too many layers", who);
+    BIE_TRY(grow(m, who));
     bie_train_layer l;
-    BIE_TRY(bie_model_build_layer(&c, m->device, &l, who));
+    BIE_TRY(bie_model_build_layer(c, m->device, &l, who));
+    l.n_inputs = n_inputs;
+    memcpy(l.inputs, inputs, (size_t)n_inputs * sizeof *inputs);
     m->layers[m->count] = l;
     bie_status st = bie_model_layer_reset(m, m->count, 0);
     if (st != BIE_OK) {
@@ -360,6 +404,12 @@ bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
     m->count++;
     changed(m);
     return BIE_OK;
+}
+
+bie_status bie_model_add_layer(bie_model *m, const bie_layer_info *info) {
+    CHECK_MODEL(m);
+    const int input = m->count - 1; /* the node before, or BIE_MODEL_INPUT */
+    return bie_model_add_node(m, info, 1, &input);
 }
 
 static bie_layer_info base_info(bie_layer_type type, int64_t in, int64_t out) {
@@ -408,6 +458,34 @@ bie_status bie_model_add_maxpool2d(bie_model *m, int kernel_size, int stride) {
 
 bie_status bie_model_add_flatten(bie_model *m) {
     bie_layer_info i = base_info(BIE_LAYER_FLATTEN, 0, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_conv2d(bie_model *m, int64_t in, int64_t out, int kernel_size, int stride,
+                                int padding, bool bias) {
+    bie_layer_info i = base_info(BIE_LAYER_CONV2D, in, out);
+    i.kernel_size = kernel_size;
+    i.stride = stride;
+    i.padding = padding;
+    i.dilation = 1;
+    i.bias = bias;
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_avgpool2d(bie_model *m, int kernel_size, int stride) {
+    bie_layer_info i = base_info(BIE_LAYER_AVGPOOL2D, 0, 0);
+    i.kernel_size = kernel_size;
+    i.stride = stride;
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_global_avgpool(bie_model *m) {
+    bie_layer_info i = base_info(BIE_LAYER_GLOBAL_AVGPOOL, 0, 0);
+    return bie_model_add_layer(m, &i);
+}
+
+bie_status bie_model_add_rprelu(bie_model *m, int64_t channels) {
+    bie_layer_info i = base_info(BIE_LAYER_RPRELU, channels, 0);
     return bie_model_add_layer(m, &i);
 }
 

@@ -74,6 +74,70 @@ static bie_status cpu_bn_backward(const float *xhat, const float *invstd, const 
     bie_batchnorm_backward(xhat, invstd, dy, n, c, inner, gamma, dx, dgamma, dbeta);
     return BIE_OK;
 }
+static int64_t cpu_conv2d_work_floats(const bie_conv_geom *g) { return bie_conv2d_work_floats(g); }
+static bie_status cpu_conv2d_forward(const bie_conv_geom *g, const float *x, const float *w,
+                                     const float *b, float *y, float *work) {
+    bie_conv2d_forward(g, x, w, b, y, work);
+    return BIE_OK;
+}
+static bie_status cpu_conv2d_backward(const bie_conv_geom *g, const float *x, const float *dy,
+                                      const float *w, float *dx, float *dw, float *db,
+                                      float *work) {
+    bie_conv2d_backward(g, x, dy, w, dx, dw, db, work);
+    return BIE_OK;
+}
+static bie_status cpu_avgpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                      int s, int64_t oh, int64_t ow, float *y) {
+    bie_avgpool_forward(x, planes, h, w, k, s, oh, ow, y);
+    return BIE_OK;
+}
+static bie_status cpu_avgpool_backward(const float *dy, int64_t planes, int64_t h, int64_t w, int k,
+                                       int s, int64_t oh, int64_t ow, float *dx) {
+    bie_avgpool_backward(dy, planes, h, w, k, s, oh, ow, dx);
+    return BIE_OK;
+}
+static bie_status cpu_global_avgpool_forward(const float *x, int64_t planes, int64_t inner,
+                                             float *y) {
+    bie_global_avgpool_forward(x, planes, inner, y);
+    return BIE_OK;
+}
+static bie_status cpu_global_avgpool_backward(const float *dy, int64_t planes, int64_t inner,
+                                              float *dx) {
+    bie_global_avgpool_backward(dy, planes, inner, dx);
+    return BIE_OK;
+}
+static bie_status cpu_add_forward(const float *a, const float *b, int64_t n, float *y) {
+    bie_add_forward(a, b, n, y);
+    return BIE_OK;
+}
+static bie_status cpu_accumulate(float *acc, const float *x, int64_t n) {
+    bie_accumulate(acc, x, n);
+    return BIE_OK;
+}
+static bie_status cpu_concat_copy(const float *x, int64_t outer, int64_t ci, int64_t inner,
+                                  int64_t ctotal, int64_t offset, float *y) {
+    bie_concat_copy(x, outer, ci, inner, ctotal, offset, y);
+    return BIE_OK;
+}
+static bie_status cpu_concat_slice(const float *y, int64_t outer, int64_t ci, int64_t inner,
+                                   int64_t ctotal, int64_t offset, float *x) {
+    bie_concat_slice(y, outer, ci, inner, ctotal, offset, x);
+    return BIE_OK;
+}
+static bie_status cpu_rprelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                                     const float *shift_in, const float *slopes,
+                                     const float *shift_out, float *y) {
+    bie_rprelu_forward(x, outer, channels, inner, shift_in, slopes, shift_out, y);
+    return BIE_OK;
+}
+static bie_status cpu_rprelu_backward(const float *x, const float *dy, int64_t outer,
+                                      int64_t channels, int64_t inner, const float *shift_in,
+                                      const float *slopes, float *dx, float *dshift_in,
+                                      float *dslopes, float *dshift_out) {
+    bie_rprelu_backward(x, dy, outer, channels, inner, shift_in, slopes, dx, dshift_in, dslopes,
+                        dshift_out);
+    return BIE_OK;
+}
 static void *cpu_alloc(size_t bytes) { return bie_alloc_aligned(bytes); }
 static void cpu_release(void *p) { bie_free_aligned(p); }
 static bie_status cpu_copy(void *dst, const void *src, size_t bytes) {
@@ -98,6 +162,19 @@ static const bie_train_ops kCpuOps = {
     cpu_bn_running,
     cpu_bn_eval,
     cpu_bn_backward,
+    cpu_conv2d_work_floats,
+    cpu_conv2d_forward,
+    cpu_conv2d_backward,
+    cpu_avgpool_forward,
+    cpu_avgpool_backward,
+    cpu_global_avgpool_forward,
+    cpu_global_avgpool_backward,
+    cpu_add_forward,
+    cpu_accumulate,
+    cpu_concat_copy,
+    cpu_concat_slice,
+    cpu_rprelu_forward,
+    cpu_rprelu_backward,
     cpu_alloc,
     cpu_release,
     cpu_copy,
@@ -134,6 +211,19 @@ static const bie_train_ops kCudaOps = {
     bie_cuda_batchnorm_update_running,
     bie_cuda_batchnorm_forward_eval,
     bie_cuda_batchnorm_backward,
+    bie_cuda_conv2d_work_floats,
+    bie_cuda_conv2d_forward,
+    bie_cuda_conv2d_backward,
+    bie_cuda_avgpool_forward,
+    bie_cuda_avgpool_backward,
+    bie_cuda_global_avgpool_forward,
+    bie_cuda_global_avgpool_backward,
+    bie_cuda_add_forward,
+    bie_cuda_accumulate,
+    bie_cuda_concat_copy,
+    bie_cuda_concat_slice,
+    bie_cuda_rprelu_forward,
+    bie_cuda_rprelu_backward,
     cuda_alloc,
     cuda_release,
     cuda_copy,
@@ -212,6 +302,8 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
         if (st != BIE_OK) break;
         moved.count = i + 1;
         bie_train_layer *l = &layers[i];
+        l->n_inputs = m->layers[i].n_inputs;
+        memcpy(l->inputs, m->layers[i].inputs, sizeof l->inputs);
         if (l->lowbit) st = bie_layer_set_training(l->lowbit, m->training);
     }
     /* A packed model's new layers are packed first, so that they have qweight to load. */
@@ -225,13 +317,13 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
     release_layers(m->layers, m->count);
     for (int i = 0; m->acts && i <= m->count; i++) {
         m->ops->release(m->acts[i]);
-        m->acts[i] = NULL;
-        m->act_cap[i] = 0;
+        m->ops->release(m->grads[i]);
+        m->acts[i] = m->grads[i] = NULL;
+        m->act_cap[i] = m->grad_cap[i] = 0;
     }
-    m->ops->release(m->grad_buf[0]);
-    m->ops->release(m->grad_buf[1]);
-    m->grad_buf[0] = m->grad_buf[1] = NULL;
-    m->grad_cap = 0;
+    m->ops->release(m->scratch);
+    m->scratch = NULL;
+    m->scratch_cap = 0;
     m->layers = layers;
     m->device = device;
     m->ops = ops;

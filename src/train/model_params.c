@@ -8,7 +8,7 @@
 #include "train_internal.h"
 
 /* Parameters of the float layers, in `bie_param_entry.which`. */
-enum { SLOT_WEIGHT, SLOT_BIAS, SLOT_RUNNING_MEAN, SLOT_RUNNING_VAR };
+enum { SLOT_WEIGHT, SLOT_BIAS, SLOT_RUNNING_MEAN, SLOT_RUNNING_VAR, SLOT_SHIFT_IN };
 
 static void add_entry(bie_param_entry *list, int *n, int layer, const char *name,
                       bie_param_kind kind, int which) {
@@ -40,6 +40,7 @@ static int list_params(const bie_model *m, bie_param_entry *list) {
         }
         switch (c->type) {
         case BIE_LAYER_LINEAR:
+        case BIE_LAYER_CONV2D:
             add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
             if (c->bias) add_entry(list, &n, i, "bias", BIE_PARAM_KIND_FLOAT, SLOT_BIAS);
             break;
@@ -52,6 +53,11 @@ static int list_params(const bie_model *m, bie_param_entry *list) {
             break;
         case BIE_LAYER_PRELU:
             add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
+            break;
+        case BIE_LAYER_RPRELU:
+            add_entry(list, &n, i, "shift_in", BIE_PARAM_KIND_FLOAT, SLOT_SHIFT_IN);
+            add_entry(list, &n, i, "weight", BIE_PARAM_KIND_FLOAT, SLOT_WEIGHT);
+            add_entry(list, &n, i, "shift_out", BIE_PARAM_KIND_FLOAT, SLOT_BIAS);
             break;
         default: break;
         }
@@ -91,22 +97,30 @@ static bie_status fill_param(bie_model *m, const bie_param_entry *e, bie_model_p
     }
     const bie_layer_info *c = &l->info;
     float *value = NULL, *grad = NULL;
-    int64_t shape[2] = {c->in, 0};
+    int64_t shape[4] = {c->in, 0, 0, 0};
     int ndim = 1;
     switch (e->which) {
     case SLOT_WEIGHT:
         value = l->weight;
         grad = l->grad_weight;
-        if (c->type == BIE_LAYER_LINEAR) {
+        if (c->type == BIE_LAYER_LINEAR || c->type == BIE_LAYER_CONV2D) {
             shape[0] = c->out;
             shape[1] = c->in;
             ndim = 2;
+        }
+        if (c->type == BIE_LAYER_CONV2D) {
+            shape[2] = shape[3] = c->kernel_size;
+            ndim = 4;
         }
         break;
     case SLOT_BIAS:
         value = l->bias;
         grad = l->grad_bias;
-        if (c->type == BIE_LAYER_LINEAR) shape[0] = c->out;
+        if (c->type == BIE_LAYER_LINEAR || c->type == BIE_LAYER_CONV2D) shape[0] = c->out;
+        break;
+    case SLOT_SHIFT_IN:
+        value = l->shift_in;
+        grad = l->grad_shift_in;
         break;
     case SLOT_RUNNING_MEAN: value = l->running_mean; break;
     case SLOT_RUNNING_VAR: value = l->running_var; break;

@@ -12,123 +12,6 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
     return n;
 }
 
-static bie_status shape_error(int index, const bie_train_layer *l, const char *what) {
-    return bie_fail(BIE_ERR_SHAPE, "model: layer %d (%s): %s", index,
-                    bie_layer_type_name(l->info.type), what);
-}
-
-/* floor((size + 2p - d(k - 1) - 1) / s) + 1, or 0 when the dilated kernel does not fit. */
-static int64_t conv_extent(int64_t size, const bie_layer_info *c) {
-    const int64_t span = (int64_t)c->dilation * (c->kernel_size - 1) + 1;
-    if (size + 2 * (int64_t)c->padding < span) return 0;
-    return (size + 2 * (int64_t)c->padding - span) / c->stride + 1;
-}
-
-bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim, const int64_t *shape,
-                                     int *out_ndim, int64_t *out) {
-    const bie_train_layer *l = &m->layers[index];
-    const bie_layer_info *c = &l->info;
-    char msg[160];
-    *out_ndim = ndim;
-    memcpy(out, shape, (size_t)ndim * sizeof *out);
-    const bie_layer_type_traits *t = bie_layer_type_traits_of(c->type);
-    if (t == NULL) return shape_error(index, l, "unknown layer type");
-    if (t->conv) {
-        if (ndim != 4 || shape[1] != c->in) {
-            snprintf(msg, sizeof msg, "expects NCHW input with %lld channels", (long long)c->in);
-            return shape_error(index, l, msg);
-        }
-        out[1] = c->out;
-        out[2] = conv_extent(shape[2], c);
-        out[3] = conv_extent(shape[3], c);
-        if (out[2] < 1 || out[3] < 1) {
-            snprintf(msg, sizeof msg, "input %lld x %lld is smaller than the dilated kernel",
-                     (long long)shape[2], (long long)shape[3]);
-            return shape_error(index, l, msg);
-        }
-        return BIE_OK;
-    }
-    if (c->type == BIE_LAYER_LINEAR || t->low_bit) {
-        if (shape[ndim - 1] != c->in) {
-            snprintf(msg, sizeof msg,
-                     "the input's last extent is %lld, expected in_features = %lld",
-                     (long long)shape[ndim - 1], (long long)c->in);
-            return shape_error(index, l, msg);
-        }
-        out[ndim - 1] = c->out;
-        return BIE_OK;
-    }
-    switch (c->type) {
-    case BIE_LAYER_BATCHNORM1D:
-    case BIE_LAYER_BATCHNORM2D: {
-        const int want = c->type == BIE_LAYER_BATCHNORM1D ? 2 : 4;
-        if (ndim != want || shape[1] != c->in) {
-            snprintf(msg, sizeof msg, "expects input [N, %lld%s], got rank %d with dim 1 = %lld",
-                     (long long)c->in, want == 4 ? ", H, W" : "", ndim,
-                     (long long)(ndim > 1 ? shape[1] : 0));
-            return shape_error(index, l, msg);
-        }
-        return BIE_OK;
-    }
-    case BIE_LAYER_RELU: return BIE_OK;
-    case BIE_LAYER_PRELU:
-        if (c->in > 1 && (ndim < 2 || shape[1] != c->in)) {
-            snprintf(msg, sizeof msg, "has %lld slopes: the input's dim 1 must have that size",
-                     (long long)c->in);
-            return shape_error(index, l, msg);
-        }
-        return BIE_OK;
-    case BIE_LAYER_MAXPOOL2D:
-        if (ndim != 4 || shape[2] < c->kernel_size || shape[3] < c->kernel_size) {
-            snprintf(msg, sizeof msg, "expects NCHW input of at least %d x %d", c->kernel_size,
-                     c->kernel_size);
-            return shape_error(index, l, msg);
-        }
-        out[2] = (shape[2] - c->kernel_size) / c->stride + 1;
-        out[3] = (shape[3] - c->kernel_size) / c->stride + 1;
-        return BIE_OK;
-    case BIE_LAYER_FLATTEN:
-        if (ndim < 2) return shape_error(index, l, "expects an input of rank >= 2");
-        *out_ndim = 2;
-        out[1] = numel_of(ndim - 1, shape + 1);
-        return BIE_OK;
-    default: break;
-    }
-    return shape_error(index, l, "unknown layer type");
-}
-
-bie_status bie_model_output_shape(const bie_model *m, int in_ndim, const int64_t *in_shape,
-                                  int *out_ndim, int64_t *out_shape) {
-    static const char *who = "model_output_shape";
-    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
-    BIE_CHECK_NULL(in_shape);
-    BIE_CHECK_NULL(out_ndim);
-    BIE_CHECK_NULL(out_shape);
-    if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
-    if (in_ndim < 1 || in_ndim > BIE_MAX_DIMS)
-        return bie_fail(BIE_ERR_SHAPE, "%s: input rank %d outside 1..%d", who, in_ndim,
-                        BIE_MAX_DIMS);
-    int nd = in_ndim;
-    int64_t cur[BIE_MAX_DIMS], next[BIE_MAX_DIMS];
-    memcpy(cur, in_shape, (size_t)in_ndim * sizeof *cur);
-    for (int d = 0; d < nd; d++)
-        if (cur[d] < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", who);
-    if (numel_of(nd, cur) < 0 || numel_of(nd, cur) > (int64_t)1 << 40)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
-    for (int i = 0; i < m->count; i++) {
-        int nn;
-        BIE_TRY(bie_model_layer_out_shape(m, i, nd, cur, &nn, next));
-        const int64_t n = numel_of(nn, next);
-        if (n < 0 || n > (int64_t)1 << 40)
-            return bie_fail(BIE_ERR_OVERFLOW, "%s: layer %d's output is too large", who, i);
-        nd = nn;
-        memcpy(cur, next, sizeof cur);
-    }
-    *out_ndim = nd;
-    memcpy(out_shape, cur, (size_t)nd * sizeof *out_shape);
-    return BIE_OK;
-}
-
 /* Grow a buffer of the model's device to hold n 4-byte elements (contents are not kept). */
 static bool ensure(const bie_model *m, void *buf, int64_t *cap, int64_t n) {
     float **b = buf;
@@ -154,61 +37,89 @@ static bie_status check_io(const bie_model *m, const bie_tensor *t, const char *
     return bie_train_check_f32(&host_like, what, who);
 }
 
+/* The shape of node j's output (j = BIE_MODEL_INPUT: the input's) in the last forward. */
+static const int64_t *shape_of(const bie_model *m, int j, int *ndim) {
+    if (j == BIE_MODEL_INPUT) {
+        *ndim = m->x_ndim;
+        return m->x_shape;
+    }
+    *ndim = m->layers[j].out_ndim;
+    return m->layers[j].out_shape;
+}
+
+/* The conv geometry of a conv2d node in the last forward. */
+static bie_conv_geom geom_of(const bie_train_layer *l) {
+    const bie_layer_info *c = &l->info;
+    bie_conv_geom g = {l->in_shape[0], l->in_shape[1],  l->in_shape[2],  l->in_shape[3],
+                       c->out,         l->out_shape[2], l->out_shape[3], c->kernel_size,
+                       c->stride,      c->padding,      c->dilation};
+    return g;
+}
+
 /* Shapes of every layer for this input, and every buffer the pass needs. */
 static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
     static const char *who = "model_forward";
-    int nd = x->ndim;
-    int64_t shape[BIE_MAX_DIMS];
-    memcpy(shape, x->shape, sizeof shape);
-    for (int d = 0; d < nd; d++)
-        if (shape[d] < 1) return bie_fail(BIE_ERR_SHAPE, "%s: input extents must be >= 1", who);
-    int64_t dummy_out[BIE_MAX_DIMS];
-    int dummy_nd;
-    BIE_TRY(bie_model_output_shape(m, nd, shape, &dummy_nd, dummy_out));
-    if (!ensure(m, &m->acts[0], &m->act_cap[0], numel_of(nd, shape)))
-        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: input copy", who);
+    int *ndims = malloc((size_t)(m->count + 1) * sizeof *ndims);
+    int64_t(*shapes)[BIE_MAX_DIMS] = malloc((size_t)(m->count + 1) * sizeof *shapes);
+    bie_status st =
+        ndims && shapes ? BIE_OK : bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: shape plan", who);
+    if (st == BIE_OK) st = bie_model_plan_shapes(m, x->ndim, x->shape, ndims, shapes, who);
+    const int64_t in_n = numel_of(x->ndim, x->shape);
+    if (st == BIE_OK && !ensure(m, &m->acts[0], &m->act_cap[0], in_n))
+        st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: input copy", who);
     /* Copied before any other buffer moves: x may be a view of the previous output. */
-    BIE_TRY(m->ops->copy(m->acts[0], x->data, (size_t)numel_of(nd, shape) * sizeof(float)));
-    for (int i = 0; i < m->count; i++) {
+    if (st == BIE_OK) st = m->ops->copy(m->acts[0], x->data, (size_t)in_n * sizeof(float));
+    if (st == BIE_OK) {
+        m->x_ndim = ndims[0];
+        memcpy(m->x_shape, shapes[0], sizeof m->x_shape);
+    }
+    for (int i = 0; i < m->count && st == BIE_OK; i++) {
         bie_train_layer *l = &m->layers[i];
-        int on;
-        int64_t os[BIE_MAX_DIMS];
-        BIE_TRY(bie_model_layer_out_shape(m, i, nd, shape, &on, os));
-        const int64_t in_n = numel_of(nd, shape), out_n = numel_of(on, os);
-        if (!ensure(m, &m->acts[i + 1], &m->act_cap[i + 1], out_n))
-            return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: activations of layer %d", who, i);
+        const int first = l->inputs[0] + 1;
+        l->in_ndim = ndims[first];
+        memcpy(l->in_shape, shapes[first], sizeof l->in_shape);
+        l->out_ndim = ndims[i + 1];
+        memcpy(l->out_shape, shapes[i + 1], sizeof l->out_shape);
+        const int64_t n = numel_of(l->in_ndim, l->in_shape);
+        const int64_t out_n = numel_of(l->out_ndim, l->out_shape);
+        if (!ensure(m, &m->acts[i + 1], &m->act_cap[i + 1], out_n)) {
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: activations of layer %d", who, i);
+            break;
+        }
         const bie_layer_type t = l->info.type;
         if (m->training && (t == BIE_LAYER_BATCHNORM1D || t == BIE_LAYER_BATCHNORM2D)) {
-            const int64_t per_channel = in_n / shape[1];
-            if (per_channel < 2)
-                return bie_fail(BIE_ERR_SHAPE,
-                                "%s: layer %d (batch norm) needs more than one "
-                                "value per channel in training mode",
-                                who, i);
-            if (!ensure(m, &l->saved_xhat, &l->saved_cap, in_n))
-                return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm of layer %d", who, i);
+            if (n / l->in_shape[1] < 2) {
+                st = bie_fail(BIE_ERR_SHAPE,
+                              "%s: layer %d (batch norm) needs more than one "
+                              "value per channel in training mode",
+                              who, i);
+                break;
+            }
+            if (!ensure(m, &l->saved_xhat, &l->saved_cap, n))
+                st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: batch norm of layer %d", who, i);
         }
         if (m->training && t == BIE_LAYER_MAXPOOL2D &&
             !ensure(m, &l->saved_argmax, &l->saved_cap, out_n))
-            return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
-        if (m->training && l->lowbit &&
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: max-pool of layer %d", who, i);
+        if (t == BIE_LAYER_CONV2D) {
+            const bie_conv_geom g = geom_of(l);
+            if (!ensure(m, &l->work, &l->work_cap, m->ops->conv2d_work_floats(&g)))
+                st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: conv2d of layer %d", who, i);
+        }
+        if (st == BIE_OK && m->training && l->lowbit &&
             bie_layer_type_traits_of(t)->weight == BIE_PARAM_KIND_BINARY) {
             bie_tensor w;
-            bie_status st = bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &w);
+            st = bie_layer_param(l->lowbit, BIE_PARAM_WEIGHT, &w);
             if (st != BIE_OK || w.dtype != BIE_I8)
-                return bie_fail(BIE_ERR_STATE,
-                                "%s: layer %d's binary weight is not int8: call "
-                                "bie_model_prepare_params before training",
-                                who, i);
+                st = bie_fail(BIE_ERR_STATE,
+                              "%s: layer %d's binary weight is not int8: call "
+                              "bie_model_prepare_params before training",
+                              who, i);
         }
-        l->in_ndim = nd;
-        memcpy(l->in_shape, shape, sizeof shape);
-        l->out_ndim = on;
-        memcpy(l->out_shape, os, sizeof os);
-        nd = on;
-        memcpy(shape, os, sizeof shape);
     }
-    return BIE_OK;
+    free(ndims);
+    free(shapes);
+    return st;
 }
 
 #define view(data, ndim, shape) bie_model_view(m, (data), BIE_F32, (ndim), (shape))
@@ -236,37 +147,78 @@ static bie_status refresh_qweights(bie_model *m) {
     return BIE_OK;
 }
 
-static bie_status layer_forward(bie_model *m, int i, const float *x, float *y) {
+/* [outer, channels, inner] of an input whose dim 1 holds the channels. */
+static void channel_split(int ndim, const int64_t *s, int64_t *outer, int64_t *ch, int64_t *inner) {
+    const int64_t n = numel_of(ndim, s);
+    *outer = s[0];
+    *ch = ndim >= 2 ? s[1] : 1;
+    *inner = n / (*outer * *ch);
+}
+
+/* Add or concat: every input into y. */
+static bie_status merge_forward(bie_model *m, const bie_train_layer *l, float *y) {
+    const bie_train_ops *k = m->ops;
+    const int64_t n = numel_of(l->out_ndim, l->out_shape);
+    if (l->info.type == BIE_LAYER_ADD) {
+        BIE_TRY(k->add_forward(m->acts[l->inputs[0] + 1], m->acts[l->inputs[1] + 1], n, y));
+        for (int j = 2; j < l->n_inputs; j++)
+            BIE_TRY(k->add_forward(y, m->acts[l->inputs[j] + 1], n, y));
+        return BIE_OK;
+    }
+    int64_t offset = 0;
+    for (int j = 0; j < l->n_inputs; j++) {
+        int nd;
+        const int64_t *sj = shape_of(m, l->inputs[j], &nd);
+        int64_t outer, ci, inner;
+        channel_split(nd, sj, &outer, &ci, &inner);
+        BIE_TRY(k->concat_copy(m->acts[l->inputs[j] + 1], outer, ci, inner, l->out_shape[1], offset,
+                               y));
+        offset += ci;
+    }
+    return BIE_OK;
+}
+
+static bie_status layer_forward(bie_model *m, int i) {
     bie_train_layer *l = &m->layers[i];
     const bie_layer_info *c = &l->info;
     const int64_t *s = l->in_shape;
     const int64_t n = numel_of(l->in_ndim, s);
+    const float *x = m->acts[l->inputs[0] + 1];
+    float *y = m->acts[i + 1];
     bie_tensor tx = view((float *)x, l->in_ndim, s), ty = view(y, l->out_ndim, l->out_shape);
     const bie_train_ops *k = m->ops;
+    int64_t outer, ch, inner;
+    channel_split(l->in_ndim, s, &outer, &ch, &inner);
     switch (c->type) {
     case BIE_LAYER_LINEAR:
         return k->linear_forward(x, n / c->in, c->in, c->out, l->weight, l->bias, y);
+    case BIE_LAYER_CONV2D: {
+        const bie_conv_geom g = geom_of(l);
+        return k->conv2d_forward(&g, x, l->weight, l->bias, y, l->work);
+    }
     case BIE_LAYER_BATCHNORM1D:
-    case BIE_LAYER_BATCHNORM2D: {
-        const int64_t inner = n / (s[0] * s[1]);
+    case BIE_LAYER_BATCHNORM2D:
         if (m->training)
-            return k->batchnorm_forward_train(x, s[0], s[1], inner, l->weight, l->bias, c->eps, y,
+            return k->batchnorm_forward_train(x, outer, ch, inner, l->weight, l->bias, c->eps, y,
                                               l->saved_xhat, l->saved_invstd, l->batch_mean,
                                               l->batch_var);
-        return k->batchnorm_forward_eval(x, s[0], s[1], inner, l->weight, l->bias, c->eps,
+        return k->batchnorm_forward_eval(x, outer, ch, inner, l->weight, l->bias, c->eps,
                                          l->running_mean, l->running_var, y);
-    }
     case BIE_LAYER_RELU: return k->relu_forward(x, n, y);
-    case BIE_LAYER_PRELU: {
-        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1,
-                      inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
-        return k->prelu_forward(x, n / (ch * inner), ch, inner, l->weight, c->in, y);
-    }
+    case BIE_LAYER_PRELU: return k->prelu_forward(x, outer, ch, inner, l->weight, c->in, y);
+    case BIE_LAYER_RPRELU:
+        return k->rprelu_forward(x, outer, ch, inner, l->shift_in, l->weight, l->bias, y);
     case BIE_LAYER_MAXPOOL2D:
         return k->maxpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride,
                                   l->out_shape[2], l->out_shape[3], y,
                                   m->training ? l->saved_argmax : NULL);
+    case BIE_LAYER_AVGPOOL2D:
+        return k->avgpool_forward(x, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride,
+                                  l->out_shape[2], l->out_shape[3], y);
+    case BIE_LAYER_GLOBAL_AVGPOOL: return k->global_avgpool_forward(x, s[0] * s[1], s[2] * s[3], y);
     case BIE_LAYER_FLATTEN: return k->copy(y, x, (size_t)n * sizeof(float));
+    case BIE_LAYER_ADD:
+    case BIE_LAYER_CONCAT: return merge_forward(m, l, y);
     default:
         if (l->lowbit) return bie_layer_forward(l->lowbit, &tx, &ty);
         break;
@@ -296,8 +248,7 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
         for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(m, &m->layers[i]);
     }
     bie_status st = BIE_OK;
-    for (int i = 0; i < m->count && st == BIE_OK; i++)
-        st = layer_forward(m, i, m->acts[i], m->acts[i + 1]);
+    for (int i = 0; i < m->count && st == BIE_OK; i++) st = layer_forward(m, i);
     if (st != BIE_OK) {
         if (scale_before)
             for (int i = 0; i < m->count; i++)
@@ -322,37 +273,49 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     return BIE_OK;
 }
 
+/* Backward of a one-input node: dy is d loss / d output, dx (NULL: not needed) receives
+ * d loss / d input; parameter gradients are overwritten. */
 static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx) {
     bie_train_layer *l = &m->layers[i];
     const bie_layer_info *c = &l->info;
     const int64_t *s = l->in_shape;
     const int64_t n = numel_of(l->in_ndim, s);
-    const float *x = m->acts[i];
+    const float *x = m->acts[l->inputs[0] + 1];
     bie_tensor tdy = view((float *)dy, l->out_ndim, l->out_shape);
     bie_tensor tdx = view(dx, l->in_ndim, s);
     bie_tensor *pdx = dx ? &tdx : NULL;
     const bie_train_ops *k = m->ops;
+    int64_t outer, ch, inner;
+    channel_split(l->in_ndim, s, &outer, &ch, &inner);
     l->has_grad = true;
     switch (c->type) {
     case BIE_LAYER_LINEAR:
         return k->linear_backward(x, dy, n / c->in, c->in, c->out, l->weight, dx, l->grad_weight,
                                   l->grad_bias);
+    case BIE_LAYER_CONV2D: {
+        const bie_conv_geom g = geom_of(l);
+        return k->conv2d_backward(&g, x, dy, l->weight, dx, l->grad_weight, l->grad_bias, l->work);
+    }
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
-        return k->batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, s[0], s[1],
-                                     n / (s[0] * s[1]), l->weight, dx, l->grad_weight,
-                                     l->grad_bias);
+        return k->batchnorm_backward(l->saved_xhat, l->saved_invstd, dy, outer, ch, inner,
+                                     l->weight, dx, l->grad_weight, l->grad_bias);
     case BIE_LAYER_RELU: return dx ? k->relu_backward(m->acts[i + 1], dy, n, dx) : BIE_OK;
-    case BIE_LAYER_PRELU: {
-        const int64_t ch = l->in_ndim >= 2 ? s[1] : 1,
-                      inner = l->in_ndim >= 2 ? n / (s[0] * s[1]) : 1;
-        return k->prelu_backward(x, dy, n / (ch * inner), ch, inner, l->weight, c->in, dx,
-                                 l->grad_weight);
-    }
+    case BIE_LAYER_PRELU:
+        return k->prelu_backward(x, dy, outer, ch, inner, l->weight, c->in, dx, l->grad_weight);
+    case BIE_LAYER_RPRELU:
+        return k->rprelu_backward(x, dy, outer, ch, inner, l->shift_in, l->weight, dx,
+                                  l->grad_shift_in, l->grad_weight, l->grad_bias);
     case BIE_LAYER_MAXPOOL2D:
         return dx ? k->maxpool_backward(dy, l->saved_argmax, s[0] * s[1], s[2], s[3],
                                         l->out_shape[2], l->out_shape[3], dx)
                   : BIE_OK;
+    case BIE_LAYER_AVGPOOL2D:
+        return dx ? k->avgpool_backward(dy, s[0] * s[1], s[2], s[3], c->kernel_size, c->stride,
+                                        l->out_shape[2], l->out_shape[3], dx)
+                  : BIE_OK;
+    case BIE_LAYER_GLOBAL_AVGPOOL:
+        return dx ? k->global_avgpool_backward(dy, s[0] * s[1], s[2] * s[3], dx) : BIE_OK;
     case BIE_LAYER_FLATTEN: return dx ? k->copy(dx, dy, (size_t)n * sizeof(float)) : BIE_OK;
     default:
         if (l->lowbit) return bie_layer_backward(l->lowbit, &tdy, pdx);
@@ -361,23 +324,66 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
     return bie_fail(BIE_ERR_INTERNAL, "model_backward: unknown layer type");
 }
 
-/* Two buffers of n floats on the model's device: layer i writes its input gradient into one
- * while reading its output gradient from the other. */
-static bool ensure_grad_buffers(bie_model *m, int64_t n) {
-    if (m->grad_cap >= n && m->grad_buf[0] && m->grad_buf[1]) return true;
-    float *a = m->ops->alloc((size_t)n * sizeof(float));
-    float *b = m->ops->alloc((size_t)n * sizeof(float));
-    if (a == NULL || b == NULL) {
-        m->ops->release(a);
-        m->ops->release(b);
-        return false;
+/* Where the gradient for input j of node i goes: straight into the input's gradient buffer
+ * when nothing is there yet, else into the scratch buffer, to be added (finish_input). NULL
+ * when that gradient is not needed (the model's input without grad_x). */
+static float *input_target(bie_model *m, bool *set, int j, bool want_x, int64_t n, const char *who,
+                           bie_status *st) {
+    const int row = j + 1;
+    if (j == BIE_MODEL_INPUT && !want_x) return NULL;
+    if (!set[row]) {
+        if (!ensure(m, &m->grads[row], &m->grad_cap[row], n))
+            *st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+        return m->grads[row];
     }
-    m->ops->release(m->grad_buf[0]);
-    m->ops->release(m->grad_buf[1]);
-    m->grad_buf[0] = a;
-    m->grad_buf[1] = b;
-    m->grad_cap = n;
-    return true;
+    if (!ensure(m, &m->scratch, &m->scratch_cap, n))
+        *st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+    return m->scratch;
+}
+
+static bie_status finish_input(bie_model *m, bool *set, int j, const float *written, int64_t n) {
+    const int row = j + 1;
+    if (written == NULL) return BIE_OK;
+    if (set[row]) return m->ops->accumulate(m->grads[row], written, n);
+    set[row] = true;
+    return BIE_OK;
+}
+
+/* Backward of node i from dy into every input's gradient. */
+static bie_status node_backward(bie_model *m, int i, const float *dy, bool *set, bool want_x,
+                                const char *who) {
+    bie_train_layer *l = &m->layers[i];
+    const bie_layer_type t = l->info.type;
+    bie_status st = BIE_OK;
+    if (t != BIE_LAYER_ADD && t != BIE_LAYER_CONCAT) {
+        const int j = l->inputs[0];
+        float *dx = input_target(m, set, j, want_x, numel_of(l->in_ndim, l->in_shape), who, &st);
+        BIE_TRY(st);
+        BIE_TRY(layer_backward(m, i, dy, dx));
+        return finish_input(m, set, j, dx, numel_of(l->in_ndim, l->in_shape));
+    }
+    int64_t offset = 0;
+    for (int q = 0; q < l->n_inputs; q++) {
+        const int j = l->inputs[q];
+        int nd;
+        const int64_t *sj = shape_of(m, j, &nd);
+        const int64_t nj = numel_of(nd, sj);
+        int64_t outer, ci, inner;
+        channel_split(nd, sj, &outer, &ci, &inner);
+        float *dx = input_target(m, set, j, want_x, nj, who, &st);
+        BIE_TRY(st);
+        if (dx && t == BIE_LAYER_ADD && set[j + 1]) {
+            BIE_TRY(m->ops->accumulate(m->grads[j + 1], dy, nj)); /* no copy to add */
+        } else if (dx) {
+            BIE_TRY(t == BIE_LAYER_ADD
+                        ? m->ops->copy(dx, dy, (size_t)nj * sizeof(float))
+                        : m->ops->concat_slice(dy, outer, ci, inner, l->out_shape[1], offset, dx));
+            BIE_TRY(finish_input(m, set, j, dx, nj));
+        }
+        offset += ci;
+    }
+    l->has_grad = true;
+    return BIE_OK;
 }
 
 bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tensor *grad_x) {
@@ -387,43 +393,49 @@ bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tens
     if (!m->can_backward || !m->training)
         return bie_fail(BIE_ERR_STATE, "%s: no training forward since the model last changed", who);
     bie_blas_threads();
-    const bie_train_layer *last = &m->layers[m->count - 1], *first = &m->layers[0];
+    const bie_train_layer *last = &m->layers[m->count - 1];
     bie_tensor like = view(NULL, last->out_ndim, last->out_shape);
     if (!bie_train_same_shape(grad_out, &like))
         return bie_fail(BIE_ERR_SHAPE, "%s: grad_out must have the shape of the last output", who);
     if (grad_x) {
         BIE_TRY(check_io(m, grad_x, "grad_x", who));
-        bie_tensor in_like = view(NULL, first->in_ndim, first->in_shape);
+        bie_tensor in_like = view(NULL, m->x_ndim, m->x_shape);
         if (!bie_train_same_shape(grad_x, &in_like))
             return bie_fail(BIE_ERR_SHAPE, "%s: grad_x must have the shape of the last input", who);
     }
-    /* Host tensors of a model on another device pass through the gradient buffers: grad_out
-     * is staged where layer count - 1 reads it, grad_x comes from where layer 0 writes. */
-    const bool stage_out = grad_out->device.type != m->device.type;
-    const bool stage_x = grad_x && grad_x->device.type != m->device.type;
+    bool *set = calloc((size_t)m->count + 1, sizeof *set);
+    if (set == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+    bie_status st = BIE_OK;
+    /* The last node reads grad_out where it is, or a copy on the model's device. */
+    const float *dy_last = grad_out->data;
     const int64_t out_n = numel_of(last->out_ndim, last->out_shape);
-    const int64_t in_n = numel_of(first->in_ndim, first->in_shape);
-    int64_t most = 1;
-    for (int i = 0; i < m->count - 1; i++) {
-        const int64_t n = numel_of(m->layers[i].out_ndim, m->layers[i].out_shape);
-        most = n > most ? n : most;
+    if (grad_out->device.type != m->device.type) {
+        if (!ensure(m, &m->grads[m->count], &m->grad_cap[m->count], out_n))
+            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+        if (st == BIE_OK)
+            st = m->ops->copy(m->grads[m->count], grad_out->data, (size_t)out_n * sizeof(float));
+        dy_last = m->grads[m->count];
     }
-    if (stage_out && out_n > most) most = out_n;
-    if (stage_x && in_n > most) most = in_n;
-    if (!ensure_grad_buffers(m, most))
-        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
-    const float *dy = grad_out->data;
-    if (stage_out) {
-        float *staged = m->grad_buf[m->count % 2];
-        BIE_TRY(m->ops->copy(staged, grad_out->data, (size_t)out_n * sizeof(float)));
-        dy = staged;
+    for (int i = m->count - 1; i >= 0 && st == BIE_OK; i--) {
+        const float *dy = dy_last;
+        if (i < m->count - 1) {
+            if (!set[i + 1]) { /* nobody reads this node's output: its gradient is zero */
+                const int64_t n = numel_of(m->layers[i].out_ndim, m->layers[i].out_shape);
+                if (!ensure(m, &m->grads[i + 1], &m->grad_cap[i + 1], n))
+                    st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+                if (st == BIE_OK) st = m->ops->zero(m->grads[i + 1], (size_t)n * sizeof(float));
+                set[i + 1] = true;
+            }
+            dy = m->grads[i + 1];
+        }
+        if (st == BIE_OK) st = node_backward(m, i, dy, set, grad_x != NULL, who);
     }
-    for (int i = m->count - 1; i >= 0; i--) {
-        float *dx = i > 0 || stage_x ? m->grad_buf[i % 2] : grad_x ? grad_x->data : NULL;
-        BIE_TRY(layer_backward(m, i, dy, dx));
-        dy = dx;
+    if (st == BIE_OK && grad_x) {
+        const int64_t in_n = numel_of(m->x_ndim, m->x_shape);
+        st = set[0] ? m->ops->copy(grad_x->data, m->grads[0], (size_t)in_n * sizeof(float))
+                    : bie_fail(BIE_ERR_INTERNAL, "%s: no gradient reached the input", who);
     }
-    if (stage_x) BIE_TRY(m->ops->copy(grad_x->data, m->grad_buf[0], (size_t)in_n * sizeof(float)));
-    m->backward_count++;
-    return BIE_OK;
+    free(set);
+    if (st == BIE_OK) m->backward_count++;
+    return st;
 }

@@ -8,6 +8,7 @@
 #ifndef BIE_TRAIN_CUDA_H
 #define BIE_TRAIN_CUDA_H
 
+#include "../core/formats.h"
 #include "../core/internal.h"
 #include "bie_train.h"
 
@@ -53,6 +54,34 @@ bie_status bie_cuda_batchnorm_forward_eval(const float *x, int64_t n, int64_t c,
 bie_status bie_cuda_batchnorm_backward(const float *xhat, const float *invstd, const float *dy,
                                        int64_t n, int64_t c, int64_t inner, const float *gamma,
                                        float *dx, float *dgamma, float *dbeta);
+
+/* ---- the graph's float layers (src/cuda/train_graph_kernels.cu); conv2d through an
+ * im2col buffer (`work`, bie_cuda_conv2d_work_floats(g) floats of device memory) and cuBLAS */
+int64_t bie_cuda_conv2d_work_floats(const bie_conv_geom *g);
+bie_status bie_cuda_conv2d_forward(const bie_conv_geom *g, const float *x, const float *w,
+                                   const float *b, float *y, float *work);
+bie_status bie_cuda_conv2d_backward(const bie_conv_geom *g, const float *x, const float *dy,
+                                    const float *w, float *dx, float *dw, float *db, float *work);
+bie_status bie_cuda_avgpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                    int s, int64_t oh, int64_t ow, float *y);
+bie_status bie_cuda_avgpool_backward(const float *dy, int64_t planes, int64_t h, int64_t w, int k,
+                                     int s, int64_t oh, int64_t ow, float *dx);
+bie_status bie_cuda_global_avgpool_forward(const float *x, int64_t planes, int64_t inner, float *y);
+bie_status bie_cuda_global_avgpool_backward(const float *dy, int64_t planes, int64_t inner,
+                                            float *dx);
+bie_status bie_cuda_add_forward(const float *a, const float *b, int64_t n, float *y);
+bie_status bie_cuda_accumulate(float *acc, const float *x, int64_t n);
+bie_status bie_cuda_concat_copy(const float *x, int64_t outer, int64_t ci, int64_t inner,
+                                int64_t ctotal, int64_t offset, float *y);
+bie_status bie_cuda_concat_slice(const float *y, int64_t outer, int64_t ci, int64_t inner,
+                                 int64_t ctotal, int64_t offset, float *x);
+bie_status bie_cuda_rprelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                                   const float *shift_in, const float *slopes,
+                                   const float *shift_out, float *y);
+bie_status bie_cuda_rprelu_backward(const float *x, const float *dy, int64_t outer,
+                                    int64_t channels, int64_t inner, const float *shift_in,
+                                    const float *slopes, float *dx, float *dshift_in,
+                                    float *dslopes, float *dshift_out);
 
 /* ---- optimizer steps on device arrays (formulas of src/train/optim.c; arguments already
  * validated by the caller) */

@@ -3,6 +3,7 @@
 #ifndef BIE_TRAIN_INTERNAL_H
 #define BIE_TRAIN_INTERNAL_H
 
+#include "../core/formats.h"
 #include "../core/internal.h"
 #include "bie_train.h"
 
@@ -43,6 +44,16 @@ typedef struct bie_train_layer {
     float *running_mean, *running_var;
     bool has_grad; /* the gradients above come from a backward */
 
+    /* RPReLU: shift_in [C] and its gradient (weight = slopes, bias = shift_out). */
+    float *shift_in, *grad_shift_in;
+    /* conv2d: scratch of ops->conv2d_work_floats floats, grown on demand */
+    float *work;
+    int64_t work_cap;
+
+    /* The node's inputs: BIE_MODEL_INPUT or earlier node indices. */
+    int n_inputs;
+    int inputs[BIE_MODEL_MAX_INPUTS];
+
     bie_layer *lowbit; /* the bie.h layer of a low-bit type, else NULL */
     bool prepared;     /* prepare_params ran (or a prepared weight / scale_w was loaded) */
 
@@ -53,7 +64,7 @@ typedef struct bie_train_layer {
     int32_t *saved_argmax;
     int64_t saved_cap; /* elements allocated in saved_xhat / saved_argmax */
 
-    /* Shapes of the last forward. */
+    /* Shapes of the last forward (in_*: the first input's). */
     int in_ndim, out_ndim;
     int64_t in_shape[BIE_MAX_DIMS], out_shape[BIE_MAX_DIMS];
 } bie_train_layer;
@@ -80,11 +91,19 @@ struct bie_model {
     bool can_backward;  /* a training forward was done since the last change */
     bool qweight_stale; /* low-bit weights changed since their eval qweight was made */
 
-    /* acts[0] is a copy of the last input, acts[i + 1] the output of layer i. */
-    float **acts;
-    int64_t *act_cap;
-    float *grad_buf[2];
-    int64_t grad_cap;
+    /* acts[0] is a copy of the last input, acts[i + 1] the output of layer i; grads[i + 1]
+     * receives d loss / d acts[i + 1] in backward (grads[0]: the input's), scratch holds an
+     * input gradient that is added to one already there. */
+    float **acts, **grads;
+    int64_t *act_cap, *grad_cap;
+    float *scratch;
+    int64_t scratch_cap;
+    /* Shape of the last forward's input. */
+    int x_ndim;
+    int64_t x_shape[BIE_MAX_DIMS];
+    /* Declared shape of one input sample (bie_model_set_input_shape); ndim 0 = none. */
+    int sample_ndim;
+    int64_t sample_shape[BIE_MAX_DIMS];
 
     bie_param_entry *params;
     int param_count;
@@ -128,6 +147,49 @@ void bie_batchnorm_backward(const float *xhat, const float *invstd, const float 
                             int64_t c, int64_t inner, const float *gamma, float *dx, float *dgamma,
                             float *dbeta);
 
+/* --- the graph's float layers (float_conv.c, graph_layers.c); NCHW arrays, contiguous. */
+
+/* Float conv2d: x [g->n, g->c, g->h, g->w], weight [g->o, g->c, g->k, g->k], bias [g->o]
+ * (NULL: none), y [g->n, g->o, g->oh, g->ow]; stride g->s, zero padding g->p, dilation g->d.
+ * `work` holds bie_conv2d_work_floats(g) floats of scratch memory of the same device. */
+int64_t bie_conv2d_work_floats(const bie_conv_geom *g);
+void bie_conv2d_forward(const bie_conv_geom *g, const float *x, const float *w, const float *b,
+                        float *y, float *work);
+/* dx (may be NULL) = d L / d x; dw = d L / d w (overwritten); db (may be NULL) = per-channel
+ * sums of dy (overwritten). */
+void bie_conv2d_backward(const bie_conv_geom *g, const float *x, const float *dy, const float *w,
+                         float *dx, float *dw, float *db, float *work);
+/* Average pool of `planes` planes h x w, square window k, stride s, no padding, output
+ * oh x ow (floor). The backward spreads dy / (k k) over each window (overwrites dx). */
+void bie_avgpool_forward(const float *x, int64_t planes, int64_t h, int64_t w, int k, int s,
+                         int64_t oh, int64_t ow, float *y);
+void bie_avgpool_backward(const float *dy, int64_t planes, int64_t h, int64_t w, int k, int s,
+                          int64_t oh, int64_t ow, float *dx);
+/* Global average pool: y[p] = mean of x[p, 0..inner); backward dx[p, i] = dy[p] / inner. */
+void bie_global_avgpool_forward(const float *x, int64_t planes, int64_t inner, float *y);
+void bie_global_avgpool_backward(const float *dy, int64_t planes, int64_t inner, float *dx);
+/* y = a + b (y may alias a or b); acc += x (sums of gradients where a tensor feeds several
+ * nodes). */
+void bie_add_forward(const float *a, const float *b, int64_t n, float *y);
+void bie_accumulate(float *acc, const float *x, int64_t n);
+/* Channel concat: x [outer, ci, inner] is channels [offset, offset + ci) of
+ * y [outer, ctotal, inner]; slice is the inverse (the backward of one input). */
+void bie_concat_copy(const float *x, int64_t outer, int64_t ci, int64_t inner, int64_t ctotal,
+                     int64_t offset, float *y);
+void bie_concat_slice(const float *y, int64_t outer, int64_t ci, int64_t inner, int64_t ctotal,
+                      int64_t offset, float *x);
+/* RPReLU per channel c of [outer, channels, inner]: t = x + shift_in[c];
+ * y = (t >= 0 ? t : slope[c] t) + shift_out[c]. Backward: dx (may be NULL), and the three
+ * parameter gradients (overwritten), sums per channel: d slope = sum over
+ * t < 0 of dy t, d shift_out = sum dy (d shift_in = sum of d L / d x, also computed when
+ * dx is NULL). */
+void bie_rprelu_forward(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                        const float *shift_in, const float *slopes, const float *shift_out,
+                        float *y);
+void bie_rprelu_backward(const float *x, const float *dy, int64_t outer, int64_t channels,
+                         int64_t inner, const float *shift_in, const float *slopes, float *dx,
+                         float *dshift_in, float *dslopes, float *dshift_out);
+
 /* --- one device's float kernels and memory (model_device.c): the model's layers are
  * written once against this table. Kernels take pointers to that device's memory and
  * have the arguments of the CPU kernels above; on CUDA they are asynchronous on bie's
@@ -162,6 +224,30 @@ typedef struct bie_train_ops {
     bie_status (*batchnorm_backward)(const float *xhat, const float *invstd, const float *dy,
                                      int64_t n, int64_t c, int64_t inner, const float *gamma,
                                      float *dx, float *dgamma, float *dbeta);
+    int64_t (*conv2d_work_floats)(const bie_conv_geom *g);
+    bie_status (*conv2d_forward)(const bie_conv_geom *g, const float *x, const float *w,
+                                 const float *b, float *y, float *work);
+    bie_status (*conv2d_backward)(const bie_conv_geom *g, const float *x, const float *dy,
+                                  const float *w, float *dx, float *dw, float *db, float *work);
+    bie_status (*avgpool_forward)(const float *x, int64_t planes, int64_t h, int64_t w, int k,
+                                  int s, int64_t oh, int64_t ow, float *y);
+    bie_status (*avgpool_backward)(const float *dy, int64_t planes, int64_t h, int64_t w, int k,
+                                   int s, int64_t oh, int64_t ow, float *dx);
+    bie_status (*global_avgpool_forward)(const float *x, int64_t planes, int64_t inner, float *y);
+    bie_status (*global_avgpool_backward)(const float *dy, int64_t planes, int64_t inner,
+                                          float *dx);
+    bie_status (*add_forward)(const float *a, const float *b, int64_t n, float *y);
+    bie_status (*accumulate)(float *acc, const float *x, int64_t n);
+    bie_status (*concat_copy)(const float *x, int64_t outer, int64_t ci, int64_t inner,
+                              int64_t ctotal, int64_t offset, float *y);
+    bie_status (*concat_slice)(const float *y, int64_t outer, int64_t ci, int64_t inner,
+                               int64_t ctotal, int64_t offset, float *x);
+    bie_status (*rprelu_forward)(const float *x, int64_t outer, int64_t channels, int64_t inner,
+                                 const float *shift_in, const float *slopes, const float *shift_out,
+                                 float *y);
+    bie_status (*rprelu_backward)(const float *x, const float *dy, int64_t outer, int64_t channels,
+                                  int64_t inner, const float *shift_in, const float *slopes,
+                                  float *dx, float *dshift_in, float *dslopes, float *dshift_out);
     /* Memory: alloc returns NULL when out of memory; copy (between this device and the host,
      * or within either, and waits) and zero return a status. */
     void *(*alloc)(size_t bytes);
@@ -178,9 +264,25 @@ bie_tensor bie_model_view(const bie_model *m, void *data, bie_dtype dtype, int n
 
 /* --- model internals shared between model files */
 
-/* Output shape of layer `index` for an input shape; errors name the layer. */
-bie_status bie_model_layer_out_shape(const bie_model *m, int index, int ndim, const int64_t *shape,
-                                     int *out_ndim, int64_t *out_shape);
+/* Output shape of layer `index` for the shapes of its inputs (ndims[j], shapes[j] for input
+ * j of the node); errors name the layer. */
+bie_status bie_model_layer_out_shape(const bie_model *m, int index, const int *ndims,
+                                     const int64_t (*shapes)[BIE_MAX_DIMS], int *out_ndim,
+                                     int64_t *out_shape);
+/* Shapes of every node's output for an input of `in_ndim` extents `in_shape`: ndims / shapes
+ * have m->count + 1 rows (row 0 the input, row i + 1 node i's output). Errors name the first
+ * node that refuses its inputs; `who` prefixes them. */
+bie_status bie_model_plan_shapes(const bie_model *m, int in_ndim, const int64_t *in_shape,
+                                 int *ndims, int64_t (*shapes)[BIE_MAX_DIMS], const char *who);
+/* Check node inputs and arity for `type` (n_inputs, inputs against node count `count`). */
+bie_status bie_model_check_inputs(const bie_model *m, bie_layer_type type, int n_inputs,
+                                  const int *inputs, const char *who);
+/* Append node `info` (canonical) reading `inputs`, checking shapes against the declared input
+ * shape; model.c. */
+bie_status bie_model_append(bie_model *m, const bie_layer_info *info, int n_inputs,
+                            const int *inputs, const char *who);
+/* The canonical form of info (checked hyper-parameters; fields that don't apply zeroed). */
+bie_status bie_model_canonical_info(const bie_layer_info *in, bie_layer_info *out, const char *who);
 /* Rebuild the parameter list if the generation changed. */
 bie_status bie_model_refresh_params(bie_model *m);
 /* Initialise layer `index` from `seed` (reset_parameters of one layer). */

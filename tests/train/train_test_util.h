@@ -89,4 +89,68 @@ static inline int ttu_close(double got, double want, double atol, double rtol) {
     return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
+#ifndef TTU_H
+#define TTU_H 1e-2f /* finite-difference step */
+#endif
+
+/* Checks every analytic gradient (input and trainable parameters) of L = sum(y * r) for a
+ * model in training mode against central differences. x must keep away from kinks. */
+static inline void ttu_grad_check(bie_model *m, float *x, int ndim, const int64_t *shape,
+                                  const char *label) {
+    int on;
+    int64_t os[BIE_MAX_DIMS];
+    CHECK_OK(bie_model_output_shape(m, ndim, shape, &on, os));
+    const int64_t nx = ttu_numel(ndim, shape), ny = ttu_numel(on, os);
+    float *r = tu_alloc((size_t)ny * 4), *gx = tu_alloc((size_t)nx * 4);
+    tu_fill(r, ny, -1, 1);
+    bie_tensor tx = ttu_view(x, ndim, shape), tr = ttu_view(r, on, os),
+               tgx = ttu_view(gx, ndim, shape);
+    bie_tensor y;
+    CHECK_OK(bie_model_forward(m, &tx, &y));
+    CHECK(y.ndim == on && ttu_numel(y.ndim, y.shape) == ny);
+    tu_poison(gx, nx);
+    CHECK_OK(bie_model_backward(m, &tr, &tgx));
+
+    int bad = 0, checked = 0;
+    const int64_t stride_x = nx > 120 ? nx / 97 : 1; /* a spread sample of large inputs */
+    for (int64_t i = 0; i < nx; i += stride_x) {
+        const double num = ttu_numeric(m, &tx, r, &x[i], TTU_H);
+        checked++;
+        if (!ttu_close(gx[i], num, 5e-3, 1e-2)) {
+            if (bad++ < 3)
+                fprintf(stderr, "  %s: d/dx[%lld] = %g, numeric %g\n", label, (long long)i,
+                        (double)gx[i], num);
+        }
+    }
+    for (int p = 0; p < bie_model_param_count(m); p++) {
+        bie_model_param prm;
+        CHECK_OK(bie_model_param_get(m, p, &prm));
+        if (prm.kind != BIE_PARAM_KIND_FLOAT) {
+            CHECK(prm.grad.data == NULL);
+            continue;
+        }
+        CHECK(prm.grad.data != NULL && prm.grad.dtype == BIE_F32);
+        if (prm.grad.data == NULL) continue;
+        const int64_t n = bie_tensor_numel(&prm.value);
+        float *ana = tu_alloc((size_t)n * 4);
+        memcpy(ana, prm.grad.data,
+               (size_t)n * 4); /* the forwards below keep the gradient, but copy */
+        for (int64_t i = 0; i<n; i += n> 100 ? n / 53 : 1) {
+            const double num = ttu_numeric(m, &tx, r, (float *)prm.value.data + i, TTU_H);
+            checked++;
+            if (!ttu_close(ana[i], num, 5e-3, 1e-2)) {
+                if (bad++ < 6)
+                    fprintf(stderr, "  %s: d/d%s[%lld] = %g, numeric %g\n", label, prm.name,
+                            (long long)i, (double)ana[i], num);
+            }
+        }
+        free(ana);
+    }
+    CHECK(checked > 0);
+    CHECK(bad == 0);
+    if (bad) fprintf(stderr, "  %s: %d of %d gradients differ\n", label, bad, checked);
+    free(r);
+    free(gx);
+}
+
 #endif

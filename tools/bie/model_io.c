@@ -12,14 +12,30 @@
 
 /* ------------------------------------------------------- architecture as JSON */
 
-static json_t *layer_to_json(const bie_layer_info *l) {
+static void set_conv(json_t *o, const bie_layer_info *l) {
+    json_object_set_new(o, "kernel_size", json_integer(l->kernel_size));
+    json_object_set_new(o, "stride", json_integer(l->stride));
+    json_object_set_new(o, "padding", json_integer(l->padding));
+    json_object_set_new(o, "dilation", json_integer(l->dilation));
+}
+
+/* One layer; "inputs" only where the node does not read the node before it. */
+static json_t *layer_to_json(const bie_layer_info *l, int index, int n_inputs, const int *inputs) {
     json_t *o = json_pack("{s:s}", "type", bie_layer_type_name(l->type));
     if (!o) return NULL;
+    if (n_inputs != 1 || inputs[0] != index - 1) {
+        json_t *arr = json_array();
+        for (int j = 0; arr && j < n_inputs; j++)
+            json_array_append_new(arr, json_integer(inputs[j]));
+        json_object_set_new(o, "inputs", arr);
+    }
     switch (l->type) {
     case BIE_LAYER_LINEAR:
+    case BIE_LAYER_CONV2D:
         json_object_set_new(o, "in", json_integer(l->in));
         json_object_set_new(o, "out", json_integer(l->out));
         json_object_set_new(o, "bias", json_boolean(l->bias));
+        if (l->type == BIE_LAYER_CONV2D) set_conv(o, l);
         break;
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
@@ -27,25 +43,25 @@ static json_t *layer_to_json(const bie_layer_info *l) {
         json_object_set_new(o, "eps", json_real(l->eps));
         json_object_set_new(o, "momentum", json_real(l->momentum));
         break;
-    case BIE_LAYER_PRELU: json_object_set_new(o, "in", json_integer(l->in)); break;
+    case BIE_LAYER_PRELU:
+    case BIE_LAYER_RPRELU: json_object_set_new(o, "in", json_integer(l->in)); break;
     case BIE_LAYER_MAXPOOL2D:
+    case BIE_LAYER_AVGPOOL2D:
         json_object_set_new(o, "kernel_size", json_integer(l->kernel_size));
         json_object_set_new(o, "stride", json_integer(l->stride));
         break;
     case BIE_LAYER_RELU:
-    case BIE_LAYER_FLATTEN: break;
+    case BIE_LAYER_FLATTEN:
+    case BIE_LAYER_GLOBAL_AVGPOOL:
+    case BIE_LAYER_ADD:
+    case BIE_LAYER_CONCAT: break;
     case BIE_LAYER_BINARY_LINEAR:
     case BIE_LAYER_BINARY_CONV2D:
     case BIE_LAYER_Q4_LINEAR:
     case BIE_LAYER_Q4_CONV2D:
         json_object_set_new(o, "in", json_integer(l->in));
         json_object_set_new(o, "out", json_integer(l->out));
-        if (l->type == BIE_LAYER_BINARY_CONV2D || l->type == BIE_LAYER_Q4_CONV2D) {
-            json_object_set_new(o, "kernel_size", json_integer(l->kernel_size));
-            json_object_set_new(o, "stride", json_integer(l->stride));
-            json_object_set_new(o, "padding", json_integer(l->padding));
-            json_object_set_new(o, "dilation", json_integer(l->dilation));
-        }
+        if (l->type == BIE_LAYER_BINARY_CONV2D || l->type == BIE_LAYER_Q4_CONV2D) set_conv(o, l);
         if (l->type == BIE_LAYER_BINARY_LINEAR || l->type == BIE_LAYER_BINARY_CONV2D) {
             json_object_set_new(o, "symmetric", json_boolean(l->symmetric));
             json_object_set_new(o, "bits_binary_word", json_integer(l->bits_binary_word));
@@ -60,7 +76,10 @@ static char *architecture_json(const bie_model *model) {
     for (int i = 0; arr && i < bie_model_layer_count(model); i++) {
         bie_layer_info info;
         json_t *o;
-        if (bie_model_layer_info(model, i, &info) != BIE_OK || !(o = layer_to_json(&info)) ||
+        int n_inputs, inputs[BIE_MODEL_MAX_INPUTS];
+        if (bie_model_layer_info(model, i, &info) != BIE_OK ||
+            bie_model_node_inputs(model, i, &n_inputs, inputs) != BIE_OK ||
+            !(o = layer_to_json(&info, i, n_inputs, inputs)) ||
             json_array_append_new(arr, o) != 0) {
             json_decref(arr);
             return NULL;
@@ -104,11 +123,38 @@ static int get_real(const char *path, int index, json_t *o, const char *key, flo
     return 0;
 }
 
-static int layer_from_json(const char *path, int index, json_t *o, bie_layer_info *l) {
+/* "inputs": absent (the node before), or 1..BIE_MODEL_MAX_INPUTS integers; whether they
+ * name earlier nodes is bie_model_add_node's check. */
+static int get_inputs(const char *path, int index, json_t *o, int *n_inputs, int *inputs) {
+    json_t *v = json_object_get(o, "inputs");
+    *n_inputs = 1;
+    inputs[0] = index - 1;
+    if (!v) return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 0;
+    if (n < 1 || n > BIE_MODEL_MAX_INPUTS)
+        return tool_fail("%s: architecture layer %d: 'inputs' must be an array of 1..%d node "
+                         "indices",
+                         path, index, BIE_MODEL_MAX_INPUTS);
+    for (size_t j = 0; j < n; j++) {
+        json_t *e = json_array_get(v, j);
+        if (!json_is_integer(e) || json_integer_value(e) < -1 ||
+            json_integer_value(e) >= MODEL_MAX_LAYERS)
+            return tool_fail("%s: architecture layer %d: input %zu must be a node index (-1 = "
+                             "the model's input)",
+                             path, index, j);
+        inputs[j] = (int)json_integer_value(e);
+    }
+    *n_inputs = (int)n;
+    return 0;
+}
+
+static int layer_from_json(const char *path, int index, json_t *o, bie_layer_info *l, int *n_inputs,
+                           int *inputs) {
     memset(l, 0, sizeof *l);
     json_t *type = json_object_get(o, "type");
     if (!json_is_object(o) || !json_is_string(type))
         return tool_fail("%s: architecture layer %d: needs a string 'type'", path, index);
+    TOOL_TRY(get_inputs(path, index, o, n_inputs, inputs));
     if (bie_layer_type_from_name(json_string_value(type), &l->type) != BIE_OK)
         return tool_fail("%s: architecture layer %d: unknown layer type '%s'", path, index,
                          json_string_value(type));
@@ -149,10 +195,12 @@ static int check_layer_weight(const st_file *f, bool packed, int index, const bi
     switch (l->type) {
     case BIE_LAYER_BATCHNORM1D:
     case BIE_LAYER_BATCHNORM2D:
-    case BIE_LAYER_PRELU: rows = 1; break;
+    case BIE_LAYER_PRELU:
+    case BIE_LAYER_RPRELU: rows = 1; break;
     case BIE_LAYER_LINEAR:
     case BIE_LAYER_BINARY_LINEAR:
     case BIE_LAYER_Q4_LINEAR: break;
+    case BIE_LAYER_CONV2D:
     case BIE_LAYER_BINARY_CONV2D:
     case BIE_LAYER_Q4_CONV2D:
         if (__builtin_mul_overflow(fan, (int64_t)l->kernel_size * l->kernel_size, &fan))
@@ -187,7 +235,7 @@ static int check_layer_weight(const st_file *f, bool packed, int index, const bi
 }
 
 static int model_from_architecture(const st_file *f, bool packed, const char *text,
-                                   bie_model **out) {
+                                   const loaded_model *shape, bie_model **out) {
     const char *path = f->path;
     size_t text_len = strlen(text);
     if (text_len > MODEL_MAX_ARCHITECTURE_BYTES)
@@ -211,12 +259,16 @@ static int model_from_architecture(const st_file *f, bool packed, const char *te
         json_decref(arr);
         return tool_fail_status(BIE_ERR_OUT_OF_MEMORY, "bie_model_create");
     }
+    /* With the input shape declared, every node's shapes are checked as it is added. */
     int status = 0;
+    if (bie_model_set_input_shape(m, shape->input_ndim, shape->input_shape) != BIE_OK)
+        status = tool_fail("%s: metadata 'input_shape': %s", path, bie_last_error());
     for (size_t i = 0; status == 0 && i < json_array_size(arr); i++) {
         bie_layer_info info;
-        status = layer_from_json(path, (int)i, json_array_get(arr, i), &info);
+        int n_inputs = 0, inputs[BIE_MODEL_MAX_INPUTS];
+        status = layer_from_json(path, (int)i, json_array_get(arr, i), &info, &n_inputs, inputs);
         if (status == 0) status = check_layer_weight(f, packed, (int)i, &info);
-        if (status == 0 && bie_model_add_layer(m, &info) != BIE_OK)
+        if (status == 0 && bie_model_add_node(m, &info, n_inputs, inputs) != BIE_OK)
             status = tool_fail("%s: architecture layer %zu: %s", path, i, bie_last_error());
     }
     json_decref(arr);
@@ -372,7 +424,7 @@ static int load_from_file(const st_file *f, loaded_model *out) {
         return tool_fail("%s: metadata 'packed' must be \"true\" or \"false\"", f->path);
     TOOL_TRY(parse_input_shape(f, out));
     out->packed = strcmp(packed, "true") == 0;
-    TOOL_TRY(model_from_architecture(f, out->packed, arch, &out->model));
+    TOOL_TRY(model_from_architecture(f, out->packed, arch, out, &out->model));
     bie_model *m = out->model;
     /* Bring the model into the file's state, then overwrite every tensor from the file. */
     int status = 0;
