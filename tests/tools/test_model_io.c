@@ -61,7 +61,7 @@ static void check_load_equal(const char *path, const float *x, const float *expe
 }
 
 static void test_round_trip(const char *preset, const char *first_last, int64_t width) {
-    preset_config pc = {preset, first_last, width};
+    preset_config pc = {preset, first_last, width, 0};
     bie_model *m;
     CHECK(preset_build(&pc, &m) == 0);
     CHECK_OK(bie_model_reset_parameters(m, tu_next()));
@@ -101,8 +101,11 @@ typedef enum change {
     WRONG_SHAPE,
     BAD_ARCH,
     BAD_FORMAT,
-    NAN_SCALE
+    NAN_SCALE,
+    ARCH_TEXT /* the architecture becomes arch_text */
 } change;
+
+static const char *arch_text;
 
 static void expect_bad(const char *src, change what, const char *expect) {
     st_file f;
@@ -151,6 +154,7 @@ static void expect_bad(const char *src, change what, const char *expect) {
         const char *value = f.meta_values[i];
         if (what == BAD_ARCH && strcmp(f.meta_keys[i], "architecture") == 0)
             value = "[{\"type\":\"binary_linear\",\"in\":\"many\"}]";
+        if (what == ARCH_TEXT && strcmp(f.meta_keys[i], "architecture") == 0) value = arch_text;
         if (what == BAD_FORMAT && strcmp(f.meta_keys[i], "format") == 0) value = "other";
         CHECK(st_writer_meta(w, f.meta_keys[i], value) == 0);
     }
@@ -178,6 +182,8 @@ int main(void) {
     test_round_trip("mlp", "q4", 33);
     test_round_trip("cnn", "float", 4);
     test_round_trip("cnn", "q4", 3);
+    test_round_trip("resnet", "float", 4);
+    test_round_trip("resnet", "q4", 3);
 
     char path[256];
     snprintf(path, sizeof path, "%s/cnn_float.safetensors", dir);
@@ -189,8 +195,23 @@ int main(void) {
     expect_bad(path, BAD_FORMAT, "not a bie model file");
     expect_bad(path, NAN_SCALE, "scale_a");
 
-    const char *names[] = {"mlp_float", "mlp_q4", "cnn_float", "cnn_q4"};
-    for (int i = 0; i < 4; i++) {
+    /* graphs: an input that is a later node or the node itself, a mismatched add */
+    snprintf(path, sizeof path, "%s/resnet_float.safetensors", dir);
+    arch_text = "[{\"type\":\"relu\",\"inputs\":[1]},{\"type\":\"relu\"}]";
+    expect_bad(path, ARCH_TEXT, "not an earlier node");
+    arch_text = "[{\"type\":\"relu\",\"inputs\":[0]}]";
+    expect_bad(path, ARCH_TEXT, "not an earlier node");
+    arch_text = "[{\"type\":\"relu\",\"inputs\":[-1,-1]}]";
+    expect_bad(path, ARCH_TEXT, "takes exactly 1 inputs");
+    arch_text = "[{\"type\":\"add\",\"inputs\":\"all\"}]";
+    expect_bad(path, ARCH_TEXT, "'inputs' must be an array");
+    arch_text = "[{\"type\":\"conv2d\",\"in\":1,\"out\":4,\"kernel_size\":3,\"stride\":2,"
+                "\"padding\":1,\"dilation\":1},{\"type\":\"add\",\"inputs\":[0,-1]}]";
+    expect_bad(path, ARCH_TEXT, "an add needs equal shapes");
+
+    const char *names[] = {"mlp_float", "mlp_q4",       "cnn_float",
+                           "cnn_q4",    "resnet_float", "resnet_q4"};
+    for (int i = 0; i < 6; i++) {
         snprintf(path, sizeof path, "%s/%s.safetensors", dir, names[i]);
         unlink(path);
         snprintf(path, sizeof path, "%s/%s_packed.safetensors", dir, names[i]);

@@ -30,13 +30,16 @@
 #define MODEL_MAX_HEADER_BYTES (16u << 20)      /* the safetensors JSON header */
 
 typedef struct preset_config {
-    const char *name;       /* "mlp" or "cnn" */
+    const char *name;       /* "mlp", "cnn" or "resnet" */
     const char *first_last; /* "float" or "q4": kind of the first and last layers */
-    int64_t width;          /* mlp: hidden units; cnn: channels of the first conv (0: default) */
+    int64_t width; /* mlp: hidden units; cnn, resnet: channels of the first conv (0: default) */
+    int64_t depth; /* resnet: binary units per stage (0: default); others: 0 */
 } preset_config;
 
-/* Default width of a preset (mlp: hidden units, cnn: first conv's channels). */
+/* Default width of a preset (mlp: hidden units, cnn / resnet: first conv's channels). */
 int64_t preset_default_width(const char *name);
+/* Default depth (resnet: units per stage; other presets 0). */
+int64_t preset_default_depth(const char *name);
 
 /* Build a preset for 1x28x28 inputs and 10 classes. Errors: unknown preset or first_last,
  * width out of range, library errors. */

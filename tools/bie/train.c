@@ -22,7 +22,7 @@
 typedef struct train_options {
     const char *preset, *first_last, *schedule, *device, *data_dir, *out_dir, *progress;
     const char *augment;
-    int64_t width, epochs, batch, seed, threads, train_limit, test_limit, eval_batch;
+    int64_t width, depth, epochs, batch, seed, threads, train_limit, test_limit, eval_batch;
     int64_t augment_shift;
     double lr, binary_lr, binary_beta1, binary_beta2, weight_decay;
     bool help;
@@ -40,6 +40,7 @@ static void preset_defaults(train_options *o) {
      * tens of steps (1e-4 took about 18,000, more than a default run has). */
     if (o->binary_lr < 0) o->binary_lr = 0.1;
     if (o->width < 0) o->width = preset_default_width(o->preset);
+    if (o->depth < 0) o->depth = preset_default_depth(o->preset);
 }
 
 static void print_usage(FILE *out, const opt_spec *specs) {
@@ -48,7 +49,10 @@ static void print_usage(FILE *out, const opt_spec *specs) {
             "Train a binary network on Fashion-MNIST (Debian package dataset-fashion-mnist).\n"
             "Presets: cnn (default): a 4-bit first conv, two binary convs and a binary dense\n"
             "layer, float (or --first-last q4: 4-bit) classifier; mlp: a float (or 4-bit) first\n"
-            "layer, two binary hidden layers, a float (or 4-bit) classifier.\n"
+            "layer, two binary hidden layers, a float (or 4-bit) classifier; resnet: a binary\n"
+            "ResNet in the style of Bi-Real / ReActNet (float stem, binary 3x3 convs each with\n"
+            "a real-valued shortcut, RPReLU, average-pool + 1x1 conv down-sampling, global\n"
+            "average pool, float classifier), --depth units per stage at 28, 14 and 7 pixels.\n"
             "Writes DIR/model.safetensors, DIR/metrics.csv and DIR/training_curve.svg.\n"
             "Options left at -1 take the preset's default.\n\n");
     opt_print_help(out, specs);
@@ -218,8 +222,9 @@ static void describe_augment(const augment_config *a, char *buf, size_t cap) {
 static int save_model(trainer *t, double test_acc) {
     const train_options *o = t->opt;
     char width[32], epochs[32], batch[32], lr[32], blr[32], seed[32], threads[32], acc[32];
-    char wd[32], augment[48];
+    char wd[32], augment[48], depth[32];
     snprintf(width, sizeof width, "%lld", (long long)o->width);
+    snprintf(depth, sizeof depth, "%lld", (long long)o->depth);
     snprintf(epochs, sizeof epochs, "%lld", (long long)o->epochs);
     snprintf(batch, sizeof batch, "%lld", (long long)o->batch);
     snprintf(lr, sizeof lr, "%g", o->lr);
@@ -230,11 +235,13 @@ static int save_model(trainer *t, double test_acc) {
     snprintf(wd, sizeof wd, "%g", o->weight_decay);
     describe_augment(&t->augment, augment, sizeof augment);
     const model_note notes[] = {
-        {"preset", o->preset},  {"first_last", o->first_last}, {"width", width},
-        {"epochs", epochs},     {"batch_size", batch},         {"lr", lr},
-        {"binary_lr", blr},     {"schedule", o->schedule},     {"seed", seed},
-        {"threads", threads},   {"weight_decay", wd},          {"augment", augment},
-        {"test_accuracy", acc},
+        {"preset", o->preset},  {"first_last", o->first_last},
+        {"width", width},       {"epochs", epochs},
+        {"batch_size", batch},  {"lr", lr},
+        {"binary_lr", blr},     {"schedule", o->schedule},
+        {"seed", seed},         {"threads", threads},
+        {"weight_decay", wd},   {"augment", augment},
+        {"test_accuracy", acc}, {"depth", depth},
     };
     return model_save(t->model, t->model_path, notes, sizeof notes / sizeof notes[0]);
 }
@@ -281,7 +288,7 @@ static int setup_trainer(trainer *t) {
     /* The last partial batch is dropped: every step sees a full batch (batch norm). */
     t->steps_per_epoch = t->train.count / o->batch;
     t->total_steps = t->steps_per_epoch * o->epochs;
-    preset_config pc = {o->preset, o->first_last, o->width};
+    preset_config pc = {o->preset, o->first_last, o->width, o->depth};
     TOOL_TRY(preset_build(&pc, &t->model));
     TOOL_TRY_BIE(bie_model_reset_parameters(t->model, (uint64_t)o->seed));
     TOOL_TRY_BIE(bie_model_prepare_params(t->model));
@@ -307,8 +314,10 @@ static int setup_trainer(trainer *t) {
     snprintf(t->model_path, sizeof t->model_path, "%s/model.safetensors", o->out_dir);
     snprintf(t->csv_path, sizeof t->csv_path, "%s/metrics.csv", o->out_dir);
     snprintf(t->svg_path, sizeof t->svg_path, "%s/training_curve.svg", o->out_dir);
-    printf("bie train: %s preset, first/last layers %s, width %lld, %lld trainable parameters\n",
-           o->preset, o->first_last, (long long)o->width, (long long)trainable_count(t->model));
+    printf("bie train: %s preset, first/last layers %s, width %lld%s%.0lld, %lld trainable "
+           "parameters\n",
+           o->preset, o->first_last, (long long)o->width, o->depth > 0 ? ", depth " : "",
+           (long long)o->depth, (long long)trainable_count(t->model));
     printf("data: %lld training / %lld test images from %s\n", (long long)t->train.count,
            (long long)t->test.count, dir);
     char where[64];
@@ -349,6 +358,7 @@ int cmd_train(int argc, char **argv) {
                        .out_dir = NULL,
                        .progress = "auto",
                        .width = -1,
+                       .depth = -1,
                        .epochs = -1,
                        .batch = -1,
                        .seed = DEFAULT_SEED,
@@ -362,11 +372,13 @@ int cmd_train(int argc, char **argv) {
                        .augment = "none",
                        .augment_shift = 2};
     const opt_spec specs[] = {
-        {"model", OPT_STRING, &o.preset, 0, 0, "mlp|cnn", NULL, "model preset"},
+        {"model", OPT_STRING, &o.preset, 0, 0, "mlp|cnn|resnet", NULL, "model preset"},
         {"first-last", OPT_STRING, &o.first_last, 0, 0, "float|q4", NULL,
          "first and last layers: float or 4-bit (cnn: the first conv is 4-bit either way)"},
         {"width", OPT_INT, &o.width, -1, 16384, NULL, "N",
-         "mlp: hidden units (1024); cnn: channels of the first conv (32)"},
+         "mlp: hidden units (1024); cnn: channels of the first conv (32); resnet: channels of "
+         "the first stage (64)"},
+        {"depth", OPT_INT, &o.depth, -1, 16, NULL, "N", "resnet: binary units per stage (2)"},
         {"epochs", OPT_INT, &o.epochs, -1, 10000, NULL, "N", "passes over the training set"},
         {"batch-size", OPT_INT, &o.batch, -1, 65536, NULL, "N", "examples per step (>= 2)"},
         {"lr", OPT_DOUBLE, &o.lr, -1, 10, NULL, "LR", "AdamW learning rate of float parameters"},
