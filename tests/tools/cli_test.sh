@@ -49,7 +49,8 @@ if [[ $mode == usage ]]; then
   expect 2 "did you mean --epochs" "$bie" train --epoch 3
   expect 2 "expects an integer" "$bie" train --epochs three
   expect 2 "out of range" "$bie" train --threads -3
-  expect 2 "must be one of mlp|cnn" "$bie" train --model resnet
+  expect 2 "must be one of mlp|cnn|resnet" "$bie" train --model vgg
+  expect 2 "--depth applies to the resnet preset only" "$bie" train --model cnn --depth 3
   expect 2 "must be at least 2" "$bie" train --batch-size 1
   expect 2 "needs a value" "$bie" train --lr
   expect 2 "must be positive" "$bie" train --lr 0
@@ -130,6 +131,17 @@ expect 0 "smaller than float32" "$bie" export "$work/cnn/model.safetensors" "$wo
 q1=$("$bie" predict "$work/cnn/model.safetensors" --first 17 --count 50)
 q2=$("$bie" predict "$work/cnnp.safetensors" --first 17 --count 50)
 [[ -n $q1 && $q1 == "$q2" && $q1 == *"test[17]"* ]] && ok || bad "cnn packed predictions differ"
+
+# The residual preset end to end (tiny: width 4, depth 1, two epochs of 1,000 images): the
+# training loss falls, the packed export predicts what the trained model does.
+"$bie" train --model resnet --width 4 --depth 1 --epochs 2 --train-limit 1000 --test-limit 200 \
+  --threads 2 --progress none --out "$work/rn" >"$work/rn.log" 2>&1 && ok || bad "resnet: $(cat "$work/rn.log")"
+awk -F, 'NR == 2 {a = $2} END {exit !($2 < a)}' "$work/rn/metrics.csv" && ok ||
+  bad "resnet: the training loss did not fall: $(cat "$work/rn/metrics.csv")"
+expect 0 "smaller than float32" "$bie" export "$work/rn/model.safetensors" "$work/rnp.safetensors"
+r1=$("$bie" predict "$work/rn/model.safetensors" --first 5 --count 40)
+r2=$("$bie" predict "$work/rnp.safetensors" --first 5 --count 40)
+[[ -n $r1 && $r1 == "$r2" ]] && ok || bad "resnet packed predictions differ"
 
 # Augmentation: the same seed reproduces an augmented run bit for bit; it is not the plain run.
 cnn_aug=("$bie" train --model cnn --width 4 --epochs 2 --train-limit 640 --test-limit 200

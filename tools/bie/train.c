@@ -422,6 +422,14 @@ int cmd_train(int argc, char **argv) {
         print_usage(stdout, specs);
         return 0;
     }
+    if (o.depth != -1 && strcmp(o.preset, "resnet") != 0) {
+        fprintf(stderr, "bie train: --depth applies to the resnet preset only\n");
+        return EXIT_USAGE;
+    }
+    if (o.depth == 0) {
+        fprintf(stderr, "bie train: --depth must be at least 1\n");
+        return EXIT_USAGE;
+    }
     preset_defaults(&o);
     if (o.batch < 2) {
         fprintf(stderr, "bie train: --batch-size must be at least 2 (batch norm)\n");
