@@ -1,4 +1,4 @@
-/* The sequential model on CUDA (bie_model_to_device): every layer type moves to the GPU and
+/* The model on CUDA (bie_model_to_device): every layer type moves to the GPU and
  * back with its parameters bit for bit; forwards and input gradients match the CPU model's
  * (float layers within rounding, so the binary layers after them see the same signs);
  * training on the GPU lowers the loss and reproduces bit for bit; a packed model moves and
@@ -213,6 +213,119 @@ static void test_matches_cpu(void) {
     free(p.labels);
 }
 
+/* A residual graph with every graph node type: float conv stem, BN, RPReLU, a binary conv
+ * with a real-valued shortcut (add), an average-pool + 1x1 conv shortcut, concat, global
+ * average pool, linear. CPU and CUDA agree (forward, input and parameter gradients, eval),
+ * the CUDA model's packed form predicts bit for bit what it does in eval mode, and moving
+ * keeps the parameters. */
+static void add_node1(bie_model *m, bie_layer_type type, int64_t in, int64_t out, int k, int s,
+                      int p, int input) {
+    bie_layer_info i;
+    memset(&i, 0, sizeof i);
+    i.type = type;
+    i.in = in;
+    i.out = out;
+    i.kernel_size = k;
+    i.stride = s;
+    i.padding = p;
+    i.dilation = 1;
+    i.symmetric = true;
+    i.bits_binary_word = 8;
+    i.eps = 1e-5f;
+    i.momentum = 0.1f;
+    CHECK_OK(bie_model_add_node(m, &i, 1, &input));
+}
+static void add_node2(bie_model *m, bie_layer_type type, int a, int b) {
+    bie_layer_info i;
+    memset(&i, 0, sizeof i);
+    i.type = type;
+    const int in[2] = {a, b};
+    CHECK_OK(bie_model_add_node(m, &i, 2, in));
+}
+
+static bie_model *graph_model(uint64_t seed, bie_device where) {
+    bie_model *m = NULL;
+    CHECK_OK(bie_model_create(&m));
+    add_node1(m, BIE_LAYER_CONV2D, 3, 8, 3, 1, 1, BIE_MODEL_INPUT); /* 0: 10 x 10 */
+    add_node1(m, BIE_LAYER_BATCHNORM2D, 8, 0, 0, 0, 0, 0);          /* 1 */
+    add_node1(m, BIE_LAYER_RPRELU, 8, 0, 0, 0, 0, 1);               /* 2 */
+    add_node1(m, BIE_LAYER_BINARY_CONV2D, 8, 8, 3, 1, 1, 2);        /* 3 */
+    add_node1(m, BIE_LAYER_BATCHNORM2D, 8, 0, 0, 0, 0, 3);          /* 4 */
+    add_node2(m, BIE_LAYER_ADD, 4, 2);                              /* 5 */
+    add_node1(m, BIE_LAYER_RPRELU, 8, 0, 0, 0, 0, 5);               /* 6 */
+    add_node1(m, BIE_LAYER_BINARY_CONV2D, 8, 16, 3, 2, 1, 6);       /* 7: 5 x 5 */
+    add_node1(m, BIE_LAYER_BATCHNORM2D, 16, 0, 0, 0, 0, 7);         /* 8 */
+    add_node1(m, BIE_LAYER_AVGPOOL2D, 0, 0, 2, 2, 0, 6);            /* 9 */
+    add_node1(m, BIE_LAYER_CONV2D, 8, 16, 1, 1, 0, 9);              /* 10 */
+    add_node2(m, BIE_LAYER_ADD, 8, 10);                             /* 11 */
+    add_node2(m, BIE_LAYER_CONCAT, 11, 10);                         /* 12: 32 channels */
+    add_node1(m, BIE_LAYER_RPRELU, 32, 0, 0, 0, 0, 12);             /* 13 */
+    add_node1(m, BIE_LAYER_GLOBAL_AVGPOOL, 0, 0, 0, 0, 0, 13);      /* 14 */
+    add_node1(m, BIE_LAYER_LINEAR, 32, 5, 0, 0, 0, 14);             /* 15 */
+    CHECK_OK(bie_model_reset_parameters(m, seed));
+    CHECK_OK(bie_model_prepare_params(m));
+    CHECK_OK(bie_model_to_device(m, where));
+    return m;
+}
+
+static void test_graph_matches_cpu(void) {
+    const int64_t shape[4] = {6, 3, 10, 10};
+    problem p = make_problem(shape, 5, 33);
+    bie_model *cpu = graph_model(9, bie_cpu()), *gpu = graph_model(9, kCuda);
+    CHECK(same_params(cpu, gpu));
+    int64_t n;
+    float *yc = forward_copy(cpu, &p, &n), *yg = forward_copy(gpu, &p, &n);
+    check_close(yg, yc, n, "graph: training forward");
+    float *g = tu_alloc((size_t)n * 4);
+    tu_fill(g, n, -1, 1);
+    const int64_t nx = ttu_numel(4, p.shape);
+    float *dxc = tu_alloc((size_t)nx * 4), *dxg = tu_alloc((size_t)nx * 4);
+    tu_poison(dxc, nx);
+    tu_poison(dxg, nx);
+    bie_tensor tg = ttu_view(g, 2, (int64_t[]){p.shape[0], 5});
+    bie_tensor tc = ttu_view(dxc, 4, p.shape), tgx = ttu_view(dxg, 4, p.shape);
+    CHECK_OK(bie_model_backward(cpu, &tg, &tc));
+    CHECK_OK(bie_model_backward(gpu, &tg, &tgx));
+    check_close(dxg, dxc, nx, "graph: input gradient");
+    const char *names[] = {"0.weight",  "2.shift_in", "2.weight", "13.shift_out",
+                           "10.weight", "15.weight",  "3.bias_a"};
+    for (int k = 0; k < 7; k++) {
+        bie_model_param a, b;
+        CHECK_OK(bie_model_param_find(cpu, names[k], &a));
+        CHECK_OK(bie_model_param_find(gpu, names[k], &b));
+        CHECK(a.grad.data != NULL && b.grad.data != NULL);
+        if (a.grad.data && b.grad.data) {
+            float *hb = download_bytes(&b.grad);
+            check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
+            free(hb);
+        }
+    }
+    CHECK_OK(bie_model_set_training(cpu, false));
+    CHECK_OK(bie_model_set_training(gpu, false));
+    free(yc);
+    free(yg);
+    yc = forward_copy(cpu, &p, &n);
+    yg = forward_copy(gpu, &p, &n);
+    check_close(yg, yc, n, "graph: evaluation forward");
+    CHECK_OK(bie_model_pack(gpu));
+    float *yp = forward_copy(gpu, &p, &n);
+    CHECK(tu_same_bits(yp, yg, n));
+    CHECK_OK(bie_model_to_device(gpu, bie_cpu())); /* a packed graph moves back */
+    free(yp);
+    yp = forward_copy(gpu, &p, &n);
+    check_close(yp, yc, n, "graph: packed, moved back");
+    free(yp);
+    free(yc);
+    free(yg);
+    free(g);
+    free(dxc);
+    free(dxg);
+    bie_model_free(cpu);
+    bie_model_free(gpu);
+    free(p.x);
+    free(p.labels);
+}
+
 /* Adam can drive an activation scale through zero in a few large steps; as `bie train`
  * does, each scale_a is kept at or above half the value its first batch gave it, written
  * through its parameter view (device memory here). */
@@ -380,6 +493,7 @@ int main(int argc, char **argv) {
     (void)argc, (void)argv; /* --small: the cases are small already */
     if (gpu_missing()) return TU_SKIP;
     test_move_round_trip();
+    test_graph_matches_cpu();
     test_matches_cpu();
     test_training();
     test_bad_input();
