@@ -9,6 +9,15 @@
 #include "test_util.h"
 #include "train/train_internal.h"
 
+/* Equal up to float rounding: within 1e-5 of the largest magnitude of `want`. */
+static bool near(const float *got, const float *want, int64_t n) {
+    float top = 0;
+    for (int64_t i = 0; i < n; i++) top = fmaxf(top, fabsf(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabsf(got[i] - want[i]) <= 1e-5f * top)) return false;
+    return true;
+}
+
 static float *fvec(int64_t n) { return tu_alloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
 static double *dvec(int64_t n) {
     double *p = tu_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
@@ -180,8 +189,11 @@ static void conv_check(const conv_case *cc) {
             snprintf(l2, sizeof l2, "%s db", label);
             check_close(l2, db[t], rdb, rdbs, g.o, 1e-6);
         } else {
-            const bool same = tu_same_bits(y[t], y[0], ny) && tu_same_bits(y0[t], y0[0], ny) &&
-                              tu_same_bits(dx[t], dx[0], nx) && tu_same_bits(dw[t], dw[0], nw) &&
+            /* OpenBLAS may block an sgemm differently for another thread count (seen on a
+             * 16-core Xeon for a 1x1 conv): the conv agrees with itself across thread counts
+             * up to rounding; db (bie's own sums) bit for bit. */
+            const bool same = near(y[t], y[0], ny) && near(y0[t], y0[0], ny) &&
+                              near(dx[t], dx[0], nx) && near(dw[t], dw[0], nw) &&
                               tu_same_bits(db[t], db[0], g.o);
             if (!same) fprintf(stderr, "%s: %d threads differ from 1\n", label, kThreads[t]);
             CHECK(same);

@@ -1,7 +1,9 @@
 /* Float conv2d of the graph (NCHW): im2col of one image into the caller's work buffer, then
  * one OpenBLAS sgemm per image. The backward runs the same im2col, accumulates dw over the
  * images in order with sgemm, and scatters W^T dy back with col2im, one thread per input
- * channel. Every sum runs in a fixed order, so results do not depend on the thread count. */
+ * channel. bie's own sums run in a fixed order; OpenBLAS may block an sgemm differently for
+ * another thread count, so results are reproducible for a given thread count (as the float
+ * linear layer's). */
 #include <cblas.h>
 #include <string.h>
 
