@@ -5,7 +5,8 @@
  * dilation 1 / 2, batch 1); average pool (overlapping windows), global average pool, add
  * (aliased too), accumulate, channel concat / slice and RPReLU. Every output (and the conv's
  * work buffer) is poisoned with NaN before each call, so an unwritten element fails, and
- * every kernel gives the same bits on 1, 2 and 3 threads (shapes past the parallel limit). */
+ * every kernel but the OpenBLAS sgemms gives the same bits on 1, 2 and 3 threads (shapes past
+ * the parallel limit). */
 #include "test_util.h"
 #include "train/train_internal.h"
 
