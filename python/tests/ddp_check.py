@@ -8,7 +8,11 @@ tests/gpu/ddp_nccl.py (NCCL, one GPU per rank, under torchrun). Each rank builds
 from its own seed (DDP must broadcast rank 0's parameters, int8 weights and all, into bie's
 memory), trains on its own random data (scaled differently per rank, so that each rank would
 measure another scale_a), with SignFlip for the int8 binary weights (no seed: rank 0's draw is
-broadcast) and Adam for the float parameters.
+broadcast) and Adam for the float parameters. The first step's gradients are checked against
+the mean of each rank's own, recomputed on a deepcopy of the model outside DDP; that copy, and
+eval() (which rebuilds each C layer to pack qweight), must keep scale_a as it is, which is
+checked first (a layer that measured scale_a again would make the means differ for every
+layer, torch's included).
 """
 
 import copy
@@ -26,6 +30,7 @@ import bie.distributed  # noqa: E402
 BATCH, STEPS = 16, 12
 BIE_KINDS = (bie.BinaryConv2dBase, bie.BinaryLinearBase, bie.Q4Conv2dCutlass,
              bie.Q4LinearCutlass)
+TRAINED = ("weight", "bias_a", "scale_a", "scale_w")  # a bie layer's trained parameters
 
 
 def make_model():
@@ -89,6 +94,12 @@ def train(rank, device, fix=True, steps=STEPS):
                 _record_gradients(model, x, y, out)
             opt.step()
             flipped += opt.flipped
+        # The trained values of bie's parameters, before eval() rebuilds each C layer to pack
+        # qweight: what the drift check compares, and what eval() must keep.
+        for name, m in model.named_modules():
+            if isinstance(m, BIE_KINDS):
+                for pname in TRAINED:
+                    out[f"trained/{name}.{pname}"] = _cpu(getattr(m, pname))
         # An eval forward with the same input on every rank: DDP broadcasts rank 0's buffers
         # (batch norm's running statistics, which each rank's last training forward updated
         # from its own batch) before it; eval() packs qweight from the trained weights.
@@ -120,9 +131,17 @@ def _record_gradients(model, x, y, out):
         if p.grad is not None:
             out["grad/" + name] = _cpu(p.grad)
     local = copy.deepcopy(model)  # same parameters (scale_a as agreed), no DDP
+    copied = {name: _cpu(lm.scale_a) for name, lm in local.named_modules()
+              if isinstance(lm, BIE_KINDS)}
     nn.functional.cross_entropy(local(x), y).backward()
     for (name, m), (_, lm) in zip(model.named_modules(), local.named_modules()):
         if isinstance(m, BIE_KINDS):
+            # scale_a of the model, of its copy, and of the copy after its forward: all equal
+            # unless the copy measured scale_a again on this rank's batch (then its gradients
+            # are not the ones DDP's forward made, and the checks of the means must fail)
+            out[f"local_scale_a/{name}"] = torch.cat(
+                [_cpu(m.scale_a).reshape(1), copied[name].reshape(1),
+                 _cpu(lm.scale_a).reshape(1)])
             if m.weight.dtype == torch.int8:
                 out[f"float_grad/{name}"] = _cpu(m.weight_float_grad())
                 out[f"local_float_grad/{name}"] = _cpu(lm.weight_float_grad())
@@ -212,19 +231,55 @@ def check_facts(facts):
 
 
 def check_drift(drifted, drift_facts):
-    """Without bie's data-parallel support (one dict per rank): int8 weights and scale_a must
-    differ between the ranks, or the bit-for-bit check could not fail."""
+    """Without bie's data-parallel support (one dict per rank): the trained int8 weights and
+    scale_a must differ between the ranks, or the bit-for-bit check could not fail. (The
+    trained values, before eval(): eval()'s forward runs on the same probe on every rank.)"""
     bad = mismatches(drifted)
     problems = []
-    if not ("state/0.scale_a" in bad and "state/8.scale_a" in bad):
-        values = [[float(r[f"state/{i}.scale_a"].reshape(())) for r in drifted] for i in (0, 8)]
+    if not ("trained/0.scale_a" in bad and "trained/8.scale_a" in bad):
+        values = [[float(r[f"trained/{i}.scale_a"].reshape(())) for r in drifted]
+                  for i in (0, 8)]
         problems.append(f"without bie's support, scale_a still agrees across ranks (layers 0 "
                         f"and 8, per rank: {values})")
-    if not ("state/0.weight" in bad or "state/6.weight" in bad):
+    if not ("trained/0.weight" in bad or "trained/6.weight" in bad):
         problems.append("without bie's support, the int8 weights still agree across ranks")
     if drift_facts["all_reduce_calls"] != [0] * len(drift_facts["all_reduce_calls"]):
         problems.append("bie reduced something with its support switched off")
     return problems
+
+
+def check_scale_a_kept(results, run=""):
+    """scale_a, once set, is kept by what rebuilds a bie layer from its values (results: one
+    dict per rank; run: which training, for the messages): a deepcopy (the local
+    recomputation of the gradient checks) and eval() (which packs qweight into a new C layer)
+    must not measure it again at their next forward; eval() keeps every trained parameter.
+    Returns a list of problems, one per tensor (with the ranks where it happened)."""
+    found = {}  # tensor -> [the first rank's message, a template of {where}; the ranks]
+    for rank, r in enumerate(results):
+        for name, t in r.items():
+            message = None
+            if name.startswith("local_scale_a/"):
+                layer = name[len("local_scale_a/"):]
+                model, copied, after = (float(v) for v in t)
+                if copied != model:
+                    message = (f"{layer}: deepcopy changed scale_a{run} ({model!r} -> "
+                               f"{copied!r} {{where}})")
+                elif after != copied:
+                    message = (f"{layer}: the deepcopy's forward measured scale_a again{run} "
+                               f"({copied!r} -> {after!r} {{where}}): a layer rebuilt from its "
+                               "values forgot that scale_a is set, so the local gradients are "
+                               "not the model's")
+            if name.startswith("trained/"):
+                now = r.get("state/" + name[len("trained/"):])
+                if now is None or not torch.equal(_bits(now), _bits(t)):
+                    gap = "" if now is None or now.dtype != t.dtype else (
+                        f"{_gap(now.float(), t.float())}, ")
+                    message = f"eval() changed {name[len('trained/'):]}{run} ({gap}{{where}})"
+            if message is not None:
+                found.setdefault(name, [message, []])[1].append(rank)
+    return [message.format(where=f"on rank {ranks[0]}" + (
+        f", also on rank{'s' if len(ranks) > 2 else ''} {', '.join(map(str, ranks[1:]))}"
+        if len(ranks) > 1 else "")) for message, ranks in found.values()]
 
 
 def check(ranks):
@@ -232,6 +287,9 @@ def check(ranks):
     problems, empty when data-parallel training works."""
     fixed = [r["fixed"] for r in ranks]
     problems = [f"{name} differs between ranks" for name in mismatches(fixed)]
+    # first what would make the gradient checks fail for a reason other than averaging
+    problems += check_scale_a_kept(fixed)
+    problems += check_scale_a_kept([r["drifted"] for r in ranks], " without bie's support")
     problems += check_gradients(fixed)
     problems += check_facts(ranks[0]["facts"])
     problems += check_drift([r["drifted"] for r in ranks], ranks[0]["drift_facts"])

@@ -2,7 +2,8 @@
 with every bie kind under DistributedDataParallel (ddp_check.py), each on its own data; every
 parameter, buffer and optimizer state must then be bit-identical on both ranks. The same
 training with bie's data-parallel support switched off must drift apart (so the check can
-fail), and the first step's reduced gradients must be the means of the ranks' own."""
+fail), and the first step's reduced gradients must be the means of the ranks' own (each
+recomputed on a deepcopy of the model, which like eval() must keep scale_a)."""
 
 import os
 import pathlib
@@ -73,6 +74,45 @@ def test_every_parameter_buffer_and_state_identical(ranks):
 
 def test_gradients_are_the_ranks_means(ranks):
     assert ddp_check.check_gradients([r["fixed"] for r in ranks]) == []
+
+
+def test_copies_and_eval_keep_scale_a(ranks):
+    """The gradient checks recompute each rank's gradient on a deepcopy of the model, and the
+    final state is read after eval(): both rebuild the C layers from their values, which must
+    keep scale_a (not measure it again on the next input)."""
+    assert ddp_check.check_scale_a_kept([r["fixed"] for r in ranks]) == []
+    assert ddp_check.check_scale_a_kept([r["drifted"] for r in ranks]) == []
+    assert any(n.startswith("local_scale_a/") for n in ranks[0]["fixed"])
+    assert "trained/0.scale_a" in ranks[0]["fixed"]
+
+
+def test_the_checks_can_fail(ranks):
+    """Gradients not averaged, a copy that measured scale_a again, and eval() changing scale_a
+    are each reported."""
+    fixed = [dict(r["fixed"]) for r in ranks]
+    un = [dict(r) for r in fixed]  # rank 0 keeps its own gradients: DDP did not average
+    for name in list(un[0]):
+        if name.startswith("local_grad/"):
+            un[0]["grad/" + name[len("local_grad/"):]] = un[0][name]
+        if name.startswith("local_float_grad/"):
+            layer = name[len("local_float_grad/"):]
+            un[0]["float_grad/" + layer] = un[0][name]
+            un[0][f"grad/{layer}.weight"] = bie.distributed.quantize_int8(un[0][name])
+    problems = ddp_check.check_gradients(un)
+    for what in ("0.bias_a: DDP's gradient", "10.weight: DDP's gradient",
+                 "0: weight_float_grad()", "6: weight_float_grad()"):
+        assert any(p.startswith(what) for p in problems), (what, problems)
+    remeasured = [dict(r) for r in fixed]
+    t = remeasured[1]["local_scale_a/0"].clone()
+    t[2] *= 2
+    remeasured[1]["local_scale_a/0"] = t
+    remeasured[0]["state/8.scale_a"] = remeasured[0]["state/8.scale_a"] * 0.5
+    problems = ddp_check.check_scale_a_kept(remeasured)
+    assert len(problems) == 2, problems
+    assert any(p.startswith("0: the deepcopy's forward measured scale_a again")
+               and "on rank 1)" in p for p in problems), problems
+    assert any(p.startswith("eval() changed 8.scale_a (") and p.endswith("on rank 0)")
+               for p in problems), problems
 
 
 def test_what_ddp_and_bie_each_reduce(ranks):
