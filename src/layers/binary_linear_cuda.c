@@ -140,7 +140,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bool keep = l->training && !packed_input;
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
     if (!has_weight && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
-    if (packed_input && !c->d.scale_a_known)
+    bool scale_known = true;
+    if (packed_input) BIE_TRY(bie_cbw_scale_a_known(&c->d, &scale_known));
+    if (!scale_known)
         return bie_fail(BIE_ERR_STATE,
                         "%s: scale_a is 0 (uninitialised) and cannot be measured on "
                         "pre-packed input: run a float forward or set scale_a first",

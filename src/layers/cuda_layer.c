@@ -204,9 +204,22 @@ bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a) {
     return BIE_OK;
 }
 
+bie_status bie_cbw_scale_a_known(bie_cuda_bw *d, bool *known) {
+    if (!d->scale_a_known) {
+        float v = 0.0f;
+        BIE_TRY(bie_cbw_copy_sync(&v, d->scalars + BIE_CBW_SCALE_A, sizeof v, d->module,
+                                  "scale_a read back"));
+        d->scale_a_known = v != 0.0f;
+    }
+    *known = d->scale_a_known;
+    return BIE_OK;
+}
+
 bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n,
                                   double factor, const char *who) {
-    if (d->scale_a_known) return BIE_OK;
+    bool known;
+    BIE_TRY(bie_cbw_scale_a_known(d, &known));
+    if (known) return BIE_OK;
     double sum = 0;
     BIE_TRY(bie_cuda_abs_sum(dtype, x, n, &sum));
     const double mean = sum / (double)n;

@@ -21,13 +21,15 @@ typedef struct bie_cuda_bw {
     int64_t rows, cols, bias_len;
     int64_t ld; /* the kind's GEMM-layout row bytes (set by its init) */
     const char *module;
-    float *w_f32;       /* float training weight, or NULL */
-    int8_t *w_i8;       /* int8 training weight (binary layers after prepare_params), or NULL */
-    void *qweight;      /* the user format of the quantized weight [rows, ...], or NULL */
-    float *bias_a;      /* [bias_len] */
-    float *scalars;     /* scale_a, scale_w, saved scale_a, saved scale_w */
-    bool scale_a_known; /* scale_a is non-zero: set by the user or measured */
-    unsigned version;   /* bumped by every successful upload */
+    float *w_f32;   /* float training weight, or NULL */
+    int8_t *w_i8;   /* int8 training weight (binary layers after prepare_params), or NULL */
+    void *qweight;  /* the user format of the quantized weight [rows, ...], or NULL */
+    float *bias_a;  /* [bias_len] */
+    float *scalars; /* scale_a, scale_w, saved scale_a, saved scale_w */
+    /* scale_a is non-zero: set through bie_cbw_set_scale_a or measured. False after a
+     * writable view of scale_a was handed out (the value on the device then decides). */
+    bool scale_a_known;
+    unsigned version; /* bumped by every successful upload */
     /* Gradients of the last backward. */
     bool has_grads;
     float *g_w, *g_bias, *g_scale;
@@ -79,6 +81,9 @@ bie_status bie_cbw_reserve_grads(bie_cuda_bw *d);
 
 bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a);
 /* scale_a = factor * mean|x| over n elements of x (device, dtype) when still 0. */
+/* Whether scale_a is set: the flag, or, when it is not, the value on the device (read back,
+ * which waits for the stream), which then sets the flag. */
+bie_status bie_cbw_scale_a_known(bie_cuda_bw *d, bool *known);
 bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n,
                                   double factor, const char *who);
 /* The saved scales = {scale_a, scale_w}, on the stream (no wait). */

@@ -39,9 +39,15 @@ static bie_status b_set_word_bits(bie_layer *l, int bits, const char *who) {
     (void)who;
     return bie_cbw_set_bits(dev(l), &l->w, bits);
 }
+/* A writable view of scale_a may change it behind the layer's back: from now on the value
+ * on the device says whether it is set. */
+static bie_status viewed(bie_layer *l, bie_param which, bie_status st) {
+    if (st == BIE_OK && which == BIE_PARAM_SCALE_A) dev(l)->scale_a_known = false;
+    return st;
+}
 static bie_status b_param(bie_layer *l, bie_param which, int wndim, const int64_t *wshape,
                           bie_tensor *v) {
-    return bie_cbw_param(dev(l), &l->w, which, wndim, wshape, v);
+    return viewed(l, which, bie_cbw_param(dev(l), &l->w, which, wndim, wshape, v));
 }
 
 const bie_weight_ops bie_binary_weight_cuda_ops = {
@@ -78,7 +84,7 @@ static bie_status q_set_qweight(bie_layer *l, const bie_tensor *q, const char *w
 }
 static bie_status q_param(bie_layer *l, bie_param which, int wndim, const int64_t *wshape,
                           bie_tensor *v) {
-    return bie_cq4w_param(dev(l), which, wndim, wshape, v);
+    return viewed(l, which, bie_cq4w_param(dev(l), which, wndim, wshape, v));
 }
 
 const bie_weight_ops bie_q4_weight_cuda_ops = {

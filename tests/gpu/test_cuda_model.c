@@ -326,6 +326,39 @@ static void test_graph_matches_cpu(void) {
     free(p.labels);
 }
 
+/* A scale_a written through the layer's parameter view (as the Python package and model
+ * loaders do) is kept: a training forward of a rebuilt layer does not measure it again. */
+static void test_scale_a_written_through_view(void) {
+    for (int kind = 0; kind < 2; kind++) {
+        bie_layer *l;
+        if (kind == 0)
+            CHECK_OK(bie_binary_linear_create(&l, 40, 8, kCuda, BIE_F32, true));
+        else
+            CHECK_OK(bie_q4_linear_create(&l, 40, 8, kCuda, BIE_F32));
+        CHECK_OK(bie_layer_reset_parameters(l, 3));
+        CHECK_OK(bie_layer_prepare_params(l));
+        bie_tensor view, host;
+        float want = 0.37f, got = 0.0f;
+        const int64_t one[1] = {1};
+        CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &view));
+        CHECK_OK(bie_tensor_view(&host, &want, BIE_F32, view.ndim, view.ndim ? view.shape : one));
+        CHECK_OK(bie_tensor_copy(&view, &host));
+        float x[5 * 40];
+        tu_fill(x, 5 * 40, -3, 3); /* mean |x| = 1.5: a measurement would not give 0.37 */
+        bie_tensor dx = upload_as(BIE_F32, x, 5, 40), y;
+        CHECK_OK(bie_cuda_tensor_alloc(&y, BIE_F32, 2, (int64_t[]){5, 8}, 0));
+        CHECK_OK(bie_layer_forward(l, &dx, &y));
+        bie_tensor back;
+        CHECK_OK(bie_tensor_view(&back, &got, BIE_F32, view.ndim, view.ndim ? view.shape : one));
+        CHECK_OK(bie_tensor_copy(&back, &view));
+        if (got != want) printf("kind %d: scale_a %g after the forward, set %g\n", kind, got, want);
+        CHECK(got == want);
+        bie_tensor_free(&dx);
+        bie_tensor_free(&y);
+        bie_layer_free(l);
+    }
+}
+
 /* Adam can drive an activation scale through zero in a few large steps; as `bie train`
  * does, each scale_a is kept at or above half the value its first batch gave it, written
  * through its parameter view (device memory here). */
@@ -494,6 +527,7 @@ int main(int argc, char **argv) {
     if (gpu_missing()) return TU_SKIP;
     test_move_round_trip();
     test_graph_matches_cpu();
+    test_scale_a_written_through_view();
     test_matches_cpu();
     test_training();
     test_bad_input();
