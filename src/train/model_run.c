@@ -324,43 +324,105 @@ static bie_status layer_backward(bie_model *m, int i, const float *dy, float *dx
     return bie_fail(BIE_ERR_INTERNAL, "model_backward: unknown layer type");
 }
 
-/* Where the gradient for input j of node i goes: straight into the input's gradient buffer
- * when nothing is there yet, else into the scratch buffer, to be added (finish_input). NULL
- * when that gradient is not needed (the model's input without grad_x). */
-static float *input_target(bie_model *m, bool *set, int j, bool want_x, int64_t n, const char *who,
-                           bie_status *st) {
+/* Gradient buffers. Row r (0: the input, i + 1: node i's output) has a gradient from the
+ * backward of its last reader until its own node's backward; rows whose lifetimes do not
+ * overlap share a slot (m->grads[slot]), so a chain needs two slots, as a ping-pong. */
+typedef struct grad_plan {
+    int *slot;     /* per row: its slot, -1 while it has none */
+    bool *set;     /* per row: its gradient holds a value (later ones are added) */
+    int64_t *need; /* per slot: floats */
+    int slots;
+} grad_plan;
+
+static int64_t row_numel(const bie_model *m, int row) {
+    int nd;
+    const int64_t *s = shape_of(m, row - 1, &nd);
+    return numel_of(nd, s);
+}
+
+/* Give row r a slot: a free one (free_list, *n_free), else a new one. */
+static void take_slot(const bie_model *m, grad_plan *g, int *free_list, int *n_free, int r) {
+    if (g->slot[r] >= 0) return;
+    const int s = *n_free > 0 ? free_list[--*n_free] : g->slots++;
+    g->slot[r] = s;
+    const int64_t n = row_numel(m, r);
+    if (g->need[s] < n) g->need[s] = n;
+}
+
+/* The slots of one backward (the order of bie_model_backward's loop). */
+static bie_status plan_grads(bie_model *m, bool want_x, bool stage_out, grad_plan *g,
+                             const char *who) {
+    const int rows = m->count + 1;
+    g->slot = calloc((size_t)rows, sizeof *g->slot);
+    g->set = calloc((size_t)rows, sizeof *g->set);
+    g->need = calloc((size_t)rows, sizeof *g->need);
+    int *free_list = calloc((size_t)rows, sizeof *free_list), n_free = 0;
+    g->slots = 0;
+    if (!g->slot || !g->set || !g->need || !free_list) {
+        free(free_list);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
+    }
+    for (int r = 0; r < rows; r++) g->slot[r] = -1;
+    if (stage_out) take_slot(m, g, free_list, &n_free, m->count);
+    for (int i = m->count - 1; i >= 0; i--) {
+        if (i < m->count - 1) take_slot(m, g, free_list, &n_free, i + 1); /* nobody read it */
+        const bie_train_layer *l = &m->layers[i];
+        for (int q = 0; q < l->n_inputs; q++)
+            if (l->inputs[q] != BIE_MODEL_INPUT || want_x)
+                take_slot(m, g, free_list, &n_free, l->inputs[q] + 1);
+        if (g->slot[i + 1] >= 0) free_list[n_free++] = g->slot[i + 1]; /* dead after node i */
+    }
+    free(free_list);
+    for (int s = 0; s < g->slots; s++)
+        if (!ensure(m, &m->grads[s], &m->grad_cap[s], g->need[s]))
+            return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
+    return BIE_OK;
+}
+
+static void free_plan(grad_plan *g) {
+    free(g->slot);
+    free(g->set);
+    free(g->need);
+}
+
+static float *row_grad(const bie_model *m, const grad_plan *g, int row) {
+    return m->grads[g->slot[row]];
+}
+
+/* Where the gradient for input j goes: straight into its row's buffer when nothing is there
+ * yet, else into the scratch buffer, to be added (finish_input). NULL when that gradient is
+ * not needed (the model's input without grad_x). */
+static float *input_target(bie_model *m, grad_plan *g, int j, bool want_x, int64_t n,
+                           const char *who, bie_status *st) {
     const int row = j + 1;
     if (j == BIE_MODEL_INPUT && !want_x) return NULL;
-    if (!set[row]) {
-        if (!ensure(m, &m->grads[row], &m->grad_cap[row], n))
-            *st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
-        return m->grads[row];
-    }
+    if (!g->set[row]) return row_grad(m, g, row);
     if (!ensure(m, &m->scratch, &m->scratch_cap, n))
         *st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
     return m->scratch;
 }
 
-static bie_status finish_input(bie_model *m, bool *set, int j, const float *written, int64_t n) {
+static bie_status finish_input(bie_model *m, grad_plan *g, int j, const float *written, int64_t n) {
     const int row = j + 1;
     if (written == NULL) return BIE_OK;
-    if (set[row]) return m->ops->accumulate(m->grads[row], written, n);
-    set[row] = true;
+    if (g->set[row]) return m->ops->accumulate(row_grad(m, g, row), written, n);
+    g->set[row] = true;
     return BIE_OK;
 }
 
 /* Backward of node i from dy into every input's gradient. */
-static bie_status node_backward(bie_model *m, int i, const float *dy, bool *set, bool want_x,
+static bie_status node_backward(bie_model *m, int i, const float *dy, grad_plan *g, bool want_x,
                                 const char *who) {
     bie_train_layer *l = &m->layers[i];
     const bie_layer_type t = l->info.type;
     bie_status st = BIE_OK;
     if (t != BIE_LAYER_ADD && t != BIE_LAYER_CONCAT) {
         const int j = l->inputs[0];
-        float *dx = input_target(m, set, j, want_x, numel_of(l->in_ndim, l->in_shape), who, &st);
+        const int64_t nj = numel_of(l->in_ndim, l->in_shape);
+        float *dx = input_target(m, g, j, want_x, nj, who, &st);
         BIE_TRY(st);
         BIE_TRY(layer_backward(m, i, dy, dx));
-        return finish_input(m, set, j, dx, numel_of(l->in_ndim, l->in_shape));
+        return finish_input(m, g, j, dx, nj);
     }
     int64_t offset = 0;
     for (int q = 0; q < l->n_inputs; q++) {
@@ -370,15 +432,19 @@ static bie_status node_backward(bie_model *m, int i, const float *dy, bool *set,
         const int64_t nj = numel_of(nd, sj);
         int64_t outer, ci, inner;
         channel_split(nd, sj, &outer, &ci, &inner);
-        float *dx = input_target(m, set, j, want_x, nj, who, &st);
-        BIE_TRY(st);
-        if (dx && t == BIE_LAYER_ADD && set[j + 1]) {
-            BIE_TRY(m->ops->accumulate(m->grads[j + 1], dy, nj)); /* no copy to add */
-        } else if (dx) {
+        if (j == BIE_MODEL_INPUT && !want_x) {
+            offset += ci;
+            continue;
+        }
+        if (t == BIE_LAYER_ADD && g->set[j + 1]) {
+            BIE_TRY(m->ops->accumulate(row_grad(m, g, j + 1), dy, nj)); /* no copy to add */
+        } else {
+            float *dx = input_target(m, g, j, want_x, nj, who, &st);
+            BIE_TRY(st);
             BIE_TRY(t == BIE_LAYER_ADD
                         ? m->ops->copy(dx, dy, (size_t)nj * sizeof(float))
                         : m->ops->concat_slice(dy, outer, ci, inner, l->out_shape[1], offset, dx));
-            BIE_TRY(finish_input(m, set, j, dx, nj));
+            BIE_TRY(finish_input(m, g, j, dx, nj));
         }
         offset += ci;
     }
@@ -403,39 +469,34 @@ bie_status bie_model_backward(bie_model *m, const bie_tensor *grad_out, bie_tens
         if (!bie_train_same_shape(grad_x, &in_like))
             return bie_fail(BIE_ERR_SHAPE, "%s: grad_x must have the shape of the last input", who);
     }
-    bool *set = calloc((size_t)m->count + 1, sizeof *set);
-    if (set == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
-    bie_status st = BIE_OK;
     /* The last node reads grad_out where it is, or a copy on the model's device. */
+    const bool stage_out = grad_out->device.type != m->device.type;
+    grad_plan g;
+    bie_status st = plan_grads(m, grad_x != NULL, stage_out, &g, who);
     const float *dy_last = grad_out->data;
     const int64_t out_n = numel_of(last->out_ndim, last->out_shape);
-    if (grad_out->device.type != m->device.type) {
-        if (!ensure(m, &m->grads[m->count], &m->grad_cap[m->count], out_n))
-            st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
-        if (st == BIE_OK)
-            st = m->ops->copy(m->grads[m->count], grad_out->data, (size_t)out_n * sizeof(float));
-        dy_last = m->grads[m->count];
+    if (st == BIE_OK && stage_out) {
+        dy_last = row_grad(m, &g, m->count);
+        st = m->ops->copy((float *)dy_last, grad_out->data, (size_t)out_n * sizeof(float));
     }
     for (int i = m->count - 1; i >= 0 && st == BIE_OK; i--) {
         const float *dy = dy_last;
         if (i < m->count - 1) {
-            if (!set[i + 1]) { /* nobody reads this node's output: its gradient is zero */
-                const int64_t n = numel_of(m->layers[i].out_ndim, m->layers[i].out_shape);
-                if (!ensure(m, &m->grads[i + 1], &m->grad_cap[i + 1], n))
-                    st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: gradient buffers", who);
-                if (st == BIE_OK) st = m->ops->zero(m->grads[i + 1], (size_t)n * sizeof(float));
-                set[i + 1] = true;
+            if (!g.set[i + 1]) { /* nobody reads this node's output: its gradient is zero */
+                const int64_t n = row_numel(m, i + 1);
+                st = m->ops->zero(row_grad(m, &g, i + 1), (size_t)n * sizeof(float));
+                g.set[i + 1] = true;
             }
-            dy = m->grads[i + 1];
+            dy = row_grad(m, &g, i + 1);
         }
-        if (st == BIE_OK) st = node_backward(m, i, dy, set, grad_x != NULL, who);
+        if (st == BIE_OK) st = node_backward(m, i, dy, &g, grad_x != NULL, who);
     }
     if (st == BIE_OK && grad_x) {
         const int64_t in_n = numel_of(m->x_ndim, m->x_shape);
-        st = set[0] ? m->ops->copy(grad_x->data, m->grads[0], (size_t)in_n * sizeof(float))
-                    : bie_fail(BIE_ERR_INTERNAL, "%s: no gradient reached the input", who);
+        st = g.set[0] ? m->ops->copy(grad_x->data, row_grad(m, &g, 0), (size_t)in_n * sizeof(float))
+                      : bie_fail(BIE_ERR_INTERNAL, "%s: no gradient reached the input", who);
     }
-    free(set);
+    free_plan(&g);
     if (st == BIE_OK) m->backward_count++;
     return st;
 }
