@@ -8,10 +8,12 @@ installed ``libbie``.
 
 from . import distributed
 from ._lib import BieError, library_path
+from .export import export, load
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
                          Q4LinearForward)
 from .modules import (BinaryConv2dBase, BinaryConv2dCutlass, BinaryLinearBase,
-                      BinaryLinearCutlass, Q4Conv2dCutlass, Q4LinearCutlass, prepare_bie_layers)
+                      BinaryLinearCutlass, Q4Conv2dCutlass, Q4LinearCutlass, RPReLU,
+                      prepare_bie_layers)
 from .optim import SignFlip
 from .runtime import (cuda_built, kernels, set_num_threads, get_num_threads, version,
                       cpu_kernel_set)
@@ -22,4 +24,5 @@ __all__ = [
     "BinaryLinearForward", "BinaryConv2dForward", "Q4Conv2dCutlassForward", "Q4LinearForward",
     "BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",
     "Q4LinearCutlass", "Q4Conv2dCutlass", "prepare_bie_layers", "SignFlip",
+    "RPReLU", "export", "load",
 ]

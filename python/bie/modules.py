@@ -570,6 +570,31 @@ class Q4Conv2dCutlass(_BieLayerModule):
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}")
 
 
+class RPReLU(nn.Module):
+    """ReActNet's RPReLU over dim 1 (``[N, C]`` or ``[N, C, H, W]``) in plain torch (no C
+    layer): the ``rprelu`` node of bie's models (bie_train.h) that ``bie.export`` writes.
+    ``t = x + shift_in; y = prelu(t, weight) + shift_out``, one value per channel of each
+    parameter: ``shift_in`` (zeros), ``weight`` (slopes, 0.25), ``shift_out`` (zeros)."""
+
+    def __init__(self, channels, device=None, dtype=torch.float32):
+        super().__init__()
+        self.channels = _lib.c_int64(channels, "channels")
+        if self.channels < 1:
+            raise ValueError(f"RPReLU: channels must be >= 1, got {channels}")
+        kw = {"device": device, "dtype": dtype}
+        self.shift_in = nn.Parameter(torch.zeros(self.channels, **kw))
+        self.weight = nn.Parameter(torch.full((self.channels,), 0.25, **kw))
+        self.shift_out = nn.Parameter(torch.zeros(self.channels, **kw))
+
+    def forward(self, x):
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        t = x + self.shift_in.view(shape)
+        return nn.functional.prelu(t, self.weight) + self.shift_out.view(shape)
+
+    def extra_repr(self):
+        return f"{self.channels}"
+
+
 BIE_MODULES = (BinaryLinearBase, BinaryConv2dBase, Q4LinearCutlass, Q4Conv2dCutlass)
 
 
@@ -585,4 +610,4 @@ def prepare_bie_layers(model):
 
 
 __all__ = ["BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",
-           "Q4LinearCutlass", "Q4Conv2dCutlass", "prepare_bie_layers", "BIE_MODULES"]
+           "Q4LinearCutlass", "Q4Conv2dCutlass", "RPReLU", "prepare_bie_layers", "BIE_MODULES"]

@@ -46,6 +46,7 @@ if [[ $mode == usage ]]; then
   expect 0 "--epochs N" "$bie" train --help
   expect 0 "usage: bie export" "$bie" export --help
   expect 0 "--images FILE" "$bie" predict --help
+  expect 0 "--logits" "$bie" predict --help
   expect 2 "did you mean --epochs" "$bie" train --epoch 3
   expect 2 "expects an integer" "$bie" train --epochs three
   expect 2 "out of range" "$bie" train --threads -3
@@ -142,6 +143,12 @@ expect 0 "smaller than float32" "$bie" export "$work/rn/model.safetensors" "$wor
 r1=$("$bie" predict "$work/rn/model.safetensors" --first 5 --count 40)
 r2=$("$bie" predict "$work/rnp.safetensors" --first 5 --count 40)
 [[ -n $r1 && $r1 == "$r2" ]] && ok || bad "resnet packed predictions differ"
+# --logits: one line of 10 scores per image, the same bit for bit from the packed model.
+l1=$("$bie" predict "$work/rn/model.safetensors" --first 5 --count 40 --logits)
+l2=$("$bie" predict "$work/rnp.safetensors" --first 5 --count 40 --logits)
+[[ -n $l1 && $l1 == "$l2" ]] && ok || bad "resnet packed logits differ"
+awk 'NF != 11 || $1 !~ /^test\[[0-9]+\]:$/ {exit 1} END {exit NR != 40}' <<<"$l1" && ok ||
+  bad "--logits: not 40 lines of 10 scores: $l1"
 
 # Augmentation: the same seed reproduces an augmented run bit for bit; it is not the plain run.
 cnn_aug=("$bie" train --model cnn --width 4 --epochs 2 --train-limit 640 --test-limit 200

@@ -14,7 +14,7 @@
 typedef struct infer_options {
     const char *device, *data_dir, *images;
     int64_t threads, limit, batch, first, count;
-    bool help;
+    bool help, logits;
     bie_device where; /* from --device */
 } infer_options;
 
@@ -116,14 +116,22 @@ static double top_probability(const float *logits, int classes, int top) {
     return 1.0 / sum;
 }
 
+/* One line per image: its class, probability and label, or with --logits its scores. */
 static int predict_batch(bie_model *model, const fmnist_set *set, int64_t first, int64_t n,
-                         bool has_labels, const char *source, int64_t offset, float *host) {
+                         bool has_labels, const char *source, int64_t offset, float *host,
+                         bool logits) {
     int64_t xs[4] = {n, 1, FMNIST_SIDE, FMNIST_SIDE};
-    bie_tensor tx, logits;
+    bie_tensor tx, scores;
     TOOL_TRY_BIE(bie_tensor_view(&tx, set->images + first * FMNIST_PIXELS, BIE_F32, 4, xs));
-    TOOL_TRY(forward_on_host(model, &tx, host, &logits));
-    const float *l = logits.data;
+    TOOL_TRY(forward_on_host(model, &tx, host, &scores));
+    const float *l = scores.data;
     for (int64_t i = 0; i < n; i++) {
+        if (logits) { /* %.9g: each float32 score exactly */
+            printf("%s[%lld]:", source, (long long)(offset + first + i));
+            for (int c = 0; c < FMNIST_CLASSES; c++) printf(" %.9g", l[i * FMNIST_CLASSES + c]);
+            printf("\n");
+            continue;
+        }
         int top = 0;
         for (int c = 1; c < FMNIST_CLASSES; c++)
             if (l[i * FMNIST_CLASSES + c] > l[i * FMNIST_CLASSES + top]) top = c;
@@ -152,7 +160,8 @@ static int run_predict(const char *path, const infer_options *o) {
     if (status == 0 && host == NULL) status = tool_fail("out of memory");
     for (int64_t first = 0; status == 0 && first < set.count; first += o->batch) {
         int64_t n = set.count - first < o->batch ? set.count - first : o->batch;
-        status = predict_batch(m.model, &set, first, n, has_labels, source, offset, host);
+        status =
+            predict_batch(m.model, &set, first, n, has_labels, source, offset, host, o->logits);
     }
     free(host);
     fmnist_free(&set);
@@ -178,6 +187,8 @@ static int run_infer(const char *command, int argc, char **argv, bool predict) {
          "IDX file of 28x28 grey images (unsigned bytes, .gz or plain) instead of test images"},
         {"first", OPT_INT, &o.first, 0, 1e9, NULL, "N", "first test image to classify"},
         {"count", OPT_INT, &o.count, 1, 1e9, NULL, "N", "number of test images to classify"},
+        {"logits", OPT_FLAG, &o.logits, 0, 0, NULL, NULL,
+         "print each image's 10 class scores (logits) instead of its class"},
         eval_specs[0],
         eval_specs[2],
         eval_specs[3],
@@ -196,7 +207,8 @@ static int run_infer(const char *command, int argc, char **argv, bool predict) {
         if (predict)
             printf("usage: bie predict MODEL [options]\n\nClassify images with a model file "
                    "(trained or packed): by default the first 10\nFashion-MNIST test images; "
-                   "prints the class, its probability and the label.\n\n");
+                   "prints the class, its probability and the label\n(with --logits: "
+                   "\"test[I]: S0 S1 ... S9\", the model's raw scores).\n\n");
         else
             printf("usage: bie eval MODEL [options]\n\nTest-set accuracy and loss of a model "
                    "file (trained or packed), per class too.\n\n");
