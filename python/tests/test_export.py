@@ -21,7 +21,7 @@ import bie  # noqa: E402
 from bie.export import read_safetensors, write_safetensors  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "python" / "EXPORT_EXAMPLE.md"
+EXAMPLE = REPO / "README.md"  # its section "Train in PyTorch, deploy with `bie eval`"
 DATA = pathlib.Path(os.environ.get("BIE_DATA_DIR", "/usr/share/datasets/fashion-mnist"))
 
 
@@ -411,9 +411,9 @@ def test_load_reads_files_bie_train_writes(preset, cli, tmp_path):
 
 
 def test_export_example_runs(tmp_path, monkeypatch):
-    """python/EXPORT_EXAMPLE.md: the Python block as written, then its shell lines with this
+    """README.md's "Train in PyTorch, deploy with `bie eval`": the Python block as written, then its shell lines with this
     checkout's bie command (when it and the data set are there)."""
-    text = EXAMPLE.read_text()
+    text = EXAMPLE.read_text().split("### Train in PyTorch, deploy with `bie eval`", 1)[1]
     code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
     monkeypatch.chdir(tmp_path)
     exec(compile(code, str(EXAMPLE), "exec"), {"__name__": "__example__"})
