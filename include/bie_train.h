@@ -202,9 +202,10 @@ BIE_API bie_status bie_model_pack(bie_model *model);
 BIE_API bool bie_model_packed(const bie_model *model);
 
 /* Shape of the output for an input of `in_ndim` extents `in_shape` (NCHW or [N, features]),
- * checking that every layer accepts what the previous one gives. out_shape has room for
- * BIE_MAX_DIMS extents. Errors: NULL, an empty model, a layer that does not accept its input
- * shape (the message names the layer). */
+ * checking that every node accepts what its inputs give. out_shape has room for
+ * BIE_MAX_DIMS extents. Errors: NULL, an empty model, a node that does not accept its input
+ * shapes (the message names the node), an input whose sample shape is not the declared one
+ * (bie_model_set_input_shape). */
 BIE_API bie_status bie_model_output_shape(const bie_model *model, int in_ndim,
                                           const int64_t *in_shape, int *out_ndim,
                                           int64_t *out_shape);
@@ -218,8 +219,10 @@ BIE_API bie_status bie_model_output_shape(const bie_model *model, int in_ndim,
  * (bie_model_prepare_params), out of memory. */
 BIE_API bie_status bie_model_forward(bie_model *model, const bie_tensor *x, bie_tensor *out);
 
-/* Backward from grad_out (shaped like the last forward's output) through every layer.
- * Overwrites (does not accumulate) every parameter's gradient, seen through
+/* Backward from grad_out (shaped like the last forward's output) through every node; where
+ * a tensor feeds several nodes their gradients are summed, and a node whose output nobody
+ * reads gets a zero gradient. Overwrites (does not accumulate) every parameter's gradient,
+ * seen through
  * bie_model_param_get(). grad_x (may be NULL: not computed) receives d loss / d x, shaped
  * like the last input. Errors: NULL, no training forward since the last structural change,
  * mode switch or failed forward (BIE_ERR_STATE), shapes, dtypes. */

@@ -93,6 +93,27 @@ static bie_status build_conv(bie_model *m) {
     return s;
 }
 
+/* A small graph: every graph node type (float conv, RPReLU, binary conv with a residual add,
+ * average pool + 1x1 conv shortcut, concat, global average pool) with explicit inputs. */
+static bie_status build_graph(bie_model *m) {
+    const int64_t sample[3] = {1, 28, 28};
+    bie_status s = bie_model_set_input_shape(m, 3, sample);
+    if (!s) s = bie_model_add_conv2d(m, 1, 4, 3, 2, 1, true);           /* 0: 14 x 14 */
+    if (!s) s = bie_model_add_rprelu(m, 4);                             /* 1 */
+    if (!s) s = add_low_bit(m, BIE_LAYER_BINARY_CONV2D, 4, 4, 3, 1, 8); /* 2 */
+    bie_layer_info add = {.type = BIE_LAYER_ADD}, cat = {.type = BIE_LAYER_CONCAT};
+    const int sum[2] = {2, 1};
+    if (!s) s = bie_model_add_node(m, &add, 2, sum);           /* 3 */
+    if (!s) s = bie_model_add_avgpool2d(m, 2, 2);              /* 4: 7 x 7 */
+    if (!s) s = bie_model_add_conv2d(m, 4, 4, 1, 1, 0, false); /* 5 */
+    if (!s) s = bie_model_add_avgpool2d(m, 2, 0);              /* 6: of 5, read by nobody */
+    const int pooled[2] = {4, 5};
+    if (!s) s = bie_model_add_node(m, &cat, 2, pooled); /* 7: 8 channels, 7 x 7 */
+    if (!s) s = bie_model_add_global_avgpool(m);        /* 8 */
+    if (!s) s = bie_model_add_linear(m, 8, 10, true);   /* 9 */
+    return s;
+}
+
 static int seed_model(const char *name, bie_status (*build)(bie_model *), bool packed) {
     bie_model *m;
     char path[4096];
@@ -159,6 +180,8 @@ int main(int argc, char **argv) {
              seed_model("dense-packed.safetensors", build_dense, true) ||
              seed_model("conv.safetensors", build_conv, false) ||
              seed_model("conv-packed.safetensors", build_conv, true) ||
+             seed_model("graph.safetensors", build_graph, false) ||
+             seed_model("graph-packed.safetensors", build_graph, true) ||
              write_idx("images-idx3-ubyte", 3, images, false) ||
              write_idx("images-idx3-ubyte.gz", 3, images, true) ||
              write_idx("small-idx3-ubyte", 3, small, false) ||
