@@ -187,6 +187,13 @@ BIE_API bie_status bie_model_to_device(bie_model *model, bie_device device);
 /* The model's device (the CPU for NULL). */
 BIE_API bie_device bie_model_device(const bie_model *model);
 
+/* Floats of every node's output for an input of `in_ndim` extents `in_shape` (what a forward
+ * keeps in activation buffers; a training forward and backward need about as much again),
+ * e.g. to bound what a model from an untrusted file may cost. Errors: as
+ * bie_model_output_shape. */
+BIE_API bie_status bie_model_activation_floats(const bie_model *model, int in_ndim,
+                                               const int64_t *in_shape, int64_t *floats);
+
 /* Training (true, the default) or evaluation mode for every layer (module.train() /
  * .eval()): batch norm switches statistics, low-bit layers their forward path.
  * Errors: NULL; training = true on a packed model. */

@@ -238,6 +238,23 @@ bie_status bie_model_output_shape(const bie_model *m, int in_ndim, const int64_t
     return st;
 }
 
+bie_status bie_model_activation_floats(const bie_model *m, int in_ndim, const int64_t *in_shape,
+                                       int64_t *floats) {
+    static const char *who = "model_activation_floats";
+    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
+    BIE_CHECK_NULL(in_shape);
+    BIE_CHECK_NULL(floats);
+    if (m->count == 0) return bie_fail(BIE_ERR_STATE, "%s: the model has no layers", who);
+    plan p;
+    BIE_TRY(plan_alloc(m, &p, who));
+    bie_status st = bie_model_plan_shapes(m, in_ndim, in_shape, p.ndims, p.shapes, who);
+    int64_t total = 0; /* each row <= 2^40 and at most 2^30 rows: no overflow */
+    for (int i = 1; st == BIE_OK && i <= m->count; i++) total += numel_of(p.ndims[i], p.shapes[i]);
+    if (st == BIE_OK) *floats = total;
+    plan_free(&p);
+    return st;
+}
+
 bie_status bie_model_check_inputs(const bie_model *m, bie_layer_type type, int n_inputs,
                                   const int *inputs, const char *who) {
     const bool multi = type == BIE_LAYER_ADD || type == BIE_LAYER_CONCAT;

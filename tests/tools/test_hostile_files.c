@@ -101,13 +101,14 @@ static void test_gzip_bombs(void) {
 
 /* A model file holding `tensors` (may be empty) and the metadata a model file needs, with
  * this architecture; `pad` bytes of an extra metadata note make the header larger. */
+/* Tensor i has shape shapes[i * ndim .. (i + 1) * ndim). */
 static void write_model(const char *path, const char *architecture, bool packed, size_t pad,
-                        int n_tensors, const char *const *names, const st_dtype *dtypes,
-                        const int64_t (*shapes)[2], const void *const *data) {
+                        int n_tensors, const char *const *names, const st_dtype *dtypes, int ndim,
+                        const int64_t *shapes, const void *const *data) {
     st_writer *w;
     CHECK(st_writer_create(&w) == 0);
     for (int i = 0; i < n_tensors; i++)
-        CHECK(st_writer_add(w, names[i], dtypes[i], 2, shapes[i], data[i]) == 0);
+        CHECK(st_writer_add(w, names[i], dtypes[i], ndim, shapes + i * ndim, data[i]) == 0);
     char *note = tu_alloc(pad + 1);
     memset(note, 'x', pad);
     note[pad] = 0;
@@ -136,7 +137,7 @@ static void test_model_limits(void) {
     for (int i = 0; i < LAYERS; i++, p += strlen(relu)) memcpy(p, relu, strlen(relu));
     p[-1] = ']';
     *p = 0;
-    write_model(path, arch, false, 0, 0, NULL, NULL, NULL, NULL);
+    write_model(path, arch, false, 0, 0, NULL, NULL, 0, NULL, NULL);
     expect_error(model_load(path, &m), "5000 layers", "5000 layers (at most 1024)");
     free(arch);
     /* An architecture text above its limit (spaces are valid JSON). */
@@ -146,12 +147,12 @@ static void test_model_limits(void) {
     memcpy(arch, "[{\"type\":\"relu\"}", 16);
     arch[big - 1] = ']';
     arch[big] = 0;
-    write_model(path, arch, false, 0, 0, NULL, NULL, NULL, NULL);
+    write_model(path, arch, false, 0, 0, NULL, NULL, 0, NULL, NULL);
     expect_error(model_load(path, &m), "1 MiB architecture", "bytes (at most");
     free(arch);
     /* A header above the model files' limit. */
-    write_model(path, "[{\"type\":\"relu\"}]", false, MODEL_MAX_HEADER_BYTES, 0, NULL, NULL, NULL,
-                NULL);
+    write_model(path, "[{\"type\":\"relu\"}]", false, MODEL_MAX_HEADER_BYTES, 0, NULL, NULL, 0,
+                NULL, NULL);
     expect_error(model_load(path, &m), "17 MiB header", "implausible");
     unlink(path);
 }
@@ -163,7 +164,7 @@ static void test_layers_without_tensors(void) {
     /* 784 x 300,000 (940 MB of float weights) declared, no tensors: refused before building. */
     const char *huge = "[{\"type\":\"flatten\"},{\"type\":\"linear\",\"in\":784,\"out\":300000,"
                        "\"bias\":true}]";
-    write_model(path, huge, false, 0, 0, NULL, NULL, NULL, NULL);
+    write_model(path, huge, false, 0, 0, NULL, NULL, 0, NULL, NULL);
     expect_error(model_load(path, &m), "784 x 300000, no tensors", "tensor '1.weight' is missing");
     /* The weight present but far smaller than declared. */
     static float small[4];
@@ -171,7 +172,7 @@ static void test_layers_without_tensors(void) {
     const st_dtype dtypes[] = {ST_F32};
     const int64_t shapes[][2] = {{2, 2}};
     const void *const data[] = {small};
-    write_model(path, huge, false, 0, 1, names, dtypes, shapes, data);
+    write_model(path, huge, false, 0, 1, names, dtypes, 2, &shapes[0][0], data);
     expect_error(model_load(path, &m), "784 x 300000, 4 weights",
                  "has 4 elements, architecture layer 1 (linear) needs 300000 x 784");
     /* A packed binary layer of 2^31 x 2^31 weights with a tiny qweight. */
@@ -179,8 +180,17 @@ static void test_layers_without_tensors(void) {
                          "\"out\":2147483648,\"bits_binary_word\":8,\"symmetric\":true}]";
     const char *qnames[] = {"1.qweight"};
     const st_dtype qdtypes[] = {ST_U8};
-    write_model(path, packed, true, 0, 1, qnames, qdtypes, shapes, data);
+    write_model(path, packed, true, 0, 1, qnames, qdtypes, 2, &shapes[0][0], data);
     expect_error(model_load(path, &m), "packed 2^31 x 2^31", "'1.qweight' is too small");
+    /* A 3x3 conv of 36 bytes padded by 5,000: 100 million activations for one 28x28 image. */
+    const char *padded = "[{\"type\":\"conv2d\",\"in\":1,\"out\":1,\"kernel_size\":3,"
+                         "\"stride\":1,\"padding\":5000,\"dilation\":1}]";
+    static float k9[9];
+    const char *cnames[] = {"0.weight"};
+    const int64_t cshape[4] = {1, 1, 3, 3};
+    const void *const cdata[] = {k9};
+    write_model(path, padded, false, 0, 1, cnames, dtypes, 4, cshape, cdata);
+    expect_error(model_load(path, &m), "conv padded by 5000", "activations take");
     unlink(path);
 }
 

@@ -439,6 +439,14 @@ static int load_from_file(const st_file *f, loaded_model *out) {
         bie_model_output_shape(m, out->input_ndim + 1, shape, &out_ndim, out_shape) != BIE_OK)
         status = tool_fail("%s: the architecture does not accept its input_shape: %s", f->path,
                            bie_last_error());
+    int64_t floats = 0;
+    if (status == 0 &&
+        bie_model_activation_floats(m, out->input_ndim + 1, shape, &floats) != BIE_OK)
+        status = tool_fail("%s: %s", f->path, bie_last_error());
+    if (status == 0 && floats > MODEL_MAX_ACTIVATION_FLOATS)
+        status = tool_fail("%s: the architecture's activations take %lld floats per example (at "
+                           "most %lld)",
+                           f->path, (long long)floats, (long long)MODEL_MAX_ACTIVATION_FLOATS);
     if (status == 0 && (out_ndim != 2 || out_shape[1] < 2))
         status = tool_fail("%s: the model does not produce class scores [N, classes]", f->path);
     if (status == 0) out->classes = (int)out_shape[1];

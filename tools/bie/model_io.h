@@ -28,6 +28,9 @@
 #define MODEL_MAX_LAYERS 1024
 #define MODEL_MAX_ARCHITECTURE_BYTES (1u << 20) /* metadata 'architecture', as text */
 #define MODEL_MAX_HEADER_BYTES (16u << 20)      /* the safetensors JSON header */
+/* Floats of all activations of one example (padding and strides can make them grow far
+ * beyond the file's size; the resnet preset at width 64 needs about 1.3 million). */
+#define MODEL_MAX_ACTIVATION_FLOATS (INT64_C(1) << 26)
 
 typedef struct preset_config {
     const char *name;       /* "mlp", "cnn" or "resnet" */
