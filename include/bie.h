@@ -313,6 +313,10 @@ BIE_API bie_status bie_layer_param(bie_layer *layer, bie_param which, bie_tensor
 /* Set scale_a directly (e.g. when loading a model); 0 = measure it on the next input.
  * Errors: non-finite or negative. */
 BIE_API bie_status bie_layer_set_scale_a(bie_layer *layer, float scale_a);
+/* The scale_a the layer holds now (0: to be measured on the next input), without handing out
+ * a view. On CUDA it is read back from the device (waits for the layer's stream). Errors:
+ * NULL. */
+BIE_API bie_status bie_layer_get_scale_a(bie_layer *layer, float *scale_a);
 
 /* --- running it. */
 

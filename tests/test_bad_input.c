@@ -484,6 +484,16 @@ static void test_setters(void) {
     EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, -INFINITY));
     /* bie.h groups "non-finite or negative"; the library reports both as NOT_FINITE. */
     EXPECT_L(l, BIE_ERR_NOT_FINITE, bie_layer_set_scale_a(l, -1.0f));
+    CASE("get_scale_a(NULL out)");
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_get_scale_a(l, NULL));
+    {
+        float before = -1.0f, after = -1.0f, back = -1.0f;
+        CHECK(bie_layer_get_scale_a(l, &before) == BIE_OK && before >= 0.0f);
+        CHECK(bie_layer_set_scale_a(l, 0.625f) == BIE_OK);
+        CHECK(bie_layer_get_scale_a(l, &after) == BIE_OK && after == 0.625f);
+        CHECK(bie_layer_set_scale_a(l, before) == BIE_OK);
+        CHECK(bie_layer_get_scale_a(l, &back) == BIE_OK && back == before);
+    }
 
     CASE("set_weight_data: shapes [out+1, in], [out, in+1], [1, out, in], [out*in]");
     EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_set_weight_data(l, F32(OUT + 1, IN)));

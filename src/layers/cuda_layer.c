@@ -204,13 +204,16 @@ bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a) {
     return BIE_OK;
 }
 
+bie_status bie_cbw_read_scale_a(bie_cuda_bw *d, float *scale_a) {
+    BIE_TRY(bie_cbw_copy_sync(scale_a, d->scalars + BIE_CBW_SCALE_A, sizeof *scale_a, d->module,
+                              "scale_a read back"));
+    d->scale_a_known = *scale_a != 0.0f;
+    return BIE_OK;
+}
+
 bie_status bie_cbw_scale_a_known(bie_cuda_bw *d, bool *known) {
-    if (!d->scale_a_known) {
-        float v = 0.0f;
-        BIE_TRY(bie_cbw_copy_sync(&v, d->scalars + BIE_CBW_SCALE_A, sizeof v, d->module,
-                                  "scale_a read back"));
-        d->scale_a_known = v != 0.0f;
-    }
+    float v;
+    if (!d->scale_a_known) BIE_TRY(bie_cbw_read_scale_a(d, &v));
     *known = d->scale_a_known;
     return BIE_OK;
 }

@@ -84,6 +84,8 @@ bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a);
 /* Whether scale_a is set: the flag, or, when it is not, the value on the device (read back,
  * which waits for the stream), which then sets the flag. */
 bie_status bie_cbw_scale_a_known(bie_cuda_bw *d, bool *known);
+/* The value on the device (waits for the stream); sets the flag from it. */
+bie_status bie_cbw_read_scale_a(bie_cuda_bw *d, float *scale_a);
 bie_status bie_cbw_ensure_scale_a(bie_cuda_bw *d, bie_dtype dtype, const void *x, int64_t n,
                                   double factor, const char *who);
 /* The saved scales = {scale_a, scale_w}, on the stream (no wait). */

@@ -291,6 +291,12 @@ bie_status bie_layer_set_scale_a(bie_layer *l, float scale_a) {
     return l->ops->weight->set_scale_a(l, scale_a);
 }
 
+bie_status bie_layer_get_scale_a(bie_layer *l, float *scale_a) {
+    CHECK_LAYER(l);
+    BIE_CHECK_NULL(scale_a);
+    return l->ops->weight->get_scale_a(l, scale_a);
+}
+
 /* ---------------------------------------------------------------- running it */
 
 /* The float input of a layer: NCHW with room for the kernel (conv kinds) or rows of `in`. */

@@ -92,6 +92,8 @@ typedef struct bie_weight_ops {
     bie_status (*grad)(bie_layer *l, bie_param which, int wndim, const int64_t *wshape,
                        bie_tensor *v);
     bie_status (*set_scale_a)(bie_layer *l, float scale_a);
+    /* The value scale_a holds now (on a device: read back). */
+    bie_status (*get_scale_a)(bie_layer *l, float *scale_a);
 } bie_weight_ops;
 
 /* What every kind shares on one device (start from these; a kind overrides nothing here). */

@@ -33,6 +33,10 @@ static bie_status set_scale_a(bie_layer *l, float scale_a) {
     l->scale_a = scale_a;
     return BIE_OK;
 }
+static bie_status get_scale_a(bie_layer *l, float *scale_a) {
+    *scale_a = l->scale_a;
+    return BIE_OK;
+}
 
 /* ---------------------------------------------------------------- binary */
 
@@ -82,6 +86,7 @@ const bie_weight_ops bie_binary_weight_cpu_ops = {
     .param = b_param,
     .grad = grad,
     .set_scale_a = set_scale_a,
+    .get_scale_a = get_scale_a,
 };
 
 /* ---------------------------------------------------------------- 4-bit */
@@ -126,4 +131,5 @@ const bie_weight_ops bie_q4_weight_cpu_ops = {
     .param = q_param,
     .grad = grad,
     .set_scale_a = set_scale_a,
+    .get_scale_a = get_scale_a,
 };

@@ -17,6 +17,9 @@ static bie_status grad(bie_layer *l, bie_param which, int wndim, const int64_t *
 static bie_status set_scale_a(bie_layer *l, float scale_a) {
     return bie_cbw_set_scale_a(dev(l), scale_a);
 }
+static bie_status get_scale_a(bie_layer *l, float *scale_a) {
+    return bie_cbw_read_scale_a(dev(l), scale_a);
+}
 
 /* ---------------------------------------------------------------- binary */
 
@@ -63,6 +66,7 @@ const bie_weight_ops bie_binary_weight_cuda_ops = {
     .param = b_param,
     .grad = grad,
     .set_scale_a = set_scale_a,
+    .get_scale_a = get_scale_a,
 };
 
 /* ---------------------------------------------------------------- 4-bit */
@@ -100,4 +104,5 @@ const bie_weight_ops bie_q4_weight_cuda_ops = {
     .param = q_param,
     .grad = grad,
     .set_scale_a = set_scale_a,
+    .get_scale_a = get_scale_a,
 };

@@ -124,11 +124,12 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
 
 #define view(data, ndim, shape) bie_model_view(m, (data), BIE_F32, (ndim), (shape))
 
+/* Read without a view: a view would tell a CUDA layer that scale_a may have been written,
+ * and its next forward would read it back again. */
 static float scale_a_of(const bie_model *m, bie_train_layer *l) {
-    bie_tensor s = {0};
-    if (l->lowbit && bie_layer_param(l->lowbit, BIE_PARAM_SCALE_A, &s) != BIE_OK) s.data = NULL;
+    (void)m;
     float v = 0.0f;
-    if (s.data && m->ops->copy(&v, s.data, sizeof v) != BIE_OK) v = 0.0f;
+    if (l->lowbit && bie_layer_get_scale_a(l->lowbit, &v) != BIE_OK) v = 0.0f;
     return v;
 }
 

@@ -343,6 +343,9 @@ static void test_scale_a_written_through_view(void) {
         CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &view));
         CHECK_OK(bie_tensor_view(&host, &want, BIE_F32, view.ndim, view.ndim ? view.shape : one));
         CHECK_OK(bie_tensor_copy(&view, &host));
+        float read = 0.0f; /* read without a view, from the device */
+        CHECK_OK(bie_layer_get_scale_a(l, &read));
+        CHECK(read == want);
         float x[5 * 40];
         tu_fill(x, 5 * 40, -3, 3); /* mean |x| = 1.5: a measurement would not give 0.37 */
         bie_tensor dx = upload_as(BIE_F32, x, 5, 40), y;
