@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Where a training step of train_resnet.py's binary ResNet-18 spends its time: the PyTorch
+profiler over a few steps of one side (bie's modules or the plain PyTorch network), the top
+operators and kernels by device time (CPU time on the CPU), and optionally a Chrome trace.
+
+    BIE_LIBRARY=build-gpu/libbie.so python3 python/bench/profile_resnet.py --side bie \\
+        --batch 1024 --trace bie_1024.json
+
+Same network, data and step as train_resnet.py (which it imports); bf16 autocast on CUDA,
+float32 on the CPU. The table has a row per operator (aten::*, bie's autograd Functions) and,
+on CUDA, per kernel; self device time is what each launched itself.
+"""
+
+import argparse
+import contextlib
+import pathlib
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import train_resnet  # noqa: E402  (the network and its builder)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", choices=("bie", "torch"), default="bie")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before profiling (default 3)")
+    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--width-div", type=int, default=1, help="divide every width (quick runs)")
+    p.add_argument("--rows", type=int, default=25, help="rows of the table (default 25)")
+    p.add_argument("--trace", default=None, help="write a Chrome trace to this file")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model, make_opt = train_resnet.build(args.side, device, dtype, args.width_div, False)
+    opt = make_opt(model.parameters())
+    model.train()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, 3, 32, 32, generator=gen).to(device)
+    y = torch.randint(0, train_resnet.CLASSES, (args.batch,), generator=gen).to(device)
+    autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"profile_resnet: side {args.side}, batch {args.batch}, {args.steps} steps on "
+          f"{torch.cuda.get_device_name(device) if cuda else 'the CPU'}")
+    print(prof.key_averages().table(sort_by=key, row_limit=args.rows))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+        print(f"wrote {args.trace}")
+
+
+if __name__ == "__main__":
+    main()
