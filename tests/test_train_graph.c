@@ -9,25 +9,12 @@
 #include "train/train_test_util.h"
 
 static bie_layer_info info_of(bie_layer_type type, int64_t in, int64_t out) {
-    bie_layer_info i;
-    memset(&i, 0, sizeof i);
-    i.type = type;
-    i.in = in;
-    i.out = out;
-    i.eps = 1e-5f;
-    i.momentum = 0.1f;
-    i.dilation = 1;
-    i.symmetric = true;
-    i.bits_binary_word = 8;
-    return i;
+    return ttu_info(type, in, out, 0, 0, 0, 1);
 }
 
 static bie_layer_info conv_info(bie_layer_type type, int64_t in, int64_t out, int k, int s, int p,
                                 bool bias) {
-    bie_layer_info i = info_of(type, in, out);
-    i.kernel_size = k;
-    i.stride = s;
-    i.padding = p;
+    bie_layer_info i = ttu_info(type, in, out, k, s, p, 1);
     i.bias = bias;
     return i;
 }

@@ -17,16 +17,10 @@
 #include "../train/train_cuda.h"
 #include "backward_common.cuh"
 #include "cuda_common.cuh"
+#include "train_common.cuh"
 
 namespace bie_cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned grid_1d(int64_t count) {
-    int64_t b = (count + kThreads - 1) / kThreads;
-    return (unsigned)(b < 1 ? 1 : b > 32768 ? 32768 : b);
-}
 
 // A 2D launch: blocks of kThreads along a row of `cols` elements, rows over grid y (the
 // kernels loop over rows beyond 65535).
@@ -35,28 +29,10 @@ dim3 grid_rows(int64_t cols, int64_t rows) {
                 (unsigned)std::min<int64_t>(std::max<int64_t>(rows, 1), 65535));
 }
 
-__device__ __forceinline__ int64_t thread_index() {
-    return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t thread_stride() { return (int64_t)gridDim.x * blockDim.x; }
-
-bie_status launched(const char *what) { return check(cudaGetLastError(), what); }
-
 bie_status zero_floats(float *p, int64_t n, const char *what) {
     if (p == nullptr || n <= 0) return BIE_OK;
     return check(cudaMemsetAsync(p, 0, (size_t)n * sizeof(float), current_stream), what);
 }
-
-// Device scratch for one call, released on the stream when the call's kernels are queued.
-struct Scratch {
-    void *p = nullptr;
-    ~Scratch() {
-        if (p) cudaFreeAsync(p, current_stream);
-    }
-    bie_status get(size_t bytes, const char *what) {
-        return check(cudaMallocAsync(&p, bytes ? bytes : 1, current_stream), what);
-    }
-};
 
 // ---------------------------------------------------------------- per-channel reductions
 // As train_kernels.cu, with N sums at once: channel ch of [n, c, inner] holds the n * inner
@@ -66,17 +42,6 @@ struct Scratch {
 // element is visited by exactly one thread, so a term may also write an output per element.
 
 template <int N> struct Sums { double v[N]; };
-
-struct ChannelShape {
-    int64_t n, c, inner;
-    int splits;
-};
-
-int splits_for(int64_t count, int64_t c) {
-    if (c >= 512) return 1;  // enough blocks already
-    int64_t s = count / 16384;
-    return (int)(s < 1 ? 1 : s > 32 ? 32 : s);
-}
 
 // n * inner elements per channel; none (n = 0 or inner = 0) gives zeros with rows of 1.
 ChannelShape channel_shape(int64_t n, int64_t c, int64_t inner) {

@@ -13,23 +13,10 @@
 #include "../train/train_cuda.h"
 #include "backward_common.cuh"
 #include "cuda_common.cuh"
+#include "train_common.cuh"
 
 namespace bie_cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned grid_1d(int64_t count) {
-    int64_t b = (count + kThreads - 1) / kThreads;
-    return (unsigned)(b < 1 ? 1 : b > 32768 ? 32768 : b);
-}
-
-__device__ __forceinline__ int64_t thread_index() {
-    return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t thread_stride() { return (int64_t)gridDim.x * blockDim.x; }
-
-bie_status launched(const char *what) { return check(cudaGetLastError(), what); }
 
 // ---------------------------------------------------------------- linear
 
@@ -126,17 +113,6 @@ __global__ void prelu_bwd_dx(const float *x, const float *dy, int64_t total, int
 // channel (each thread in order, then a fixed tree) into part[ch * splits + split]; stage 2:
 // one thread per channel adds the splits in order. Two sums at once (double2).
 
-struct ChannelShape {
-    int64_t n, c, inner;
-    int splits;
-};
-
-int splits_for(int64_t count, int64_t c) {
-    if (c >= 512) return 1;  // enough blocks already
-    int64_t s = count / 16384;
-    return (int)(s < 1 ? 1 : s > 32 ? 32 : s);
-}
-
 unsigned channel_grid_y(int64_t c) { return (unsigned)(c < 1 ? 1 : c > 65535 ? 65535 : c); }
 
 template <class Term>
@@ -196,17 +172,6 @@ void channel_reduce(const ChannelShape &g, Term term, Finish finish, double2 *pa
         g, term, part);
     channel_final<<<grid_1d(g.c), kThreads, 0, current_stream>>>(part, g.c, g.splits, finish);
 }
-
-// Device scratch for one call, released on the stream when the call's kernels are queued.
-struct Scratch {
-    void *p = nullptr;
-    ~Scratch() {
-        if (p) cudaFreeAsync(p, current_stream);
-    }
-    bie_status get(size_t bytes, const char *what) {
-        return check(cudaMallocAsync(&p, bytes ? bytes : 1, current_stream), what);
-    }
-};
 
 // Batch norm's per-channel reductions over n x inner elements (none: n = 0 with rows of 1, so
 // nothing divides by zero) and their scratch: the partial sums, then one result per channel.

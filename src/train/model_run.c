@@ -126,8 +126,7 @@ static bie_status plan_forward(bie_model *m, const bie_tensor *x) {
 
 /* Read without a view: a view would tell a CUDA layer that scale_a may have been written,
  * and its next forward would read it back again. */
-static float scale_a_of(const bie_model *m, bie_train_layer *l) {
-    (void)m;
+static float scale_a_of(bie_train_layer *l) {
     float v = 0.0f;
     if (l->lowbit && bie_layer_get_scale_a(l->lowbit, &v) != BIE_OK) v = 0.0f;
     return v;
@@ -246,14 +245,14 @@ bie_status bie_model_forward(bie_model *m, const bie_tensor *x, bie_tensor *out)
     if (m->training) {
         scale_before = malloc((size_t)m->count * sizeof(float));
         if (scale_before == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
-        for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(m, &m->layers[i]);
+        for (int i = 0; i < m->count; i++) scale_before[i] = scale_a_of(&m->layers[i]);
     }
     bie_status st = BIE_OK;
     for (int i = 0; i < m->count && st == BIE_OK; i++) st = layer_forward(m, i);
     if (st != BIE_OK) {
         if (scale_before)
             for (int i = 0; i < m->count; i++)
-                if (scale_a_of(m, &m->layers[i]) != scale_before[i])
+                if (scale_a_of(&m->layers[i]) != scale_before[i])
                     set_scale_a(&m->layers[i], scale_before[i]);
         free(scale_before);
         return st;

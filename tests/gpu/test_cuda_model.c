@@ -118,6 +118,21 @@ static void check_close(const float *got, const float *want, int64_t n, const ch
     CHECK(off * 50 <= n);
 }
 
+/* The gradients of the named parameters: on CUDA in the GPU model, close to the CPU's. */
+static void check_grads(bie_model *cpu, bie_model *gpu, const char *const *names, int count) {
+    for (int k = 0; k < count; k++) {
+        bie_model_param a, b;
+        CHECK_OK(bie_model_param_find(cpu, names[k], &a));
+        CHECK_OK(bie_model_param_find(gpu, names[k], &b));
+        CHECK(a.grad.data != NULL && b.grad.data != NULL && b.grad.device.type == BIE_DEVICE_CUDA);
+        if (a.grad.data && b.grad.data) {
+            float *hb = download_bytes(&b.grad);
+            check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
+            free(hb);
+        }
+    }
+}
+
 static void test_move_round_trip(void) {
     bie_model *cpu = new_model(3, bie_cpu());
     bie_model *gpu = new_model(3, kCuda);
@@ -169,17 +184,7 @@ static void test_matches_cpu(void) {
 
     /* parameter gradients: a float layer's and a binary layer's weight */
     const char *names[] = {"15.weight", "1.weight", "11.bias"};
-    for (int k = 0; k < 3; k++) {
-        bie_model_param a, b;
-        CHECK_OK(bie_model_param_find(cpu, names[k], &a));
-        CHECK_OK(bie_model_param_find(gpu, names[k], &b));
-        CHECK(a.grad.data != NULL && b.grad.data != NULL && b.grad.device.type == BIE_DEVICE_CUDA);
-        if (a.grad.data && b.grad.data) {
-            float *hb = download_bytes(&b.grad);
-            check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
-            free(hb);
-        }
-    }
+    check_grads(cpu, gpu, names, 3);
 
     /* evaluation: running statistics and packed weights */
     CHECK_OK(bie_model_set_training(cpu, false));
@@ -220,25 +225,11 @@ static void test_matches_cpu(void) {
  * keeps the parameters. */
 static void add_node1(bie_model *m, bie_layer_type type, int64_t in, int64_t out, int k, int s,
                       int p, int input) {
-    bie_layer_info i;
-    memset(&i, 0, sizeof i);
-    i.type = type;
-    i.in = in;
-    i.out = out;
-    i.kernel_size = k;
-    i.stride = s;
-    i.padding = p;
-    i.dilation = 1;
-    i.symmetric = true;
-    i.bits_binary_word = 8;
-    i.eps = 1e-5f;
-    i.momentum = 0.1f;
+    const bie_layer_info i = ttu_info(type, in, out, k, s, p, 1);
     CHECK_OK(bie_model_add_node(m, &i, 1, &input));
 }
 static void add_node2(bie_model *m, bie_layer_type type, int a, int b) {
-    bie_layer_info i;
-    memset(&i, 0, sizeof i);
-    i.type = type;
+    const bie_layer_info i = ttu_info(type, 0, 0, 0, 0, 0, 1);
     const int in[2] = {a, b};
     CHECK_OK(bie_model_add_node(m, &i, 2, in));
 }
@@ -289,17 +280,7 @@ static void test_graph_matches_cpu(void) {
     check_close(dxg, dxc, nx, "graph: input gradient");
     const char *names[] = {"0.weight",  "2.shift_in", "2.weight", "13.shift_out",
                            "10.weight", "15.weight",  "3.bias_a"};
-    for (int k = 0; k < 7; k++) {
-        bie_model_param a, b;
-        CHECK_OK(bie_model_param_find(cpu, names[k], &a));
-        CHECK_OK(bie_model_param_find(gpu, names[k], &b));
-        CHECK(a.grad.data != NULL && b.grad.data != NULL);
-        if (a.grad.data && b.grad.data) {
-            float *hb = download_bytes(&b.grad);
-            check_close(hb, a.grad.data, bie_tensor_numel(&a.grad), names[k]);
-            free(hb);
-        }
-    }
+    check_grads(cpu, gpu, names, 7);
     CHECK_OK(bie_model_set_training(cpu, false));
     CHECK_OK(bie_model_set_training(gpu, false));
     free(yc);

@@ -10,48 +10,9 @@
  * never flips), and mixed-device calls refused with nothing changed. Reports itself
  * skipped (77) without a GPU. Usage: test_cuda_train_kernels [--small] */
 #include "bie_train.h"
-#include "gpu_util.h"
-#ifdef BIE_TEST_CUDA_INTERNALS
-#include "train/train_cuda.h"
-#include "train/train_internal.h"
-#endif
-
-static float *fvec(int64_t n) { return tu_alloc((size_t)n * sizeof(float)); }
-
-/* Random values in [-1, 1) with some exact zeros (the >= 0 branches). */
-static void fill_signed(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = (tu_next() % 16 == 0) ? 0.0f : tu_uniform(-1.0f, 1.0f);
-}
+#include "train_kernel_util.h"
 
 #ifdef BIE_TEST_CUDA_INTERNALS
-
-/* ---- device buffers */
-
-static void *dput(const void *host, size_t bytes) {
-    void *d = NULL;
-    CHECK_OK(bie_cuda_train_alloc(&d, bytes, "test buffer"));
-    if (host) CHECK_OK(bie_cuda_train_copy(d, host, bytes));
-    return d;
-}
-
-/* All bytes 0xff: NaN floats, argmax -1, int8 -1. */
-static void dpoison(void *d, size_t bytes) {
-    uint8_t *p = tu_alloc(bytes);
-    memset(p, 0xff, bytes);
-    CHECK_OK(bie_cuda_train_copy(d, p, bytes));
-    free(p);
-}
-
-static void dget(void *host, const void *d, size_t bytes) {
-    CHECK_OK(bie_cuda_train_sync());
-    CHECK_OK(bie_cuda_train_copy(host, d, bytes));
-}
-
-static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
-    if (memcmp(a, b, bytes) == 0) return 1;
-    fprintf(stderr, "  %s: two runs differ\n", what);
-    return 0;
-}
 
 static int equal_i32(const char *what, const int32_t *got, const int32_t *expect, int64_t n) {
     for (int64_t i = 0; i < n; i++)
@@ -61,43 +22,6 @@ static int equal_i32(const char *what, const int32_t *got, const int32_t *expect
             return 0;
         }
     return 1;
-}
-
-/* Two runs of a kernel: outputs poisoned before each, the second run's bits must equal the
- * first's. */
-#define TWICE(outs, nouts, launch, what)                                                           \
-    do {                                                                                           \
-        for (int rep_ = 0; rep_ < 2; rep_++) {                                                     \
-            for (int o_ = 0; o_ < (nouts); o_++)                                                   \
-                if ((outs)[o_].dev) dpoison((outs)[o_].dev, (outs)[o_].bytes);                     \
-            CHECK_OK(launch);                                                                      \
-            for (int o_ = 0; o_ < (nouts); o_++)                                                   \
-                if ((outs)[o_].dev) dget((outs)[o_].host[rep_], (outs)[o_].dev, (outs)[o_].bytes); \
-        }                                                                                          \
-        for (int o_ = 0; o_ < (nouts); o_++)                                                       \
-            if ((outs)[o_].dev)                                                                    \
-                CHECK(same_bits(what, (outs)[o_].host[0], (outs)[o_].host[1], (outs)[o_].bytes));  \
-    } while (0)
-
-typedef struct out_buf {
-    void *dev;
-    void *host[2];
-    size_t bytes;
-} out_buf;
-
-static out_buf out_make(size_t bytes, int present) {
-    out_buf o = {NULL, {NULL, NULL}, bytes};
-    if (!present) return o;
-    o.dev = dput(NULL, bytes);
-    o.host[0] = tu_alloc(bytes);
-    o.host[1] = tu_alloc(bytes);
-    return o;
-}
-
-static void out_free(out_buf *o) {
-    bie_cuda_train_free(o->dev);
-    free(o->host[0]);
-    free(o->host[1]);
 }
 
 /* ---- linear */
@@ -116,12 +40,14 @@ static void check_linear(int64_t m, int64_t in, int64_t out, int with_bias, int 
     float *gx = dput(x, (size_t)(m * in) * 4), *gw = dput(w, (size_t)(out * in) * 4);
     float *gb = dput(b, (size_t)out * 4), *gdy = dput(dy, (size_t)(m * out) * 4);
     out_buf fo[1] = {out_make((size_t)(m * out) * 4, 1)};
-    TWICE(fo, 1, bie_cuda_linear_forward(gx, m, in, out, gw, with_bias ? gb : NULL, fo[0].dev),
+    TWICE(fo, 1, NULL, 0,
+          bie_cuda_linear_forward(gx, m, in, out, gw, with_bias ? gb : NULL, fo[0].dev),
           "linear forward");
     int ok = compare_close("linear y", fo[0].host[0], y, m * out, 1e-5);
     out_buf bo[3] = {out_make((size_t)(m * in) * 4, with_dx), out_make((size_t)(out * in) * 4, 1),
                      out_make((size_t)out * 4, with_db)};
-    TWICE(bo, 3, bie_cuda_linear_backward(gx, gdy, m, in, out, gw, bo[0].dev, bo[1].dev, bo[2].dev),
+    TWICE(bo, 3, NULL, 0,
+          bie_cuda_linear_backward(gx, gdy, m, in, out, gw, bo[0].dev, bo[1].dev, bo[2].dev),
           "linear backward");
     if (with_dx) ok &= compare_close("linear dx", bo[0].host[0], dx, m * in, 1e-5);
     ok &= compare_close("linear dw", bo[1].host[0], dw, out * in, 1e-5);
@@ -148,9 +74,9 @@ static void check_relu(int64_t n) {
     float *gx = dput(x, (size_t)n * 4), *gy = dput(y, (size_t)n * 4),
           *gdy = dput(dy, (size_t)n * 4);
     out_buf o[1] = {out_make((size_t)n * 4, 1)};
-    TWICE(o, 1, bie_cuda_relu_forward(gx, n, o[0].dev), "relu forward");
+    TWICE(o, 1, NULL, 0, bie_cuda_relu_forward(gx, n, o[0].dev), "relu forward");
     int ok = compare_exact("relu y", o[0].host[0], y, n);
-    TWICE(o, 1, bie_cuda_relu_backward(gy, gdy, n, o[0].dev), "relu backward");
+    TWICE(o, 1, NULL, 0, bie_cuda_relu_backward(gy, gdy, n, o[0].dev), "relu backward");
     ok &= compare_exact("relu dx", o[0].host[0], dx, n);
     CHECK(ok);
     if (!ok) fprintf(stderr, "  relu n=%lld\n", (long long)n);
@@ -170,11 +96,11 @@ static void check_prelu(int64_t outer, int64_t channels, int64_t inner, int shar
     float *gx = dput(x, (size_t)n * 4), *gdy = dput(dy, (size_t)n * 4),
           *gs = dput(sl, (size_t)ns * 4);
     out_buf fo[1] = {out_make((size_t)n * 4, 1)};
-    TWICE(fo, 1, bie_cuda_prelu_forward(gx, outer, channels, inner, gs, ns, fo[0].dev),
+    TWICE(fo, 1, NULL, 0, bie_cuda_prelu_forward(gx, outer, channels, inner, gs, ns, fo[0].dev),
           "prelu forward");
     int ok = compare_exact("prelu y", fo[0].host[0], y, n);
     out_buf bo[2] = {out_make((size_t)n * 4, with_dx), out_make((size_t)ns * 4, 1)};
-    TWICE(bo, 2,
+    TWICE(bo, 2, NULL, 0,
           bie_cuda_prelu_backward(gx, gdy, outer, channels, inner, gs, ns, bo[0].dev, bo[1].dev),
           "prelu backward");
     if (with_dx) ok &= compare_exact("prelu dx", bo[0].host[0], dx, n);
@@ -204,15 +130,16 @@ static void check_maxpool(int64_t planes, int64_t h, int64_t w, int k, int s) {
     float *gx = dput(x, (size_t)n * 4), *gdy = dput(dy, (size_t)no * 4);
     int32_t *gam = dput(am, (size_t)no * 4);
     out_buf fo[2] = {out_make((size_t)no * 4, 1), out_make((size_t)no * 4, 1)};
-    TWICE(fo, 2, bie_cuda_maxpool_forward(gx, planes, h, w, k, s, oh, ow, fo[0].dev, fo[1].dev),
+    TWICE(fo, 2, NULL, 0,
+          bie_cuda_maxpool_forward(gx, planes, h, w, k, s, oh, ow, fo[0].dev, fo[1].dev),
           "maxpool forward");
     int ok = compare_exact("maxpool y", fo[0].host[0], y, no);
     ok &= equal_i32("maxpool argmax", fo[1].host[0], am, no);
-    TWICE(fo, 1, bie_cuda_maxpool_forward(gx, planes, h, w, k, s, oh, ow, fo[0].dev, NULL),
+    TWICE(fo, 1, NULL, 0, bie_cuda_maxpool_forward(gx, planes, h, w, k, s, oh, ow, fo[0].dev, NULL),
           "maxpool forward (evaluation)");
     ok &= compare_exact("maxpool y (no argmax)", fo[0].host[0], y, no);
     out_buf bo[1] = {out_make((size_t)n * 4, 1)};
-    TWICE(bo, 1, bie_cuda_maxpool_backward(gdy, gam, planes, h, w, oh, ow, bo[0].dev),
+    TWICE(bo, 1, NULL, 0, bie_cuda_maxpool_backward(gdy, gam, planes, h, w, oh, ow, bo[0].dev),
           "maxpool backward");
     ok &= compare_exact("maxpool dx", bo[0].host[0], dx, n);
     CHECK(ok);
@@ -243,7 +170,7 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     out_buf fo[5] = {out_make((size_t)total * 4, 1), out_make((size_t)total * 4, 1),
                      out_make((size_t)c * 4, 1), out_make((size_t)c * 4, 1),
                      out_make((size_t)c * 4, 1)};
-    TWICE(fo, 5,
+    TWICE(fo, 5, NULL, 0,
           bie_cuda_batchnorm_forward_train(gx, n, c, inner, gg, gb, eps, fo[0].dev, fo[1].dev,
                                            fo[2].dev, fo[3].dev, fo[4].dev),
           "batchnorm forward");
@@ -272,7 +199,8 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     float *ye = fvec(total);
     bie_batchnorm_forward_eval(x, n, c, inner, gamma, beta, eps, rm, rv, ye);
     out_buf eo[1] = {out_make((size_t)total * 4, 1)};
-    TWICE(eo, 1, bie_cuda_batchnorm_forward_eval(gx, n, c, inner, gg, gb, eps, grm, grv, eo[0].dev),
+    TWICE(eo, 1, NULL, 0,
+          bie_cuda_batchnorm_forward_eval(gx, n, c, inner, gg, gb, eps, grm, grv, eo[0].dev),
           "batchnorm eval");
     ok &= compare_exact("bn eval y", eo[0].host[0], ye, total);
 
@@ -282,7 +210,7 @@ static void check_batchnorm(int64_t n, int64_t c, int64_t inner, int with_dx) {
     float *gxh = dput(xhat, (size_t)total * 4), *gis = dput(is, (size_t)c * 4);
     out_buf bo[3] = {out_make((size_t)total * 4, with_dx), out_make((size_t)c * 4, 1),
                      out_make((size_t)c * 4, 1)};
-    TWICE(bo, 3,
+    TWICE(bo, 3, NULL, 0,
           bie_cuda_batchnorm_backward(gxh, gis, gdy, n, c, inner, gg, bo[0].dev, bo[1].dev,
                                       bo[2].dev),
           "batchnorm backward");

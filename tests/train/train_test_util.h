@@ -28,10 +28,11 @@ static inline bie_tensor ttu_view(float *data, int ndim, const int64_t *shape) {
     return t;
 }
 
-/* Append a low-bit layer as bie_model_add_layer describes it: binary layers symmetric with
- * 8-bit words; conv2d with the given kernel_size, stride, padding, dilation. */
-static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int64_t in, int64_t out,
-                                         int k, int s, int p, int d) {
+/* A layer description with the builders' defaults: binary layers symmetric with 8-bit words,
+ * batch norm eps 1e-5 and momentum 0.1, conv kernel_size k, stride s, padding p, dilation d
+ * (fields a type does not use are ignored). */
+static inline bie_layer_info ttu_info(bie_layer_type type, int64_t in, int64_t out, int k, int s,
+                                      int p, int d) {
     bie_layer_info i;
     memset(&i, 0, sizeof i);
     i.type = type;
@@ -43,6 +44,15 @@ static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int6
     i.dilation = d;
     i.symmetric = true;
     i.bits_binary_word = 8;
+    i.eps = 1e-5f;
+    i.momentum = 0.1f;
+    return i;
+}
+
+/* Append a low-bit layer as bie_model_add_layer describes it (ttu_info's defaults). */
+static inline bie_status ttu_add_low_bit(bie_model *m, bie_layer_type type, int64_t in, int64_t out,
+                                         int k, int s, int p, int d) {
+    const bie_layer_info i = ttu_info(type, in, out, k, s, p, d);
     return bie_model_add_layer(m, &i);
 }
 static inline bie_status ttu_add_binary_linear(bie_model *m, int64_t in, int64_t out) {
