@@ -160,6 +160,13 @@ static unsigned grid_for(int64_t count) {
     return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
 
+size_t amax_workspace_bytes() { return kAmaxBlocks * sizeof(float); }
+
+void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
+    amax_partial<<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
+    quantize_i8<<<grid_for(n), 256, 0, current_stream>>>(x, n, workspace, q);
+}
+
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
@@ -444,7 +451,12 @@ void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int6
 
 using namespace bie_cuda;
 
+static bool g_conv_backward_gemm = false;
+
+extern "C" void bie_cuda_conv_backward_force_gemm(bool on) { g_conv_backward_gemm = on; }
+
 extern "C" bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args) {
+    if (!g_conv_backward_gemm && conv_backward_mma_fits(*args)) return conv_backward_mma(*args);
     switch (args->dtype) {
     case BIE_F32: return conv_backward_typed<float>(*args, CUDA_R_32F);
     case BIE_BF16: return conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);

@@ -26,6 +26,14 @@ void sum_over(const double *parts, int64_t count, double denom, float *out);
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
                           double denom, float *grad_bias, float *grad_scale);
+// Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
+// workspace of amax_workspace_bytes().
+size_t amax_workspace_bytes();
+void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q);
+// The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
+// of 1 to 3; fits says whether it applies.
+bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);
+bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a);
 
 // grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
 // (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's

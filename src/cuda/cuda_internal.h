@@ -197,6 +197,9 @@ typedef struct bie_cuda_bconv_backward_args {
     float *grad_scale_a;          /* [1] */
 } bie_cuda_bconv_backward_args;
 bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args);
+/* For the tests: the 16-bit binary conv backward through the cuBLAS GEMMs over im2col
+ * buffers (the path float32 takes) instead of the tensor-core kernels. Process-wide. */
+void bie_cuda_conv_backward_force_gemm(bool on);
 
 /* ---- Binary linear backward on the device (SPEC §2); see backward.cu. */
 typedef struct bie_cuda_bl_backward_args {

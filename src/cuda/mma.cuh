@@ -28,6 +28,20 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
                  : "r"(addr));
 }
 
+// The same with each 8x8 matrix transposed on the way (lane l receives elements (l / 4, 2 (l % 4)
+// and + 1) of the transpose: for 16-bit elements, the mma fragment of a matrix stored with its
+// rows as columns), and the two-matrix form (lanes 0..15 give the addresses).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2(unsigned &r0, unsigned &r1, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(addr));
+}
+
 // One 16-byte shared-memory load, whole: the compiler may not narrow it to the bytes a
 // predicated use needs (it did, into 16 conflicting byte loads).
 __device__ __forceinline__ uint4 lds128(unsigned addr) {
@@ -131,6 +145,25 @@ __device__ __forceinline__ void mma_b1_and(int (&c)[4], const unsigned (&a)[4], 
     asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a * b for a 16x8 tile over k = 16 of 16-bit floats (bfloat16 or float16), f32
+// accumulators. Fragments (g = lane / 4, t = lane % 4): a[0] rows g, k 2t..2t+1; a[1] row
+// g + 8; a[2], a[3] the same at k + 8; b0 k 2t..2t+1 of column g, b1 at k + 8; c[0..1] row g,
+// columns 2t..2t+1, c[2..3] row g + 8. The lower half of a register is the lower index.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                               unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                              unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 

@@ -142,6 +142,14 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
 
     forward_matches(&p, &gx, &cx, "training forward");
     backward_matches(&p);
+#ifdef BIE_TEST_CUDA_INTERNALS
+    if (dt != BIE_F32) { /* the 16-bit backward's other path: cuBLAS over im2col buffers */
+        bie_cuda_conv_backward_force_gemm(true);
+        forward_matches(&p, &gx, &cx, "training forward (GEMM backward)");
+        backward_matches(&p);
+        bie_cuda_conv_backward_force_gemm(false);
+    }
+#endif
     if (all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;
@@ -326,6 +334,11 @@ int main(int argc, char **argv) {
         {8, 256, 12, 12, 512, 3, 1, 1, 1},
         {16, 128, 12, 12, 512, 3, 1, 1, 1},
         {32, 128, 6, 6, 512, 3, 1, 1, 1},
+        /* the 16-bit backward's halo kernel (stride 1, output the input's size): dilation 2,
+         * one 130-pixel row per tile, rows of 9 or 33 pixels, tiles across images */
+        {2, 20, 9, 11, 24, 3, 1, 2, 2},
+        {1, 24, 3, 130, 40, 3, 1, 1, 1},
+        {5, 70, 9, 33, 66, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)

@@ -1,0 +1,649 @@
+// Binary conv2d backward (SPEC §3) on tensor cores, without im2col buffers: both gradient
+// products are implicit GEMMs of our own (mma.sync m16n8k16, bfloat16 / float16 operands,
+// f32 accumulators) that read grad_out where it lies and expand the saved activation sign
+// bits on chip. Exact operands: ±1 and 0 are exact in both 16-bit types, so only the sums'
+// order differs from the CPU.
+//   grad_x  [n c h w] = mask * scale_w * sum over (tap, o) of grad_out at the output pixel the
+//           tap maps the input pixel to, times sign(w[o, c, tap]). Tile: 128 input pixels x 64
+//           input channels; K runs over taps x output channels (weight as ±1, tap-major).
+//           The epilogue applies the clip mask and writes per-block channel sums of the masked
+//           gradient and of its product with sign(x') (grad_bias_a, grad_scale_a).
+//   grad_w  [o c k k] = scale_a * sum over output pixels of grad_out[o] * sign(x') at the
+//           tap's input pixel (0 in the padding). Tile: 64 output channels x (32 input
+//           channels x every tap); K runs over output pixels, split into slices whose
+//           partial tiles are summed in a fixed order.
+// Every reduction has a fixed shape and order: results do not vary from run to run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "backward_common.cuh"
+#include "dtype.cuh"
+#include "mma.cuh"
+
+namespace bie_cuda {
+namespace {
+
+// Shared rows are padded by 16 bytes: the 8 rows an ldmatrix reads fall in distinct banks.
+constexpr int kDgM = 128;                 // grad_x tile: input pixels
+constexpr int kDgN = 64;                  // grad_x tile: input channels
+constexpr int kDgK = 64;                  // grad_x K step: output channels of one tap
+constexpr int kDgPitch = kDgK + 8;        // grad_x shared row (elements)
+constexpr int kDgStages = 3;              // grad_x pipeline depth
+constexpr int kBK = 32;                   // grad_w K step: output pixels
+constexpr int kPitch = kBK + 8;           // grad_w B row (elements)
+constexpr int kWgM = 64;                  // grad_w tile: output channels (x 32 channels x taps)
+constexpr int kWgPitch = kWgM + 8;        // grad_w A row: one pixel's kWgM channels
+constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
+constexpr int kSlicesTarget = 528;  // grad_w blocks to aim for (132 SMs x 2 blocks x 2)
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    if constexpr (std::is_same<T, __half>::value)
+        mma_f16_16816(c, a, b0, b1);
+    else
+        mma_bf16_16816(c, a, b0, b1);
+}
+
+// The ±1 weight as grad_x's B operand, [tap][cp][op] (op, cp: O, C rounded up to the tile;
+// 0 past them) from the forward's tap-layout rows (row o: per tap cw words of channel bits).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    dgrad_weight(const uint32_t *bits, int words, bie_conv_geom g64, int cp, int op, T *wt) {
+    const int C = (int)g64.c, O = (int)g64.o, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k);
+    const int64_t total = (int64_t)kk * cp * op;
+    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * 256) {
+        const int o = (int)(e % op);
+        const int64_t r = e / op;
+        const int c = (int)(r % cp), t = (int)(r / cp);
+        float v = 0.0f;
+        if (o < O && c < C) {
+            const uint32_t w = bits[(int64_t)o * words + t * cw + (c >> 5)];
+            v = (w >> (c & 31)) & 1 ? 1.0f : -1.0f;
+        }
+        wt[e] = from_f32<T>(v);
+    }
+}
+
+// grad_out [n][o][oh ow] -> pixel-major [n oh ow][op] (0 for o >= O), so that a pixel's
+// gradient row is contiguous: the GEMMs gather whole 16-byte rows of 8 channels. Block: 32
+// pixels x 32 channels of one image through shared memory; blockIdx.x = image x pixel tiles.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    to_pixel_major(const T *__restrict__ g, int O, int hw, int op, T *__restrict__ gt) {
+    __shared__ T tile[32][33];
+    const int tiles = (hw + 31) / 32, n = blockIdx.x / tiles;
+    const int p0 = (blockIdx.x - n * tiles) * 32, o0 = blockIdx.y * 32;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const T zero = from_f32<T>(0.0f);
+    for (int r = ty; r < 32; r += 8) {
+        const int o = o0 + r, p = p0 + tx;
+        tile[r][tx] = o < O && p < hw ? g[((int64_t)n * O + o) * hw + p] : zero;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += 8) {
+        const int p = p0 + r, o = o0 + tx;
+        if (p < hw) gt[((int64_t)n * hw + p) * op + o] = tile[tx][r];
+    }
+}
+
+// The grad_x kernels' epilogue: scale_w, the clip mask, grad_x in its dtype, and the
+// tile's per-channel sums of the masked gradient and of its product with sign(x'), written to
+// part_sum / part_dot [tile][c] (tile = blockIdx.x) in a fixed order. The block's 8 warps are
+// 4 (pixels, MI m16 tiles each) x 2 (channels, 32 each); tile row r is pixel m0 + r, for r <
+// rows.
+template <typename T, int MI>
+__device__ __forceinline__ void dgrad_epilogue(const float (&acc)[MI][4][4], int m0, int rows,
+                                               const uint32_t *__restrict__ mask,
+                                               const uint32_t *__restrict__ signs,
+                                               const float *__restrict__ scales,
+                                               const bie_conv_geom &g64, T *__restrict__ grad_x,
+                                               float *__restrict__ part_sum,
+                                               float *__restrict__ part_dot) {
+    __shared__ float red[2][4][kDgN];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int wm = warp & 3, wn = warp >> 2, c0 = blockIdx.y * kDgN;
+    const int C = (int)g64.c, HW = (int)(g64.h * g64.w), NHW = (int)(g64.n * HW);
+    const float sw = scales[1];
+    const int cw = (C + 31) / 32, word = (c0 + wn * 32) >> 5;
+    float csum[4][2] = {}, cdot[4][2] = {};
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = wm * 16 * MI + mi * 16 + gq + 8 * h, qq = m0 + r;
+            if (r >= rows || qq >= NHW || word >= cw) continue;
+            const uint32_t mw = mask[(int64_t)qq * cw + word], sg = signs[(int64_t)qq * cw + word];
+            const int n = qq / HW, pix = qq - n * HW;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int b = ni * 8 + 2 * tq + e, c = c0 + wn * 32 + b;
+                    if (c >= C) continue;
+                    const float v = (mw >> b) & 1 ? acc[mi][ni][2 * h + e] * sw : 0.0f;
+                    if (grad_x) grad_x[((int64_t)n * C + c) * HW + pix] = from_f32<T>(v);
+                    csum[ni][e] += v;
+                    cdot[ni][e] += (sg >> b) & 1 ? v : -v;
+                }
+        }
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+                csum[ni][e] += __shfl_xor_sync(0xffffffffu, csum[ni][e], off);
+                cdot[ni][e] += __shfl_xor_sync(0xffffffffu, cdot[ni][e], off);
+            }
+            if (gq == 0) {
+                red[0][wm][wn * 32 + ni * 8 + 2 * tq + e] = csum[ni][e];
+                red[1][wm][wn * 32 + ni * 8 + 2 * tq + e] = cdot[ni][e];
+            }
+        }
+    __syncthreads();
+    if (tid < kDgN && c0 + tid < C) {
+        const int64_t at = (int64_t)blockIdx.x * C + c0 + tid;
+        part_sum[at] = ((red[0][0][tid] + red[0][1][tid]) + red[0][2][tid]) + red[0][3][tid];
+        part_dot[at] = ((red[1][0][tid] + red[1][1][tid]) + red[1][2][tid]) + red[1][3][tid];
+    }
+}
+
+// grad_x shared memory: stages x (A [kDgM][kDgPitch] + B [kDgN][kDgPitch]) of T.
+template <typename T> constexpr size_t dgrad_smem() {
+    return (size_t)kDgStages * (kDgM + kDgN) * kDgPitch * sizeof(T);
+}
+
+// grad_x: block (pixel tile, channel tile), 8 warps as 4 (pixels) x 2 (channels) of 32 x 32.
+// Each K step is one tap and kDgK output channels: every pixel's row of the pixel-major
+// gradient at the output pixel the tap maps it to (zeros where none), copied asynchronously
+// kDgStages - 1 steps ahead. part_sum / part_dot [pixel tile][c]: the tile's masked-gradient
+// sums per channel.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    dgrad_mma(const T *__restrict__ gt, const T *__restrict__ wt,
+              const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
+              const float *__restrict__ scales, bie_conv_geom g64, int op, int cp,
+              T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    typedef T Row[kDgPitch];
+    Row *as = reinterpret_cast<Row *>(smem);  // [stage * kDgM + m]
+    Row *bs = reinterpret_cast<Row *>(smem + (size_t)kDgStages * kDgM * kDgPitch * sizeof(T));
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 3, wn = warp >> 2;
+    const int H = (int)g64.h, W = (int)g64.w, HW = H * W;
+    const int OH = (int)g64.oh, OW = (int)g64.ow, OHW = OH * OW, k = (int)g64.k;
+    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
+    const int NHW = (int)(g64.n * HW), m0 = blockIdx.x * kDgM, c0 = blockIdx.y * kDgN;
+
+    // This thread's A row (one input pixel, half of its kDgK columns) and B row.
+    const int am = tid >> 1, ach = (tid & 1) * 4, brow = tid >> 2, bch = (tid & 3) * 2;
+    const int q = m0 + am;
+    const bool qin = q < NHW;
+    int y = 0, x = 0, nbase = 0;
+    if (qin) {
+        const int n = q / HW, pix = q - n * HW;
+        y = pix / W;
+        x = pix - y * W;
+        nbase = n * OHW;
+    }
+    const int per_tap = op / kDgK, steps = k * k * per_tap;
+    auto issue = [&](int step, int stage) {
+        const int t = step / per_tap, o0 = (step - t * per_tap) * kDgK, i = t / k, j = t - i * k;
+        int ty = y + p - i * d, tx = x + p - j * d;
+        bool ok = qin && ty >= 0 && tx >= 0;
+        if (s > 1) {
+            ok = ok && ty % s == 0 && tx % s == 0;
+            ty /= s;
+            tx /= s;
+        }
+        ok = ok && ty < OH && tx < OW;
+        const T *src = gt + (ok ? ((int64_t)nbase + ty * OW + tx) * op + o0 : 0);
+        Row &ar = as[stage * kDgM + am];
+#pragma unroll
+        for (int c = 0; c < 4; c++) cp_async16(smem_u32(&ar[(ach + c) * 8]), src + (ach + c) * 8, ok);
+        const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
+        Row &br = bs[stage * kDgN + brow];
+#pragma unroll
+        for (int c = 0; c < 2; c++) cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+    };
+
+    float acc[2][4][4] = {};
+#pragma unroll
+    for (int st = 0; st < kDgStages - 1; st++) {
+        if (st < steps) issue(st, st);
+        cp_async_commit();
+    }
+    for (int step = 0; step < steps; step++) {
+        cp_async_wait<kDgStages - 2>();
+        __syncthreads();
+        const int next = step + kDgStages - 1;
+        if (next < steps) issue(next, next % kDgStages);
+        cp_async_commit();
+        const int stage = step % kDgStages;
+#pragma unroll
+        for (int ks = 0; ks < kDgK; ks += 16) {
+            unsigned af[2][4], bf[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldmatrix_x4(af[mi], smem_u32(&as[stage * kDgM + wm * 32 + mi * 16 + (lane & 15)]
+                                                [ks + (lane >> 4) * 8]));
+#pragma unroll
+            for (int np = 0; np < 2; np++)
+                ldmatrix_x4(bf[np],
+                            smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
+                                         (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    mma16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2],
+                                bf[ni >> 1][(ni & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    dgrad_epilogue<T, 2>(acc, m0, kDgM, mask, signs, scales, g64, grad_x, part_sum, part_dot);
+}
+
+// grad_x of a stride-1 convolution whose output has the input's size (OH = H, OW = W): the
+// same GEMM as dgrad_mma, but a block's tile is `tr` whole rows of the flattened [n h] image
+// rows (tr W <= kHaloM pixels) and, for each kDgK output channels, it copies the pixel-major
+// gradient rows its taps read once (tr + (k - 1) d rows, the halo) instead of once per tap;
+// each tap's A fragments are gathered from it by the ldmatrix row addresses (a zero row where
+// the tap leaves the image). Steps run over (channel chunk, tap), taps inner; the halo of a
+// chunk is copied with its first tap's weights, two steps ahead, into one of two buffers.
+constexpr int kHaloM = 256;
+__host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize) {
+    return ((size_t)2 * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) * kDgPitch * esize;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    dgrad_halo_mma(const T *__restrict__ gt, const T *__restrict__ wt,
+                   const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
+                   const float *__restrict__ scales, bie_conv_geom g64, int op, int cp, int tr,
+                   T *__restrict__ grad_x, float *__restrict__ part_sum,
+                   float *__restrict__ part_dot) {
+    constexpr int MI = kHaloM / 64;
+    extern __shared__ __align__(16) unsigned char smem[];
+    typedef T Row[kDgPitch];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 3, wn = warp >> 2;
+    const int H = (int)g64.h, W = (int)g64.w, NH = (int)g64.n * H, k = (int)g64.k;
+    const int kk = k * k, p = (int)g64.p, d = (int)g64.d;
+    const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * kDgN;
+    Row *halo = reinterpret_cast<Row *>(smem);  // [2][hpix]
+    Row *bs = halo + 2 * hpix;                  // [kDgStages][kDgN]
+    Row *zero = bs + kDgStages * kDgN;
+    if (tid < 8) *reinterpret_cast<uint4 *>(&zero[0][tid * 8]) = make_uint4(0, 0, 0, 0);
+
+    // The A rows this lane addresses: tile row, column and image row of pixel m of each m16.
+    int ltr[MI], lx[MI], ly[MI];
+    bool lok[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+        const int m = wm * 16 * MI + mi * 16 + (lane & 15), r = m / W, gy = gy0 + r;
+        ltr[mi] = r;
+        lx[mi] = m - r * W;
+        lok[mi] = r < tr && gy < NH;
+        ly[mi] = gy % H;
+    }
+    const int brow = tid >> 2, bch = (tid & 3) * 2;
+    const int steps = op / kDgK * kk;
+    auto issue = [&](int step, int stage) {
+        const int oc = step / kk, t = step - oc * kk, o0 = oc * kDgK;
+        if (t == 0) {
+            Row *hb = halo + (oc & 1) * hpix;
+            const int gr0 = gy0 + p - (k - 1) * d;
+            for (int idx = tid; idx < hpix * 8; idx += 256) {
+                const int px = idx >> 3, c8 = idx & 7, hr = px / W, x = px - hr * W;
+                const int gr = gr0 + hr;
+                const bool ok = gr >= 0 && gr < NH;
+                cp_async16(smem_u32(&hb[px][c8 * 8]),
+                           gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
+            }
+        }
+        const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
+        Row &br = bs[stage * kDgN + brow];
+#pragma unroll
+        for (int c = 0; c < 2; c++) cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+    };
+
+    float acc[MI][4][4] = {};
+#pragma unroll
+    for (int st = 0; st < kDgStages - 1; st++) {
+        if (st < steps) issue(st, st);
+        cp_async_commit();
+    }
+    for (int step = 0; step < steps; step++) {
+        cp_async_wait<kDgStages - 2>();
+        __syncthreads();
+        const int next = step + kDgStages - 1;
+        if (next < steps) issue(next, next % kDgStages);
+        cp_async_commit();
+        const int stage = step % kDgStages, oc = step / kk, t = step - oc * kk, i = t / k;
+        const int j = t - i * k;
+        const Row *hb = halo + (oc & 1) * hpix;
+        unsigned aaddr[MI];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            const int oy = ly[mi] + p - i * d, ox = lx[mi] + p - j * d;
+            const bool ok = lok[mi] && oy >= 0 && oy < H && ox >= 0 && ox < W;
+            aaddr[mi] = smem_u32(ok ? &hb[(ltr[mi] + (k - 1 - i) * d) * W + ox][0] : &zero[0][0]) +
+                        (lane >> 4) * 16;
+        }
+#pragma unroll
+        for (int ks = 0; ks < kDgK; ks += 16) {
+            unsigned af[MI][4], bf[2][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) ldmatrix_x4(af[mi], aaddr[mi] + ks * (int)sizeof(T));
+#pragma unroll
+            for (int np = 0; np < 2; np++)
+                ldmatrix_x4(bf[np],
+                            smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
+                                         (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    mma16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2],
+                                bf[ni >> 1][(ni & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+    dgrad_epilogue<T, MI>(acc, gy0 * W, tr * W, mask, signs, scales, g64, grad_x, part_sum,
+                          part_dot);
+}
+
+// Per channel (one block each): grad_bias[c] = sum of the tiles' sums, dots[c] = of their dots.
+__global__ void __launch_bounds__(256)
+    dgrad_channel_sums(const float *part_sum, const float *part_dot, int64_t tiles, int c,
+                       float *grad_bias, double *dots) {
+    __shared__ double sh[2][256];
+    const int ch = blockIdx.x;
+    double s = 0, t = 0;
+    for (int64_t i = threadIdx.x; i < tiles; i += 256) {
+        s += part_sum[i * c + ch];
+        t += part_dot[i * c + ch];
+    }
+    sh[0][threadIdx.x] = s;
+    sh[1][threadIdx.x] = t;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) {
+            sh[0][threadIdx.x] += sh[0][threadIdx.x + o];
+            sh[1][threadIdx.x] += sh[1][threadIdx.x + o];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        grad_bias[ch] = (float)sh[0][0];
+        dots[ch] = sh[1][0];
+    }
+}
+
+// grad_w shared memory: A [2][kBK][kWgPitch] (pixel rows) + B [2][32 KK][kPitch] (T).
+template <typename T, int KS> constexpr size_t wgrad_smem() {
+    return (size_t)2 * (kBK * kWgPitch + 32 * KS * KS * kPitch) * sizeof(T);
+}
+
+// grad_w: block (output-channel tile, 32-channel word, K slice); 8 warps as 2 (output
+// channels, 32 each) x 4 (8 KK columns each). Column j of the tile is channel j / KK, tap
+// j % KK: the tile's columns are contiguous in grad_w's [o][c k k] rows. A: kBK pixel rows of
+// the pixel-major gradient, copied asynchronously and read transposed; B: the signs of the
+// pixels' taps for the block's 32 channels (0 in the padding), expanded from their words.
+template <typename T, int KS>
+__global__ void __launch_bounds__(256, 2)
+    wgrad_mma(const T *__restrict__ gt, const uint32_t *__restrict__ signs, bie_conv_geom g64,
+              int op, int chunks_per_slice, float *__restrict__ part) {
+    constexpr int KK = KS * KS, BN = 32 * KK;
+    extern __shared__ __align__(16) unsigned char smem[];
+    typedef T ARow[kWgPitch];
+    typedef T BRow[kPitch];
+    ARow *as = reinterpret_cast<ARow *>(smem);  // [buf * kBK + pixel]
+    BRow *bs = reinterpret_cast<BRow *>(smem + (size_t)2 * kBK * kWgPitch * sizeof(T));
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int wm = warp & 1, wn = warp >> 1;
+    const int C = (int)g64.c, O = (int)g64.o, H = (int)g64.h, W = (int)g64.w;
+    const int OW = (int)g64.ow, OHW = (int)(g64.oh * g64.ow), cw = (C + 31) / 32;
+    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
+    const int R = (int)(g64.n * OHW), chunks = (R + kBK - 1) / kBK;
+    const int o0 = blockIdx.x * kWgM, cword = blockIdx.y;
+    const int first = blockIdx.z * chunks_per_slice;
+    const int steps = min(chunks_per_slice, chunks - first);
+    if (steps <= 0) return;
+
+    // A: pixel ap, 16-byte chunk ac. B: pixel pair bp, channels 16 bh .. 16 bh + 15, taps warp
+    // and warp + 8.
+    const int ap = tid >> 3, ac = tid & 7, bp = lane & 15, bh = lane >> 4;
+    uint32_t bw[2][2];
+    bool bin[2][2];
+    auto load = [&](int step, int buf) {
+        const int base = (first + step) * kBK, rr = base + ap;
+        cp_async16(smem_u32(&as[buf * kBK + ap][ac * 8]),
+                   gt + (rr < R ? (int64_t)rr * op + o0 + ac * 8 : 0), rr < R);
+        cp_async_commit();
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = base + 2 * bp + e;
+            const bool in = r < R;
+            const int n = in ? r / OHW : 0, pix = r - n * OHW, oy = pix / OW, ox = pix - oy * OW;
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int t = warp + 8 * u, i = t / KS, j = t - i * KS;
+                const int iy = oy * s - p + i * d, ix = ox * s - p + j * d;
+                bin[u][e] = t < KK && in && iy >= 0 && iy < H && ix >= 0 && ix < W;
+                bw[u][e] = bin[u][e] ? signs[((int64_t)(n * H + iy) * W + ix) * cw + cword] : 0u;
+            }
+        }
+    };
+    auto store_b = [&](int buf) {
+        // ±1 as the 16-bit pattern (the sign bit from the word's bit, inverted), 0 outside:
+        // per pair of pixels, base holds the two magnitudes, n0 / n1 the sign bits.
+        const unsigned one = std::is_same<T, __half>::value ? 0x3c00u : 0x3f80u;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int t = warp + 8 * u;
+            if (t >= KK) continue;
+            const unsigned base = (bin[u][0] ? one : 0u) | (bin[u][1] ? one << 16 : 0u);
+            const uint32_t n0 = (bin[u][0] ? ~bw[u][0] : 0u) >> (bh * 16);
+            const uint32_t n1 = (bin[u][1] ? ~bw[u][1] : 0u) >> (bh * 16);
+            BRow *col = bs + buf * BN + bh * 16 * KK + t;
+#pragma unroll
+            for (int b = 0; b < 16; b++)
+                *reinterpret_cast<unsigned *>(&col[b * KK][2 * bp]) =
+                    base | ((n0 << (15 - b)) & 0x8000u) | ((n1 << (31 - b)) & 0x80000000u);
+        }
+    };
+
+    float acc[2][KK][4] = {};
+    load(0, 0);
+    store_b(0);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int step = 0; step < steps; step++) {
+        const int buf = step & 1;
+        const bool more = step + 1 < steps;
+        if (more) load(step + 1, buf ^ 1);
+#pragma unroll
+        for (int ks = 0; ks < kBK; ks += 16) {
+            unsigned af[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldmatrix_x4_trans(af[mi],
+                                  smem_u32(&as[buf * kBK + ks + (lane & 7) + ((lane >> 4) << 3)]
+                                              [wm * 32 + mi * 16 + ((lane >> 3) & 1) * 8]));
+            const BRow *bb = bs + buf * BN + wn * 8 * KK;
+#pragma unroll
+            for (int ni = 0; ni < KK; ni += 2) {
+                unsigned b[4];
+                if (ni + 1 < KK)
+                    ldmatrix_x4(b, smem_u32(&bb[ni * 8 + (lane & 7) + (lane >> 4) * 8]
+                                               [ks + ((lane >> 3) & 1) * 8]));
+                else
+                    ldmatrix_x2(b[0], b[1],
+                                smem_u32(&bb[ni * 8 + (lane & 7)][ks + ((lane >> 3) & 1) * 8]));
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    mma16816<T>(acc[mi][ni], af[mi], b[0], b[1]);
+                    if (ni + 1 < KK) mma16816<T>(acc[mi][ni + 1], af[mi], b[2], b[3]);
+                }
+            }
+        }
+        if (more) {
+            store_b(buf ^ 1);
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+    }
+
+    const int64_t ckk = (int64_t)C * KK;
+    const int c0 = cword * 32;
+    float *out = part + (int64_t)blockIdx.z * O * ckk + (int64_t)c0 * KK;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int o = o0 + wm * 32 + mi * 16 + gq + 8 * h;
+            if (o >= O) continue;
+#pragma unroll
+            for (int ni = 0; ni < KK; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int j = wn * 8 * KK + ni * 8 + 2 * tq + e;
+                    if (c0 + j / KK < C) out[(int64_t)o * ckk + j] = acc[mi][ni][2 * h + e];
+                }
+        }
+}
+
+// grad_w = scale_a * the slices' partial tiles summed in order.
+__global__ void __launch_bounds__(256)
+    wgrad_sum_slices(const float *part, int slices, int64_t count, const float *scales,
+                     float *grad_w) {
+    const float sa = scales[0];
+    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * 256) {
+        float v = 0.0f;
+        for (int z = 0; z < slices; z++) v += part[(int64_t)z * count + e];
+        grad_w[e] = sa * v;
+    }
+}
+
+unsigned blocks_for(int64_t count) {
+    return (unsigned)std::max<int64_t>(1, std::min<int64_t>((count + 255) / 256, 65535));
+}
+
+template <typename T, int KS>
+bie_status launch_wgrad(const bie_cuda_bconv_backward_args &a, const T *gt, int op,
+                        int chunks_per_slice, int slices, float *part) {
+    const auto fn = wgrad_mma<T, KS>;
+    constexpr size_t smem = wgrad_smem<T, KS>();
+    BIE_CUDA_TRY(check(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        "cudaFuncSetAttribute (conv grad_w)"));
+    const dim3 grid((unsigned)((a.g.o + kWgM - 1) / kWgM), (unsigned)bie_cuda_conv_cw(&a.g),
+                    (unsigned)slices);
+    fn<<<grid, 256, smem, current_stream>>>(gt, a.signs, a.g, op, chunks_per_slice, part);
+    return BIE_OK;
+}
+
+template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backward_args &a) {
+    cudaStream_t st = current_stream;
+    const bie_conv_geom &g = a.g;
+    const int kk = (int)(g.k * g.k), cp = (int)((g.c + kDgN - 1) / kDgN * kDgN);
+    const int op = (int)((g.o + kDgK - 1) / kDgK * kDgK);
+    // grad_x through the halo kernel where it applies (stride 1, same size, rows that fit).
+    const int halo_rows = g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w && g.w <= kHaloM
+                              ? (int)(kHaloM / g.w)
+                              : 0;
+    const size_t halo_smem =
+        halo_rows ? dgrad_halo_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T)) : 0;
+    const bool use_halo = halo_rows && halo_smem <= kHaloSmemMax;
+    const int64_t tiles = use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows
+                                   : (g.n * g.h * g.w + kDgM - 1) / kDgM;
+    const int64_t ckk = g.c * kk;
+    const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
+    const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
+    // Slices of K for grad_w: enough blocks to fill the device, partial tiles <= 64 MiB.
+    int64_t slices = std::min<int64_t>(chunks, std::max<int64_t>(1, kSlicesTarget / xy));
+    slices = std::max<int64_t>(
+        1, std::min<int64_t>(slices, ((int64_t)64 << 20) / (4 * std::max<int64_t>(1, g.o * ckk))));
+    const int64_t per_slice = (chunks + slices - 1) / slices;
+    slices = (chunks + per_slice - 1) / per_slice;
+
+    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t sz[6] = {up((size_t)kk * cp * op * sizeof(T)),
+                          up((size_t)(g.n * ohw * op) * sizeof(T)),
+                          up((size_t)(2 * tiles * g.c) * sizeof(float)),
+                          up((size_t)g.c * sizeof(double)),
+                          up((size_t)(slices * g.o * ckk) * sizeof(float)),
+                          up(amax_workspace_bytes())};
+    size_t off[6], total = 0;
+    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
+    uint8_t *ws = nullptr;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
+                       "cudaMallocAsync (conv backward workspace)"));
+    T *wt = reinterpret_cast<T *>(ws + off[0]), *gt = reinterpret_cast<T *>(ws + off[1]);
+    float *part_sum = reinterpret_cast<float *>(ws + off[2]), *part_dot = part_sum + tiles * g.c;
+    double *dots = reinterpret_cast<double *>(ws + off[3]);
+    float *wpart = reinterpret_cast<float *>(ws + off[4]);
+    float *amax = reinterpret_cast<float *>(ws + off[5]);
+
+    bie_status s = check(
+        use_halo ? cudaFuncSetAttribute(dgrad_halo_mma<T>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)halo_smem)
+                 : cudaFuncSetAttribute(dgrad_mma<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)dgrad_smem<T>()),
+        "cudaFuncSetAttribute (conv grad_x)");
+    if (s == BIE_OK) {
+        dgrad_weight<T><<<blocks_for((int64_t)kk * cp * op), 256, 0, st>>>(
+            reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
+        to_pixel_major<T><<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0,
+                            st>>>(static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
+        if (use_halo)
+            dgrad_halo_mma<T><<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, halo_smem, st>>>(
+                gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, halo_rows,
+                static_cast<T *>(a.grad_x), part_sum, part_dot);
+        else
+            dgrad_mma<T><<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
+                gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, static_cast<T *>(a.grad_x),
+                part_sum, part_dot);
+        dgrad_channel_sums<<<(unsigned)g.c, 256, 0, st>>>(part_sum, part_dot, tiles, (int)g.c,
+                                                          a.grad_bias, dots);
+        sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
+                 a.grad_scale_a);
+        switch (g.k) {
+        case 1: s = launch_wgrad<T, 1>(a, gt, op, (int)per_slice, (int)slices, wpart); break;
+        case 2: s = launch_wgrad<T, 2>(a, gt, op, (int)per_slice, (int)slices, wpart); break;
+        default: s = launch_wgrad<T, 3>(a, gt, op, (int)per_slice, (int)slices, wpart); break;
+        }
+    }
+    if (s == BIE_OK) {
+        wgrad_sum_slices<<<blocks_for(g.o * ckk), 256, 0, st>>>(wpart, (int)slices, g.o * ckk,
+                                                                a.saved_scales, a.grad_w);
+        if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * ckk, amax, a.grad_w_i8);
+        s = check(cudaGetLastError(), "binary conv2d backward kernels (tensor cores)");
+    }
+    cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync");
+}
+
+}  // namespace
+
+bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a) {
+    return (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.g.k >= 1 && a.g.k <= 3;
+}
+
+bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a) {
+    return a.dtype == BIE_F16 ? backward_mma_typed<__half>(a) : backward_mma_typed<__nv_bfloat16>(a);
+}
+
+}  // namespace bie_cuda
