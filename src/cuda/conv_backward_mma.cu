@@ -38,6 +38,7 @@ constexpr int kBK = 32;                   // grad_w K step: output pixels
 constexpr int kPitch = kBK + 8;           // grad_w B row (elements)
 constexpr int kWgM = 64;                  // grad_w tile: output channels (x 32 channels x taps)
 constexpr int kWgPitch = kWgM + 8;        // grad_w A row: one pixel's kWgM channels
+constexpr int kWgStages = 3;              // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
 constexpr int kSlicesTarget = 528;  // grad_w blocks to aim for (132 SMs x 2 blocks x 2)
 
@@ -389,9 +390,9 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// grad_w shared memory: A [2][kBK][kWgPitch] (pixel rows) + B [2][32 KK][kPitch] (T).
+// grad_w shared memory: A [kWgStages][kBK][kWgPitch] (pixel rows) + B [2][32 KK][kPitch] (T).
 template <typename T, int KS> constexpr size_t wgrad_smem() {
-    return (size_t)2 * (kBK * kWgPitch + 32 * KS * KS * kPitch) * sizeof(T);
+    return ((size_t)kWgStages * kBK * kWgPitch + (size_t)2 * 32 * KS * KS * kPitch) * sizeof(T);
 }
 
 // grad_w: block (output-channel tile, 32-channel word, K slice); 8 warps as 2 (output
@@ -407,8 +408,8 @@ __global__ void __launch_bounds__(256, 2)
     extern __shared__ __align__(16) unsigned char smem[];
     typedef T ARow[kWgPitch];
     typedef T BRow[kPitch];
-    ARow *as = reinterpret_cast<ARow *>(smem);  // [buf * kBK + pixel]
-    BRow *bs = reinterpret_cast<BRow *>(smem + (size_t)2 * kBK * kWgPitch * sizeof(T));
+    ARow *as = reinterpret_cast<ARow *>(smem);  // [stage * kBK + pixel]
+    BRow *bs = reinterpret_cast<BRow *>(smem + (size_t)kWgStages * kBK * kWgPitch * sizeof(T));
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int wm = warp & 1, wn = warp >> 1;
     const int C = (int)g64.c, O = (int)g64.o, H = (int)g64.h, W = (int)g64.w;
@@ -421,30 +422,40 @@ __global__ void __launch_bounds__(256, 2)
     if (steps <= 0) return;
 
     // A: pixel ap, 16-byte chunk ac. B: pixel pair bp, channels 16 bh .. 16 bh + 15, taps warp
-    // and warp + 8.
+    // and warp + 8. A is copied kWgStages - 1 steps ahead; B's sign words are loaded one step
+    // before they are expanded (after the next step's products), so both loads' latency hides
+    // behind a step of products.
     const int ap = tid >> 3, ac = tid & 7, bp = lane & 15, bh = lane >> 4;
-    uint32_t bw[2][2];
-    bool bin[2][2];
-    auto load = [&](int step, int buf) {
-        const int base = (first + step) * kBK, rr = base + ap;
-        cp_async16(smem_u32(&as[buf * kBK + ap][ac * 8]),
-                   gt + (rr < R ? (int64_t)rr * op + o0 + ac * 8 : 0), rr < R);
+    struct Words {
+        uint32_t w[2][2];
+        bool in[2][2];
+    };
+    auto issue_a = [&](int step) {
+        if (step < steps) {
+            const int rr = (first + step) * kBK + ap;
+            cp_async16(smem_u32(&as[(step % kWgStages) * kBK + ap][ac * 8]),
+                       gt + (rr < R ? (int64_t)rr * op + o0 + ac * 8 : 0), rr < R);
+        }
         cp_async_commit();
+    };
+    auto load_words = [&](int step, Words &wd) {
+        const int base = (first + step) * kBK;
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int r = base + 2 * bp + e;
-            const bool in = r < R;
+            const bool in = step < steps && r < R;
             const int n = in ? r / OHW : 0, pix = r - n * OHW, oy = pix / OW, ox = pix - oy * OW;
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int t = warp + 8 * u, i = t / KS, j = t - i * KS;
                 const int iy = oy * s - p + i * d, ix = ox * s - p + j * d;
-                bin[u][e] = t < KK && in && iy >= 0 && iy < H && ix >= 0 && ix < W;
-                bw[u][e] = bin[u][e] ? signs[((int64_t)(n * H + iy) * W + ix) * cw + cword] : 0u;
+                wd.in[u][e] = t < KK && in && iy >= 0 && iy < H && ix >= 0 && ix < W;
+                wd.w[u][e] =
+                    wd.in[u][e] ? signs[((int64_t)(n * H + iy) * W + ix) * cw + cword] : 0u;
             }
         }
     };
-    auto store_b = [&](int buf) {
+    auto store_b = [&](int buf, const Words &wd) {
         // ±1 as the 16-bit pattern (the sign bit from the word's bit, inverted), 0 outside:
         // per pair of pixels, base holds the two magnitudes, n0 / n1 the sign bits.
         const unsigned one = std::is_same<T, __half>::value ? 0x3c00u : 0x3f80u;
@@ -452,9 +463,9 @@ __global__ void __launch_bounds__(256, 2)
         for (int u = 0; u < 2; u++) {
             const int t = warp + 8 * u;
             if (t >= KK) continue;
-            const unsigned base = (bin[u][0] ? one : 0u) | (bin[u][1] ? one << 16 : 0u);
-            const uint32_t n0 = (bin[u][0] ? ~bw[u][0] : 0u) >> (bh * 16);
-            const uint32_t n1 = (bin[u][1] ? ~bw[u][1] : 0u) >> (bh * 16);
+            const unsigned base = (wd.in[u][0] ? one : 0u) | (wd.in[u][1] ? one << 16 : 0u);
+            const uint32_t n0 = (wd.in[u][0] ? ~wd.w[u][0] : 0u) >> (bh * 16);
+            const uint32_t n1 = (wd.in[u][1] ? ~wd.w[u][1] : 0u) >> (bh * 16);
             BRow *col = bs + buf * BN + bh * 16 * KK + t;
 #pragma unroll
             for (int b = 0; b < 16; b++)
@@ -464,21 +475,25 @@ __global__ void __launch_bounds__(256, 2)
     };
 
     float acc[2][KK][4] = {};
-    load(0, 0);
-    store_b(0);
-    cp_async_wait<0>();
+    Words cur, nxt;
+    load_words(0, cur);
+    issue_a(0);
+    issue_a(1);
+    store_b(0, cur);
+    load_words(1, cur);
+    cp_async_wait<1>();
     __syncthreads();
     for (int step = 0; step < steps; step++) {
-        const int buf = step & 1;
-        const bool more = step + 1 < steps;
-        if (more) load(step + 1, buf ^ 1);
+        const int buf = step & 1, stage = step % kWgStages;
+        issue_a(step + 2);
+        load_words(step + 2, nxt);
 #pragma unroll
         for (int ks = 0; ks < kBK; ks += 16) {
             unsigned af[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
                 ldmatrix_x4_trans(af[mi],
-                                  smem_u32(&as[buf * kBK + ks + (lane & 7) + ((lane >> 4) << 3)]
+                                  smem_u32(&as[stage * kBK + ks + (lane & 7) + ((lane >> 4) << 3)]
                                               [wm * 32 + mi * 16 + ((lane >> 3) & 1) * 8]));
             const BRow *bb = bs + buf * BN + wn * 8 * KK;
 #pragma unroll
@@ -497,10 +512,9 @@ __global__ void __launch_bounds__(256, 2)
                 }
             }
         }
-        if (more) {
-            store_b(buf ^ 1);
-            cp_async_wait<0>();
-        }
+        if (step + 1 < steps) store_b(buf ^ 1, cur);
+        cur = nxt;
+        cp_async_wait<1>();
         __syncthreads();
     }
 
