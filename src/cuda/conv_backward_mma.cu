@@ -29,18 +29,18 @@ namespace bie_cuda {
 namespace {
 
 // Shared rows are padded by 16 bytes: the 8 rows an ldmatrix reads fall in distinct banks.
-constexpr int kDgM = 128;                 // grad_x tile: input pixels
-constexpr int kDgN = 64;                  // grad_x tile: input channels
-constexpr int kDgK = 64;                  // grad_x K step: output channels of one tap
-constexpr int kDgPitch = kDgK + 8;        // grad_x shared row (elements)
-constexpr int kDgStages = 3;              // grad_x pipeline depth
-constexpr int kBK = 32;                   // grad_w K step: output pixels
-constexpr int kPitch = kBK + 8;           // grad_w B row (elements)
-constexpr int kWgM = 64;                  // grad_w tile: output channels (x 32 channels x taps)
-constexpr int kWgPitch = kWgM + 8;        // grad_w A row: one pixel's kWgM channels
-constexpr int kWgStages = 3;              // grad_w A pipeline depth
+constexpr int kDgM = 128;                    // grad_x tile: input pixels
+constexpr int kDgN = 64;                     // grad_x tile: input channels
+constexpr int kDgK = 64;                     // grad_x K step: output channels of one tap
+constexpr int kDgPitch = kDgK + 8;           // grad_x shared row (elements)
+constexpr int kDgStages = 3;                 // grad_x pipeline depth
+constexpr int kBK = 32;                      // grad_w K step: output pixels
+constexpr int kPitch = kBK + 8;              // grad_w B row (elements)
+constexpr int kWgM = 64;                     // grad_w tile: output channels (x 32 channels x taps)
+constexpr int kWgPitch = kWgM + 8;           // grad_w A row: one pixel's kWgM channels
+constexpr int kWgStages = 3;                 // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
-constexpr int kSlicesTarget = 528;  // grad_w blocks to aim for (132 SMs x 2 blocks x 2)
+constexpr int kSlicesTarget = 528;           // grad_w blocks to aim for (132 SMs x 2 blocks x 2)
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
@@ -100,13 +100,10 @@ __global__ void __launch_bounds__(256)
 // 4 (pixels, MI m16 tiles each) x 2 (channels, 32 each); tile row r is pixel m0 + r, for r <
 // rows.
 template <typename T, int MI>
-__device__ __forceinline__ void dgrad_epilogue(const float (&acc)[MI][4][4], int m0, int rows,
-                                               const uint32_t *__restrict__ mask,
-                                               const uint32_t *__restrict__ signs,
-                                               const float *__restrict__ scales,
-                                               const bie_conv_geom &g64, T *__restrict__ grad_x,
-                                               float *__restrict__ part_sum,
-                                               float *__restrict__ part_dot) {
+__device__ __forceinline__ void dgrad_epilogue(
+    const float (&acc)[MI][4][4], int m0, int rows, const uint32_t *__restrict__ mask,
+    const uint32_t *__restrict__ signs, const float *__restrict__ scales, const bie_conv_geom &g64,
+    T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
     __shared__ float red[2][4][kDgN];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int wm = warp & 3, wn = warp >> 2, c0 = blockIdx.y * kDgN;
@@ -168,10 +165,10 @@ template <typename T> constexpr size_t dgrad_smem() {
 // sums per channel.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    dgrad_mma(const T *__restrict__ gt, const T *__restrict__ wt,
-              const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
-              const float *__restrict__ scales, bie_conv_geom g64, int op, int cp,
-              T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
+    dgrad_mma(const T *__restrict__ gt, const T *__restrict__ wt, const uint32_t *__restrict__ mask,
+              const uint32_t *__restrict__ signs, const float *__restrict__ scales,
+              bie_conv_geom g64, int op, int cp, T *__restrict__ grad_x,
+              float *__restrict__ part_sum, float *__restrict__ part_dot) {
     extern __shared__ __align__(16) unsigned char smem[];
     typedef T Row[kDgPitch];
     Row *as = reinterpret_cast<Row *>(smem);  // [stage * kDgM + m]
@@ -208,11 +205,13 @@ __global__ void __launch_bounds__(256)
         const T *src = gt + (ok ? ((int64_t)nbase + ty * OW + tx) * op + o0 : 0);
         Row &ar = as[stage * kDgM + am];
 #pragma unroll
-        for (int c = 0; c < 4; c++) cp_async16(smem_u32(&ar[(ach + c) * 8]), src + (ach + c) * 8, ok);
+        for (int c = 0; c < 4; c++)
+            cp_async16(smem_u32(&ar[(ach + c) * 8]), src + (ach + c) * 8, ok);
         const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
         Row &br = bs[stage * kDgN + brow];
 #pragma unroll
-        for (int c = 0; c < 2; c++) cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+        for (int c = 0; c < 2; c++)
+            cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
     };
 
     float acc[2][4][4] = {};
@@ -233,13 +232,14 @@ __global__ void __launch_bounds__(256)
             unsigned af[2][4], bf[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                ldmatrix_x4(af[mi], smem_u32(&as[stage * kDgM + wm * 32 + mi * 16 + (lane & 15)]
-                                                [ks + (lane >> 4) * 8]));
+                ldmatrix_x4(
+                    af[mi],
+                    smem_u32(
+                        &as[stage * kDgM + wm * 32 + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]));
 #pragma unroll
             for (int np = 0; np < 2; np++)
-                ldmatrix_x4(bf[np],
-                            smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
-                                         (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
+                ldmatrix_x4(bf[np], smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
+                                                 (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(256)
         const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
         Row &br = bs[stage * kDgN + brow];
 #pragma unroll
-        for (int c = 0; c < 2; c++) cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+        for (int c = 0; c < 2; c++)
+            cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
     };
 
     float acc[MI][4][4] = {};
@@ -347,9 +348,8 @@ __global__ void __launch_bounds__(256)
             for (int mi = 0; mi < MI; mi++) ldmatrix_x4(af[mi], aaddr[mi] + ks * (int)sizeof(T));
 #pragma unroll
             for (int np = 0; np < 2; np++)
-                ldmatrix_x4(bf[np],
-                            smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
-                                         (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
+                ldmatrix_x4(bf[np], smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
+                                                 (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -559,9 +559,9 @@ bie_status launch_wgrad(const bie_cuda_bconv_backward_args &a, const T *gt, int 
                         int chunks_per_slice, int slices, float *part) {
     const auto fn = wgrad_mma<T, KS>;
     constexpr size_t smem = wgrad_smem<T, KS>();
-    BIE_CUDA_TRY(check(
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-        "cudaFuncSetAttribute (conv grad_w)"));
+    BIE_CUDA_TRY(
+        check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+              "cudaFuncSetAttribute (conv grad_w)"));
     const dim3 grid((unsigned)((a.g.o + kWgM - 1) / kWgM), (unsigned)bie_cuda_conv_cw(&a.g),
                     (unsigned)slices);
     fn<<<grid, 256, smem, current_stream>>>(gt, a.signs, a.g, op, chunks_per_slice, part);
@@ -580,8 +580,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const size_t halo_smem =
         halo_rows ? dgrad_halo_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T)) : 0;
     const bool use_halo = halo_rows && halo_smem <= kHaloSmemMax;
-    const int64_t tiles = use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows
-                                   : (g.n * g.h * g.w + kDgM - 1) / kDgM;
+    const int64_t tiles =
+        use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows : (g.n * g.h * g.w + kDgM - 1) / kDgM;
     const int64_t ckk = g.c * kk;
     const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
     const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
@@ -619,16 +619,18 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     if (s == BIE_OK) {
         dgrad_weight<T><<<blocks_for((int64_t)kk * cp * op), 256, 0, st>>>(
             reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
-        to_pixel_major<T><<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0,
-                            st>>>(static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
+        to_pixel_major<T>
+            <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
+                static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
         if (use_halo)
             dgrad_halo_mma<T><<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, halo_smem, st>>>(
                 gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, halo_rows,
                 static_cast<T *>(a.grad_x), part_sum, part_dot);
         else
-            dgrad_mma<T><<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
-                gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, static_cast<T *>(a.grad_x),
-                part_sum, part_dot);
+            dgrad_mma<T>
+                <<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
+                    gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, static_cast<T *>(a.grad_x),
+                    part_sum, part_dot);
         dgrad_channel_sums<<<(unsigned)g.c, 256, 0, st>>>(part_sum, part_dot, tiles, (int)g.c,
                                                           a.grad_bias, dots);
         sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
@@ -657,7 +659,8 @@ bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a) {
 }
 
 bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a) {
-    return a.dtype == BIE_F16 ? backward_mma_typed<__half>(a) : backward_mma_typed<__nv_bfloat16>(a);
+    return a.dtype == BIE_F16 ? backward_mma_typed<__half>(a)
+                              : backward_mma_typed<__nv_bfloat16>(a);
 }
 
 }  // namespace bie_cuda
