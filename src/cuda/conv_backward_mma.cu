@@ -255,24 +255,23 @@ __global__ void __launch_bounds__(256)
 
 // grad_x of a stride-1 convolution whose output has the input's size (OH = H, OW = W): the
 // same GEMM as dgrad_mma, but a block's tile is `tr` whole rows of the flattened [n h] image
-// rows (tr W <= kHaloM pixels) and, for each kDgK output channels, it copies the pixel-major
-// gradient rows its taps read once (tr + (k - 1) d rows, the halo) instead of once per tap;
-// each tap's A fragments are gathered from it by the ldmatrix row addresses (a zero row where
-// the tap leaves the image). Steps run over (channel chunk, tap), taps inner; the halo of a
+// rows (tr W <= 64 MI pixels: MI m16 tiles per warp) and, for each kDgK output channels, it copies
+// the pixel-major gradient rows its taps read once (tr + (k - 1) d rows, the halo) instead of once
+// per tap; each tap's A fragments are gathered from it by the ldmatrix row addresses (a zero row
+// where the tap leaves the image). Steps run over (channel chunk, tap), taps inner; the halo of a
 // chunk is copied with its first tap's weights, two steps ahead, into one of two buffers.
-constexpr int kHaloM = 256;
+constexpr int kHaloFill = 264;  // blocks that keep the device busy (2 per SM); else MI = 2
 __host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize) {
     return ((size_t)2 * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) * kDgPitch * esize;
 }
 
-template <typename T>
+template <typename T, int MI>
 __global__ void __launch_bounds__(256)
     dgrad_halo_mma(const T *__restrict__ gt, const T *__restrict__ wt,
                    const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
                    const float *__restrict__ scales, bie_conv_geom g64, int op, int cp, int tr,
                    T *__restrict__ grad_x, float *__restrict__ part_sum,
                    float *__restrict__ part_dot) {
-    constexpr int MI = kHaloM / 64;
     extern __shared__ __align__(16) unsigned char smem[];
     typedef T Row[kDgPitch];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -573,13 +572,21 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const bie_conv_geom &g = a.g;
     const int kk = (int)(g.k * g.k), cp = (int)((g.c + kDgN - 1) / kDgN * kDgN);
     const int op = (int)((g.o + kDgK - 1) / kDgK * kDgK);
-    // grad_x through the halo kernel where it applies (stride 1, same size, rows that fit).
-    const int halo_rows = g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w && g.w <= kHaloM
-                              ? (int)(kHaloM / g.w)
-                              : 0;
-    const size_t halo_smem =
-        halo_rows ? dgrad_halo_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T)) : 0;
-    const bool use_halo = halo_rows && halo_smem <= kHaloSmemMax;
+    // grad_x through the halo kernel where it applies (stride 1, same size, rows that fit):
+    // 256-pixel tiles (MI = 4), or 128 (MI = 2) where those would leave the device idle.
+    int halo_mi = 0, halo_rows = 0;
+    size_t halo_smem = 0;
+    if (g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w)
+        for (int mi = 4; mi >= 2; mi -= 2) {
+            const int rows = (int)(64 * mi / g.w);
+            if (rows < 1) break;
+            const size_t smem = dgrad_halo_smem(rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T));
+            const int64_t blocks = (g.n * g.h + rows - 1) / rows * (cp / kDgN);
+            if (smem > kHaloSmemMax) continue;
+            halo_mi = mi, halo_rows = rows, halo_smem = smem;
+            if (blocks >= kHaloFill) break;
+        }
+    const bool use_halo = halo_mi != 0;
     const int64_t tiles =
         use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows : (g.n * g.h * g.w + kDgM - 1) / kDgM;
     const int64_t ckk = g.c * kk;
@@ -611,7 +618,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     float *amax = reinterpret_cast<float *>(ws + off[5]);
 
     bie_status s = check(
-        use_halo ? cudaFuncSetAttribute(dgrad_halo_mma<T>,
+        use_halo ? cudaFuncSetAttribute(halo_mi == 4 ? dgrad_halo_mma<T, 4> : dgrad_halo_mma<T, 2>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)halo_smem)
                  : cudaFuncSetAttribute(dgrad_mma<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)dgrad_smem<T>()),
@@ -623,7 +630,10 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
                 static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
         if (use_halo)
-            dgrad_halo_mma<T><<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, halo_smem, st>>>(
+            (halo_mi == 4
+                 ? dgrad_halo_mma<T, 4>
+                 : dgrad_halo_mma<
+                       T, 2>)<<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, halo_smem, st>>>(
                 gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, halo_rows,
                 static_cast<T *>(a.grad_x), part_sum, part_dot);
         else

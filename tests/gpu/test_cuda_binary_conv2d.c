@@ -334,11 +334,16 @@ int main(int argc, char **argv) {
         {8, 256, 12, 12, 512, 3, 1, 1, 1},
         {16, 128, 12, 12, 512, 3, 1, 1, 1},
         {32, 128, 6, 6, 512, 3, 1, 1, 1},
-        /* the 16-bit backward's halo kernel (stride 1, output the input's size): dilation 2,
-         * one 130-pixel row per tile, rows of 9 or 33 pixels, tiles across images */
+        /* the 16-bit backward's halo kernel (stride 1, output the input's size), 128-pixel
+         * tiles: dilation 2, one 130-pixel row per tile (a 256-pixel one: the grid is small),
+         * rows of 9 or 33 pixels, tiles across images */
         {2, 20, 9, 11, 24, 3, 1, 2, 2},
         {1, 24, 3, 130, 40, 3, 1, 1, 1},
         {5, 70, 9, 33, 66, 3, 1, 1, 1},
+        /* enough rows for its 256-pixel tiles (264 and 300 of them; 30-pixel rows leave 16
+         * pixels of each tile empty) */
+        {66, 8, 32, 32, 8, 3, 1, 1, 1},
+        {60, 12, 40, 30, 16, 3, 1, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
