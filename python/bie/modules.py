@@ -22,7 +22,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from . import _lib, distributed
+from . import _compile, _lib, distributed
 from ._layer import BIAS_A, QWEIGHT, SCALE_A, SCALE_W, WEIGHT, WEIGHT_FLOAT_GRAD, Layer
 from ._lib import WORD_DTYPE, BieError, fail
 from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward,
@@ -70,6 +70,7 @@ class _BieLayerModule(nn.Module):
         for name, _ in _PARAMS:
             self.register_parameter(name, None)
         self._sync()
+        _compile.register(self)
 
     # ---------------------------------------------------------------- parameters
 
@@ -264,6 +265,7 @@ class _BieLayerModule(nn.Module):
             except BieError:
                 pass  # a kernel of another device: the default one
         self._layer.set_training(info["training"])
+        _compile.register(self)
 
     # ---------------------------------------------------------------- the seed's methods
 
@@ -380,16 +382,25 @@ class _BieLayerModule(nn.Module):
         self._layer.keep_inputs = bool(value)
 
     def forward(self, x):
-        self._check_params()
+        compiled = _compile.compiling() and x.is_floating_point()
+        if not compiled:
+            self._check_params()
         cast = _autocast_dtype(x)
-        if cast is None:
-            return self._forward(x)
         # Under autocast: the input in the layer's dtype, the output in the autocast dtype
         # (what torch's linear and conv2d return there).
-        if x.is_floating_point() and x.dtype != self.dtype:
+        if cast is not None and x.is_floating_point() and x.dtype != self.dtype:
             x = x.to(self.dtype)
-        out = self._forward(x)
-        return out if out.dtype == cast else out.to(cast)
+        out = _compile.forward(self, x) if compiled else self._forward(x)
+        return out if cast is None or out.dtype == cast else out.to(cast)
+
+    def _layer_forward(self, x):
+        """The forward after autocast's conversion, run by the compiled call's operator."""
+        self._check_params()
+        return self._forward(x)
+
+    def _compile_params(self):
+        """The parameters a compiled call passes to its operator, in a fixed order."""
+        return [p for p in self._parameters.values() if p is not None]
 
     def _forward(self, x):
         if not self.training and not (x.requires_grad and torch.is_grad_enabled()):

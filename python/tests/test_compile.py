@@ -1,0 +1,166 @@
+"""torch.compile of models with bie modules (torch >= 2.4: the custom operators of
+bie._compile): whole graphs (no graph break at bie layers), and the same values as eager
+execution in training (forward, every gradient, sign-flip steps on int8 weights), inference
+and under autocast; the eager rules kept (a backward of an inference output raises)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import bie
+from bie import _compile
+
+pytestmark = pytest.mark.skipif(not _compile.AVAILABLE or not hasattr(torch, "compile"),
+                                reason="needs torch >= 2.4 (torch.library.custom_op)")
+
+
+class Net(nn.Module):
+    """A residual unit of binary convs, a q4 conv, then binary and q4 linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = bie.BinaryConv2dCutlass(6, 12, 3, 1, 1)
+        self.bn1 = nn.BatchNorm2d(12)
+        self.conv2 = bie.BinaryConv2dCutlass(12, 12, 3, 1, 1)
+        self.bn2 = nn.BatchNorm2d(12)
+        self.down = bie.Q4Conv2dCutlass(12, 10, 3, 2, 1)
+        self.fc1 = bie.BinaryLinearCutlass(10 * 4 * 4, 33)
+        self.fc2 = bie.Q4LinearCutlass(33, 7)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + y)
+        y = self.down(y).flatten(1)
+        return self.fc2(torch.tanh(self.fc1(y)))
+
+
+def _pair(int8):
+    torch.manual_seed(11)
+    eager = Net()
+    with torch.no_grad():  # 4-bit weight steps for these small weights (default scale_w: 1)
+        eager.down.scale_w.fill_(0.02)
+        eager.fc2.scale_w.fill_(0.03)
+    if int8:
+        bie.prepare_bie_layers(eager)
+    return eager, copy.deepcopy(eager)
+
+
+def _data(n=5):
+    gen = torch.Generator().manual_seed(3)
+    return torch.randn(n, 6, 8, 8, generator=gen), torch.randint(0, 7, (n,), generator=gen)
+
+
+def test_one_graph_no_break():
+    eager, _ = _pair(True)
+    x, _ = _data()
+    explained = torch._dynamo.explain(eager)(x)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_training_matches_eager(int8):
+    torch._dynamo.reset()
+    eager, twin = _pair(int8)
+    compiled = torch.compile(twin, backend="aot_eager")
+    opts = [bie.SignFlip(m.parameters(), lr=1e-3, float_lr=1e-2, seed=4) for m in (eager, twin)]
+    x, y = _data()
+    for step in range(3):
+        losses = []
+        for model, opt in ((eager, opts[0]), (compiled, opts[1])):
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+        assert torch.equal(losses[0], losses[1]), step
+        for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                assert p.grad.dtype == q.grad.dtype, name
+                assert torch.equal(p.grad, q.grad), (step, name)
+        for opt in opts:
+            opt.step()
+        for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
+            assert torch.equal(p, q), (step, name)
+    if int8:
+        assert twin.fc1.weight.dtype == torch.int8 and opts[1].flipped > 0
+
+
+def test_inference_and_autocast_match_eager():
+    torch._dynamo.reset()
+    eager, twin = _pair(True)
+    compiled = torch.compile(twin, backend="aot_eager")
+    x, _ = _data(3)
+    eager.eval()
+    twin.eval()
+    with torch.no_grad():
+        assert torch.equal(compiled(x), eager(x))
+    eager.train()
+    twin.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = eager(x), compiled(x)
+    assert a.dtype == b.dtype
+    assert torch.equal(a, b)
+
+
+_INDUCTOR = """
+import torch
+from torch import nn
+import test_compile as t
+eager, twin = t._pair(False)
+compiled = torch.compile(twin)
+x, y = t._data()
+for model in (eager, compiled):
+    nn.functional.cross_entropy(model(x), y).backward()
+for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
+    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+print("ok")
+"""
+
+
+def test_inductor_forward_backward():
+    # In a process of its own: inductor's CPU kernels switch the process to flush denormals
+    # to zero (a torch behaviour), which would change later tests' float arithmetic.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    here = pathlib.Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]))
+    run = subprocess.run([sys.executable, "-c", _INDUCTOR], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+def test_backward_of_inference_output_raises():
+    torch._dynamo.reset()
+    layer = bie.BinaryLinearCutlass(20, 9)
+    layer.eval()
+    compiled = torch.compile(layer, backend="aot_eager")
+    x = torch.randn(4, 20, requires_grad=True)
+    out = compiled(x)
+    with pytest.raises(RuntimeError, match="no forward to match"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_two_forwards_before_backward(keep):
+    """As in eager mode: the first forward's backward raises, unless the layer keeps its
+    inputs (then it runs that forward again)."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    layer = bie.BinaryLinearCutlass(20, 9, keep_inputs=keep)
+    twin = copy.deepcopy(layer)
+    compiled = torch.compile(twin, backend="aot_eager")
+    a, b = torch.randn(4, 20), torch.randn(4, 20)
+    first, _ = compiled(a), compiled(b)
+    if not keep:
+        with pytest.raises(RuntimeError, match="another training forward"):
+            first.sum().backward()
+        return
+    first.sum().backward()
+    layer(a).sum().backward()
+    assert torch.equal(twin.scale_a.grad, layer.scale_a.grad)
+    assert torch.equal(twin.bias_a.grad, layer.bias_a.grad)
