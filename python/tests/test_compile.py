@@ -3,6 +3,7 @@ bie._compile): whole graphs (no graph break at bie layers), and the same values 
 execution in training (forward, every gradient, sign-flip steps on int8 weights), inference
 and under autocast; the eager rules kept (a backward of an inference output raises)."""
 
+import contextlib
 import copy
 
 import pytest
@@ -19,15 +20,16 @@ pytestmark = pytest.mark.skipif(not _compile.AVAILABLE or not hasattr(torch, "co
 class Net(nn.Module):
     """A residual unit of binary convs, a q4 conv, then binary and q4 linear layers."""
 
-    def __init__(self):
+    def __init__(self, device=None, dtype=torch.float32):
         super().__init__()
-        self.conv1 = bie.BinaryConv2dCutlass(6, 12, 3, 1, 1)
-        self.bn1 = nn.BatchNorm2d(12)
-        self.conv2 = bie.BinaryConv2dCutlass(12, 12, 3, 1, 1)
-        self.bn2 = nn.BatchNorm2d(12)
-        self.down = bie.Q4Conv2dCutlass(12, 10, 3, 2, 1)
-        self.fc1 = bie.BinaryLinearCutlass(10 * 4 * 4, 33)
-        self.fc2 = bie.Q4LinearCutlass(33, 7)
+        kw = dict(device=device, dtype=dtype)
+        self.conv1 = bie.BinaryConv2dCutlass(6, 12, 3, 1, 1, **kw)
+        self.bn1 = nn.BatchNorm2d(12, device=device)
+        self.conv2 = bie.BinaryConv2dCutlass(12, 12, 3, 1, 1, **kw)
+        self.bn2 = nn.BatchNorm2d(12, device=device)
+        self.down = bie.Q4Conv2dCutlass(12, 10, 3, 2, 1, **kw)
+        self.fc1 = bie.BinaryLinearCutlass(10 * 4 * 4, 33, **kw)
+        self.fc2 = bie.Q4LinearCutlass(33, 7, **kw)
 
     def forward(self, x):
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -36,9 +38,9 @@ class Net(nn.Module):
         return self.fc2(torch.tanh(self.fc1(y)))
 
 
-def _pair(int8):
+def _pair(int8, device=None, dtype=torch.float32):
     torch.manual_seed(11)
-    eager = Net()
+    eager = Net(device, dtype)
     with torch.no_grad():  # 4-bit weight steps for these small weights (default scale_w: 1)
         eager.down.scale_w.fill_(0.02)
         eager.fc2.scale_w.fill_(0.03)
@@ -47,9 +49,14 @@ def _pair(int8):
     return eager, copy.deepcopy(eager)
 
 
-def _data(n=5):
+def _data(n=5, device=None):
     gen = torch.Generator().manual_seed(3)
-    return torch.randn(n, 6, 8, 8, generator=gen), torch.randint(0, 7, (n,), generator=gen)
+    x, y = torch.randn(n, 6, 8, 8, generator=gen), torch.randint(0, 7, (n,), generator=gen)
+    return (x.to(device), y.to(device)) if device is not None else (x, y)
+
+
+def _cuda_ok():
+    return torch.cuda.is_available() and bie.cuda_built()
 
 
 def test_one_graph_no_break():
@@ -60,18 +67,26 @@ def test_one_graph_no_break():
     assert explained.graph_count == 1
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_training_matches_eager(int8):
+@pytest.mark.parametrize("device,dtype,int8", [
+    (None, torch.float32, False), (None, torch.float32, True),
+    pytest.param("cuda", torch.float32, True),
+    pytest.param("cuda", torch.bfloat16, True)])
+def test_training_matches_eager(device, dtype, int8):
+    if device == "cuda" and not _cuda_ok():
+        pytest.skip("needs a CUDA device and a libbie with the CUDA backend")
     torch._dynamo.reset()
-    eager, twin = _pair(int8)
+    eager, twin = _pair(int8, device, dtype)
     compiled = torch.compile(twin, backend="aot_eager")
     opts = [bie.SignFlip(m.parameters(), lr=1e-3, float_lr=1e-2, seed=4) for m in (eager, twin)]
-    x, y = _data()
+    x, y = _data(device=device)
+    autocast = (torch.autocast("cuda", dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
     for step in range(3):
         losses = []
         for model, opt in ((eager, opts[0]), (compiled, opts[1])):
             opt.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(x), y)
+            with autocast:
+                loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             losses.append(loss.detach())
         assert torch.equal(losses[0], losses[1]), step
