@@ -8,7 +8,12 @@ operators and kernels by device time (CPU time on the CPU), and optionally a Chr
 
 Same network, data and step as train_resnet.py (which it imports); bf16 autocast on CUDA,
 float32 on the CPU. The table has a row per operator (aten::*, bie's autograd Functions) and,
-on CUDA, per kernel; self device time is what each launched itself.
+on CUDA, per kernel; self device time is what each launched itself. ``--sort cpu`` orders by
+host time instead (for steps the host limits). Under torchrun (2 or more processes) the model
+is wrapped in DistributedDataParallel as in train_resnet.py and rank 0 prints its profile:
+
+    BIE_LIBRARY=build-gpu/libbie.so torchrun --standalone --nproc_per_node=2 \
+        python/bench/profile_resnet.py --side bie --batch 256 --sort cpu
 """
 
 import argparse
@@ -33,15 +38,21 @@ def parse(argv=None):
     p.add_argument("--width-div", type=int, default=1, help="divide every width (quick runs)")
     p.add_argument("--rows", type=int, default=25, help="rows of the table (default 25)")
     p.add_argument("--trace", default=None, help="write a Chrome trace to this file")
+    p.add_argument("--sort", choices=("device", "cpu"), default="device",
+                   help="order the table by device time (CUDA; default) or host time")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    args.threads = 0
+    device, dist = train_resnet.setup(args)  # the process group under torchrun
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     model, make_opt = train_resnet.build(args.side, device, dtype, args.width_div, False)
+    if dist is not None:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None)
     opt = make_opt(model.parameters())
     model.train()
     gen = torch.Generator().manual_seed(1)
@@ -69,13 +80,19 @@ def main(argv=None):
             step()
         if cuda:
             torch.cuda.synchronize(device)
-    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    if dist is not None and dist.get_rank() != 0:
+        dist.destroy_process_group()
+        return
+    key = "self_cuda_time_total" if cuda and args.sort == "device" else "self_cpu_time_total"
+    ranks = f", rank 0 of {dist.get_world_size()} (DDP)" if dist is not None else ""
     print(f"profile_resnet: side {args.side}, batch {args.batch}, {args.steps} steps on "
-          f"{torch.cuda.get_device_name(device) if cuda else 'the CPU'}")
+          f"{torch.cuda.get_device_name(device) if cuda else 'the CPU'}{ranks}")
     print(prof.key_averages().table(sort_by=key, row_limit=args.rows))
     if args.trace:
         prof.export_chrome_trace(args.trace)
         print(f"wrote {args.trace}")
+    if dist is not None:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
