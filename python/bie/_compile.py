@@ -44,9 +44,19 @@ UNAVAILABLE_REASON = None if AVAILABLE else "torch.library.custom_op needs torch
 
 
 def register(module):
-    """Make ``module`` reachable from the operators under its key (``id``)."""
-    module._compile_key = id(module)
-    _modules[id(module)] = module
+    """Make ``module`` reachable from the operators under its key (``id``); what its compiled
+    forwards keep for their backward goes with it."""
+    key = id(module)
+    if getattr(module, "_compile_key", None) == key and _modules.get(key) is module:
+        return
+    module._compile_key = key
+    _modules[key] = module
+    weakref.finalize(module, _forget, key)
+
+
+def _forget(key):
+    for token in _pending.pop(key, ()):
+        _runs.pop(token, None)
 
 
 def compiling():

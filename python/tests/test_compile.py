@@ -179,3 +179,20 @@ def test_two_forwards_before_backward(keep):
     layer(a).sum().backward()
     assert torch.equal(twin.scale_a.grad, layer.scale_a.grad)
     assert torch.equal(twin.bias_a.grad, layer.bias_a.grad)
+
+
+def test_pending_forward_released_with_its_module():
+    """A compiled training forward whose backward never runs is kept (for that backward) only
+    until the layer's next forward or the module's end."""
+    import gc
+    torch._dynamo.reset()
+    layer = bie.BinaryLinearCutlass(20, 9)
+    compiled = torch.compile(layer, backend="aot_eager")
+    before = len(_compile._runs)
+    for _ in range(3):
+        compiled(torch.randn(4, 20))
+    assert len(_compile._runs) == before + 1  # only the last forward of the layer
+    del compiled, layer
+    torch._dynamo.reset()
+    gc.collect()
+    assert len(_compile._runs) == before
