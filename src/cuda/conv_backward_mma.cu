@@ -153,6 +153,40 @@ __device__ __forceinline__ void dgrad_epilogue(
     }
 }
 
+// The grad_x kernels' B operand. One step's weight tile: the ±1 weight [tap][cp][op] rows of
+// the block's kDgN channels at tap t, output channels o0 .., into the stage's rows bs (each
+// thread two 16-byte chunks of row threadIdx.x / 4).
+template <typename T>
+__device__ __forceinline__ void dgrad_issue_weights(T (*bs)[kDgPitch], const T *__restrict__ wt,
+                                                    int t, int cp, int c0, int op, int o0) {
+    const int row = threadIdx.x >> 2, chunk = (threadIdx.x & 3) * 2;
+    const T *src = wt + ((int64_t)t * cp + c0 + row) * op + o0;
+#pragma unroll
+    for (int c = 0; c < 2; c++)
+        cp_async16(smem_u32(&bs[row][(chunk + c) * 8]), src + (chunk + c) * 8, true);
+}
+
+// The products of one k16 step: this warp's B fragments (its 32 channels of the stage's rows
+// bs, warps as 4 x 2 with the channels' warp index warp / 4) against the A fragments af.
+template <typename T, int MI>
+__device__ __forceinline__ void dgrad_products(float (&acc)[MI][4][4], const unsigned (&af)[MI][4],
+                                               const T (*bs)[kDgPitch], int ks) {
+    const int lane = threadIdx.x & 31, wn = threadIdx.x >> 7;
+    unsigned bf[2][4];
+#pragma unroll
+    for (int np = 0; np < 2; np++)
+        ldmatrix_x4(
+            bf[np],
+            smem_u32(
+                &bs[wn * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+            mma16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2],
+                        bf[ni >> 1][(ni & 1) * 2 + 1]);
+}
+
 // grad_x shared memory: stages x (A [kDgM][kDgPitch] + B [kDgN][kDgPitch]) of T.
 template <typename T> constexpr size_t dgrad_smem() {
     return (size_t)kDgStages * (kDgM + kDgN) * kDgPitch * sizeof(T);
@@ -174,14 +208,14 @@ __global__ void __launch_bounds__(256)
     Row *as = reinterpret_cast<Row *>(smem);  // [stage * kDgM + m]
     Row *bs = reinterpret_cast<Row *>(smem + (size_t)kDgStages * kDgM * kDgPitch * sizeof(T));
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp & 3, wn = warp >> 2;
+    const int wm = warp & 3;
     const int H = (int)g64.h, W = (int)g64.w, HW = H * W;
     const int OH = (int)g64.oh, OW = (int)g64.ow, OHW = OH * OW, k = (int)g64.k;
     const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
     const int NHW = (int)(g64.n * HW), m0 = blockIdx.x * kDgM, c0 = blockIdx.y * kDgN;
 
     // This thread's A row (one input pixel, half of its kDgK columns) and B row.
-    const int am = tid >> 1, ach = (tid & 1) * 4, brow = tid >> 2, bch = (tid & 3) * 2;
+    const int am = tid >> 1, ach = (tid & 1) * 4;
     const int q = m0 + am;
     const bool qin = q < NHW;
     int y = 0, x = 0, nbase = 0;
@@ -207,11 +241,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int c = 0; c < 4; c++)
             cp_async16(smem_u32(&ar[(ach + c) * 8]), src + (ach + c) * 8, ok);
-        const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
-        Row &br = bs[stage * kDgN + brow];
-#pragma unroll
-        for (int c = 0; c < 2; c++)
-            cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+        dgrad_issue_weights<T>(bs + stage * kDgN, wt, t, cp, c0, op, o0);
     };
 
     float acc[2][4][4] = {};
@@ -229,23 +259,14 @@ __global__ void __launch_bounds__(256)
         const int stage = step % kDgStages;
 #pragma unroll
         for (int ks = 0; ks < kDgK; ks += 16) {
-            unsigned af[2][4], bf[2][4];
+            unsigned af[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
                 ldmatrix_x4(
                     af[mi],
                     smem_u32(
                         &as[stage * kDgM + wm * 32 + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]));
-#pragma unroll
-            for (int np = 0; np < 2; np++)
-                ldmatrix_x4(bf[np], smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
-                                                 (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++)
-                    mma16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2],
-                                bf[ni >> 1][(ni & 1) * 2 + 1]);
+            dgrad_products<T, 2>(acc, af, bs + stage * kDgN, ks);
         }
     }
     cp_async_wait<0>();
@@ -275,7 +296,7 @@ __global__ void __launch_bounds__(256)
     extern __shared__ __align__(16) unsigned char smem[];
     typedef T Row[kDgPitch];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp & 3, wn = warp >> 2;
+    const int wm = warp & 3;
     const int H = (int)g64.h, W = (int)g64.w, NH = (int)g64.n * H, k = (int)g64.k;
     const int kk = k * k, p = (int)g64.p, d = (int)g64.d;
     const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * kDgN;
@@ -295,7 +316,6 @@ __global__ void __launch_bounds__(256)
         lok[mi] = r < tr && gy < NH;
         ly[mi] = gy % H;
     }
-    const int brow = tid >> 2, bch = (tid & 3) * 2;
     const int steps = op / kDgK * kk;
     auto issue = [&](int step, int stage) {
         const int oc = step / kk, t = step - oc * kk, o0 = oc * kDgK;
@@ -310,11 +330,7 @@ __global__ void __launch_bounds__(256)
                            gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
             }
         }
-        const T *wsrc = wt + ((int64_t)t * cp + c0 + brow) * op + o0;
-        Row &br = bs[stage * kDgN + brow];
-#pragma unroll
-        for (int c = 0; c < 2; c++)
-            cp_async16(smem_u32(&br[(bch + c) * 8]), wsrc + (bch + c) * 8, true);
+        dgrad_issue_weights<T>(bs + stage * kDgN, wt, t, cp, c0, op, o0);
     };
 
     float acc[MI][4][4] = {};
@@ -342,19 +358,10 @@ __global__ void __launch_bounds__(256)
         }
 #pragma unroll
         for (int ks = 0; ks < kDgK; ks += 16) {
-            unsigned af[MI][4], bf[2][4];
+            unsigned af[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) ldmatrix_x4(af[mi], aaddr[mi] + ks * (int)sizeof(T));
-#pragma unroll
-            for (int np = 0; np < 2; np++)
-                ldmatrix_x4(bf[np], smem_u32(&bs[stage * kDgN + wn * 32 + np * 16 + (lane & 7) +
-                                                 (lane >> 4) * 8][ks + ((lane >> 3) & 1) * 8]));
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++)
-                    mma16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2],
-                                bf[ni >> 1][(ni & 1) * 2 + 1]);
+            dgrad_products<T, MI>(acc, af, bs + stage * kDgN, ks);
         }
     }
     cp_async_wait<0>();
