@@ -176,7 +176,7 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     const size_t ws_w = (size_t)(n * k) * sizeof(T), ws_x = (size_t)(m * k) * sizeof(T);
     const size_t ws_g = (size_t)(m * k) * sizeof(float), ws_r = (size_t)m * sizeof(double);
     const size_t ws_c = (size_t)kColSplits * (size_t)k * sizeof(double),
-                 ws_a = kAmaxBlocks * sizeof(float);
+                 ws_a = amax_workspace_bytes();
     auto up = [](size_t v) { return (v + 255) / 256 * 256; };
     const size_t total = up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c) + up(ws_a);
     uint8_t *ws = nullptr;
@@ -217,10 +217,7 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
                                                                                     col_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, k, a.grad_bias);
     scale_grad<<<1, 256, 0, st>>>(row_dot, m, std::sqrt((double)m * (double)k), a.grad_scale_a);
-    if (a.grad_w_i8) {
-        amax_partial<<<kAmaxBlocks, 256, 0, st>>>(a.grad_w, n * k, amax);
-        quantize_i8<<<grid_for(n * k), 256, 0, st>>>(a.grad_w, n * k, amax, a.grad_w_i8);
-    }
+    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, amax, a.grad_w_i8);
     s = check(cudaGetLastError(), "binary linear backward kernels");
 done:
     cudaError_t free_err = cudaFreeAsync(ws, st);
@@ -361,7 +358,7 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
                           up((size_t)(g.o * rows) * sizeof(T)),
                           up((size_t)(rows * K) * sizeof(float)),
                           up((size_t)(2 * g.n * g.c) * sizeof(double)),
-                          up(kAmaxBlocks * sizeof(float)),
+                          up(amax_workspace_bytes()),
                           up((size_t)(g.n * g.c * g.h * g.w) * sizeof(float))};
     size_t off[7], total = 0;
     for (int i = 0; i < 7; i++) off[i] = total, total += sz[i];
@@ -416,10 +413,7 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,
                                        std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
                                        a.grad_bias, a.grad_scale_a);
-    if (a.grad_w_i8) {
-        amax_partial<<<kAmaxBlocks, 256, 0, st>>>(a.grad_w, g.o * K, amax);
-        quantize_i8<<<grid_for(g.o * K), 256, 0, st>>>(a.grad_w, g.o * K, amax, a.grad_w_i8);
-    }
+    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * K, amax, a.grad_w_i8);
     s = check(cudaGetLastError(), "binary conv2d backward kernels");
 done:
     cudaError_t free_err = cudaFreeAsync(ws, st);
