@@ -11,10 +11,11 @@ forward over a process group of more than one rank:
 - **int8 binary weights.** Their gradient is the int8 quantization of the float gradient
   (SPEC §2), stored in ``weight.grad`` by the backward; DDP skips parameters that do not
   require a gradient, so each rank would flip signs after its own gradient. The backward
-  instead starts an asynchronous all-reduce of the float gradient
-  (``BIE_PARAM_WEIGHT_FLOAT_GRAD``) over DDP's process group as soon as the layer's backward
-  has made it, so it overlaps the rest of the backward, as DDP's buckets do; at the end of the
-  backward (an autograd engine callback, run before ``backward()`` returns) the sum is divided
+  instead gathers the float gradients (``BIE_PARAM_WEIGHT_FLOAT_GRAD``) into buckets, as
+  DDP does with its own: a bucket's asynchronous all-reduce over DDP's process group starts
+  as soon as it holds 25 MiB of gradients, so it overlaps the rest of the backward, and the
+  last bucket's at the end of the backward (an autograd engine callback, run before
+  ``backward()`` returns). There each bucket's sum is divided
   by the number of ranks, as DDP averages, and quantized to int8 with SPEC §1's per-tensor
   formula (:func:`quantize_int8`) into ``weight.grad``. Every rank quantizes the same reduced
   values, so every rank gets the same int8 gradient. Averaging float gradients costs one
@@ -98,6 +99,8 @@ def active():
     size = _dist.get_world_size(group)
     if size <= 1:
         return None
+    if _current is not None:
+        _drop_abandoned()
     return Sync(group, size, bool(getattr(ddp, "require_backward_grad_sync", True)))
 
 
@@ -127,24 +130,113 @@ def agree_scale_a(layer, x, sync):
     layer.scale_a_agreed = True
 
 
+# The binary weights' float gradients of one backward travel in buckets, as DDP's own do: a
+# bucket's all-reduce starts as soon as it holds this many bytes (DDP's default bucket size),
+# the last one at the end of the backward. One collective per bucket rather than per layer,
+# and one pass of the int8 quantization over each bucket, keep the host work of a step small.
+BUCKET_BYTES = 25 * 2**20
+
+_current = None  # the _Backward of the backward now running (None between backwards)
+
+
+class _Backward:
+    """The int8 binary weights reduced in one backward, in the order their gradients came."""
+
+    def __init__(self):
+        self.open = []  # (layer, weight, float gradient view) not yet in a bucket
+        self.open_bytes = 0
+        self.open_sync = None
+        self.buckets = []  # (all-reduce work, flat gradients, entries, ranks)
+
+    def add(self, layer, weight, sync):
+        grad = layer.view(WEIGHT_FLOAT_GRAD, grad=True)  # C memory, valid until its next backward
+        if self.open:
+            first = self.open[0][2]
+            if (sync.group is not self.open_sync.group or grad.device != first.device
+                    or any(e[0] is layer for e in self.open)):  # a layer used twice
+                self.flush()
+        self.open.append((layer, weight, grad))
+        self.open_sync = sync
+        self.open_bytes += grad.numel() * grad.element_size()
+        if self.open_bytes >= BUCKET_BYTES:
+            self.flush()
+
+    def flush(self):
+        """Copy the open gradients into one flat tensor and start its all-reduce."""
+        if not self.open:
+            return
+        grads = [g.reshape(-1) for _, _, g in self.open]
+        flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
+        work = _dist.all_reduce(flat, group=self.open_sync.group, async_op=True)
+        self.buckets.append((work, flat, self.open, self.open_sync.size))
+        self.open, self.open_bytes = [], 0
+
+    def finish(self):
+        """At the end of the backward: average each bucket, quantize every gradient in it, set
+        ``weight.grad`` and the layers' gradients (``weight_float_grad`` and the int8 one)."""
+        self.flush()
+        for work, flat, entries, ranks in self.buckets:
+            work.wait()
+            flat.div_(ranks)
+            pieces = flat.split([g.numel() for _, _, g in entries])
+            q = _quantize_pieces(flat, pieces)
+            qs = q.split([p.numel() for p in pieces])
+            dst, src = [], []
+            for (layer, weight, grad), piece, qp in zip(entries, pieces, qs):
+                weight.grad = qp.view(weight.shape)
+                if not layer.retired:  # what weight_float_grad() and the C layer report
+                    dst += [grad, layer.view(WEIGHT, grad=True)]
+                    src += [piece.view(grad.shape), qp.view(grad.shape)]
+            _copy_all(dst, src)
+
+
+def _quantize_pieces(flat, pieces):
+    """:func:`quantize_int8` of each of ``pieces`` (consecutive views covering the float32
+    ``flat``), each with its own max|t|, in one pass over ``flat``; bit for bit the same."""
+    if len(pieces) == 1:
+        return quantize_int8(flat)
+    norm = getattr(torch, "_foreach_norm", None)
+    amax = norm(pieces, float("inf")) if norm is not None else [p.abs().max() for p in pieces]
+    a = torch.cat([m.reshape(1).expand(p.numel()) for m, p in zip(amax, pieces)])
+    q = torch.where(a > 0, torch.round(flat * 127.0 / a), torch.zeros_like(flat))
+    return q.clamp_(-127, 127).to(torch.int8)
+
+
+def _copy_all(dst, src):
+    copy = getattr(torch, "_foreach_copy_", None)
+    if copy is not None and dst:
+        copy(dst, src)
+        return
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
+def _finish_backward():
+    global _current
+    running, _current = _current, None
+    if running is not None:
+        running.finish()
+
+
+def _drop_abandoned():
+    """A DDP forward while a backward's reduction is open: that backward was abandoned (it
+    raised before its end, so its end-of-backward callback never ran); its gradients are
+    dropped rather than mixed into the next backward's buckets."""
+    global _current
+    _current = None
+
+
 def reduce_weight_grad(layer, weight, sync):
-    """After the C backward of ``layer`` (an int8 binary weight ``weight``): start the
-    all-reduce of its float weight gradient; at the end of the backward, set ``weight.grad``
-    to the int8 quantization of the average, and the layer's gradients (``weight_float_grad``
-    and the int8 one) to the reduced values."""
-    grad = layer.grad_copy(WEIGHT_FLOAT_GRAD)
-    work = _dist.all_reduce(grad, group=sync.group, async_op=True)
-
-    def finish():
-        work.wait()
-        grad.div_(sync.size)
-        q = quantize_int8(grad)
-        weight.grad = q if q.shape == weight.shape else q.reshape(weight.shape)
-        if not layer.retired:  # what weight_float_grad() and the C layer report
-            layer.view(WEIGHT_FLOAT_GRAD, grad=True).copy_(grad)
-            layer.view(WEIGHT, grad=True).copy_(q)
-
-    torch.autograd.Variable._execution_engine.queue_callback(finish)
+    """After the C backward of ``layer`` (an int8 binary weight ``weight``): add its float
+    weight gradient to the backward's buckets (whose all-reduces overlap the rest of the
+    backward); at the end of the backward, set ``weight.grad`` to the int8 quantization of the
+    average, and the layer's gradients (``weight_float_grad`` and the int8 one) to the reduced
+    values."""
+    global _current
+    if _current is None:
+        _current = _Backward()
+        torch.autograd.Variable._execution_engine.queue_callback(_finish_backward)
+    _current.add(layer, weight, sync)
 
 
 __all__ = ["quantize_int8", "active", "Sync"]

@@ -20,13 +20,15 @@ pytestmark = pytest.mark.skipif(not _compile.AVAILABLE or not hasattr(torch, "co
 class Net(nn.Module):
     """A residual unit of binary convs, a q4 conv, then binary and q4 linear layers."""
 
-    def __init__(self, device=None, dtype=torch.float32):
+    def __init__(self, device=None, dtype=torch.float32, batch_norm=True):
         super().__init__()
         kw = dict(device=device, dtype=dtype)
+        norm = (lambda c: nn.BatchNorm2d(c, device=device)) if batch_norm else (
+            lambda c: nn.Identity())
         self.conv1 = bie.BinaryConv2dCutlass(6, 12, 3, 1, 1, **kw)
-        self.bn1 = nn.BatchNorm2d(12, device=device)
+        self.bn1 = norm(12)
         self.conv2 = bie.BinaryConv2dCutlass(12, 12, 3, 1, 1, **kw)
-        self.bn2 = nn.BatchNorm2d(12, device=device)
+        self.bn2 = norm(12)
         self.down = bie.Q4Conv2dCutlass(12, 10, 3, 2, 1, **kw)
         self.fc1 = bie.BinaryLinearCutlass(10 * 4 * 4, 33, **kw)
         self.fc2 = bie.Q4LinearCutlass(33, 7, **kw)
@@ -38,9 +40,9 @@ class Net(nn.Module):
         return self.fc2(torch.tanh(self.fc1(y)))
 
 
-def _pair(int8, device=None, dtype=torch.float32):
+def _pair(int8, device=None, dtype=torch.float32, batch_norm=True):
     torch.manual_seed(11)
-    eager = Net(device, dtype)
+    eager = Net(device, dtype, batch_norm)
     with torch.no_grad():  # 4-bit weight steps for these small weights (default scale_w: 1)
         eager.down.scale_w.fill_(0.02)
         eager.fc2.scale_w.fill_(0.03)
@@ -75,9 +77,14 @@ def test_training_matches_eager(device, dtype, int8):
     if device == "cuda" and not _cuda_ok():
         pytest.skip("needs a CUDA device and a libbie with the CUDA backend")
     torch._dynamo.reset()
-    eager, twin = _pair(int8, device, dtype)
+    # On CUDA, torch's own batch norm backward under aot_eager (decomposed) rounds differently
+    # from its eager (cuDNN) one, which would change every gradient upstream of it: the CUDA
+    # cases compare the network without batch norm, so that only bie's operators are compared.
+    eager, twin = _pair(int8, device, dtype, batch_norm=device is None)
     compiled = torch.compile(twin, backend="aot_eager")
-    opts = [bie.SignFlip(m.parameters(), lr=1e-3, float_lr=1e-2, seed=4) for m in (eager, twin)]
+    opts = [bie.SignFlip(m.parameters(), lr=1e-2, betas=(0.9, 0.99), float_lr=1e-2, seed=4)
+            for m in (eager, twin)]
+    flipped = 0
     x, y = _data(device=device)
     autocast = (torch.autocast("cuda", dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
@@ -97,10 +104,11 @@ def test_training_matches_eager(device, dtype, int8):
                 assert torch.equal(p.grad, q.grad), (step, name)
         for opt in opts:
             opt.step()
+        flipped += opts[1].flipped
         for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
             assert torch.equal(p, q), (step, name)
     if int8:
-        assert twin.fc1.weight.dtype == torch.int8 and opts[1].flipped > 0
+        assert twin.fc1.weight.dtype == torch.int8 and flipped > 0
 
 
 def test_inference_and_autocast_match_eager():
