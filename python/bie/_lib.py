@@ -233,6 +233,16 @@ def wrap(desc, owner):
 # ------------------------------------------------------------------ loading
 
 
+def copy_all(dst, src):
+    """dst[i].copy_(src[i]) for every i: one call where torch has _foreach_copy_."""
+    copy = getattr(torch, "_foreach_copy_", None)
+    if copy is not None and dst:
+        copy(dst, src)
+        return
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
 def _repo_root():
     # python/bie/_lib.py -> the repository root when used in place.
     return pathlib.Path(__file__).resolve().parents[2]

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._layer import SCALE_A, WEIGHT, WEIGHT_FLOAT_GRAD
+from ._lib import copy_all
 
 try:
     import torch.distributed as _dist
@@ -187,7 +188,7 @@ class _Backward:
                 if not layer.retired:  # what weight_float_grad() and the C layer report
                     dst += [grad, layer.view(WEIGHT, grad=True)]
                     src += [piece.view(grad.shape), qp.view(grad.shape)]
-            _copy_all(dst, src)
+            copy_all(dst, src)
 
 
 def _quantize_pieces(flat, pieces):
@@ -200,15 +201,6 @@ def _quantize_pieces(flat, pieces):
     a = torch.cat([m.reshape(1).expand(p.numel()) for m, p in zip(amax, pieces)])
     q = torch.where(a > 0, torch.round(flat * 127.0 / a), torch.zeros_like(flat))
     return q.clamp_(-127, 127).to(torch.int8)
-
-
-def _copy_all(dst, src):
-    copy = getattr(torch, "_foreach_copy_", None)
-    if copy is not None and dst:
-        copy(dst, src)
-        return
-    for d, s in zip(dst, src):
-        d.copy_(s)
 
 
 def _finish_backward():

@@ -4,6 +4,8 @@ import math
 
 import torch
 
+from ._lib import copy_all
+
 
 def _same_on_every_rank(seed):
     """Rank 0's seed on every rank of an initialised torch.distributed group (a collective:
@@ -41,11 +43,16 @@ class SignFlip(torch.optim.Optimizer):
     step with bias correction, ``float_lr`` / ``float_betas`` / ``eps``; ``weight_decay`` is
     decoupled (AdamW) when ``decoupled_weight_decay`` is true, else added to the gradient.
     Runs on whatever device the parameters are on, with torch operations. A step is one
-    pass over all parameters: the binary weights' and the float parameters' updates each run
-    as ``torch._foreach_*`` operations over the lists of parameters, gradients and states
-    (grouped by device; an operation this torch lacks, e.g. ``_foreach_lerp_`` before torch
-    2.0, runs tensor by tensor with the same arithmetic), unless ``foreach=False``, which runs
-    the same operations tensor by tensor. Both give bit-identical results. A step never
+    pass over all parameters (grouped by parameter group and device): the binary weights'
+    update runs on flat tensors over all of them (their ``m`` and ``v`` states are pieces of
+    one flat tensor each, made again when the set of parameters with a gradient changes or
+    ``load_state_dict`` replaced them; the weights and gradients are gathered with one
+    ``cat`` each and the new weights copied back), a dozen operations whatever the number of
+    layers; the float parameters' Adam runs as ``torch._foreach_*`` operations over the lists
+    of parameters, gradients and states (an operation this torch lacks, e.g.
+    ``_foreach_lerp_`` before torch 2.0, runs tensor by tensor with the same arithmetic).
+    ``foreach=False`` runs the same arithmetic tensor by tensor; both give bit-identical
+    results. A step never
     synchronises with the device: the number of binary weights that changed sign in the last
     step stays on the device and is read only when ``flipped`` is asked for.
     """
@@ -70,6 +77,7 @@ class SignFlip(torch.optim.Optimizer):
         self._generator = torch.Generator().manual_seed(int(seed))
         self.foreach = bool(foreach)
         self._flip_counts = []  # the last step's flip counts, one int64 tensor per device
+        self._flat = {}  # parameter ids -> flat m and v of the binary parameters (_flat_states)
 
     @property
     def flipped(self):
@@ -133,23 +141,63 @@ class SignFlip(torch.optim.Optimizer):
 
     def _flip(self, params, group):
         """One sign-flip step over int8 parameters of one device; returns the number of
-        flips as a 0-dim device tensor."""
-        ms = [self.state[p]["m"] for p in params]
-        vs = [self.state[p]["v"] for p in params]
-        grads = [p.grad.to(torch.float32) for p in params]
+        flips as a 0-dim device tensor. With foreach, every tensor of the step is one flat
+        tensor over all ``params`` (a handful of operations per step, whatever the number of
+        layers); else the same arithmetic tensor by tensor (the reference, bit-identical)."""
         beta1, beta2 = group["betas"]
-        self._op("lerp_", ms, grads, 1.0 - beta1)
-        target = self._op("sign", ms)  # sgn0: torch.sign(0) = 0
-        self._op("mul_", target, group["lr"])
-        self._op("lerp_", vs, target, 1.0 - beta2)
-        counts = []
-        for p, v in zip(params, vs):
-            # -sign(v) != sign(w), sign(0) = +1  <=>  (v >= 0) == (w >= 0)
-            flip = torch.eq(v >= 0, p >= 0)
-            flipped_values = torch.where(p == 0, -1, torch.neg(p))  # 0 flips to -1
-            torch.where(flip, flipped_values, p, out=p)
-            counts.append(flip.sum())
+        if self.foreach:
+            m, v = self._flat_states(params)
+            grads = [p.grad.reshape(-1) for p in params]
+            if all(g.dtype == grads[0].dtype for g in grads):
+                g = torch.cat(grads).to(torch.float32)
+            else:
+                g = torch.cat([t.to(torch.float32) for t in grads])
+            w = torch.cat([p.detach().reshape(-1) for p in params])
+            count = self._flip_tensor(w, m, v, g, group["lr"], beta1, beta2)
+            pieces = [t.view(p.shape) for t, p in zip(w.split([p.numel() for p in params]),
+                                                       params)]
+            copy_all([p.detach() for p in params], pieces)
+            return count
+        counts = [self._flip_tensor(p.detach(), self.state[p]["m"], self.state[p]["v"],
+                                    p.grad.to(torch.float32), group["lr"], beta1, beta2)
+                  for p in params]
         return counts[0] if len(counts) == 1 else torch.stack(counts).sum()
+
+    @staticmethod
+    def _flip_tensor(w, m, v, g, lr, beta1, beta2):
+        """SPEC §5 on one int8 tensor ``w`` (in place) with its states; the flip count."""
+        m.lerp_(g, 1.0 - beta1)
+        target = torch.sign(m).mul_(lr)  # sgn0: torch.sign(0) = 0
+        v.lerp_(target, 1.0 - beta2)
+        # -sign(v) != sign(w), sign(0) = +1  <=>  (v >= 0) == (w >= 0)
+        flip = torch.eq(v >= 0, w >= 0)
+        flipped_values = torch.where(w == 0, -1, torch.neg(w))  # 0 flips to -1
+        torch.where(flip, flipped_values, w, out=w)
+        return flip.sum()
+
+    def _flat_states(self, params):
+        """m and v of ``params`` as two flat float32 tensors whose consecutive pieces are the
+        parameters' states (``self.state[p]["m"]`` is a view of the flat m). Made again, the
+        values copied in, when the list of parameters changes (a parameter without a
+        gradient this step) or a state was replaced (``load_state_dict``)."""
+        key = tuple(id(p) for p in params)
+        flat = self._flat.get(key)
+        if flat is not None:
+            m, v, ms, vs = flat
+            if all(self.state[p]["m"] is a and self.state[p]["v"] is b
+                   for p, a, b in zip(params, ms, vs)):
+                return m, v
+        sizes = [p.numel() for p in params]
+        m = torch.cat([self.state[p]["m"].reshape(-1).to(torch.float32) for p in params])
+        v = torch.cat([self.state[p]["v"].reshape(-1).to(torch.float32) for p in params])
+        ms = [t.view(p.shape) for t, p in zip(m.split(sizes), params)]
+        vs = [t.view(p.shape) for t, p in zip(v.split(sizes), params)]
+        for p, a, b in zip(params, ms, vs):
+            self.state[p]["m"], self.state[p]["v"] = a, b
+        ids = set(key)  # entries sharing a parameter hold replaced states now
+        self._flat = {k: f for k, f in self._flat.items() if ids.isdisjoint(k)}
+        self._flat[key] = (m, v, ms, vs)
+        return m, v
 
     def _adam(self, params, group):
         """One Adam(W) step over floating-point parameters of one device and dtype."""

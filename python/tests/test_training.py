@@ -1,5 +1,6 @@
 """Training in torch with bie layers, and the sign-flip optimizer (SPEC §5)."""
 
+import copy
 import ctypes
 
 import pytest
@@ -200,7 +201,7 @@ def _mixed_model_params(seed):
     return ws, fs
 
 
-def _run_optimizer(foreach, steps=60, seed=3):
+def _run_optimizer(foreach, steps=60, seed=3, reload_at=None):
     ws, fs = _mixed_model_params(seed)
     bins = [nn.Parameter(w.clone(), requires_grad=False) for w in ws]
     flts = [nn.Parameter(f.clone()) for f in fs]
@@ -219,21 +220,42 @@ def _run_optimizer(foreach, steps=60, seed=3):
             bins[1].grad = None  # skipped this step
             flts[0].grad = None
         before = [p.detach().clone() for p in bins]
+        if step == reload_at:  # states replaced by loaded copies
+            opt.load_state_dict(copy.deepcopy(opt.state_dict()))
         opt.step()
         changed = sum(int(((b >= 0) != (p.detach() >= 0)).sum()) for b, p in zip(before, bins))
         history.append((opt.flipped, changed))
     return bins, flts, opt, history
 
 
-def test_foreach_and_per_parameter_steps_agree_bit_for_bit():
-    a_bins, a_flts, a_opt, a_hist = _run_optimizer(True)
-    b_bins, b_flts, b_opt, b_hist = _run_optimizer(False)
+@pytest.mark.parametrize("reload_at", [None, 20])
+def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at):
+    a_bins, a_flts, a_opt, a_hist = _run_optimizer(True, reload_at=reload_at)
+    b_bins, b_flts, b_opt, b_hist = _run_optimizer(False, reload_at=reload_at)
     assert a_hist == b_hist
     for p, q in zip(a_bins + a_flts, b_bins + b_flts):
         assert torch.equal(p.detach(), q.detach())
         for key in a_opt.state[p]:
             x, y = a_opt.state[p][key], b_opt.state[q][key]
             assert torch.equal(x, y) if torch.is_tensor(x) else x == y
+
+
+def test_foreach_step_keeps_binary_states_in_one_buffer():
+    """With foreach, the binary parameters' m (and v) of a parameter group are pieces of one
+    flat tensor, made again after load_state_dict replaced them."""
+    def storages(opt, params, key):
+        return {opt.state[p][key].storage().data_ptr() for p in params}
+
+    bins, _, opt, _ = _run_optimizer(True, steps=3)  # bins[:2]: group 0, bins[2]: group 1
+    assert len(storages(opt, bins[:2], "m")) == 1 and len(storages(opt, bins[:2], "v")) == 1
+    assert len(storages(opt, bins, "m")) == 2
+    before = storages(opt, bins, "m")
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert storages(opt, bins, "m").isdisjoint(before)  # loaded copies
+    for p in bins:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert len(storages(opt, bins[:2], "m")) == 1 and len(storages(opt, bins[:2], "v")) == 1
 
 
 def test_flip_count_is_read_lazily_and_counts_sign_changes():
