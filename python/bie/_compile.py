@@ -21,7 +21,7 @@ forward and backward. At run time the operators run bie's ordinary eager code:
 So compiled and eager training compute the same values (bit for bit in the bie layers) and
 share every rule of the eager path (one forward per layer before its backward, unless
 ``keep_inputs``; inference keeps nothing for a backward). The operator's key is the module's
-``id``: the module registers itself (weakly) when it is built or unpickled. Where the
+``id`` (as a string): the module registers itself (weakly) when it is built or unpickled. Where the
 operators do not apply — torch before 2.4, or an input of packed words — the forward runs as
 without compilation and TorchDynamo splits the graph around it (a graph break).
 """
@@ -46,7 +46,7 @@ UNAVAILABLE_REASON = None if AVAILABLE else "torch.library.custom_op needs torch
 def register(module):
     """Make ``module`` reachable from the operators under its key (``id``); what its compiled
     forwards keep for their backward goes with it."""
-    key = id(module)
+    key = str(id(module))  # a string: TorchDynamo keeps it a constant (an int may turn symbolic)
     if getattr(module, "_compile_key", None) == key and _modules.get(key) is module:
         return
     module._compile_key = key
@@ -89,7 +89,7 @@ def _register():
     """Define the operators (torch >= 2.4)."""
 
     @torch.library.custom_op("bie::layer_call", mutates_args=())
-    def _layer_call(x: torch.Tensor, params: List[torch.Tensor], key: int,
+    def _layer_call(x: torch.Tensor, params: List[torch.Tensor], key: str,
                     training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         module = _module(key)
         if not training:
