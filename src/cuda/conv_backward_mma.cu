@@ -40,7 +40,7 @@ constexpr int kWgM = 64;                     // grad_w tile: output channels (x 
 constexpr int kWgPitch = kWgM + 8;           // grad_w A row: one pixel's kWgM channels
 constexpr int kWgStages = 3;                 // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
-constexpr int kSlicesTarget = 528;           // grad_w blocks to aim for (132 SMs x 2 blocks x 2)
+constexpr int kSlicesPerSm = 4;              // grad_w blocks to aim for: 2 blocks x 2 per SM
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(256)
 // per tap; each tap's A fragments are gathered from it by the ldmatrix row addresses (a zero row
 // where the tap leaves the image). Steps run over (channel chunk, tap), taps inner; the halo of a
 // chunk is copied with its first tap's weights, two steps ahead, into one of two buffers.
-constexpr int kHaloFill = 264;  // blocks that keep the device busy (2 per SM); else MI = 2
+constexpr int kHaloFillPerSm = 2;  // blocks per SM that keep the device busy; else MI = 2
 __host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize) {
     return ((size_t)2 * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) * kDgPitch * esize;
 }
@@ -574,9 +574,21 @@ bie_status launch_wgrad(const bie_cuda_bconv_backward_args &a, const T *gt, int 
     return BIE_OK;
 }
 
+int device_sms() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1) {
+        cudaGetLastError();
+        sms = 132;  // an H100's
+    }
+    return sms;
+}
+
 template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backward_args &a) {
     cudaStream_t st = current_stream;
     const bie_conv_geom &g = a.g;
+    const int64_t sms = device_sms();
     const int kk = (int)(g.k * g.k), cp = (int)((g.c + kDgN - 1) / kDgN * kDgN);
     const int op = (int)((g.o + kDgK - 1) / kDgK * kDgK);
     // grad_x through the halo kernel where it applies (stride 1, same size, rows that fit):
@@ -591,7 +603,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             const int64_t blocks = (g.n * g.h + rows - 1) / rows * (cp / kDgN);
             if (smem > kHaloSmemMax) continue;
             halo_mi = mi, halo_rows = rows, halo_smem = smem;
-            if (blocks >= kHaloFill) break;
+            if (blocks >= kHaloFillPerSm * sms) break;
         }
     const bool use_halo = halo_mi != 0;
     const int64_t tiles =
@@ -600,7 +612,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
     const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
     // Slices of K for grad_w: enough blocks to fill the device, partial tiles <= 64 MiB.
-    int64_t slices = std::min<int64_t>(chunks, std::max<int64_t>(1, kSlicesTarget / xy));
+    int64_t slices = std::min<int64_t>(chunks, std::max<int64_t>(1, kSlicesPerSm * sms / xy));
     slices = std::max<int64_t>(
         1, std::min<int64_t>(slices, ((int64_t)64 << 20) / (4 * std::max<int64_t>(1, g.o * ckk))));
     const int64_t per_slice = (chunks + slices - 1) / slices;
