@@ -150,12 +150,12 @@ class _Backward:
         self.buckets = []  # (all-reduce work, flat gradients, entries, ranks)
 
     def add(self, layer, weight, sync):
-        grad = layer.view(WEIGHT_FLOAT_GRAD, grad=True)  # C memory, valid until its next backward
-        if self.open:
-            first = self.open[0][2]
-            if (sync.group is not self.open_sync.group or grad.device != first.device
-                    or any(e[0] is layer for e in self.open)):  # a layer used twice
-                self.flush()
+        # The layer's memory, valid until its next backward (which replaces its gradient
+        # buffers): before_backward copies it out first where that comes in this backward.
+        grad = layer.view(WEIGHT_FLOAT_GRAD, grad=True)
+        if self.open and (sync.group is not self.open_sync.group
+                          or grad.device != self.open[0][2].device):
+            self.flush()
         self.open.append((layer, weight, grad))
         self.open_sync = sync
         self.open_bytes += grad.numel() * grad.element_size()
@@ -186,9 +186,11 @@ class _Backward:
             for (layer, weight, grad), piece, qp in zip(entries, pieces, qs):
                 weight.grad = qp.view(weight.shape)
                 if not layer.retired:  # what weight_float_grad() and the C layer report
-                    dst += [grad, layer.view(WEIGHT, grad=True)]
+                    # fresh views: a layer used twice has new buffers since its first entry
+                    dst += [layer.view(WEIGHT_FLOAT_GRAD, grad=True),
+                            layer.view(WEIGHT, grad=True)]
                     src += [piece.view(grad.shape), qp.view(grad.shape)]
-            copy_all(dst, src)
+            copy_all(dst, src)  # in order: a layer used twice keeps its last backward's
 
 
 def _quantize_pieces(flat, pieces):
@@ -216,6 +218,15 @@ def _drop_abandoned():
     dropped rather than mixed into the next backward's buckets."""
     global _current
     _current = None
+
+
+def before_backward(layer):
+    """Before the C backward of ``layer`` (an int8 binary weight under DDP): where the
+    layer's previous gradient (a layer used twice in a forward) still waits in the open
+    bucket, the bucket is copied out first, since the backward replaces the layer's
+    gradient buffers."""
+    if _current is not None and any(entry[0] is layer for entry in _current.open):
+        _current.flush()
 
 
 def reduce_weight_grad(layer, weight, sync):

@@ -125,16 +125,19 @@ def _shaped(t, shape):
 
 def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     """Gradients for a Function's arguments; positions of weight, scale_a and bias_a given."""
-    _restore_state(ctx)
     layer = ctx.layer
+    weight = ctx.weight
+    reduced = weight is not None and weight.dtype == torch.int8 and ctx.sync is not None
+    if reduced:
+        distributed.before_backward(layer)
+    _restore_state(ctx)
     g = _shaped(grad_out.contiguous(), ctx.out_run_shape)  # a copy only for expanded grads
     grad_x = layer.backward(g, ctx.run_shape, ctx.needs_input_grad[0])
     grads = [None] * 11  # the longest argument list (conv Functions)
     if grad_x is not None:
         grads[0] = _shaped(grad_x, ctx.x_shape)
-    weight = ctx.weight
     if weight is not None and (weight.dtype == torch.int8 or ctx.needs_input_grad[weight_index]):
-        if weight.dtype == torch.int8 and ctx.sync is not None:
+        if reduced:
             # Data parallel: weight.grad is set at the end of the backward from the float
             # gradient averaged over the ranks (DDP skips int8 parameters).
             distributed.reduce_weight_grad(layer, weight, ctx.sync)

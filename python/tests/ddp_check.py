@@ -43,6 +43,15 @@ def make_model():
         bie.Q4LinearCutlass(32, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
+def make_shared_model():
+    """A binary layer applied twice in each forward (shared weights; keep_inputs lets the
+    backward of its first use run that forward again): its second backward replaces the
+    gradient buffers its first one left."""
+    shared = bie.BinaryLinearCutlass(24, 24, keep_inputs=True)
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 24), shared, nn.Tanh(), shared,
+                         nn.Tanh(), bie.BinaryLinearCutlass(24, 10))
+
+
 class _CountAllReduce:
     """Counts torch.distributed.all_reduce calls (bie's; DDP's reducer calls C++ directly)."""
 
@@ -60,7 +69,7 @@ def _cpu(t):
     return t.detach().to("cpu", copy=True)
 
 
-def train(rank, device, fix=True, steps=STEPS):
+def train(rank, device, fix=True, steps=STEPS, make=make_model):
     """Train under DDP on this rank; returns a dict of CPU tensors (what must agree across
     ranks) and a few facts. With fix=False, bie's data-parallel support is switched off (what
     the package did before it had one): the ranks must then drift apart."""
@@ -73,7 +82,7 @@ def train(rank, device, fix=True, steps=STEPS):
     bucket_bytes = bie.distributed.BUCKET_BYTES
     try:
         torch.manual_seed(100 + rank)  # each rank builds other weights: DDP broadcasts rank 0's
-        model = make_model().to(device)
+        model = make().to(device)
         bie.prepare_bie_layers(model)  # int8 binary weights, before DDP and the optimizer
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         # no seed: each rank's torch generator differs (seeded per rank above), and SignFlip
@@ -296,6 +305,9 @@ def check(ranks):
     problems += check_scale_a_kept(fixed)
     problems += check_scale_a_kept([r["drifted"] for r in ranks], " without bie's support")
     problems += check_gradients(fixed)
+    shared = [r["shared"] for r in ranks]
+    problems += [f"{name} differs between ranks (shared layer)" for name in mismatches(shared)]
+    problems += [p + " (shared layer)" for p in check_gradients(shared)]
     problems += check_facts(ranks[0]["facts"])
     problems += check_drift([r["drifted"] for r in ranks], ranks[0]["drift_facts"])
     return problems
@@ -305,7 +317,9 @@ def run(rank, device):
     """This rank's part: training with bie's data-parallel support, then without it."""
     fixed, facts = train(rank, device)
     drifted, drift_facts = train(rank, device, fix=False, steps=4)
-    return {"fixed": fixed, "facts": facts, "drifted": drifted, "drift_facts": drift_facts}
+    shared, _ = train(rank, device, steps=4, make=make_shared_model)
+    return {"fixed": fixed, "facts": facts, "drifted": drifted, "drift_facts": drift_facts,
+            "shared": shared}
 
 
 def main():

@@ -115,6 +115,15 @@ def test_the_checks_can_fail(ranks):
                for p in problems), problems
 
 
+def test_a_layer_used_twice_per_forward(ranks):
+    """A binary layer used twice in each forward: every parameter the same on both ranks, and
+    its reduced gradient the mean of the ranks' last backward of it (as without DDP)."""
+    shared = [r["shared"] for r in ranks]
+    assert "float_grad/2" in shared[0]
+    assert ddp_check.mismatches(shared) == []
+    assert ddp_check.check_gradients(shared) == []
+
+
 def test_what_ddp_and_bie_each_reduce(ranks):
     assert ddp_check.check_facts(ranks[0]["facts"]) == []
 
