@@ -238,7 +238,10 @@ def reduce_weight_grad(layer, weight, sync):
     global _current
     if _current is None:
         _current = _Backward()
-        torch.autograd.Variable._execution_engine.queue_callback(_finish_backward)
+    # at the end of this backward (queued by every layer: the first one's may belong to an
+    # abandoned backward; the first callback to run finishes everything, the others find
+    # nothing to do)
+    torch.autograd.Variable._execution_engine.queue_callback(_finish_backward)
     _current.add(layer, weight, sync)
 
 
