@@ -9,7 +9,7 @@ alternate in rounds in one process; both run on identical copies of the model wi
 gradients and seed, and their parameters and states are checked to stay bit-identical. One
 JSON line: median and minimum seconds per step of each, and the ratio of the medians.
 
-    BIE_LIBRARY=build/libbie.so /usr/bin/python3 python/bench/signflip_step.py [--device cpu] [--threads N]
+    BIE_LIBRARY=build/libbie.so /usr/bin/python3 python/bench/signflip_step.py [--device cpu] [--threads N] [--old REV]
 """
 
 import argparse
@@ -32,10 +32,11 @@ import bie  # noqa: E402
 OLD_REV = "7857747ffe081781b9396363b0f1cb3e4dea3c84"  # the per-parameter step with .item()
 
 
-def old_signflip():
-    """The SignFlip class of OLD_REV's python/bie/optim.py."""
-    source = subprocess.run(["git", "show", f"{OLD_REV}:python/bie/optim.py"], cwd=HERE,
+def old_signflip(rev=OLD_REV):
+    """The SignFlip class of revision ``rev``'s python/bie/optim.py."""
+    source = subprocess.run(["git", "show", f"{rev}:python/bie/optim.py"], cwd=HERE,
                             check=True, capture_output=True, text=True).stdout
+    source = source.replace("from ._lib import", "from bie._lib import")  # outside the package
     module = types.ModuleType("bie_optim_old")
     exec(compile(source, "bie_optim_old.py", "exec"), module.__dict__)
     return module.SignFlip
@@ -56,6 +57,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20, help="steps per round and optimizer")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--old", default=OLD_REV, help=f"revision to compare (default {OLD_REV})")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -67,7 +69,7 @@ def main():
     grads = [torch.randint(-127, 128, p.shape, dtype=torch.int8, device=device)
              if p.dtype == torch.int8 else torch.randn(p.shape, device=device) * 1e-2
              for p in trained]
-    classes = {"old": old_signflip(), "new": bie.SignFlip}
+    classes = {"old": old_signflip(args.old), "new": bie.SignFlip}
     opts = {}
     for name, model in models.items():
         params = [p for p in model.parameters() if p.requires_grad or p.dtype == torch.int8]
@@ -96,7 +98,7 @@ def main():
     result = {"device": str(device), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "binary_params": 20, "float_params": sum(
                   1 for p in trained if p.dtype != torch.int8),
-              "rounds": args.rounds, "steps_per_round": args.steps}
+              "rounds": args.rounds, "steps_per_round": args.steps, "old": args.old}
     for name in ("old", "new"):
         result[f"{name}_median_s"] = statistics.median(times[name])
         result[f"{name}_min_s"] = min(times[name])

@@ -6,6 +6,8 @@ import torch
 
 from ._lib import copy_all
 
+_FLAT_DEVICE_TYPES = ("cuda",)  # devices whose binary step runs on flat tensors (see _flip)
+
 
 def _same_on_every_rank(seed):
     """Rank 0's seed on every rank of an initialised torch.distributed group (a collective:
@@ -43,12 +45,12 @@ class SignFlip(torch.optim.Optimizer):
     step with bias correction, ``float_lr`` / ``float_betas`` / ``eps``; ``weight_decay`` is
     decoupled (AdamW) when ``decoupled_weight_decay`` is true, else added to the gradient.
     Runs on whatever device the parameters are on, with torch operations. A step is one
-    pass over all parameters (grouped by parameter group and device): the binary weights'
-    update runs on flat tensors over all of them (their ``m`` and ``v`` states are pieces of
-    one flat tensor each, made again when the set of parameters with a gradient changes or
-    ``load_state_dict`` replaced them; the weights and gradients are gathered with one
-    ``cat`` each and the new weights copied back), a dozen operations whatever the number of
-    layers; the float parameters' Adam runs as ``torch._foreach_*`` operations over the lists
+    pass over all parameters (grouped by parameter group and device): on CUDA the binary
+    weights' update runs on flat tensors over all of them (their ``m`` and ``v`` states are
+    pieces of one flat tensor each, made again when the set of parameters with a gradient
+    changes or ``load_state_dict`` replaced them; the weights and gradients are gathered
+    with one ``cat`` each and the new weights copied back), a dozen operations whatever the
+    number of layers; on the CPU tensor by tensor; the float parameters' Adam runs as ``torch._foreach_*`` operations over the lists
     of parameters, gradients and states (an operation this torch lacks, e.g.
     ``_foreach_lerp_`` before torch 2.0, runs tensor by tensor with the same arithmetic).
     ``foreach=False`` runs the same arithmetic tensor by tensor; both give bit-identical
@@ -141,11 +143,13 @@ class SignFlip(torch.optim.Optimizer):
 
     def _flip(self, params, group):
         """One sign-flip step over int8 parameters of one device; returns the number of
-        flips as a 0-dim device tensor. With foreach, every tensor of the step is one flat
-        tensor over all ``params`` (a handful of operations per step, whatever the number of
-        layers); else the same arithmetic tensor by tensor (the reference, bit-identical)."""
+        flips as a 0-dim device tensor. With foreach on a GPU, every tensor of the step is one
+        flat tensor over all ``params`` (a handful of operations per step, whatever the number
+        of layers: a GPU step is bound by launches); else, and on the CPU (where a layer's
+        tensors stay in cache between operations and whole-model passes would not: 1.8x
+        slower there), the same arithmetic tensor by tensor, bit for bit the same."""
         beta1, beta2 = group["betas"]
-        if self.foreach:
+        if self.foreach and params[0].device.type in _FLAT_DEVICE_TYPES:
             m, v = self._flat_states(params)
             grads = [p.grad.reshape(-1) for p in params]
             if all(g.dtype == grads[0].dtype for g in grads):

@@ -228,8 +228,17 @@ def _run_optimizer(foreach, steps=60, seed=3, reload_at=None):
     return bins, flts, opt, history
 
 
+@pytest.fixture(params=[False, True], ids=["cpu_default", "flat"])
+def flat_on_cpu(request, monkeypatch):
+    """Whether the foreach step runs the binary update on flat tensors on the CPU too (by
+    default only on CUDA), so that both forms are held to the per-parameter step here."""
+    if request.param:
+        monkeypatch.setattr(bie.optim, "_FLAT_DEVICE_TYPES", ("cpu", "cuda"))
+    return request.param
+
+
 @pytest.mark.parametrize("reload_at", [None, 20])
-def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at):
+def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at, flat_on_cpu):
     a_bins, a_flts, a_opt, a_hist = _run_optimizer(True, reload_at=reload_at)
     b_bins, b_flts, b_opt, b_hist = _run_optimizer(False, reload_at=reload_at)
     assert a_hist == b_hist
@@ -240,11 +249,13 @@ def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at):
             assert torch.equal(x, y) if torch.is_tensor(x) else x == y
 
 
-def test_foreach_step_keeps_binary_states_in_one_buffer():
+def test_foreach_step_keeps_binary_states_in_one_buffer(monkeypatch):
     """With foreach, the binary parameters' m (and v) of a parameter group are pieces of one
     flat tensor, made again after load_state_dict replaced them."""
     def storages(opt, params, key):
         return {opt.state[p][key].storage().data_ptr() for p in params}
+
+    monkeypatch.setattr(bie.optim, "_FLAT_DEVICE_TYPES", ("cpu", "cuda"))
 
     bins, _, opt, _ = _run_optimizer(True, steps=3)  # bins[:2]: group 0, bins[2]: group 1
     assert len(storages(opt, bins[:2], "m")) == 1 and len(storages(opt, bins[:2], "v")) == 1
