@@ -13,8 +13,8 @@ from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutla
                          Q4LinearForward)
 from .modules import (BinaryConv2dBase, BinaryConv2dCutlass, BinaryLinearBase,
                       BinaryLinearCutlass, Q4Conv2dCutlass, Q4LinearCutlass, RPReLU,
-                      prepare_bie_layers)
-from .optim import SignFlip
+                      float_parameters, prepare_bie_layers)
+from .optim import GradScaler, SignFlip
 from .runtime import (cuda_built, kernels, set_num_threads, get_num_threads, version,
                       cpu_kernel_set)
 
@@ -23,6 +23,7 @@ __all__ = [
     "set_num_threads", "get_num_threads",
     "BinaryLinearForward", "BinaryConv2dForward", "Q4Conv2dCutlassForward", "Q4LinearForward",
     "BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",
-    "Q4LinearCutlass", "Q4Conv2dCutlass", "prepare_bie_layers", "SignFlip",
+    "Q4LinearCutlass", "Q4Conv2dCutlass", "prepare_bie_layers", "float_parameters", "SignFlip",
+    "GradScaler",
     "RPReLU", "export", "load",
 ]

@@ -620,5 +620,16 @@ def prepare_bie_layers(model):
     return count
 
 
+def float_parameters(model):
+    """The floating-point parameters of ``model`` (a module, or an iterable of parameters), as
+    a list: what torch's gradient utilities take. ``torch.nn.utils.clip_grad_norm_`` and
+    ``clip_grad_value_`` reject int8 gradients, which the prepared binary weights have (the
+    int8 quantization of their float gradient, SPEC §2, of which SignFlip uses the sign
+    history): clip ``bie.float_parameters(model)``."""
+    params = model.parameters() if isinstance(model, nn.Module) else model
+    return [p for p in params if p.is_floating_point()]
+
+
 __all__ = ["BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",
-           "Q4LinearCutlass", "Q4Conv2dCutlass", "RPReLU", "prepare_bie_layers", "BIE_MODULES"]
+           "Q4LinearCutlass", "Q4Conv2dCutlass", "RPReLU", "prepare_bie_layers",
+           "float_parameters", "BIE_MODULES"]

@@ -237,3 +237,33 @@ class SignFlip(torch.optim.Optimizer):
         else:
             for p, m, d, size in zip(params, ms, denom, step_sizes):
                 p.addcdiv_(m, d, value=size)
+
+
+_amp = getattr(torch, "amp", None)
+_GradScalerBase = getattr(_amp, "GradScaler", None) or torch.cuda.amp.GradScaler
+
+
+class _FloatGradients:
+    """What a GradScaler reads of an optimizer (its param_groups), without the parameters
+    whose gradient is not floating point."""
+
+    def __init__(self, optimizer):
+        self.param_groups = [
+            {**group, "params": [p for p in group["params"]
+                                 if p.grad is None or p.grad.is_floating_point()]}
+            for group in optimizer.param_groups]
+
+
+class GradScaler(_GradScalerBase):
+    """torch's ``GradScaler`` (loss scaling for float16 mixed precision) for optimizers that
+    hold bie's int8 binary weights, such as :class:`SignFlip`. torch's unscales and checks
+    every gradient of the optimizer and has no kernel for int8 ones; this one unscales and
+    checks the floating-point gradients only. An int8 weight gradient needs neither: it is the
+    per-tensor quantization of the float gradient (SPEC §1), which a power-of-two loss scale
+    does not change (the scale only keeps float16 gradients from underflowing), and a step
+    whose float gradients overflowed is skipped as a whole. Same arguments as torch's
+    (``GradScaler("cuda")``; before torch 2.3, ``torch.cuda.amp.GradScaler``'s)."""
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        return super()._unscale_grads_(_FloatGradients(optimizer), inv_scale, found_inf,
+                                       allow_fp16)

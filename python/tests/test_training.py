@@ -307,3 +307,81 @@ def test_step_does_not_synchronise(monkeypatch, foreach):
                 if torch.cuda.is_available():
                     torch.cuda.set_sync_debug_mode("default")
         assert opt.flipped >= 0  # read outside the step
+
+
+def _small_model(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(bie.BinaryLinearCutlass(16, 24), nn.Tanh(),
+                          bie.BinaryLinearCutlass(24, 24), nn.Tanh(), nn.Linear(24, 5))
+    bie.prepare_bie_layers(model)
+    return model
+
+
+def test_clip_grad_norm_of_float_parameters():
+    """torch's clip_grad_norm_ rejects int8 gradients; over bie.float_parameters it clips the
+    float ones and leaves the int8 weight gradients alone."""
+    model = _small_model()
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    int8_grads = [p.grad.clone() for p in model.parameters() if p.dtype == torch.int8]
+    assert len(int8_grads) == 2
+    with pytest.raises(RuntimeError):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    floats = bie.float_parameters(model)
+    assert floats == [p for p in model.parameters() if p.dtype != torch.int8]
+    assert bie.float_parameters(model.parameters()) == floats
+    total = torch.nn.utils.clip_grad_norm_(floats, 1e-3)
+    assert float(total) > 1e-3
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad)
+                                                    for p in floats if p.grad is not None]))
+    assert float(clipped) <= 1e-3 * (1 + 1e-5)
+    assert all(torch.equal(a, p.grad) for a, p in
+               zip(int8_grads, [p for p in model.parameters() if p.dtype == torch.int8]))
+
+
+def _cpu_grad_scaler_available():
+    amp = getattr(torch, "amp", None)
+    if getattr(amp, "GradScaler", None) is None:
+        return False
+    try:
+        amp.GradScaler("cpu")
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _cpu_grad_scaler_available(), reason="needs torch.amp.GradScaler('cpu')")
+def test_grad_scaler_trains_as_without_it():
+    """bie.GradScaler with SignFlip: the same parameters as training without loss scaling (a
+    power-of-two scale changes no rounding), a step with an overflowed gradient skipped, and
+    torch's own GradScaler failing on the int8 gradients (why bie has one)."""
+    def train(scaler, steps=4, overflow_at=None):
+        model = _small_model(3)
+        opt = bie.SignFlip(model.parameters(), lr=1e-2, betas=(0.9, 0.99), float_lr=1e-2,
+                           seed=2)
+        gen = torch.Generator().manual_seed(4)
+        for step in range(steps):
+            x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+                continue
+            scaler.scale(loss).backward()
+            if step == overflow_at:
+                model[4].bias.grad[0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        return model
+
+    plain = train(None)
+    scaled = train(bie.GradScaler("cpu", init_scale=2.0 ** 12))
+    for (name, p), q in zip(plain.named_parameters(), scaled.parameters()):
+        assert torch.equal(p, q), name
+    skipped = train(bie.GradScaler("cpu", init_scale=2.0 ** 12), steps=1, overflow_at=0)
+    for (name, p), q in zip(_small_model(3).named_parameters(), skipped.parameters()):
+        if not name.endswith("scale_a"):  # (measured by the first forward)
+            assert torch.equal(p, q), name  # the step was skipped
+    with pytest.raises(RuntimeError):
+        train(torch.amp.GradScaler("cpu", init_scale=2.0 ** 12), steps=1)
