@@ -9,6 +9,8 @@ so that a backward can tell whether the state the C layer kept for it is still t
 """
 
 import ctypes
+import warnings
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -94,6 +96,39 @@ def _probe_device(kind, device):
         _probed_devices[key] = reason
     if reason:
         fail(_lib.ERR_UNSUPPORTED, reason)
+
+
+# id(int8 weight) -> (weak weight, weak .grad as set here, that .grad's version then)
+_int8_grads = {}
+_warned_accumulation = False
+
+
+def set_int8_grad(weight, grad):
+    """``weight.grad = grad`` for an int8 binary weight (its int8-quantized gradient, which
+    replaces, not adds to, the one before). When the one before is still the last gradient set
+    here, unchanged (no ``zero_grad`` in between: gradient accumulation, or a layer used twice
+    in a forward, where torch would add the gradients of float parameters), warns once."""
+    global _warned_accumulation
+    prev = weight.grad
+    if prev is not None and not _warned_accumulation:
+        last = _int8_grads.get(id(weight))
+        if (last is not None and last[0]() is weight and last[1]() is prev
+                and last[2] == prev._version):
+            _warned_accumulation = True
+            warnings.warn(
+                "bie: an int8 binary weight got a gradient while the one of an earlier "
+                "backward (or an earlier use in the same forward) was still set (no zero_grad "
+                "in between); int8 weight gradients are replaced, not accumulated: each is "
+                "the int8 quantization of one backward's float gradient (weight_float_grad()), "
+                "and the sign-flip optimizer steps on the last one",
+                RuntimeWarning, stacklevel=2)
+    weight.grad = grad
+    key = id(weight)
+    if key not in _int8_grads or _int8_grads[key][0]() is not weight:
+        ref = weakref.ref(weight, lambda _, key=key: _int8_grads.pop(key, None))
+    else:
+        ref = _int8_grads[key][0]
+    _int8_grads[key] = (ref, weakref.ref(grad), grad._version)
 
 
 class Layer:

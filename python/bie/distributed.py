@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._layer import SCALE_A, WEIGHT, WEIGHT_FLOAT_GRAD
+from ._layer import SCALE_A, WEIGHT, WEIGHT_FLOAT_GRAD, set_int8_grad
 from ._lib import copy_all
 
 try:
@@ -184,7 +184,7 @@ class _Backward:
             qs = q.split([p.numel() for p in pieces])
             dst, src = [], []
             for (layer, weight, grad), piece, qp in zip(entries, pieces, qs):
-                weight.grad = qp.view(weight.shape)
+                set_int8_grad(weight, qp.view(weight.shape))
                 if not layer.retired:  # what weight_float_grad() and the C layer report
                     # fresh views: a layer used twice has new buffers since its first entry
                     dst += [layer.view(WEIGHT_FLOAT_GRAD, grad=True),

@@ -29,7 +29,7 @@ module), in which case the lost forward is run again from the kept input.
 import torch
 
 from . import _lib, distributed
-from ._layer import BIAS_A, SCALE_A, SCALE_W, WEIGHT, Layer
+from ._layer import BIAS_A, SCALE_A, SCALE_W, WEIGHT, Layer, set_int8_grad
 from ._lib import fail
 
 
@@ -144,7 +144,7 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
         else:
             gw = _shaped(layer.grad_copy(WEIGHT), weight.shape)
             if weight.dtype == torch.int8:
-                weight.grad = gw
+                set_int8_grad(weight, gw)
             else:
                 grads[weight_index] = gw
     if ctx.scale_a_shape is not None and ctx.needs_input_grad[scale_a_index]:

@@ -385,3 +385,25 @@ def test_grad_scaler_trains_as_without_it():
             assert torch.equal(p, q), name  # the step was skipped
     with pytest.raises(RuntimeError):
         train(torch.amp.GradScaler("cpu", init_scale=2.0 ** 12), steps=1)
+
+
+def test_accumulated_int8_gradients_warn(monkeypatch):
+    """A backward that finds an int8 weight's gradient of an earlier backward still set (no
+    zero_grad: gradient accumulation) warns that int8 gradients are replaced, not added; with
+    zero_grad (to None or in place) in between, nothing is said."""
+    import warnings
+    from bie import _layer
+    monkeypatch.setattr(_layer, "_warned_accumulation", False)
+    model = _small_model(5)
+    opt = bie.SignFlip(model.parameters(), seed=1)
+    x = torch.randn(4, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for set_to_none in (True, False, True):
+            opt.zero_grad(set_to_none=set_to_none)
+            model(x).sum().backward()
+            opt.step()
+        assert not [w for w in caught if "not accumulated" in str(w.message)]
+        model(x).sum().backward()  # a second backward, no zero_grad
+        warned = [w for w in caught if "not accumulated" in str(w.message)]
+    assert len(warned) == 1 and issubclass(warned[0].category, RuntimeWarning)
