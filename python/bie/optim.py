@@ -44,6 +44,9 @@ class SignFlip(torch.optim.Optimizer):
     Float parameters (scale_a, bias_a, float weights, the rest of the network) take an Adam
     step with bias correction, ``float_lr`` / ``float_betas`` / ``eps``; ``weight_decay`` is
     decoupled (AdamW) when ``decoupled_weight_decay`` is true, else added to the gradient.
+    Both rates are read from the parameter group at every step: torch's learning-rate
+    schedulers change ``lr`` (the sign flips'); to schedule ``float_lr`` too, set
+    ``group["float_lr"]`` (e.g. scaled as ``lr`` is) before each step.
     Runs on whatever device the parameters are on, with torch operations. A step is one
     pass over all parameters (grouped by parameter group and device): on CUDA the binary
     weights' update runs on flat tensors over all of them (their ``m`` and ``v`` states are
