@@ -98,37 +98,47 @@ def _probe_device(kind, device):
         fail(_lib.ERR_UNSUPPORTED, reason)
 
 
-# id(int8 weight) -> (weak weight, weak .grad as set here, that .grad's version then)
+# id(int8 weight) -> (weak weight, weak .grad as bie set it, that .grad's version then,
+# weak C layer whose backward made it)
 _int8_grads = {}
 _warned_accumulation = False
 
 
-def set_int8_grad(weight, grad):
-    """``weight.grad = grad`` for an int8 binary weight (its int8-quantized gradient, which
-    replaces, not adds to, the one before). When the one before is still the last gradient set
-    here, unchanged (no ``zero_grad`` in between: gradient accumulation, or a layer used twice
-    in a forward, where torch would add the gradients of float parameters), warns once."""
+def held_float_grad(weight, layer):
+    """Before a backward of ``layer`` into the int8 binary weight ``weight``: when
+    ``weight.grad`` is still the gradient bie set last, unchanged (no ``zero_grad`` since:
+    gradient accumulation, or the layer used again in the same forward), a copy of the float
+    gradient it is the quantization of (the layer's, still held from that backward), to which
+    the new float gradient is added, as torch adds gradients; else None."""
     global _warned_accumulation
     prev = weight.grad
-    if prev is not None and not _warned_accumulation:
-        last = _int8_grads.get(id(weight))
-        if (last is not None and last[0]() is weight and last[1]() is prev
-                and last[2] == prev._version):
-            _warned_accumulation = True
-            warnings.warn(
-                "bie: an int8 binary weight got a gradient while the one of an earlier "
-                "backward (or an earlier use in the same forward) was still set (no zero_grad "
-                "in between); int8 weight gradients are replaced, not accumulated: each is "
-                "the int8 quantization of one backward's float gradient (weight_float_grad()), "
-                "and the sign-flip optimizer steps on the last one",
-                RuntimeWarning, stacklevel=2)
+    if prev is None:
+        return None
+    last = _int8_grads.get(id(weight))
+    if (last is None or last[0]() is not weight or last[1]() is not prev
+            or last[2] != prev._version):
+        return None  # set or changed by someone else: replaced, as a fresh gradient
+    held = None if last[3]() is not layer or layer.retired else layer.grad_copy(
+        WEIGHT_FLOAT_GRAD)
+    if held is None and not _warned_accumulation:
+        _warned_accumulation = True
+        warnings.warn("bie: an int8 binary weight's gradient cannot be accumulated across this "
+                      "backward (its C layer was replaced since the last one: moved or "
+                      "converted); it is replaced by this backward's", RuntimeWarning,
+                      stacklevel=2)
+    return held
+
+
+def set_int8_grad(weight, grad, layer):
+    """``weight.grad = grad`` for an int8 binary weight, remembered (with the C layer whose
+    float gradient it quantizes) for :func:`held_float_grad`."""
     weight.grad = grad
     key = id(weight)
     if key not in _int8_grads or _int8_grads[key][0]() is not weight:
         ref = weakref.ref(weight, lambda _, key=key: _int8_grads.pop(key, None))
     else:
         ref = _int8_grads[key][0]
-    _int8_grads[key] = (ref, weakref.ref(grad), grad._version)
+    _int8_grads[key] = (ref, weakref.ref(grad), grad._version, weakref.ref(layer))
 
 
 class Layer:

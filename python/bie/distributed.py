@@ -31,9 +31,9 @@ forward over a process group of more than one rank:
   (again after ``load_state_dict``), not at every forward.
 
 Nothing is reduced twice: bie reduces only int8 weights, which DDP leaves out; DDP reduces
-the float parameters, which bie leaves alone. ``no_sync()`` is respected (no int8 gradient
-reduction in its backwards; int8 gradients are never accumulated: ``weight.grad`` holds the
-last backward's, as without DDP). Every rank must run the same bie layers in each step, as
+the float parameters, which bie leaves alone. ``no_sync()`` is respected: no reduction in its
+backwards, whose int8 weights' float gradients accumulate locally (as without DDP, see
+``_layer.held_float_grad``) until the next synchronised backward reduces the sums. Every rank must run the same bie layers in each step, as
 the collectives are matched by order (DDP's ``join()`` for uneven inputs is not supported).
 
 The sign-flip optimizer needs the same state on every rank: it draws its initial ``v`` from a
@@ -149,10 +149,12 @@ class _Backward:
         self.open_sync = None
         self.buckets = []  # (all-reduce work, flat gradients, entries, ranks)
 
-    def add(self, layer, weight, sync):
+    def add(self, layer, weight, sync, held=None):
         # The layer's memory, valid until its next backward (which replaces its gradient
         # buffers): before_backward copies it out first where that comes in this backward.
         grad = layer.view(WEIGHT_FLOAT_GRAD, grad=True)
+        if held is not None:  # accumulated over backwards without zero_grad (under no_sync)
+            grad = grad + held.view(grad.shape)
         if self.open and (sync.group is not self.open_sync.group
                           or grad.device != self.open[0][2].device):
             self.flush()
@@ -176,21 +178,30 @@ class _Backward:
         """At the end of the backward: average each bucket, quantize every gradient in it, set
         ``weight.grad`` and the layers' gradients (``weight_float_grad`` and the int8 one)."""
         self.flush()
+        done = []  # (layer, weight, averaged float gradient, its int8 quantization)
         for work, flat, entries, ranks in self.buckets:
             work.wait()
             flat.div_(ranks)
             pieces = flat.split([g.numel() for _, _, g in entries])
-            q = _quantize_pieces(flat, pieces)
-            qs = q.split([p.numel() for p in pieces])
-            dst, src = [], []
-            for (layer, weight, grad), piece, qp in zip(entries, pieces, qs):
-                set_int8_grad(weight, qp.view(weight.shape))
-                if not layer.retired:  # what weight_float_grad() and the C layer report
-                    # fresh views: a layer used twice has new buffers since its first entry
-                    dst += [layer.view(WEIGHT_FLOAT_GRAD, grad=True),
-                            layer.view(WEIGHT, grad=True)]
-                    src += [piece.view(grad.shape), qp.view(grad.shape)]
-            copy_all(dst, src)  # in order: a layer used twice keeps its last backward's
+            qs = _quantize_pieces(flat, pieces).split([p.numel() for p in pieces])
+            done += [(layer, weight, piece.view(grad.shape), q.view(grad.shape))
+                     for (layer, weight, grad), piece, q in zip(entries, pieces, qs)]
+        # A weight reduced more than once (its layer used twice in the forward): the
+        # gradients add up, as torch adds a shared parameter's.
+        last = {}
+        for i, (layer, weight, f, _) in enumerate(done):
+            j = last.get(id(weight))
+            if j is not None:
+                total = done[j][2] + f
+                done[i], done[j] = (layer, weight, total, quantize_int8(total)), None
+            last[id(weight)] = i
+        dst, src = [], []
+        for layer, weight, f, q in filter(None, done):
+            set_int8_grad(weight, q.view(weight.shape), layer)
+            if not layer.retired:  # what weight_float_grad() and the C layer report
+                dst += [layer.view(WEIGHT_FLOAT_GRAD, grad=True), layer.view(WEIGHT, grad=True)]
+                src += [f, q]
+        copy_all(dst, src)
 
 
 def _quantize_pieces(flat, pieces):
@@ -229,12 +240,13 @@ def before_backward(layer):
         _current.flush()
 
 
-def reduce_weight_grad(layer, weight, sync):
+def reduce_weight_grad(layer, weight, sync, held=None):
     """After the C backward of ``layer`` (an int8 binary weight ``weight``): add its float
-    weight gradient to the backward's buckets (whose all-reduces overlap the rest of the
-    backward); at the end of the backward, set ``weight.grad`` to the int8 quantization of the
-    average, and the layer's gradients (``weight_float_grad`` and the int8 one) to the reduced
-    values."""
+    weight gradient (plus ``held``, the float gradient of earlier backwards not reset since,
+    e.g. under ``no_sync()``) to the backward's buckets (whose all-reduces overlap the rest of
+    the backward); at the end of the backward, set ``weight.grad`` to the int8 quantization of
+    the average, and the layer's gradients (``weight_float_grad`` and the int8 one) to the
+    reduced values."""
     global _current
     if _current is None:
         _current = _Backward()
@@ -242,7 +254,7 @@ def reduce_weight_grad(layer, weight, sync):
     # abandoned backward; the first callback to run finishes everything, the others find
     # nothing to do)
     torch.autograd.Variable._execution_engine.queue_callback(_finish_backward)
-    _current.add(layer, weight, sync)
+    _current.add(layer, weight, sync, held)
 
 
 __all__ = ["quantize_int8", "active", "Sync"]

@@ -29,7 +29,8 @@ module), in which case the lost forward is run again from the kept input.
 import torch
 
 from . import _lib, distributed
-from ._layer import BIAS_A, SCALE_A, SCALE_W, WEIGHT, Layer, set_int8_grad
+from ._layer import (BIAS_A, SCALE_A, SCALE_W, WEIGHT, WEIGHT_FLOAT_GRAD, Layer,
+                     held_float_grad, set_int8_grad)
 from ._lib import fail
 
 
@@ -123,11 +124,28 @@ def _shaped(t, shape):
     return t if t.shape == shape else t.reshape(shape)
 
 
+def _int8_weight_grad(layer, weight, held):
+    """The int8 gradient of an int8 weight after the layer's backward: the C backward's, or,
+    where an earlier float gradient is ``held``, the int8 quantization (SPEC §1) of the sum,
+    which the layer then reports as its gradients too."""
+    if held is None:
+        return _shaped(layer.grad_copy(WEIGHT), weight.shape)
+    total = layer.view(WEIGHT_FLOAT_GRAD, grad=True)
+    total.add_(held.view(total.shape))
+    q = distributed.quantize_int8(total)
+    layer.view(WEIGHT, grad=True).copy_(q)
+    return _shaped(q, weight.shape)
+
+
 def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     """Gradients for a Function's arguments; positions of weight, scale_a and bias_a given."""
     layer = ctx.layer
     weight = ctx.weight
-    reduced = weight is not None and weight.dtype == torch.int8 and ctx.sync is not None
+    int8 = weight is not None and weight.dtype == torch.int8
+    reduced = int8 and ctx.sync is not None
+    # taken before the layer's backward replaces its gradients: the float gradient an unreset
+    # weight.grad quantizes, to add to (gradient accumulation, a layer used twice)
+    held = held_float_grad(weight, layer) if int8 else None
     if reduced:
         distributed.before_backward(layer)
     _restore_state(ctx)
@@ -136,17 +154,14 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     grads = [None] * 11  # the longest argument list (conv Functions)
     if grad_x is not None:
         grads[0] = _shaped(grad_x, ctx.x_shape)
-    if weight is not None and (weight.dtype == torch.int8 or ctx.needs_input_grad[weight_index]):
-        if reduced:
-            # Data parallel: weight.grad is set at the end of the backward from the float
-            # gradient averaged over the ranks (DDP skips int8 parameters).
-            distributed.reduce_weight_grad(layer, weight, ctx.sync)
-        else:
-            gw = _shaped(layer.grad_copy(WEIGHT), weight.shape)
-            if weight.dtype == torch.int8:
-                set_int8_grad(weight, gw)
-            else:
-                grads[weight_index] = gw
+    if reduced:
+        # Data parallel: weight.grad is set at the end of the backward from the float
+        # gradient averaged over the ranks (DDP skips int8 parameters).
+        distributed.reduce_weight_grad(layer, weight, ctx.sync, held)
+    elif int8:
+        set_int8_grad(weight, _int8_weight_grad(layer, weight, held), layer)
+    elif weight is not None and ctx.needs_input_grad[weight_index]:
+        grads[weight_index] = _shaped(layer.grad_copy(WEIGHT), weight.shape)
     if ctx.scale_a_shape is not None and ctx.needs_input_grad[scale_a_index]:
         grads[scale_a_index] = _shaped(layer.grad_copy(SCALE_A), ctx.scale_a_shape)
     if ctx.has_bias and ctx.needs_input_grad[bias_index]:

@@ -15,6 +15,7 @@ checked first (a layer that measured scale_a again would make the means differ f
 layer, torch's included).
 """
 
+import contextlib
 import copy
 import pathlib
 import sys
@@ -69,7 +70,7 @@ def _cpu(t):
     return t.detach().to("cpu", copy=True)
 
 
-def train(rank, device, fix=True, steps=STEPS, make=make_model):
+def train(rank, device, fix=True, steps=STEPS, make=make_model, accumulate=False):
     """Train under DDP on this rank; returns a dict of CPU tensors (what must agree across
     ranks) and a few facts. With fix=False, bie's data-parallel support is switched off (what
     the package did before it had one): the ranks must then drift apart."""
@@ -100,10 +101,16 @@ def train(rank, device, fix=True, steps=STEPS, make=make_model):
             before = counter.calls
             # odd steps: every gradient in a bucket of its own (the same values either way)
             bie.distributed.BUCKET_BYTES = 1 if step % 2 else bucket_bytes
-            nn.functional.cross_entropy(ddp(x), y).backward()
+            # accumulate: a backward under no_sync() on half the batch, then a synchronised
+            # one on the other half (gradient accumulation)
+            parts = [(x[:BATCH // 2], y[:BATCH // 2]), (x[BATCH // 2:], y[BATCH // 2:])] \
+                if accumulate else [(x, y)]
+            for k, (xp, yp) in enumerate(parts):
+                with ddp.no_sync() if k + 1 < len(parts) else contextlib.nullcontext():
+                    nn.functional.cross_entropy(ddp(xp), yp).backward()
             calls.append(counter.calls - before)
             if step == 0:
-                _record_gradients(model, x, y, out)
+                _record_gradients(model, parts, out)
             opt.step()
             flipped += opt.flipped
         # The trained values of bie's parameters, before eval() rebuilds each C layer to pack
@@ -137,16 +144,18 @@ def train(rank, device, fix=True, steps=STEPS, make=make_model):
         bie.distributed.BUCKET_BYTES = bucket_bytes
 
 
-def _record_gradients(model, x, y, out):
+def _record_gradients(model, parts, out):
     """The first step's gradients after DDP's backward (float ones averaged by DDP, int8 ones
-    by bie), and this rank's local ones: the same step on a copy of the model outside DDP."""
+    by bie), and this rank's local ones: the same step (the backwards of each (x, y) of
+    ``parts``, accumulated) on a copy of the model outside DDP."""
     for name, p in model.named_parameters():
         if p.grad is not None:
             out["grad/" + name] = _cpu(p.grad)
     local = copy.deepcopy(model)  # same parameters (scale_a as agreed), no DDP
     copied = {name: _cpu(lm.scale_a) for name, lm in local.named_modules()
               if isinstance(lm, BIE_KINDS)}
-    nn.functional.cross_entropy(local(x), y).backward()
+    for x, y in parts:
+        nn.functional.cross_entropy(local(x), y).backward()
     for (name, m), (_, lm) in zip(model.named_modules(), local.named_modules()):
         if isinstance(m, BIE_KINDS):
             # scale_a of the model, of its copy, and of the copy after its forward: all equal
@@ -305,9 +314,10 @@ def check(ranks):
     problems += check_scale_a_kept(fixed)
     problems += check_scale_a_kept([r["drifted"] for r in ranks], " without bie's support")
     problems += check_gradients(fixed)
-    shared = [r["shared"] for r in ranks]
-    problems += [f"{name} differs between ranks (shared layer)" for name in mismatches(shared)]
-    problems += [p + " (shared layer)" for p in check_gradients(shared)]
+    for phase in ("shared", "accumulated"):
+        results = [r[phase] for r in ranks]
+        problems += [f"{name} differs between ranks ({phase})" for name in mismatches(results)]
+        problems += [f"{p} ({phase})" for p in check_gradients(results)]
     problems += check_facts(ranks[0]["facts"])
     problems += check_drift([r["drifted"] for r in ranks], ranks[0]["drift_facts"])
     return problems
@@ -318,8 +328,9 @@ def run(rank, device):
     fixed, facts = train(rank, device)
     drifted, drift_facts = train(rank, device, fix=False, steps=4)
     shared, _ = train(rank, device, steps=4, make=make_shared_model)
+    accumulated, _ = train(rank, device, steps=3, accumulate=True)
     return {"fixed": fixed, "facts": facts, "drifted": drifted, "drift_facts": drift_facts,
-            "shared": shared}
+            "shared": shared, "accumulated": accumulated}
 
 
 def main():

@@ -117,11 +117,21 @@ def test_the_checks_can_fail(ranks):
 
 def test_a_layer_used_twice_per_forward(ranks):
     """A binary layer used twice in each forward: every parameter the same on both ranks, and
-    its reduced gradient the mean of the ranks' last backward of it (as without DDP)."""
+    its reduced gradient the mean of the ranks' own (the sum of its two uses', as without
+    DDP)."""
     shared = [r["shared"] for r in ranks]
     assert "float_grad/2" in shared[0]
     assert ddp_check.mismatches(shared) == []
     assert ddp_check.check_gradients(shared) == []
+
+
+def test_gradient_accumulation_under_no_sync(ranks):
+    """A backward under no_sync() then a synchronised one: every parameter the same on both
+    ranks, and the reduced gradient the mean of the ranks' accumulated (summed) ones."""
+    accumulated = [r["accumulated"] for r in ranks]
+    assert "float_grad/0" in accumulated[0]
+    assert ddp_check.mismatches(accumulated) == []
+    assert ddp_check.check_gradients(accumulated) == []
 
 
 def test_what_ddp_and_bie_each_reduce(ranks):
