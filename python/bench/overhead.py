@@ -74,10 +74,16 @@ def time_python(kind, m, k, n, iterations):
     else:
         xg = x.clone().requires_grad_()
 
+        # Each training call starts from cleared gradients, as a training step's zero_grad
+        # leaves them (without, the gradients would accumulate from call to call).
         def module_call():
+            layer.zero_grad(set_to_none=True)
+            xg.grad = None
             layer(xg).backward(g)
 
         def function_call():
+            layer.zero_grad(set_to_none=True)
+            xg.grad = w.grad = None
             bie.BinaryLinearForward.apply(xg, w, sa, sw, -1, True, bias).backward(g)
     raw_out, raw_gx = torch.empty(m, n), torch.empty(m, k)
     descs = [_lib.describe(t) for t in (x, raw_out, g, raw_gx)]
@@ -102,6 +108,8 @@ def time_python(kind, m, k, n, iterations):
                 linear(x)
     else:
         def torch_call():
+            linear.zero_grad(set_to_none=True)
+            xg.grad = None
             linear(xg).backward(g)
     return (ctypes_s, best_per_call(module_call, iterations),
             best_per_call(function_call, iterations), best_per_call(torch_call, iterations))

@@ -122,9 +122,11 @@ def held_float_grad(weight, layer):
         WEIGHT_FLOAT_GRAD)
     if held is None and not _warned_accumulation:
         _warned_accumulation = True
-        warnings.warn("bie: an int8 binary weight's gradient cannot be accumulated across this "
-                      "backward (its C layer was replaced since the last one: moved or "
-                      "converted); it is replaced by this backward's", RuntimeWarning,
+        warnings.warn("bie: an int8 binary weight's gradient (not reset since the last "
+                      "backward) cannot be accumulated: the float gradient it quantizes is no "
+                      "longer held (the module's C layer was replaced since, by a move or "
+                      "conversion, or the gradient came from a standalone Function call, whose "
+                      "temporary layer is gone); this backward's replaces it", RuntimeWarning,
                       stacklevel=2)
     return held
 
