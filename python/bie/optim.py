@@ -53,13 +53,13 @@ class SignFlip(torch.optim.Optimizer):
     pieces of one flat tensor each, made again when the set of parameters with a gradient
     changes or ``load_state_dict`` replaced them; the weights and gradients are gathered
     with one ``cat`` each and the new weights copied back), a dozen operations whatever the
-    number of layers; on the CPU tensor by tensor; the float parameters' Adam runs as ``torch._foreach_*`` operations over the lists
-    of parameters, gradients and states (an operation this torch lacks, e.g.
-    ``_foreach_lerp_`` before torch 2.0, runs tensor by tensor with the same arithmetic).
-    ``foreach=False`` runs the same arithmetic tensor by tensor; both give bit-identical
-    results. A step never
-    synchronises with the device: the number of binary weights that changed sign in the last
-    step stays on the device and is read only when ``flipped`` is asked for.
+    number of layers; on the CPU tensor by tensor. The float parameters' Adam runs as
+    ``torch._foreach_*`` operations over the lists of parameters, gradients and states (an
+    operation this torch lacks, e.g. ``_foreach_lerp_`` before torch 2.0, runs tensor by
+    tensor with the same arithmetic). ``foreach=False`` runs the same arithmetic tensor by
+    tensor; all forms give bit-identical results. A step never synchronises with the device:
+    the number of binary weights that changed sign in the last step stays on the device and
+    is read only when ``flipped`` is asked for.
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
