@@ -33,8 +33,9 @@ forward over a process group of more than one rank:
 Nothing is reduced twice: bie reduces only int8 weights, which DDP leaves out; DDP reduces
 the float parameters, which bie leaves alone. ``no_sync()`` is respected: no reduction in its
 backwards, whose int8 weights' float gradients accumulate locally (as without DDP, see
-``_layer.held_float_grad``) until the next synchronised backward reduces the sums. Every rank must run the same bie layers in each step, as
-the collectives are matched by order (DDP's ``join()`` for uneven inputs is not supported).
+``_layer.held_float_grad``) until the next synchronised backward reduces the sums. Every
+rank must run the same bie layers in each step, as the collectives are matched by order
+(DDP's ``join()`` for uneven inputs is not supported), with its bie layers on one device.
 
 The sign-flip optimizer needs the same state on every rank: it draws its initial ``v`` from a
 generator seeded with ``seed``; without one, :class:`bie.SignFlip` takes rank 0's draw on
