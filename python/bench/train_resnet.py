@@ -49,6 +49,9 @@ the processes, ``images_per_s_ranks`` each one's. Inference needs no communicati
 process runs its unwrapped model. Only rank 0 prints. Scaling from 1 to 2 GPUs is
 ``images_per_s_total`` of the 2-process run over that of the 1-process run at the same
 ``--batch``; ``--baseline FILE`` (the ``--json`` output of a 1-process run) prints it.
+``median_host_ms_per_step_ranks``: each process's median host time per step (the time its
+Python thread spent in the step's calls); where it is about ``median_ms_per_step`` the step
+is host-limited (the device waits for work).
 
 One line per (side, batch, mode) and, with both sides, one ratio line per (batch, mode):
 ``images_per_s_ratio`` = bie / torch (training target >= 1.3), ``peak_bytes_ratio`` = bie /
@@ -186,23 +189,26 @@ def build(side, device, dtype, width_div, channels_last):
 
 
 def timed(step, steps, device):
-    """Seconds of each of ``steps`` calls of ``step``: CUDA events recorded between the calls
-    (no synchronisation until the last, so the host runs ahead as in training) on CUDA,
-    perf_counter on the CPU."""
+    """(seconds of each of ``steps`` calls of ``step``, seconds the host spent in each call):
+    on CUDA the first from CUDA events recorded between the calls (no synchronisation until
+    the last, so the host runs ahead as in training; a step whose host time is about its
+    time is host-limited), on the CPU both from perf_counter."""
+    host = []
     if device.type == "cuda":
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         marks[0].record()
         for mark in marks[1:]:
+            t0 = time.perf_counter()
             step()
+            host.append(time.perf_counter() - t0)
             mark.record()
         marks[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-    times = []
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])], host
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return times
+        host.append(time.perf_counter() - t0)
+    return list(host), host
 
 
 def outside_bytes(device):
@@ -228,8 +234,8 @@ def sync(device):
 
 def measure(side, mode, batch, args, device, dist):
     """Time ``args.steps`` training steps or inference forwards of a fresh model; returns
-    (seconds per step, median step seconds, peak_allocated_bytes, outside_bytes) of this
-    process."""
+    (seconds per step, median step seconds, peak_allocated_bytes, outside_bytes, median host
+    seconds per step) of this process."""
     dtype = DTYPES[args.dtype]
     release(device)
     base_outside = outside_bytes(device)
@@ -269,10 +275,11 @@ def measure(side, mode, batch, args, device, dist):
         torch.cuda.reset_peak_memory_stats(device)
     if dist is not None:
         dist.barrier()
-    times = timed(step, args.steps, device)
+    times, host = timed(step, args.steps, device)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     outside = max(0, outside_bytes(device) - base_outside)
-    return sum(times) / len(times), statistics.median(times), peak, outside
+    return (sum(times) / len(times), statistics.median(times), peak, outside,
+            statistics.median(host))
 
 
 def prime(args, device, dist, sides, modes):
@@ -412,8 +419,9 @@ def main(argv=None, out=None):
     for batch in args.batch:
         for mode in modes:
             for side in sides:
-                mean_s, median_s, peak, outside = measure(side, mode, batch, args, device, dist)
-                ranks = gather(dist, [batch / mean_s, peak, outside])
+                mean_s, median_s, peak, outside, host_s = measure(side, mode, batch, args,
+                                                                  device, dist)
+                ranks = gather(dist, [batch / mean_s, peak, outside, host_s])
                 record = {
                     "bench": "train_resnet", "side": side, "mode": mode, "batch": batch,
                     "global_batch": batch * world, "world_size": world, "device": str(device),
@@ -422,6 +430,7 @@ def main(argv=None, out=None):
                     side == "torch", "steps": args.steps, "warmup": args.warmup,
                     "torch": torch.__version__, "ms_per_step": mean_s * 1e3,
                     "median_ms_per_step": median_s * 1e3, "images_per_s": batch / mean_s,
+                    "median_host_ms_per_step_ranks": [r[3] * 1e3 for r in ranks],
                     "images_per_s_total": sum(r[0] for r in ranks),
                     "images_per_s_ranks": [r[0] for r in ranks],
                     "peak_allocated_bytes": max(r[1] for r in ranks) if cuda else None,
