@@ -60,11 +60,19 @@ class SignFlip(torch.optim.Optimizer):
     tensor; all forms give bit-identical results. A step never synchronises with the device:
     the number of binary weights that changed sign in the last step stays on the device and
     is read only when ``flipped`` is asked for.
+
+    ``capturable=True`` (as torch's Adam has it) keeps the Adam step counts as float32
+    tensors on the parameters' devices and computes the bias corrections there, so that a
+    step can be captured in a CUDA graph and replayed (the default computes them on the host
+    from Python step counts, which a graph would freeze). The binary step needs nothing of
+    the kind. The float parameters then differ from the default mode's in the last bits
+    (float32 bias corrections), as in torch; the first step (it draws the sign-flip state)
+    must run before a capture.
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
                  float_betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 decoupled_weight_decay=True, seed=None, foreach=True):
+                 decoupled_weight_decay=True, seed=None, foreach=True, capturable=False):
         for name, value in (("lr", lr), ("float_lr", float_lr), ("eps", eps)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"SignFlip: {name} must be finite and > 0, got {value}")
@@ -75,7 +83,8 @@ class SignFlip(torch.optim.Optimizer):
             raise ValueError(f"SignFlip: weight_decay must be finite and >= 0, got {weight_decay}")
         defaults = dict(lr=lr, betas=tuple(betas), float_lr=float_lr,
                         float_betas=tuple(float_betas), eps=eps, weight_decay=weight_decay,
-                        decoupled_weight_decay=decoupled_weight_decay)
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        capturable=bool(capturable))
         super().__init__(params, defaults)
         if seed is None:
             seed = _same_on_every_rank(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
@@ -208,6 +217,7 @@ class SignFlip(torch.optim.Optimizer):
 
     def _adam(self, params, group):
         """One Adam(W) step over floating-point parameters of one device and dtype."""
+        capturable = bool(group.get("capturable", False))
         ms, vs, steps = [], [], []
         for p in params:
             state = self.state[p]
@@ -215,10 +225,14 @@ class SignFlip(torch.optim.Optimizer):
                 state["step"] = 0
                 state["m"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["v"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["step"] += 1
+            state["step"] = _step_state(state["step"], capturable, p.device)
+            if not capturable:
+                state["step"] += 1
             ms.append(state["m"])
             vs.append(state["v"])
             steps.append(state["step"])
+        if capturable:
+            self._op("add_", steps, 1.0)
         beta1, beta2 = group["float_betas"]
         lr, decay = group["float_lr"], group["weight_decay"]
         grads = [p.grad for p in params]
@@ -231,6 +245,11 @@ class SignFlip(torch.optim.Optimizer):
         self._op("add_", ms, grads, alpha=1.0 - beta1)
         self._op("mul_", vs, beta2)
         self._op("addcmul_", vs, grads, grads, value=1.0 - beta2)
+        if capturable:  # bias corrections from the step counts on the device
+            for p, m, v, t in zip(params, ms, vs, steps):
+                denom = torch.div(v, 1.0 - torch.pow(beta2, t)).sqrt_().add_(group["eps"])
+                p.addcdiv_(m, denom.mul_(1.0 - torch.pow(beta1, t)).div_(-lr))
+            return
         denom = self._op("div", vs, [1.0 - beta2 ** s for s in steps])
         self._op("sqrt_", denom)
         self._op("add_", denom, group["eps"])
@@ -240,6 +259,19 @@ class SignFlip(torch.optim.Optimizer):
         else:
             for p, m, d, size in zip(params, ms, denom, step_sizes):
                 p.addcdiv_(m, d, value=size)
+
+
+def _step_state(step, capturable, device):
+    """An Adam step count as the mode keeps it: a Python int, or with ``capturable`` a float32
+    0-dim tensor on the parameter's device (a state of the other mode, e.g. loaded from a
+    checkpoint, is converted once: a copy to or from the device)."""
+    if capturable:
+        if not torch.is_tensor(step):
+            return torch.tensor(float(step), dtype=torch.float32, device=device)
+        if step.device != device or step.dtype != torch.float32:
+            return step.to(device=device, dtype=torch.float32)
+        return step
+    return int(step) if torch.is_tensor(step) else step
 
 
 _amp = getattr(torch, "amp", None)

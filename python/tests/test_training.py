@@ -201,14 +201,14 @@ def _mixed_model_params(seed):
     return ws, fs
 
 
-def _run_optimizer(foreach, steps=60, seed=3, reload_at=None):
+def _run_optimizer(foreach, steps=60, seed=3, reload_at=None, capturable=False):
     ws, fs = _mixed_model_params(seed)
     bins = [nn.Parameter(w.clone(), requires_grad=False) for w in ws]
     flts = [nn.Parameter(f.clone()) for f in fs]
     opt = bie.SignFlip([{"params": bins[:2] + flts[:1]},
                         {"params": bins[2:] + flts[1:], "lr": 1e-2, "betas": (0.5, 0.6)}],
                        lr=1e-3, betas=(0.9, 0.99), float_lr=1e-2, weight_decay=0.1,
-                       seed=9, foreach=foreach)
+                       seed=9, foreach=foreach, capturable=capturable)
     gen = torch.Generator().manual_seed(seed + 1)
     history = []
     for step in range(steps):
@@ -278,13 +278,14 @@ def test_flip_count_is_read_lazily_and_counts_sign_changes():
     assert fresh.flipped == 0
 
 
+@pytest.mark.parametrize("capturable", [False, True])
 @pytest.mark.parametrize("foreach", [True, False])
-def test_step_does_not_synchronise(monkeypatch, foreach):
+def test_step_does_not_synchronise(monkeypatch, foreach, capturable):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ws, fs = _mixed_model_params(4)
     params = ([nn.Parameter(w.to(device), requires_grad=False) for w in ws]
               + [nn.Parameter(f.to(device)) for f in fs])
-    opt = bie.SignFlip(params, weight_decay=0.1, foreach=foreach, seed=2)
+    opt = bie.SignFlip(params, weight_decay=0.1, foreach=foreach, seed=2, capturable=capturable)
 
     def no_sync(*args, **kwargs):
         raise AssertionError("SignFlip.step synchronised with the device")
@@ -452,3 +453,35 @@ def test_gradient_of_a_replaced_layer_is_not_accumulated(monkeypatch):
     ref(x).sum().backward()
     assert torch.equal(m.weight.grad, ref.weight.grad)
     assert torch.equal(m.weight_float_grad(), ref.weight_float_grad())
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_capturable_steps_keep_counts_on_the_device(foreach):
+    """capturable=True: the binary parameters and their states bit for bit the default
+    mode's, the float parameters within float32 rounding (bias corrections computed in
+    float32), Adam's step counts float32 tensors; a state_dict round trip (also into and out
+    of the default mode) continues as the uninterrupted run does."""
+    a_bins, a_flts, a_opt, a_hist = _run_optimizer(foreach)
+    b_bins, b_flts, b_opt, b_hist = _run_optimizer(foreach, capturable=True)
+    assert a_hist == b_hist
+    for p, q in zip(a_bins, b_bins):
+        assert torch.equal(p, q)
+        for key in ("m", "v"):
+            assert torch.equal(a_opt.state[p][key], b_opt.state[q][key])
+    for p, q in zip(a_flts, b_flts):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+        step = b_opt.state[q]["step"]
+        assert torch.is_tensor(step) and step.dtype == torch.float32
+        assert float(step) == a_opt.state[p]["step"]
+    c_bins, c_flts, c_opt, _ = _run_optimizer(foreach, capturable=True, reload_at=20)
+    for p, q in zip(b_bins + b_flts, c_bins + c_flts):
+        assert torch.equal(p, q)
+    # a capturable state loaded by a default-mode optimizer, and back
+    fresh = bie.SignFlip([{"params": g["params"]} for g in b_opt.param_groups],
+                         foreach=foreach)
+    fresh.load_state_dict(copy.deepcopy(b_opt.state_dict()))
+    assert fresh.param_groups[0]["capturable"] is True
+    for group in fresh.param_groups:
+        group["capturable"] = False
+    fresh.step()
+    assert all(type(fresh.state[q]["step"]) is int for q in b_flts if q.grad is not None)
