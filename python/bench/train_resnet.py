@@ -49,6 +49,9 @@ the processes, ``images_per_s_ranks`` each one's. Inference needs no communicati
 process runs its unwrapped model. Only rank 0 prints. Scaling from 1 to 2 GPUs is
 ``images_per_s_total`` of the 2-process run over that of the 1-process run at the same
 ``--batch``; ``--baseline FILE`` (the ``--json`` output of a 1-process run) prints it.
+``--cuda-graph`` captures each side's whole step (forward, backward and a ``capturable``
+optimizer step: bie.SignFlip's, torch's Adam) in a CUDA graph and times its replays, which
+leave no host work (one process).
 ``median_host_ms_per_step_ranks``: each process's median host time per step (the time its
 Python thread spent in the step's calls); where it is about ``median_ms_per_step`` the step
 is host-limited (the device waits for work).
@@ -165,8 +168,9 @@ def resnet18(conv, width_div=1):
     return nn.Sequential(*layers)
 
 
-def build(side, device, dtype, width_div, channels_last):
-    """The model of ``side`` on ``device`` and its optimizer factory (called after DDP)."""
+def build(side, device, dtype, width_div, channels_last, capturable=False):
+    """The model of ``side`` on ``device`` and its optimizer factory (called after DDP);
+    ``capturable``: optimizers whose step can be captured in a CUDA graph."""
     torch.manual_seed(0)
     if side == "bie":
         # bie's CUDA layers compute in the run's dtype; the CPU ones only in float32.
@@ -178,11 +182,11 @@ def build(side, device, dtype, width_div, channels_last):
 
         model = resnet18(conv, width_div).to(device)
         bie.prepare_bie_layers(model)  # before DDP and the optimizer: int8 binary weights
-        return model, lambda params: bie.SignFlip(params, float_lr=1e-3)
+        return model, lambda params: bie.SignFlip(params, float_lr=1e-3, capturable=capturable)
     model = resnet18(TorchBinaryConv2d, width_div).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model, lambda params: torch.optim.Adam(params, lr=1e-3)
+    return model, lambda params: torch.optim.Adam(params, lr=1e-3, capturable=capturable)
 
 
 # ------------------------------------------------------------------ measuring
@@ -227,6 +231,21 @@ def release(device):
         torch.cuda.empty_cache()
 
 
+def captured(step, device):
+    """``step`` captured in a CUDA graph (after three more calls on a side stream, as torch's
+    graph capture wants): the graph's replay, which runs the same kernels with no host work."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -240,14 +259,15 @@ def measure(side, mode, batch, args, device, dist):
     release(device)
     base_outside = outside_bytes(device)
     model, make_opt = build(side, device, dtype, args.width_div,
-                            args.channels_last and side == "torch")
+                            args.channels_last and side == "torch", args.cuda_graph)
     gen = torch.Generator().manual_seed(1 + (dist.get_rank() if dist else 0))
     x = torch.randn(batch, 3, 32, 32, generator=gen).to(device)
     y = torch.randint(0, CLASSES, (batch,), generator=gen).to(device)
     if args.channels_last and side == "torch":
         x = x.contiguous(memory_format=torch.channels_last)
-    autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
+    # (a CUDA graph needs autocast's weight cache off: a captured cast is replayed anyway)
+    autocast = (torch.autocast(device.type, dtype=dtype, cache_enabled=not args.cuda_graph)
+                if dtype != torch.float32 else contextlib.nullcontext())
     if mode == "train":
         if dist is not None:
             cuda = device.type == "cuda"
@@ -270,6 +290,8 @@ def measure(side, mode, batch, args, device, dist):
                 model(x)
     for _ in range(args.warmup):
         step()
+    if args.cuda_graph:
+        step = captured(step, device)
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -328,6 +350,9 @@ def parse(argv=None):
                         help="CPU threads for torch and bie (0: their defaults)")
     parser.add_argument("--baseline", default=None,
                         help="JSON lines of an earlier run (1 process): print the scaling")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="capture each side's whole step (forward, backward, optimizer) "
+                             "in a CUDA graph and time its replays (one process, CUDA)")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.width_div < 1 or min(args.batch) < 1:
@@ -343,6 +368,8 @@ def setup(args):
     if cuda and not bie.cuda_built():
         raise SystemExit("train_resnet: this libbie has no CUDA backend "
                          f"({bie.library_path()}); use --device cpu or a CUDA build")
+    if args.cuda_graph and (not cuda or world > 1):
+        raise SystemExit("train_resnet: --cuda-graph needs CUDA and one process")
     if cuda:
         index = int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else torch.device(want).index
         device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
@@ -426,7 +453,8 @@ def main(argv=None, out=None):
                     "bench": "train_resnet", "side": side, "mode": mode, "batch": batch,
                     "global_batch": batch * world, "world_size": world, "device": str(device),
                     "device_name": describe(device), "dtype": args.dtype,
-                    "width_div": args.width_div, "channels_last": args.channels_last and
+                    "width_div": args.width_div, "cuda_graph": args.cuda_graph,
+                    "channels_last": args.channels_last and
                     side == "torch", "steps": args.steps, "warmup": args.warmup,
                     "torch": torch.__version__, "ms_per_step": mean_s * 1e3,
                     "median_ms_per_step": median_s * 1e3, "images_per_s": batch / mean_s,
