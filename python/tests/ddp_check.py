@@ -44,6 +44,40 @@ def make_model():
         bie.Q4LinearCutlass(32, 16), nn.ReLU(), nn.Linear(16, 10))
 
 
+def run_gloo_ranks(script, world, args, outs, timeout):
+    """Run ``script`` (a file beside this one) in ``world`` processes talking gloo over the
+    loopback interface, rank r with the arguments ``r world port *args outs[r]``, and return
+    what each saved in ``outs[r]`` (torch.load); a rank that fails fails the caller's test
+    with its output."""
+    import os
+    import socket
+    import subprocess
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.setdefault("BIE_LIBRARY", bie.library_path())
+    if "GLOO_SOCKET_IFNAME" not in env and pathlib.Path("/sys/class/net/lo").exists():
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks talk over the loopback interface
+    here = pathlib.Path(__file__).resolve().parent
+    procs = [subprocess.Popen([sys.executable, str(here / script), str(rank), str(world),
+                               str(port), *map(str, args), str(out)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for rank, out in enumerate(outs)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"{script} rank {rank} failed (exit {p.returncode}):\n{log}"
+    return [torch.load(out) for out in outs]
+
+
 def make_shared_model():
     """A binary layer applied twice in each forward (shared weights; keep_inputs lets the
     backward of its first use run that forward again): its second backward replaces the

@@ -208,36 +208,9 @@ def test_pending_forward_released_with_its_module():
 
 def _run_ranks(mode, tmp, world=2):
     """Run ddp_compile_check.py in ``world`` gloo processes; what each rank saved."""
-    import os
-    import pathlib
-    import socket
-    import subprocess
-    import sys
-    here = pathlib.Path(__file__).resolve().parent
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.setdefault("BIE_LIBRARY", bie.library_path())
-    if "GLOO_SOCKET_IFNAME" not in env and pathlib.Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    outs = [tmp / f"{mode}{rank}.pt" for rank in range(world)]
-    procs = [subprocess.Popen([sys.executable, str(here / "ddp_compile_check.py"), str(rank),
-                               str(world), str(port), mode, str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for rank, out in enumerate(outs)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=300)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"{mode} rank {rank} failed:\n{log[-3000:]}"
-    return [torch.load(out) for out in outs]
+    import ddp_check
+    return ddp_check.run_gloo_ranks("ddp_compile_check.py", world, [mode],
+                                    [tmp / f"{mode}{rank}.pt" for rank in range(world)], 300)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")

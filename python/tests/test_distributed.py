@@ -5,12 +5,6 @@ training with bie's data-parallel support switched off must drift apart (so the 
 fail), and the first step's reduced gradients must be the means of the ranks' own (each
 recomputed on a deepcopy of the model, which like eval() must keep scale_a)."""
 
-import os
-import pathlib
-import socket
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -19,43 +13,17 @@ import bie
 import ddp_check  # noqa: E402  (python/tests is on sys.path under pytest)
 
 WORLD = 2
-HERE = pathlib.Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="this torch has no torch.distributed")
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Run the 2 ranks (one process each) and return what each saved."""
     tmp = tmp_path_factory.mktemp("ddp")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    env.setdefault("BIE_LIBRARY", bie.library_path())
-    if "GLOO_SOCKET_IFNAME" not in env and pathlib.Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks talk over the loopback interface
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(HERE / "ddp_check.py"), str(rank),
-                               str(WORLD), str(port), str(tmp / f"rank{rank}.pt")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for rank in range(WORLD)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=180)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {rank} failed (exit {p.returncode}):\n{log}"
-    return [torch.load(tmp / f"rank{rank}.pt") for rank in range(WORLD)]
+    return ddp_check.run_gloo_ranks("ddp_check.py", WORLD, [],
+                                    [tmp / f"rank{rank}.pt" for rank in range(WORLD)], 180)
 
 
 def test_every_parameter_buffer_and_state_identical(ranks):
