@@ -106,12 +106,14 @@ def active():
     return Sync(group, size, bool(getattr(ddp, "require_backward_grad_sync", True)))
 
 
-def quantize_int8(t):
+def quantize_int8(t, amax=None):
     """SPEC §1 int8 tensor quantization (narrow range, per tensor): ``amax = max|t|``,
     ``q = clamp(rint(t * 127 / amax), -127, 127)``, all zeros when ``amax == 0``; computed in
-    float32 as bie's backward does (round half to even)."""
+    float32 as bie's backward does (round half to even). ``amax``: the maxima if known
+    (a tensor broadcasting against ``t``: several tensors quantized in one pass)."""
     t = t.to(torch.float32)
-    amax = t.abs().max()
+    if amax is None:
+        amax = t.abs().max()
     q = torch.where(amax > 0, torch.round(t * 127.0 / amax), torch.zeros_like(t))
     return q.clamp_(-127, 127).to(torch.int8)
 
@@ -212,9 +214,8 @@ def _quantize_pieces(flat, pieces):
         return quantize_int8(flat)
     norm = getattr(torch, "_foreach_norm", None)
     amax = norm(pieces, float("inf")) if norm is not None else [p.abs().max() for p in pieces]
-    a = torch.cat([m.reshape(1).expand(p.numel()) for m, p in zip(amax, pieces)])
-    q = torch.where(a > 0, torch.round(flat * 127.0 / a), torch.zeros_like(flat))
-    return q.clamp_(-127, 127).to(torch.int8)
+    return quantize_int8(flat, torch.cat([m.reshape(1).expand(p.numel())
+                                          for m, p in zip(amax, pieces)]))
 
 
 def _finish_backward():
