@@ -45,7 +45,7 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    args.threads = 0
+    args.threads, args.cuda_graph = 0, False
     device, dist = train_resnet.setup(args)  # the process group under torchrun
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32

@@ -19,46 +19,84 @@ __device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) {
     return (row[c >> 3] >> (c & 7)) & 1;
 }
 
-// ±1 from packed sign bits: one block per row of dst [rows, k], from layout row r.
+// ±1 from packed sign bits, dst [rows, k] from layout rows of ld bytes: one thread per 32-bit
+// word (32 columns, grid-stride), 16-byte stores where the rows allow them.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    signs_of_bits(const uint8_t *bits, int64_t ld, int64_t k, T *dst) {
-    const int64_t r = blockIdx.x;
-    const uint8_t *row = bits + r * ld;
-    T *out = dst + r * k;
-    for (int64_t c = threadIdx.x; c < k; c += 256)
-        out[c] = from_f32<T>(bit_at(row, c) ? 1.0f : -1.0f);
+    signs_of_words(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, bool vec, T *dst) {
+    const int64_t words = (k + 31) / 32;
+    for (int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x; id < rows * words;
+         id += (int64_t)gridDim.x * 256) {
+        const int64_t r = id / words, w = id - r * words;
+        const unsigned b = reinterpret_cast<const unsigned *>(bits + r * ld)[w];
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = (b >> j) & 1 ? 1.0f : -1.0f;
+        store32(dst + r * k + w * 32, vec, k - w * 32, v);
+    }
 }
 
-// One block per row: g *= clip mask (kept in place for the column sums), grad_x in its dtype,
-// and the row's sum of grad_x * sign(x') in double.
+// Row groups of column_sums (and the fewest of mask_reduce).
+constexpr int kColSplits = 64;
+
+// The clip mask applied to g [m, k] (grad_x before the mask, f32) and everything the backward
+// reduces from it, in one pass. Block (x, y) covers the 1024 columns of words 32x .. 32x + 31
+// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp r of the block
+// takes every 8th row of the group from r, lane l the 32 columns of word 32x + l. Writes
+// grad_x (if asked), the group's column sums col_part[y][c] (double; summed over the 8 warps
+// in a fixed order) and the block's sum of grad_x * sign(x') dot_part[y][x].
 template <typename T>
 __global__ void __launch_bounds__(256)
-    mask_rows(float *g, int64_t k, int64_t ld, const uint8_t *mask, const uint8_t *signs, T *grad_x,
-              double *row_dot) {
-    const int64_t row = blockIdx.x;
-    const uint8_t *mr = mask + row * ld, *sr = signs + row * ld;
-    float *gr = g + row * k;
-    double d = 0;
-    for (int64_t c = threadIdx.x; c < k; c += 256) {
-        float v = bit_at(mr, c) ? gr[c] : 0.0f;
-        gr[c] = v;
-        if (grad_x) grad_x[row * k + c] = from_f32<T>(v);
-        d += bit_at(sr, c) ? v : -v;
+    mask_reduce(const float *g, int64_t m, int64_t k, int64_t ld, const uint8_t *mask,
+                const uint8_t *signs, bool vec_g, bool vec_x, T *grad_x, double *col_part,
+                double *dot_part) {
+    __shared__ float sums[8][32][33];
+    __shared__ double dots[256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t w = (int64_t)blockIdx.x * 32 + lane, c0 = w * 32, left = k - c0;
+    const int64_t y = blockIdx.y;
+    const int64_t r0 = y * m / gridDim.y, r1 = (y + 1) * m / gridDim.y;
+    float col[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) col[j] = 0.0f;
+    double dot = 0.0;
+    if (left > 0) {
+        for (int64_t r = r0 + warp; r < r1; r += 8) {
+            const unsigned mb = reinterpret_cast<const unsigned *>(mask + r * ld)[w];
+            const unsigned sb = reinterpret_cast<const unsigned *>(signs + r * ld)[w];
+            float v[32];
+            load32(g + r * k + c0, vec_g, left, v);
+            float rowdot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                v[j] = (mb >> j) & 1 ? v[j] : 0.0f;
+                col[j] += v[j];
+                rowdot += (sb >> j) & 1 ? v[j] : -v[j];
+            }
+            dot += rowdot;
+            if (grad_x) store32(grad_x + r * k + c0, vec_x, left, v);
+        }
     }
-    __shared__ double sh[256];
-    sh[threadIdx.x] = d;
+#pragma unroll
+    for (int j = 0; j < 32; j++) sums[warp][lane][j] = col[j];
+    dots[threadIdx.x] = dot;
     __syncthreads();
+    for (int cc = threadIdx.x; cc < 1024; cc += 256) {
+        const int64_t c = (int64_t)blockIdx.x * 1024 + cc;
+        if (c >= k) break;
+        double s = 0.0;
+        for (int r = 0; r < 8; r++) s += sums[r][cc >> 5][cc & 31];
+        col_part[y * k + c] = s;
+    }
     for (int o = 128; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        if ((int)threadIdx.x < o) dots[threadIdx.x] += dots[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) row_dot[row] = sh[0];
+    if (threadIdx.x == 0) dot_part[y * gridDim.x + blockIdx.x] = dots[0];
 }
 
 // Column sums of g [m, k]: block (x, y) adds rows y, y + R, ... of 256 columns into part[y];
 // then each column adds its R partial sums in order.
-constexpr int kColSplits = 64;
 __global__ void col_sums_partial(const float *g, int64_t m, int64_t k, double *part) {
     int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
     if (c >= k) return;
@@ -66,11 +104,11 @@ __global__ void col_sums_partial(const float *g, int64_t m, int64_t k, double *p
     for (int64_t r = blockIdx.y; r < m; r += kColSplits) s += g[r * k + c];
     part[(int64_t)blockIdx.y * k + c] = s;
 }
-__global__ void col_sums_final(const double *part, int64_t k, float *out) {
+__global__ void col_sums_final(const double *part, int parts, int64_t k, float *out) {
     int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
     if (c >= k) return;
     double s = 0;
-    for (int y = 0; y < kColSplits; y++) s += part[y * k + c];
+    for (int y = 0; y < parts; y++) s += part[y * k + c];
     out[c] = (float)s;
 }
 
@@ -104,19 +142,40 @@ __global__ void amax_partial(const float *x, int64_t n, float *part) {
     }
     if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
-__global__ void quantize_i8(const float *x, int64_t n, const float *part, int8_t *q) {
-    __shared__ float amax;
-    if (threadIdx.x == 0) {
-        float a = 0;
-        for (int i = 0; i < kAmaxBlocks; i++) a = fmaxf(a, part[i]);
-        amax = a;
-    }
+// One block: part[0] = the maximum of the kAmaxBlocks partial maxima.
+__global__ void amax_final(float *part) {
+    float a = part[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    __shared__ float sh[8];
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
     __syncthreads();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float v = amax > 0 ? rintf(x[i] * 127.0f / amax) : 0.0f;
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < 8; i++) a = fmaxf(a, sh[i]);
+        part[0] = a;
     }
+}
+__device__ __forceinline__ int8_t quantize_one(float x, float amax) {
+    float v = amax > 0 ? rintf(x * 127.0f / amax) : 0.0f;
+    return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+}
+// q = quantization of x with the amax in part[0]; four elements per step when `vec`.
+__global__ void quantize_i8(const float *x, int64_t n, const float *part, bool vec, int8_t *q) {
+    const float amax = part[0];
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        for (; i < n / 4; i += stride) {
+            const float4 v = reinterpret_cast<const float4 *>(x)[i];
+            char4 o;
+            o.x = quantize_one(v.x, amax);
+            o.y = quantize_one(v.y, amax);
+            o.z = quantize_one(v.z, amax);
+            o.w = quantize_one(v.w, amax);
+            reinterpret_cast<char4 *>(q)[i] = o;
+        }
+        i = n / 4 * 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    }
+    for (; i < n; i += stride) q[i] = quantize_one(x[i], amax);
 }
 
 __device__ float kZero = 0.0f;
@@ -148,7 +207,8 @@ void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *o
     double *part = static_cast<double *>(workspace);
     col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, current_stream>>>(
         g, m, k, part);
-    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(part, k, out);
+    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(part, kColSplits, k,
+                                                                            out);
 }
 
 void sum_over(const double *parts, int64_t count, double denom, float *out) {
@@ -164,65 +224,65 @@ size_t amax_workspace_bytes() { return kAmaxBlocks * sizeof(float); }
 
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
     amax_partial<<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
-    quantize_i8<<<grid_for(n), 256, 0, current_stream>>>(x, n, workspace, q);
+    amax_final<<<1, kAmaxBlocks, 0, current_stream>>>(workspace);
+    const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
+    const int64_t steps = vec ? n / 4 : n;
+    quantize_i8<<<std::min(grid_for(steps), 2048u), 256, 0, current_stream>>>(x, n, workspace, vec,
+                                                                              q);
 }
 
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
+    const unsigned col_blocks = (unsigned)((k + 1023) / 1024);
+    // Row groups of the mask pass: 64, more for tall inputs (at most 256 rows a group).
+    const unsigned groups =
+        (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
     // Workspace: ±1 weight [n, k], ±1 activations [m, k] (T), grad_x before the mask [m, k]
-    // (f32), row sums [m], column partial sums [64, k], amax partials.
-    const size_t ws_w = (size_t)(n * k) * sizeof(T), ws_x = (size_t)(m * k) * sizeof(T);
-    const size_t ws_g = (size_t)(m * k) * sizeof(float), ws_r = (size_t)m * sizeof(double);
-    const size_t ws_c = (size_t)kColSplits * (size_t)k * sizeof(double),
-                 ws_a = amax_workspace_bytes();
-    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t total = up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c) + up(ws_a);
-    uint8_t *ws = nullptr;
+    // (f32), the mask pass's dot partials and column partial sums, amax partials.
+    Workspace<6> ws;
     BIE_CUDA_TRY(
-        check(cudaMallocAsync((void **)&ws, total, st), "cudaMallocAsync (backward workspace)"));
-    T *wsign = reinterpret_cast<T *>(ws);
-    T *xsign = reinterpret_cast<T *>(ws + up(ws_w));
-    float *g = reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x));
-    double *row_dot = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g));
-    double *col_part = reinterpret_cast<double *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r));
-    float *amax =
-        reinterpret_cast<float *>(ws + up(ws_w) + up(ws_x) + up(ws_g) + up(ws_r) + up(ws_c));
+        ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
+                  (size_t)(m * k) * sizeof(float), (size_t)groups * col_blocks * sizeof(double),
+                  (size_t)groups * (size_t)k * sizeof(double), amax_workspace_bytes()},
+                 "cudaMallocAsync (backward workspace)"));
+    T *wsign = ws.at<T>(0), *xsign = ws.at<T>(1);
+    float *g = ws.at<float>(2);
+    double *dot_part = ws.at<double>(3), *col_part = ws.at<double>(4);
+    const bool vec = rows_aligned16<T>(wsign, k);  // the workspace pieces are 256-aligned
 
     bie_status s = BIE_OK;
     float *zero = nullptr;
     cublasHandle_t h = nullptr;
-    if ((s = check(cudaGetSymbolAddress((void **)&zero, kZero), "cudaGetSymbolAddress")) != BIE_OK)
-        goto done;
-    if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    signs_of_bits<T><<<(unsigned)n, 256, 0, st>>>(a.wbits, a.ld, k, wsign);
-    signs_of_bits<T><<<(unsigned)m, 256, 0, st>>>(a.signs, a.ld, k, xsign);
+    if ((s = device_zero(&zero)) != BIE_OK) return ws.release(s);
+    if ((s = blas_handle(&h)) != BIE_OK) return ws.release(s);
+    signs_of_words<T>
+        <<<grid_for(n * ((k + 31) / 32)), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
+    signs_of_words<T>
+        <<<grid_for(m * ((k + 31) / 32)), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wsign,
                      ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F, (int)k,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (grad_x)");
-    if (s != BIE_OK) goto done;
+    if (s != BIE_OK) return ws.release(s);
     // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
                                 xsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
                                 CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (grad_w)");
-    if (s != BIE_OK) goto done;
-    mask_rows<T><<<(unsigned)m, 256, 0, st>>>(g, k, a.ld, a.mask, a.signs,
-                                              static_cast<T *>(a.grad_x), row_dot);
-    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, st>>>(g, m, k,
-                                                                                    col_part);
-    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, k, a.grad_bias);
-    scale_grad<<<1, 256, 0, st>>>(row_dot, m, std::sqrt((double)m * (double)k), a.grad_scale_a);
-    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, amax, a.grad_w_i8);
-    s = check(cudaGetLastError(), "binary linear backward kernels");
-done:
-    cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(s);
-    return check(free_err, "cudaFreeAsync");
+    if (s != BIE_OK) return ws.release(s);
+    mask_reduce<T><<<dim3(col_blocks, groups), 256, 0, st>>>(
+        g, m, k, a.ld, a.mask, a.signs, rows_aligned16<float>(g, k), rows_aligned16<T>(a.grad_x, k),
+        static_cast<T *>(a.grad_x), col_part, dot_part);
+    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, (int)groups, k,
+                                                                a.grad_bias);
+    scale_grad<<<1, 256, 0, st>>>(dot_part, (int64_t)groups * col_blocks,
+                                  std::sqrt((double)m * (double)k), a.grad_scale_a);
+    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(5), a.grad_w_i8);
+    return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }
 
 // ---- Binary conv2d backward (SPEC §3): conv2d_weight and conv2d_input as two GEMMs over the
@@ -352,25 +412,17 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     const int64_t kk = g.k * g.k, K = g.c * kk, rows = g.n * g.oh * g.ow;
     // Workspace: ±1 weight [o, K], sign columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, amax partials, masked grad_x (f32).
-    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[7] = {up((size_t)(g.o * K) * sizeof(T)),
-                          up((size_t)(rows * K) * sizeof(T)),
-                          up((size_t)(g.o * rows) * sizeof(T)),
-                          up((size_t)(rows * K) * sizeof(float)),
-                          up((size_t)(2 * g.n * g.c) * sizeof(double)),
-                          up(amax_workspace_bytes()),
-                          up((size_t)(g.n * g.c * g.h * g.w) * sizeof(float))};
-    size_t off[7], total = 0;
-    for (int i = 0; i < 7; i++) off[i] = total, total += sz[i];
-    uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
-                       "cudaMallocAsync (conv backward workspace)"));
-    T *wsign = reinterpret_cast<T *>(ws + off[0]), *scols = reinterpret_cast<T *>(ws + off[1]);
-    T *grows = reinterpret_cast<T *>(ws + off[2]);
-    float *gcols = reinterpret_cast<float *>(ws + off[3]),
-          *amax = reinterpret_cast<float *>(ws + off[5]);
-    double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + g.n * g.c;
-    float *gmasked = reinterpret_cast<float *>(ws + off[6]);
+    Workspace<7> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)(g.o * K) * sizeof(T), (size_t)(rows * K) * sizeof(T),
+                           (size_t)(g.o * rows) * sizeof(T), (size_t)(rows * K) * sizeof(float),
+                           (size_t)(2 * g.n * g.c) * sizeof(double), amax_workspace_bytes(),
+                           (size_t)(g.n * g.c * g.h * g.w) * sizeof(float)},
+                          "cudaMallocAsync (conv backward workspace)"));
+    T *wsign = ws.at<T>(0), *scols = ws.at<T>(1);
+    T *grows = ws.at<T>(2);
+    float *gcols = ws.at<float>(3), *amax = ws.at<float>(5);
+    double *plane_sum = ws.at<double>(4), *plane_dot = plane_sum + g.n * g.c;
+    float *gmasked = ws.at<float>(6);
     const uint32_t *wbits = reinterpret_cast<const uint32_t *>(a.wbits);
 
     bie_status s = BIE_OK;
@@ -416,9 +468,7 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * K, amax, a.grad_w_i8);
     s = check(cudaGetLastError(), "binary conv2d backward kernels");
 done:
-    cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(s);
-    return check(free_err, "cudaFreeAsync");
+    return ws.release(s);
 }
 
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst) {

@@ -10,6 +10,24 @@
 #include "dtype.cuh"
 
 namespace bie_cuda {
+// One stream-ordered allocation on the current stream, carved into N pieces (each rounded up
+// to 256 bytes): alloc, pointers by piece, release (frees, and passes the caller's status on).
+template <int N> struct Workspace {
+    uint8_t *base = nullptr;
+    size_t off[N] = {};
+    bie_status alloc(const size_t (&bytes)[N], const char *what) {
+        size_t total = 0;
+        for (int i = 0; i < N; i++) off[i] = total, total += (bytes[i] + 255) / 256 * 256;
+        return check(cudaMallocAsync((void **)&base, total, current_stream), what);
+    }
+    template <typename P> P *at(int i) const { return reinterpret_cast<P *>(base + off[i]); }
+    bie_status release(bie_status s) {
+        const cudaError_t e = cudaFreeAsync(base, current_stream);
+        BIE_CUDA_TRY(s);
+        return check(e, "cudaFreeAsync");
+    }
+};
+
 bie_status blas_check(cublasStatus_t s, const char *what);
 // The calling thread's cuBLAS handle, bound to its current stream, scalars in device memory.
 bie_status blas_handle(cublasHandle_t *out);

@@ -97,17 +97,17 @@ __global__ void __launch_bounds__(256)
 // The grad_x kernels' epilogue: scale_w, the clip mask, grad_x in its dtype, and the
 // tile's per-channel sums of the masked gradient and of its product with sign(x'), written to
 // part_sum / part_dot [tile][c] (tile = blockIdx.x) in a fixed order. The block's 8 warps are
-// 4 (pixels, MI m16 tiles each) x 2 (channels, 32 each); tile row r is pixel m0 + r, for r <
-// rows.
-template <typename T, int MI>
+// 4 (pixels, MI m16 tiles each) x 2 (channels, 32 each); tile row r is the flat input pixel
+// (n h w) pixel_of(r), none where that is negative.
+template <typename T, int MI, class PixelOf>
 __device__ __forceinline__ void dgrad_epilogue(
-    const float (&acc)[MI][4][4], int m0, int rows, const uint32_t *__restrict__ mask,
+    const float (&acc)[MI][4][4], PixelOf pixel_of, const uint32_t *__restrict__ mask,
     const uint32_t *__restrict__ signs, const float *__restrict__ scales, const bie_conv_geom &g64,
     T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
     __shared__ float red[2][4][kDgN];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int wm = warp & 3, wn = warp >> 2, c0 = blockIdx.y * kDgN;
-    const int C = (int)g64.c, HW = (int)(g64.h * g64.w), NHW = (int)(g64.n * HW);
+    const int C = (int)g64.c, HW = (int)(g64.h * g64.w);
     const float sw = scales[1];
     const int cw = (C + 31) / 32, word = (c0 + wn * 32) >> 5;
     float csum[4][2] = {}, cdot[4][2] = {};
@@ -115,8 +115,8 @@ __device__ __forceinline__ void dgrad_epilogue(
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = wm * 16 * MI + mi * 16 + gq + 8 * h, qq = m0 + r;
-            if (r >= rows || qq >= NHW || word >= cw) continue;
+            const int qq = pixel_of(wm * 16 * MI + mi * 16 + gq + 8 * h);
+            if (qq < 0 || word >= cw) continue;
             const uint32_t mw = mask[(int64_t)qq * cw + word], sg = signs[(int64_t)qq * cw + word];
             const int n = qq / HW, pix = qq - n * HW;
 #pragma unroll
@@ -192,8 +192,20 @@ template <typename T> constexpr size_t dgrad_smem() {
     return (size_t)kDgStages * (kDgM + kDgN) * kDgPitch * sizeof(T);
 }
 
+// The input pixels of a strided convolution split by phase (y mod S, x mod S), S = stride
+// (S = 1: one phase, every pixel): a phase's pixels are read by the same taps (those with
+// (phase + p - tap d) a multiple of s), so its blocks run over those taps alone instead of
+// multiplying zero rows for the others (3/4 of the products of a 3 x 3, stride-2 layer).
+// Phase ph = (ph / S, ph % S) owns the pixel tiles first[ph] .. first[ph + 1] - 1.
+constexpr int kMaxPhases = 16;
+struct DgradPhases {
+    int split;  // S
+    int first[kMaxPhases + 1];
+};
+
 // grad_x: block (pixel tile, channel tile), 8 warps as 4 (pixels) x 2 (channels) of 32 x 32.
-// Each K step is one tap and kDgK output channels: every pixel's row of the pixel-major
+// A tile's pixels are kDgM consecutive pixels of one phase, in (n, y, x) order. Each K step is
+// one of the phase's taps and kDgK output channels: every pixel's row of the pixel-major
 // gradient at the output pixel the tap maps it to (zeros where none), copied asynchronously
 // kDgStages - 1 steps ahead. part_sum / part_dot [pixel tile][c]: the tile's masked-gradient
 // sums per channel.
@@ -201,9 +213,10 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     dgrad_mma(const T *__restrict__ gt, const T *__restrict__ wt, const uint32_t *__restrict__ mask,
               const uint32_t *__restrict__ signs, const float *__restrict__ scales,
-              bie_conv_geom g64, int op, int cp, T *__restrict__ grad_x,
+              bie_conv_geom g64, DgradPhases phases, int op, int cp, T *__restrict__ grad_x,
               float *__restrict__ part_sum, float *__restrict__ part_dot) {
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int taps[16];  // the phase's taps (k <= 3)
     typedef T Row[kDgPitch];
     Row *as = reinterpret_cast<Row *>(smem);  // [stage * kDgM + m]
     Row *bs = reinterpret_cast<Row *>(smem + (size_t)kDgStages * kDgM * kDgPitch * sizeof(T));
@@ -211,13 +224,33 @@ __global__ void __launch_bounds__(256)
     const int wm = warp & 3;
     const int H = (int)g64.h, W = (int)g64.w, HW = H * W;
     const int OH = (int)g64.oh, OW = (int)g64.ow, OHW = OH * OW, k = (int)g64.k;
-    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
-    const int NHW = (int)(g64.n * HW), m0 = blockIdx.x * kDgM, c0 = blockIdx.y * kDgN;
+    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d, S = phases.split;
+    int ph = 0;
+    while (ph + 1 < S * S && (int)blockIdx.x >= phases.first[ph + 1]) ph++;
+    const int ry = ph / S, rx = ph - ry * S;
+    const int hr = (H - ry + S - 1) / S, wr = (W - rx + S - 1) / S, count = (int)g64.n * hr * wr;
+    const int m0 = (blockIdx.x - phases.first[ph]) * kDgM, c0 = blockIdx.y * kDgN;
+    // The flat input pixel of the phase's pixel l, none past the phase.
+    auto pixel_of = [=](int l) {
+        if (l >= count) return -1;
+        const int n = l / (hr * wr), rem = l - n * (hr * wr), a = rem / wr;
+        return n * HW + (ry + S * a) * W + rx + S * (rem - a * wr);
+    };
+    int ntaps = 0;
+    for (int t = 0; t < k * k; t++) {
+        const int i = t / k, j = t - i * k;
+        if (S == 1 ||
+            (((ry + p - i * d) % s + s) % s == 0 && ((rx + p - j * d) % s + s) % s == 0)) {
+            if (tid == 0) taps[ntaps] = t;
+            ntaps++;
+        }
+    }
+    __syncthreads();
 
     // This thread's A row (one input pixel, half of its kDgK columns) and B row.
     const int am = tid >> 1, ach = (tid & 1) * 4;
-    const int q = m0 + am;
-    const bool qin = q < NHW;
+    const int q = pixel_of(m0 + am);
+    const bool qin = q >= 0;
     int y = 0, x = 0, nbase = 0;
     if (qin) {
         const int n = q / HW, pix = q - n * HW;
@@ -225,9 +258,10 @@ __global__ void __launch_bounds__(256)
         x = pix - y * W;
         nbase = n * OHW;
     }
-    const int per_tap = op / kDgK, steps = k * k * per_tap;
+    const int per_tap = op / kDgK, steps = ntaps * per_tap;
     auto issue = [&](int step, int stage) {
-        const int t = step / per_tap, o0 = (step - t * per_tap) * kDgK, i = t / k, j = t - i * k;
+        const int tn = step / per_tap, o0 = (step - tn * per_tap) * kDgK, t = taps[tn];
+        const int i = t / k, j = t - i * k;
         int ty = y + p - i * d, tx = x + p - j * d;
         bool ok = qin && ty >= 0 && tx >= 0;
         if (s > 1) {
@@ -271,7 +305,9 @@ __global__ void __launch_bounds__(256)
     }
     cp_async_wait<0>();
 
-    dgrad_epilogue<T, 2>(acc, m0, kDgM, mask, signs, scales, g64, grad_x, part_sum, part_dot);
+    dgrad_epilogue<T, 2>(
+        acc, [=](int r) { return pixel_of(m0 + r); }, mask, signs, scales, g64, grad_x, part_sum,
+        part_dot);
 }
 
 // grad_x of a stride-1 convolution whose output has the input's size (OH = H, OW = W): the
@@ -365,8 +401,10 @@ __global__ void __launch_bounds__(256)
         }
     }
     cp_async_wait<0>();
-    dgrad_epilogue<T, MI>(acc, gy0 * W, tr * W, mask, signs, scales, g64, grad_x, part_sum,
-                          part_dot);
+    const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
+    dgrad_epilogue<T, MI>(
+        acc, [=](int r) { return r < rows ? m0 + r : -1; }, mask, signs, scales, g64, grad_x,
+        part_sum, part_dot);
 }
 
 // Per channel (one block each): grad_bias[c] = sum of the tiles' sums, dots[c] = of their dots.
@@ -606,8 +644,14 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             if (blocks >= kHaloFillPerSm * sms) break;
         }
     const bool use_halo = halo_mi != 0;
-    const int64_t tiles =
-        use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows : (g.n * g.h * g.w + kDgM - 1) / kDgM;
+    DgradPhases phases = {};
+    phases.split = g.s > 1 && g.s * g.s <= kMaxPhases ? (int)g.s : 1;
+    for (int ph = 0, sp = phases.split; ph < sp * sp; ph++) {
+        const int64_t hr = (g.h - ph / sp + sp - 1) / sp, wr = (g.w - ph % sp + sp - 1) / sp;
+        phases.first[ph + 1] = phases.first[ph] + (int)((g.n * hr * wr + kDgM - 1) / kDgM);
+    }
+    const int64_t tiles = use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows
+                                   : phases.first[phases.split * phases.split];
     const int64_t ckk = g.c * kk;
     const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
     const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
@@ -618,23 +662,16 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const int64_t per_slice = (chunks + slices - 1) / slices;
     slices = (chunks + per_slice - 1) / per_slice;
 
-    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[6] = {up((size_t)kk * cp * op * sizeof(T)),
-                          up((size_t)(g.n * ohw * op) * sizeof(T)),
-                          up((size_t)(2 * tiles * g.c) * sizeof(float)),
-                          up((size_t)g.c * sizeof(double)),
-                          up((size_t)(slices * g.o * ckk) * sizeof(float)),
-                          up(amax_workspace_bytes())};
-    size_t off[6], total = 0;
-    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
-    uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
-                       "cudaMallocAsync (conv backward workspace)"));
-    T *wt = reinterpret_cast<T *>(ws + off[0]), *gt = reinterpret_cast<T *>(ws + off[1]);
-    float *part_sum = reinterpret_cast<float *>(ws + off[2]), *part_dot = part_sum + tiles * g.c;
-    double *dots = reinterpret_cast<double *>(ws + off[3]);
-    float *wpart = reinterpret_cast<float *>(ws + off[4]);
-    float *amax = reinterpret_cast<float *>(ws + off[5]);
+    Workspace<6> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)kk * cp * op * sizeof(T), (size_t)(g.n * ohw * op) * sizeof(T),
+                           (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
+                           (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes()},
+                          "cudaMallocAsync (conv backward workspace)"));
+    T *wt = ws.at<T>(0), *gt = ws.at<T>(1);
+    float *part_sum = ws.at<float>(2), *part_dot = part_sum + tiles * g.c;
+    double *dots = ws.at<double>(3);
+    float *wpart = ws.at<float>(4);
+    float *amax = ws.at<float>(5);
 
     bie_status s = check(
         use_halo ? cudaFuncSetAttribute(halo_mi == 4 ? dgrad_halo_mma<T, 4> : dgrad_halo_mma<T, 2>,
@@ -658,8 +695,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
         else
             dgrad_mma<T>
                 <<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
-                    gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, static_cast<T *>(a.grad_x),
-                    part_sum, part_dot);
+                    gt, wt, a.mask, a.signs, a.saved_scales, g, phases, op, cp,
+                    static_cast<T *>(a.grad_x), part_sum, part_dot);
         dgrad_channel_sums<<<(unsigned)g.c, 256, 0, st>>>(part_sum, part_dot, tiles, (int)g.c,
                                                           a.grad_bias, dots);
         sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
@@ -676,9 +713,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
         if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * ckk, amax, a.grad_w_i8);
         s = check(cudaGetLastError(), "binary conv2d backward kernels (tensor cores)");
     }
-    cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(s);
-    return check(free_err, "cudaFreeAsync");
+    return ws.release(s);
 }
 
 }  // namespace

@@ -21,4 +21,46 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
+// The 32 elements p[0 .. 32) of one packed word's columns as float (0 past `left`): 16-byte
+// loads when `vec` (p 16-byte aligned and all 32 inside), else one load per element.
+template <typename T>
+__device__ __forceinline__ void load32(const T *p, bool vec, int64_t left, float (&v)[32]) {
+    if (vec && left >= 32) {
+        constexpr int kVec = 16 / sizeof(T), kLoads = 32 / kVec;
+        uint4 raw[kLoads];
+#pragma unroll
+        for (int i = 0; i < kLoads; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+        const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = to_f32(e[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;
+    }
+}
+
+// p[0 .. min(32, left)) = v converted to T: 16-byte stores when `vec` and all 32 fit.
+template <typename T>
+__device__ __forceinline__ void store32(T *p, bool vec, int64_t left, const float (&v)[32]) {
+    if (vec && left >= 32) {
+        constexpr int kVec = 16 / sizeof(T), kStores = 32 / kVec;
+        uint4 raw[kStores];
+        T *e = reinterpret_cast<T *>(raw);
+#pragma unroll
+        for (int j = 0; j < 32; j++) e[j] = from_f32<T>(v[j]);
+#pragma unroll
+        for (int i = 0; i < kStores; i++) reinterpret_cast<uint4 *>(p)[i] = raw[i];
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if (j < left) p[j] = from_f32<T>(v[j]);
+    }
+}
+
+// Whether rows of k elements of T starting at base are all 16-byte aligned.
+template <typename T> inline bool rows_aligned16(const void *base, int64_t k) {
+    return base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
+           (k * (int64_t)sizeof(T)) % 16 == 0;
+}
+
 }  // namespace bie_cuda

@@ -30,9 +30,9 @@ __device__ __forceinline__ int block_sum_256(int v) {
 
 // Block (row, slice) packs the slice's SLICE words of one row: warp w takes words w, w + 8,
 // ..., lane l element 32 * word + l, and the ballot is the word. All loads of a lane are
-// issued before the first ballot. Long inputs use slices of 256 words (8192 bits); short
-// ones (m <= 16, the inference case) slices of 32 words, so that a single row is packed by
-// many blocks at once.
+// issued before the first ballot. Used for short inputs (m <= 16, the inference case: slices
+// of 32 words, so that a single row is packed by many blocks at once); long ones use
+// pack_words (slices of 256 words, 8192 bits).
 // Activations: v = x + bias; sign bit v >= 0; mask bit -1 <= v / scale_a <= 1 (exactly the
 // CPU's arithmetic). Block (0, 0) also snapshots the scales used into saved_scales.
 template <typename T, bool ACT, int SLICE>
@@ -74,6 +74,51 @@ __global__ void __launch_bounds__(256)
         }
     }
     int total = block_sum_256(count);
+    if (threadIdx.x == 0) popc[row * gridDim.y + blockIdx.y] = total;
+    if (ACT && saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        saved_scales[0] = *scale_a;
+        saved_scales[1] = *scale_w;
+    }
+}
+
+// The long-row form of pack_rows (slices of 256 words, m > 16): thread t of block (row, slice)
+// packs word 256 slice + t of the row from its 32 elements (16-byte loads where the rows
+// allow them); the same arithmetic and outputs as pack_rows.
+template <typename T, bool ACT>
+__global__ void __launch_bounds__(256)
+    pack_words(const T *__restrict__ x, int64_t k, const float *__restrict__ bias,
+               const float *__restrict__ scale_a, const float *__restrict__ scale_w,
+               float *saved_scales, int64_t ld, bool vec_x, bool vec_bias,
+               unsigned *__restrict__ bits, unsigned *__restrict__ mask, int *__restrict__ popc) {
+    pdl_trigger();  // the GEMM that reads these rows may launch now
+    const int64_t row = blockIdx.x, words = ld / 4;
+    const int64_t w = (int64_t)blockIdx.y * 256 + threadIdx.x, c0 = w * 32, left = k - c0;
+    int count = 0;
+    if (w < words) {
+        float v[32];
+        load32(x + row * k + c0, vec_x, left, v);
+        if (ACT && bias) {
+            float b[32];
+            load32(bias + c0, vec_bias, left, b);
+#pragma unroll
+            for (int j = 0; j < 32; j++) v[j] += b[j];
+        }
+        const float sa = (ACT && mask) ? *scale_a : 1.0f;
+        unsigned sb = 0, mb = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const bool valid = j < left;
+            sb |= (unsigned)(valid && v[j] >= 0.0f) << j;
+            if (ACT && mask) {
+                const float q = v[j] / sa;
+                mb |= (unsigned)(valid && q >= -1.0f && q <= 1.0f) << j;
+            }
+        }
+        bits[row * words + w] = sb;
+        if (ACT && mask) mask[row * words + w] = mb;
+        count = __popc(sb);
+    }
+    const int total = block_sum_256(count);
     if (threadIdx.x == 0) popc[row * gridDim.y + blockIdx.y] = total;
     if (ACT && saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         saved_scales[0] = *scale_a;
@@ -138,10 +183,15 @@ void launch_pack(const void *x, int64_t rows, int64_t k, const float *bias, cons
                  uint8_t *mask, int *popc) {
     const int parts = ACT ? bie_cuda_act_popc_parts(rows, ld) : bie_cuda_popc_parts(ld);
     dim3 grid((unsigned)rows, (unsigned)parts);
-    auto kernel = parts == bie_cuda_popc_parts(ld) ? pack_rows<T, ACT, 256> : pack_rows<T, ACT, 32>;
-    kernel<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), k, bias, scale_a, scale_w,
-                                             saved_scales, ld, reinterpret_cast<unsigned *>(bits),
-                                             reinterpret_cast<unsigned *>(mask), popc);
+    if (parts == bie_cuda_popc_parts(ld))
+        pack_words<T, ACT><<<grid, 256, 0, current_stream>>>(
+            static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
+            rows_aligned16<T>(x, k), rows_aligned16<float>(bias, 0),
+            reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
+    else
+        pack_rows<T, ACT, 32><<<grid, 256, 0, current_stream>>>(
+            static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
+            reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
 }
 
 }  // namespace bie_cuda

@@ -60,18 +60,14 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     const int64_t m = a.m, n = a.n, k = a.k;
     // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask
     // [m, k] (f32), row sums [m], column partial sums.
-    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[5] = {up((size_t)(n * k) * sizeof(T)), up((size_t)(m * k) * sizeof(T)),
-                          up((size_t)(m * k) * sizeof(float)), up((size_t)m * sizeof(double)),
-                          up(column_sums_workspace(k))};
-    size_t off[5], total = 0;
-    for (int i = 0; i < 5; i++) off[i] = total, total += sz[i];
-    uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
-                       "cudaMallocAsync (4-bit backward workspace)"));
-    T *wval = reinterpret_cast<T *>(ws + off[0]), *xval = reinterpret_cast<T *>(ws + off[1]);
-    float *g = reinterpret_cast<float *>(ws + off[2]);
-    double *row_dot = reinterpret_cast<double *>(ws + off[3]);
+    Workspace<5> ws;
+    BIE_CUDA_TRY(ws.alloc(
+        {(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T), (size_t)(m * k) * sizeof(float),
+         (size_t)m * sizeof(double), column_sums_workspace(k)},
+        "cudaMallocAsync (4-bit backward workspace)"));
+    T *wval = ws.at<T>(0), *xval = ws.at<T>(1);
+    float *g = ws.at<float>(2);
+    double *row_dot = ws.at<double>(3);
 
     bie_status s = BIE_OK;
     float *zero = nullptr;
@@ -95,13 +91,11 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     if (s != BIE_OK) goto done;
     q4_mask_rows<T>
         <<<(unsigned)m, 256, 0, st>>>(g, k, a.mask, a.resid, static_cast<T *>(a.grad_x), row_dot);
-    column_sums(g, m, k, ws + off[4], a.grad_bias);
+    column_sums(g, m, k, ws.at<uint8_t>(4), a.grad_bias);
     sum_over(row_dot, m, std::sqrt((double)m * (double)k * 7.0), a.grad_scale_a);
     s = check(cudaGetLastError(), "4-bit linear backward kernels");
 done:
-    cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(s);
-    return check(free_err, "cudaFreeAsync");
+    return ws.release(s);
 }
 
 // ---- conv2d: conv2d_weight and conv2d_input as two GEMMs over the im2col of the saved
@@ -181,21 +175,16 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     const int64_t K = g.c * g.k * g.k, rows = g.n * g.oh * g.ow, planes = g.n * g.c, hw = g.h * g.w;
     // Workspace: weight values [o, K], code columns [K, rows] and gradient rows [o, rows] (T),
     // grad columns [K, rows] (f32), per-plane sums and dots, masked grad_x (f32).
-    auto up = [](size_t v) { return (v + 255) / 256 * 256; };
-    const size_t sz[6] = {
-        up((size_t)(g.o * K) * sizeof(T)),         up((size_t)(rows * K) * sizeof(T)),
-        up((size_t)(g.o * rows) * sizeof(T)),      up((size_t)(rows * K) * sizeof(float)),
-        up((size_t)(2 * planes) * sizeof(double)), up((size_t)(planes * hw) * sizeof(float))};
-    size_t off[6], total = 0;
-    for (int i = 0; i < 6; i++) off[i] = total, total += sz[i];
-    uint8_t *ws = nullptr;
-    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, total, st),
-                       "cudaMallocAsync (4-bit conv backward workspace)"));
-    T *wval = reinterpret_cast<T *>(ws + off[0]), *xcols = reinterpret_cast<T *>(ws + off[1]);
-    T *grows = reinterpret_cast<T *>(ws + off[2]);
-    float *gcols = reinterpret_cast<float *>(ws + off[3]),
-          *gm = reinterpret_cast<float *>(ws + off[5]);
-    double *plane_sum = reinterpret_cast<double *>(ws + off[4]), *plane_dot = plane_sum + planes;
+    Workspace<6> ws;
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)(g.o * K) * sizeof(T), (size_t)(rows * K) * sizeof(T),
+                  (size_t)(g.o * rows) * sizeof(T), (size_t)(rows * K) * sizeof(float),
+                  (size_t)(2 * planes) * sizeof(double), (size_t)(planes * hw) * sizeof(float)},
+                 "cudaMallocAsync (4-bit conv backward workspace)"));
+    T *wval = ws.at<T>(0), *xcols = ws.at<T>(1);
+    T *grows = ws.at<T>(2);
+    float *gcols = ws.at<float>(3), *gm = ws.at<float>(5);
+    double *plane_sum = ws.at<double>(4), *plane_dot = plane_sum + planes;
 
     bie_status s = BIE_OK;
     float *zero = nullptr;
@@ -233,9 +222,7 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
                          std::sqrt((double)planes * (double)hw * 7.0), a.grad_bias, a.grad_scale_a);
     s = check(cudaGetLastError(), "4-bit conv2d backward kernels");
 done:
-    cudaError_t free_err = cudaFreeAsync(ws, st);
-    BIE_CUDA_TRY(s);
-    return check(free_err, "cudaFreeAsync");
+    return ws.release(s);
 }
 
 }  // namespace bie_cuda

@@ -344,6 +344,14 @@ int main(int argc, char **argv) {
          * pixels of each tile empty) */
         {66, 8, 32, 32, 8, 3, 1, 1, 1},
         {60, 12, 40, 30, 16, 3, 1, 1, 1},
+        /* the 16-bit backward's stride phases (grad_x per (y mod s, x mod s) over the taps
+         * that reach it): stride 2 with dilation 2, an even kernel, a 1x1 kernel (phases no
+         * tap reaches: zero gradient), stride 3 (9 phases), more tiles than one per phase */
+        {2, 40, 15, 10, 24, 3, 2, 1, 2},
+        {1, 20, 10, 9, 16, 2, 2, 0, 1},
+        {2, 16, 7, 7, 8, 1, 2, 0, 1},
+        {2, 24, 11, 12, 40, 3, 3, 1, 1},
+        {9, 64, 16, 16, 72, 3, 2, 1, 1},
     };
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
