@@ -42,6 +42,20 @@ constexpr int kWgStages = 3;                 // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
 constexpr int kSlicesPerSm = 4;              // grad_w blocks to aim for: 2 blocks x 2 per SM
 
+// Division of non-negative ints below 2^31 by a divisor fixed per launch, as a multiply-high
+// and a shift (the magic number from the host): the per-step pixel index math of wgrad_mma.
+struct FastDiv {
+    unsigned m, l;
+    explicit FastDiv(int d) {
+        l = 0;
+        while ((1ull << l) < (unsigned long long)d) l++;
+        m = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)d)) / (unsigned)d + 1);
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return (int)((__umulhi((unsigned)n, m) + (unsigned)n) >> l);
+    }
+};
+
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
@@ -447,7 +461,8 @@ template <typename T, int KS> constexpr size_t wgrad_smem() {
 template <typename T, int KS>
 __global__ void __launch_bounds__(256, 2)
     wgrad_mma(const T *__restrict__ gt, const uint32_t *__restrict__ signs, bie_conv_geom g64,
-              int op, int chunks_per_slice, float *__restrict__ part) {
+              FastDiv by_ohw, FastDiv by_ow, int op, int chunks_per_slice,
+              float *__restrict__ part) {
     constexpr int KK = KS * KS, BN = 32 * KK;
     extern __shared__ __align__(16) unsigned char smem[];
     typedef T ARow[kWgPitch];
@@ -488,7 +503,8 @@ __global__ void __launch_bounds__(256, 2)
         for (int e = 0; e < 2; e++) {
             const int r = base + 2 * bp + e;
             const bool in = step < steps && r < R;
-            const int n = in ? r / OHW : 0, pix = r - n * OHW, oy = pix / OW, ox = pix - oy * OW;
+            const int n = in ? by_ohw.div(r) : 0, pix = r - n * OHW, oy = by_ow.div(pix),
+                      ox = pix - oy * OW;
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int t = warp + 8 * u, i = t / KS, j = t - i * KS;
@@ -608,7 +624,8 @@ bie_status launch_wgrad(const bie_cuda_bconv_backward_args &a, const T *gt, int 
               "cudaFuncSetAttribute (conv grad_w)"));
     const dim3 grid((unsigned)((a.g.o + kWgM - 1) / kWgM), (unsigned)bie_cuda_conv_cw(&a.g),
                     (unsigned)slices);
-    fn<<<grid, 256, smem, current_stream>>>(gt, a.signs, a.g, op, chunks_per_slice, part);
+    fn<<<grid, 256, smem, current_stream>>>(gt, a.signs, a.g, FastDiv((int)(a.g.oh * a.g.ow)),
+                                            FastDiv((int)a.g.ow), op, chunks_per_slice, part);
     return BIE_OK;
 }
 
