@@ -40,7 +40,41 @@ def parse(argv=None):
     p.add_argument("--trace", default=None, help="write a Chrome trace to this file")
     p.add_argument("--sort", choices=("device", "cpu"), default="device",
                    help="order the table by device time (CUDA; default) or host time")
+    p.add_argument("--groups", action="store_true",
+                   help="also print the device time per step of kernel groups (CUDA)")
     return p.parse_args(argv)
+
+
+# Kernel groups by name (first match wins), for --groups.
+GROUPS = (
+    ("bie grad_w", r"wgrad"),
+    ("bie grad_x", r"bie_cuda.*dgrad"),
+    ("bie other (forward, packing, copies, sums)", r"bie_cuda"),
+    ("batch norm", r"batch_norm"),
+    ("PReLU", r"prelu"),
+    ("average pool", r"avg_pool"),
+    ("cuDNN convolutions (with layout copies)", r"cudnn|sm90_xmma|cutlass|implicit_|nvjet|dgrad"),
+    ("adds", r"CUDAFunctor_add"),
+    ("straight-through sign (where, abs, compare)", r"where|compare_scalar|AbsFunctor"),
+    ("reductions", r"reduce_kernel"),
+    ("optimizer", r"multi_tensor|foreach|adam|lerp"),
+)
+
+
+def print_groups(prof, steps):
+    """Device time per step of the kernels, summed by GROUPS (kernels only, no operators)."""
+    import re
+    totals = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0)
+        if t <= 0 or "CUDA" not in str(e.device_type):
+            continue
+        name = next((g for g, pat in GROUPS if re.search(pat, e.key)), "other")
+        totals[name] = totals.get(name, 0.0) + t
+    print("kernel group                                   ms per step")
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"{name:46s} {t / 1e3 / steps:8.3f}")
+    print(f"{'total':46s} {sum(totals.values()) / 1e3 / steps:8.3f}")
 
 
 def main(argv=None):
@@ -88,6 +122,8 @@ def main(argv=None):
     print(f"profile_resnet: side {args.side}, batch {args.batch}, {args.steps} steps on "
           f"{torch.cuda.get_device_name(device) if cuda else 'the CPU'}{ranks}")
     print(prof.key_averages().table(sort_by=key, row_limit=args.rows))
+    if args.groups and cuda:
+        print_groups(prof, args.steps)
     if args.trace:
         prof.export_chrome_trace(args.trace)
         print(f"wrote {args.trace}")
