@@ -83,18 +83,21 @@ __global__ void __launch_bounds__(256)
 
 // The long-row form of pack_rows (slices of 256 words, m > 16): thread t of block (row, slice)
 // packs word 256 slice + t of the row from its 32 elements (16-byte loads where the rows
-// allow them); the same arithmetic and outputs as pack_rows.
+// allow them); the same arithmetic and outputs as pack_rows. Rows of 64 or 128 words (one
+// slice each) share a block, RB = 256 / words rows of it, so that no thread idles.
 template <typename T, bool ACT>
 __global__ void __launch_bounds__(256)
-    pack_words(const T *__restrict__ x, int64_t k, const float *__restrict__ bias,
+    pack_words(const T *__restrict__ x, int64_t rows, int64_t k, const float *__restrict__ bias,
                const float *__restrict__ scale_a, const float *__restrict__ scale_w,
-               float *saved_scales, int64_t ld, bool vec_x, bool vec_bias,
+               float *saved_scales, int64_t ld, int rb, bool vec_x, bool vec_bias,
                unsigned *__restrict__ bits, unsigned *__restrict__ mask, int *__restrict__ popc) {
     pdl_trigger();  // the GEMM that reads these rows may launch now
-    const int64_t row = blockIdx.x, words = ld / 4;
-    const int64_t w = (int64_t)blockIdx.y * 256 + threadIdx.x, c0 = w * 32, left = k - c0;
+    const int64_t words = ld / 4;
+    const int per = 256 / rb, lr = (int)threadIdx.x / per;  // threads per row, local row
+    const int64_t row = (int64_t)blockIdx.x * rb + lr;
+    const int64_t w = (int64_t)blockIdx.y * 256 + threadIdx.x % per, c0 = w * 32, left = k - c0;
     int count = 0;
-    if (w < words) {
+    if (row < rows && w < words) {
         float v[32];
         load32(x + row * k + c0, vec_x, left, v);
         if (ACT && bias) {
@@ -118,8 +121,16 @@ __global__ void __launch_bounds__(256)
         if (ACT && mask) mask[row * words + w] = mb;
         count = __popc(sb);
     }
-    const int total = block_sum_256(count);
-    if (threadIdx.x == 0) popc[row * gridDim.y + blockIdx.y] = total;
+    // Per row: its per / 32 warps' counts, in warp order.
+    __shared__ int partial[8];
+    for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = count;
+    __syncthreads();
+    if ((int)threadIdx.x % per == 0 && row < rows) {
+        int total = 0;
+        for (int i = 0; i < per / 32; i++) total += partial[threadIdx.x / 32 + i];
+        popc[row * gridDim.y + blockIdx.y] = total;
+    }
     if (ACT && saved_scales && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         saved_scales[0] = *scale_a;
         saved_scales[1] = *scale_w;
@@ -183,12 +194,14 @@ void launch_pack(const void *x, int64_t rows, int64_t k, const float *bias, cons
                  uint8_t *mask, int *popc) {
     const int parts = ACT ? bie_cuda_act_popc_parts(rows, ld) : bie_cuda_popc_parts(ld);
     dim3 grid((unsigned)rows, (unsigned)parts);
-    if (parts == bie_cuda_popc_parts(ld))
-        pack_words<T, ACT><<<grid, 256, 0, current_stream>>>(
-            static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
-            rows_aligned16<T>(x, k), rows_aligned16<float>(bias, 0),
-            reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
-    else
+    if (parts == bie_cuda_popc_parts(ld)) {
+        const int words = (int)(ld / 4), rb = words == 64 ? 4 : words == 128 ? 2 : 1;
+        pack_words<T, ACT>
+            <<<dim3((unsigned)((rows + rb - 1) / rb), (unsigned)parts), 256, 0, current_stream>>>(
+                static_cast<const T *>(x), rows, k, bias, scale_a, scale_w, saved_scales, ld, rb,
+                rows_aligned16<T>(x, k), rows_aligned16<float>(bias, 0),
+                reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
+    } else
         pack_rows<T, ACT, 32><<<grid, 256, 0, current_stream>>>(
             static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
             reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
