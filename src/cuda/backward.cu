@@ -19,20 +19,30 @@ __device__ __forceinline__ bool bit_at(const uint8_t *row, int64_t c) {
     return (row[c >> 3] >> (c & 7)) & 1;
 }
 
-// ±1 from packed sign bits, dst [rows, k] from layout rows of ld bytes: one thread per 32-bit
-// word (32 columns, grid-stride), 16-byte stores where the rows allow them.
+// ±1 from packed sign bits, dst [rows, k] from layout rows of ld bytes: one thread per 16
+// bytes of dst (E = 16 / sizeof(T) columns, from E bits of one word), so that a warp's stores
+// are 512 contiguous bytes; grid-stride; element stores where the rows are not 16-byte
+// aligned.
 template <typename T>
 __global__ void __launch_bounds__(256)
     signs_of_words(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, bool vec, T *dst) {
-    const int64_t words = (k + 31) / 32;
-    for (int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x; id < rows * words;
+    constexpr int E = 16 / sizeof(T);
+    const int64_t per_row = (k + E - 1) / E;
+    for (int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x; id < rows * per_row;
          id += (int64_t)gridDim.x * 256) {
-        const int64_t r = id / words, w = id - r * words;
-        const unsigned b = reinterpret_cast<const unsigned *>(bits + r * ld)[w];
-        float v[32];
+        const int64_t r = id / per_row, c0 = (id - r * per_row) * E;
+        const unsigned b = reinterpret_cast<const unsigned *>(bits + r * ld)[c0 >> 5] >> (c0 & 31);
+        T *out = dst + r * k + c0;
+        if (vec && k - c0 >= E) {
+            uint4 raw;
+            T *e = reinterpret_cast<T *>(&raw);
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = (b >> j) & 1 ? 1.0f : -1.0f;
-        store32(dst + r * k + w * 32, vec, k - w * 32, v);
+            for (int j = 0; j < E; j++) e[j] = from_f32<T>((b >> j) & 1 ? 1.0f : -1.0f);
+            *reinterpret_cast<uint4 *>(out) = raw;
+        } else {
+            for (int j = 0; j < E && c0 + j < k; j++)
+                out[j] = from_f32<T>((b >> j) & 1 ? 1.0f : -1.0f);
+        }
     }
 }
 
@@ -257,10 +267,9 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     cublasHandle_t h = nullptr;
     if ((s = device_zero(&zero)) != BIE_OK) return ws.release(s);
     if ((s = blas_handle(&h)) != BIE_OK) return ws.release(s);
-    signs_of_words<T>
-        <<<grid_for(n * ((k + 31) / 32)), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
-    signs_of_words<T>
-        <<<grid_for(m * ((k + 31) / 32)), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
+    const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
+    signs_of_words<T><<<grid_for(n * chunks), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
+    signs_of_words<T><<<grid_for(m * chunks), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wsign,

@@ -218,10 +218,24 @@ int main(int argc, char **argv) {
     if (gpu_missing()) return TU_SKIP;
     tu_seed(91);
     static const int64_t shapes[][3] = {/* m, k, n */
-                                        {1, 1, 1},     {1, 300, 77},    {3, 63, 5},
-                                        {16, 256, 8},  {17, 257, 9},    {5, 1000, 300},
-                                        {64, 512, 64}, {33, 4099, 200}, {130, 513, 129},
-                                        {1, 8192, 64}, {16, 20000, 40}, {257, 1536, 96}};
+                                        {1, 1, 1},
+                                        {1, 300, 77},
+                                        {3, 63, 5},
+                                        {16, 256, 8},
+                                        {17, 257, 9},
+                                        {5, 1000, 300},
+                                        {64, 512, 64},
+                                        {33, 4099, 200},
+                                        {130, 513, 129},
+                                        {1, 8192, 64},
+                                        {16, 20000, 40},
+                                        {257, 1536, 96},
+                                        /* packing 4 or 2 rows a block (k of 64 or 128 words,
+                                         * rows not a multiple), a tall input (more row groups
+                                         * in the backward's mask pass) */
+                                        {150, 2048, 33},
+                                        {301, 4096, 63},
+                                        {20000, 40, 24}};
     const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
