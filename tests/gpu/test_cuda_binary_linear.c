@@ -2,7 +2,8 @@
  * bfloat16 and float16 outputs equal the CPU's float32 result rounded once to that dtype), in
  * training and inference modes, from float and pre-packed input, with every CUDA kernel;
  * backward within float tolerance (int8 weight gradients within one step); bad input rejected
- * with outputs untouched. Random shapes include m = 1, odd k and n, and k over 8192 bits.
+ * with outputs untouched; the opt-in FP8 backward against the CPU backward of grad_out rounded
+ * to e4m3 as it does. Random shapes include m = 1, odd k and n, and k over 8192 bits.
  * Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_linear [--small] */
 #include <math.h>
 
@@ -71,11 +72,29 @@ static void qweight_matches(pair *p) {
     CHECK(device_bytes_match(&q, cq.data));
 }
 
-static void backward_matches(pair *p, int64_t m) {
+/* v rounded to the nearest e4m3 value (ties to even), saturated at +-448 (SATFINITE). */
+static float round_e4m3(float v) {
+    const float a = fabsf(v);
+    if (!(a > 0.0f)) return v;
+    int e;
+    frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e - 1) */
+    const float step = ldexpf(1.0f, (e - 1 < -6 ? -6 : e - 1) - 3); /* subnormals: 2^-9 */
+    float q = rintf(a / step) * step;
+    if (q > 448.0f) q = 448.0f;
+    return v < 0 ? -q : q;
+}
+
+/* The GPU backward against the CPU's; fp8: the GPU layer runs the FP8 products, so the CPU
+ * gets grad_out as they see it (rounded to e4m3 at the per-tensor scale 448 / amax). */
+static void backward_matches(pair *p, int64_t m, int fp8) {
     const int64_t k = p->k, n = p->n;
-    float *g = tu_alloc((size_t)(m * n) * 4);
+    float *g = tu_alloc((size_t)(m * n) * 4), *gc = tu_alloc((size_t)(m * n) * 4);
     fill_input(g, m * n); /* exact in every dtype */
-    bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(g, BIE_F32, 2, m, n, 0, 0);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < m * n; i++) amax = fmaxf(amax, fabsf(g[i]));
+    const float s = amax > 0 ? 448.0f / amax : 1.0f, inv = amax > 0 ? amax / 448.0f : 1.0f;
+    for (int64_t i = 0; i < m * n; i++) gc[i] = fp8 ? round_e4m3(g[i] * s) * inv : g[i];
+    bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(gc, BIE_F32, 2, m, n, 0, 0);
     bie_tensor ggx = device_empty(p->dt, m, k);
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)(m * k) * 4),
@@ -112,6 +131,7 @@ static void backward_matches(pair *p, int64_t m) {
     bie_tensor_free(&gg);
     bie_tensor_free(&ggx);
     free(g);
+    free(gc);
     free(cgx);
     free(got);
 }
@@ -135,7 +155,14 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, m, "training forward");
-    backward_matches(&p, m);
+    backward_matches(&p, m, 0);
+    /* The FP8 products where the device has them (m, n, k multiples of 16; else the exact
+     * ones run), then back to the exact backward. */
+    if (bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_FP8) == BIE_OK) {
+        forward_matches(&p, &gx, &cx, m, "training forward (fp8 backward)");
+        backward_matches(&p, m, m % 16 == 0 && n % 16 == 0 && k % 16 == 0);
+        CHECK_OK(bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_EXACT));
+    }
 
     if (all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
@@ -235,7 +262,10 @@ int main(int argc, char **argv) {
                                          * in the backward's mask pass) */
                                         {150, 2048, 33},
                                         {301, 4096, 63},
-                                        {20000, 40, 24}};
+                                        {20000, 40, 24},
+                                        /* the FP8 backward's shapes (multiples of 16) */
+                                        {48, 272, 16},
+                                        {256, 1024, 512}};
     const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
