@@ -138,11 +138,11 @@ __global__ void scale_grad(const double *row_dot, int64_t m, double denom, float
 
 // Per-tensor int8 quantization (SPEC §1): amax over a fixed grid, then q = rint(v * 127 / amax).
 constexpr int kAmaxBlocks = 256;
-__global__ void amax_partial(const float *x, int64_t n, float *part) {
+template <typename T> __global__ void amax_partial(const T *x, int64_t n, float *part) {
     float a = 0;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
          i += (int64_t)kAmaxBlocks * 256)
-        a = fmaxf(a, fabsf(x[i]));
+        a = fmaxf(a, fabsf(to_f32(x[i])));
     __shared__ float sh[256];
     sh[threadIdx.x] = a;
     __syncthreads();
@@ -232,9 +232,16 @@ static unsigned grid_for(int64_t count) {
 
 size_t amax_workspace_bytes() { return kAmaxBlocks * sizeof(float); }
 
-void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
-    amax_partial<<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
+template <typename T> void amax_into(const T *x, int64_t n, float *workspace) {
+    amax_partial<T><<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
     amax_final<<<1, kAmaxBlocks, 0, current_stream>>>(workspace);
+}
+template void amax_into<float>(const float *, int64_t, float *);
+template void amax_into<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
+template void amax_into<__half>(const __half *, int64_t, float *);
+
+void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
+    amax_into(x, n, workspace);
     const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
     const int64_t steps = vec ? n / 4 : n;
     quantize_i8<<<std::min(grid_for(steps), 2048u), 256, 0, current_stream>>>(x, n, workspace, vec,

@@ -19,7 +19,6 @@
 namespace bie_cuda {
 namespace {
 
-constexpr int kFp8AmaxBlocks = 256;
 constexpr size_t kLtWorkspace = (size_t)32 << 20;
 __device__ float kFp8One = 1.0f;
 
@@ -27,37 +26,13 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
-// Largest |grad_out| over a fixed grid of partial maxima.
-template <typename T>
-__global__ void __launch_bounds__(256) fp8_amax_partial(const T *x, int64_t n, float *part) {
-    float a = 0.0f;
-    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
-         i += (int64_t)kFp8AmaxBlocks * 256)
-        a = fmaxf(a, fabsf(to_f32(x[i])));
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    __shared__ float sh[8];
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < 8; i++) a = fmaxf(a, sh[i]);
-        part[blockIdx.x] = a;
-    }
-}
-
-// One block: scales[0] = 448 / amax (1 when grad_out is all zero), scales[1] = its inverse,
-// the factor the GEMMs apply to the e4m3 operand.
+// scales[0] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[1] = its
+// inverse, the factor the GEMMs apply to the e4m3 operand.
 __global__ void fp8_scales(const float *part, float *scales) {
-    float a = part[threadIdx.x];
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    __shared__ float sh[8];
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < 8; i++) a = fmaxf(a, sh[i]);
-        const float s = a > 0.0f && isfinite(a) ? 448.0f / a : 1.0f;
-        scales[0] = s;
-        scales[1] = a > 0.0f && isfinite(a) ? a / 448.0f : 1.0f;
-    }
+    const float a = part[0];
+    const bool some = a > 0.0f && isfinite(a);
+    scales[0] = some ? 448.0f / a : 1.0f;
+    scales[1] = some ? a / 448.0f : 1.0f;
 }
 
 // grad_out [m, n] (T) -> e4m3 of grad_out * scales[0], as [m, n] (g8) and [n, m] (g8t): a
@@ -190,7 +165,7 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     const int64_t m = a.m, n = a.n, k = a.k;
     Workspace<7> ws;
     BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
-                           kFp8AmaxBlocks * sizeof(float), 2 * sizeof(float), kLtWorkspace},
+                           amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
                           "cudaMallocAsync (fp8 backward workspace)"));
     uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
     uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
@@ -200,8 +175,8 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     if (s != BIE_OK) return ws.release(s);
     cudaStream_t st = current_stream;
     const T *go = static_cast<const T *>(a.grad_out);
-    fp8_amax_partial<T><<<kFp8AmaxBlocks, 256, 0, st>>>(go, m * n, part);
-    fp8_scales<<<1, kFp8AmaxBlocks, 0, st>>>(part, scales);
+    amax_into(go, m * n, part);
+    fp8_scales<<<1, 1, 0, st>>>(part, scales);
     fp8_quantize<T><<<dim3((unsigned)((n + 31) / 32), (unsigned)((m + 31) / 32)), 256, 0, st>>>(
         go, m, n, scales, g8, g8t);
     const unsigned words = (unsigned)((k + 31) / 32);
