@@ -26,65 +26,91 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
-// scales[0] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[1] = its
-// inverse, the factor the GEMMs apply to the e4m3 operand.
+// scales[1] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[0] = its
+// inverse, the factor the GEMMs apply to the e4m3 operand. That one comes first: cuBLASLt
+// refuses (NOT_SUPPORTED) a B scale pointer one float past an aligned one.
 __global__ void fp8_scales(const float *part, float *scales) {
     const float a = part[0];
     const bool some = a > 0.0f && isfinite(a);
-    scales[0] = some ? 448.0f / a : 1.0f;
-    scales[1] = some ? a / 448.0f : 1.0f;
+    scales[0] = some ? a / 448.0f : 1.0f;
+    scales[1] = some ? 448.0f / a : 1.0f;
 }
 
-// grad_out [m, n] (T) -> e4m3 of grad_out * scales[0], as [m, n] (g8) and [n, m] (g8t): a
-// 32 x 32 tile per block through shared memory, both writes coalesced.
+// 16 consecutive elements of T as float: 16-byte loads when `vec` (p 16-byte aligned).
+template <typename T> __device__ __forceinline__ void load16(const T *p, bool vec, float (&v)[16]) {
+    if (vec) {
+        constexpr int kVec = 16 / sizeof(T);
+        uint4 raw[16 / kVec];
+#pragma unroll
+        for (int i = 0; i < 16 / kVec; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+        const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = to_f32(e[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = to_f32(p[j]);
+    }
+}
+
+constexpr int kQTile = 64, kQPitch = kQTile + 4;
+
+// grad_out [m, n] (T; m, n multiples of 16) -> e4m3 of grad_out * scales[1], as [m, n] (g8)
+// and [n, m] (g8t): a 64 x 64 tile per block through shared memory; each thread loads 16
+// elements of a row and stores 16 bytes of g8, then gathers 16 rows of a column for one
+// 16-byte store of g8t. vec: grad_out 16-byte aligned.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    fp8_quantize(const T *g, int64_t m, int64_t n, const float *scales, uint8_t *g8, uint8_t *g8t) {
-    __shared__ uint8_t tile[32][33];
-    const float s = scales[0];
-    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    for (int r = ty; r < 32; r += 8) {
-        const int64_t row = r0 + r, col = c0 + tx;
-        if (row < m && col < n) {
-            const uint8_t q = to_e4m3(to_f32(g[row * n + col]) * s);
-            g8[row * n + col] = q;
-            tile[r][tx] = q;
-        }
+    fp8_quantize(const T *g, int64_t m, int64_t n, bool vec, const float *scales, uint8_t *g8,
+                 uint8_t *g8t) {
+    __shared__ __align__(16) uint8_t tile[kQTile][kQPitch];
+    const float s = scales[1];
+    const int64_t r0 = (int64_t)blockIdx.y * kQTile, c0 = (int64_t)blockIdx.x * kQTile;
+    const int a = threadIdx.x >> 2, b = (threadIdx.x & 3) * 16;
+    if (r0 + a < m && c0 + b < n) {
+        float v[16];
+        load16(g + (r0 + a) * n + c0 + b, vec, v);
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = to_e4m3(v[4 * i] * s) | (uint32_t)to_e4m3(v[4 * i + 1] * s) << 8 |
+                   (uint32_t)to_e4m3(v[4 * i + 2] * s) << 16 |
+                   (uint32_t)to_e4m3(v[4 * i + 3] * s) << 24;
+        *reinterpret_cast<uint4 *>(g8 + (r0 + a) * n + c0 + b) = make_uint4(q[0], q[1], q[2], q[3]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) reinterpret_cast<uint32_t *>(&tile[a][b])[i] = q[i];
     }
     __syncthreads();
-    for (int c = ty; c < 32; c += 8) {
-        const int64_t col = c0 + c, row = r0 + tx;
-        if (row < m && col < n) g8t[col * m + row] = tile[tx][c];
+    // Transposed: column a of the tile, rows b .. b + 16.
+    if (c0 + a < n && r0 + b < m) {
+        uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 16; i++) q[i / 4] |= (uint32_t)tile[b + i][a] << (8 * (i % 4));
+        *reinterpret_cast<uint4 *>(g8t + (c0 + a) * m + r0 + b) =
+            make_uint4(q[0], q[1], q[2], q[3]);
     }
 }
 
-// Sign bits of `rows` layout rows (ld bytes; bit j of row r: element (r, j), j < k) -> the
-// transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block: 32 rows x one 32-bit
-// word of columns; thread t writes 4 consecutive rows of column t / 8.
+// Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
+// (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
+// 128 rows x one 32-bit word of columns; thread t writes 16 consecutive rows of column t / 8
+// with one 16-byte store (a warp: 4 columns x 128 contiguous bytes).
 __global__ void __launch_bounds__(256)
     fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
-    __shared__ uint32_t words[32];
-    const int64_t r0 = (int64_t)blockIdx.y * 32, w = blockIdx.x;
-    if (threadIdx.x < 32) {
+    __shared__ uint32_t words[128];
+    const int64_t r0 = (int64_t)blockIdx.y * 128, w = blockIdx.x;
+    if (threadIdx.x < 128) {
         const int64_t r = r0 + threadIdx.x;
         words[threadIdx.x] = r < rows ? reinterpret_cast<const uint32_t *>(bits + r * ld)[w] : 0u;
     }
     __syncthreads();
-    const int j = threadIdx.x >> 3, i0 = (threadIdx.x & 7) * 4;
+    const int j = threadIdx.x >> 3, i0 = (threadIdx.x & 7) * 16;
     const int64_t col = w * 32 + j;
-    if (col >= k) return;
-    uint8_t v[4];
+    if (col >= k || r0 + i0 >= rows) return;
+    uint32_t q[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int e = 0; e < 4; e++) v[e] = (words[i0 + e] >> j) & 1 ? 0x38 : 0xb8;
-    uint8_t *dst = out + col * rows + r0 + i0;
-    if (r0 + i0 + 4 <= rows && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-        *reinterpret_cast<uint32_t *>(dst) =
-            v[0] | (uint32_t)v[1] << 8 | (uint32_t)v[2] << 16 | (uint32_t)v[3] << 24;
-    } else {
-        for (int e = 0; e < 4; e++)
-            if (r0 + i0 + e < rows) dst[e] = v[e];
-    }
+    for (int e = 0; e < 16; e++)
+        q[e / 4] |= ((words[i0 + e] >> j) & 1 ? 0x38u : 0xb8u) << (8 * (e % 4));
+    *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(q[0], q[1], q[2], q[3]);
 }
 
 thread_local cublasLtHandle_t lt = nullptr;
@@ -177,22 +203,24 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     const T *go = static_cast<const T *>(a.grad_out);
     amax_into(go, m * n, part);
     fp8_scales<<<1, 1, 0, st>>>(part, scales);
-    fp8_quantize<T><<<dim3((unsigned)((n + 31) / 32), (unsigned)((m + 31) / 32)), 256, 0, st>>>(
-        go, m, n, scales, g8, g8t);
+    const bool vec = reinterpret_cast<uintptr_t>(go) % 16 == 0;
+    fp8_quantize<T>
+        <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
+           0, st>>>(go, m, n, vec, scales, g8, g8t);
     const unsigned words = (unsigned)((k + 31) / 32);
-    fp8_signs_t<<<dim3(words, (unsigned)((n + 31) / 32)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
-    fp8_signs_t<<<dim3(words, (unsigned)((m + 31) / 32)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
+    fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
+    fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
     s = check(cudaGetLastError(), "fp8 backward kernels");
     bool ok_x = false, ok_w = false;
     // grad_x before the mask, row-major [m, k] (column-major [k, m]) = scale_w sign(w)^T-major
     // x grad_out: A = sign(w) as [k][n] (K = n), B = grad_out as [m][n].
     if (s == BIE_OK)
-        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales + 1, g,
-                        ws.at<uint8_t>(6), &ok_x);
+        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, g, ws.at<uint8_t>(6),
+                        &ok_x);
     // grad_w, row-major [n, k] = scale_a grad_out^T sign(x'): A = sign(x') as [k][m] (K = m),
     // B = grad_out^T as [n][m].
     if (s == BIE_OK && ok_x)
-        s = lt_fp8_gemm(k, n, m, sxt, g8t, a.saved_scales, zero, scales + 1, a.grad_w,
+        s = lt_fp8_gemm(k, n, m, sxt, g8t, a.saved_scales, zero, scales, a.grad_w,
                         ws.at<uint8_t>(6), &ok_w);
     *done = s == BIE_OK && ok_x && ok_w;
     return ws.release(s);

@@ -104,14 +104,17 @@ static void backward_matches(pair *p, int64_t m, int fp8) {
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
-    const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
+    /* fp8: the tensor cores' FP8 sums are not f32-exact (about 3e-5 of the largest element
+     * measured on an H100; bie.h), so 2e-4 of it on top of the e4m3 rounding done above. */
+    const double wtol = fp8 ? 2e-4 : 1e-5,
+                 tol = fmax(wtol, p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3);
     download_as(&ggx, got);
     CHECK(compare_close("grad_x", got, cgx, m * k, tol));
     bie_tensor a, b;
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
-    CHECK(compare_close("grad_w", got, b.data, n * k, 1e-5));
+    CHECK(compare_close("grad_w", got, b.data, n * k, wtol));
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
@@ -248,6 +251,7 @@ int main(int argc, char **argv) {
                                         {1, 1, 1},
                                         {1, 300, 77},
                                         {3, 63, 5},
+                                        {48, 272, 16}, /* FP8 products (in --small too) */
                                         {16, 256, 8},
                                         {17, 257, 9},
                                         {5, 1000, 300},
@@ -263,10 +267,10 @@ int main(int argc, char **argv) {
                                         {150, 2048, 33},
                                         {301, 4096, 63},
                                         {20000, 40, 24},
-                                        /* the FP8 backward's shapes (multiples of 16) */
-                                        {48, 272, 16},
+                                        /* more FP8 backward shapes (multiples of 16) */
+                                        {144, 48, 80},
                                         {256, 1024, 512}};
-    const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+    const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
             check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2],
