@@ -106,8 +106,9 @@ static void backward_matches(pair *p, int64_t m, int fp8) {
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     /* fp8: the tensor cores' FP8 sums are not f32-exact (about 3e-5 of the largest element
      * measured on an H100; bie.h), so 2e-4 of it on top of the e4m3 rounding done above. */
-    const double wtol = fp8 ? 2e-4 : 1e-5,
-                 tol = fmax(wtol, p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3);
+    const double wtol = fp8 ? 2e-4 : 1e-5, tol = fmax(wtol, p->dt == BIE_F32    ? 1e-5
+                                                            : p->dt == BIE_BF16 ? 8e-3
+                                                                                : 1e-3);
     download_as(&ggx, got);
     CHECK(compare_close("grad_x", got, cgx, m * k, tol));
     bie_tensor a, b;
