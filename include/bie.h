@@ -351,6 +351,19 @@ BIE_API bie_status bie_layer_set_gemm_kernel(bie_layer *layer, int id);
 /* Training (true, the default) or inference mode (module.train() / module.eval()). */
 BIE_API bie_status bie_layer_set_training(bie_layer *layer, bool training);
 
+/* The precision of a binary layer's two backward products (grad_x and grad_w). EXACT (the
+ * default) is SPEC §2/§3: ±1 operands and grad_out as the layer's dtype holds it. FP8 is an
+ * opt-in fast mode for the binary linear layer on CUDA devices with FP8 tensor cores
+ * (compute capability 8.9 or newer): both products run on e4m3 operands; the ±1 operands are
+ * exact in e4m3, grad_out is rounded to e4m3 with one per-tensor scale (amax / 448). Beyond
+ * that rounding, the FP8 tensor cores sum at a lower precision than f32 (about 3e-5 of the
+ * largest gradient element, measured on an H100). Shapes whose m, n or k is not a multiple
+ * of 16 use EXACT.
+ * Other kinds and devices accept EXACT only (BIE_ERR_UNSUPPORTED). */
+typedef enum bie_backward_mode { BIE_BACKWARD_EXACT = 0, BIE_BACKWARD_FP8 = 1 } bie_backward_mode;
+BIE_API bie_status bie_layer_set_backward_mode(bie_layer *layer, bie_backward_mode mode);
+BIE_API bie_status bie_layer_get_backward_mode(const bie_layer *layer, bie_backward_mode *mode);
+
 /* forward: out (the layer's dtype and device; shape from bie_layer_output_shape) =
  * scale_a * scale_w * (sign or 4-bit code of x + bias_a) (.) (sign or code of w), exact
  * integer dot products; conv kinds treat taps outside the input as 0. In training mode with

@@ -186,6 +186,12 @@ BIE_API bie_status bie_model_prepare_params(bie_model *model);
 BIE_API bie_status bie_model_to_device(bie_model *model, bie_device device);
 /* The model's device (the CPU for NULL). */
 BIE_API bie_device bie_model_device(const bie_model *model);
+/* The backward mode of every binary linear layer (bie_layer_set_backward_mode; other layers
+ * keep the exact backward). The model keeps the mode and applies it again after
+ * bie_model_to_device; on a device without FP8 tensor cores (the CPU) its layers run the
+ * exact backward until the model is moved back. Setting FP8 fails (BIE_ERR_UNSUPPORTED) on
+ * such a device. */
+BIE_API bie_status bie_model_set_backward_mode(bie_model *model, bie_backward_mode mode);
 
 /* Floats of every node's output for an input of `in_ndim` extents `in_shape` (what a forward
  * keeps in activation buffers; a training forward and backward need about as much again),

@@ -471,6 +471,17 @@ static void test_setters(void) {
     CASE("set_bits_binary_word(7), (0), (16), (-8), (128)");
     for (int i = 0; i < 5; i++)
         EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_bits_binary_word(l, bad_bits[i]));
+    CASE("set_backward_mode: unknown modes; FP8 on a CPU layer");
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_backward_mode(l, (bie_backward_mode)2));
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_backward_mode(l, (bie_backward_mode)-1));
+    EXPECT_L(l, BIE_ERR_UNSUPPORTED, bie_layer_set_backward_mode(l, BIE_BACKWARD_FP8));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_backward_mode(NULL, BIE_BACKWARD_EXACT));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_get_backward_mode(l, NULL));
+    {
+        bie_backward_mode mode = BIE_BACKWARD_FP8;
+        CHECK(bie_layer_get_backward_mode(l, &mode) == BIE_OK && mode == BIE_BACKWARD_EXACT);
+        CHECK(bie_layer_set_backward_mode(l, BIE_BACKWARD_EXACT) == BIE_OK);
+    }
     CASE("set_gemm_kernel(9999), (-2): unknown ids");
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, 9999));
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, -2));

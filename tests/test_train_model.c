@@ -406,6 +406,12 @@ static void test_bad_input(void) {
     bie_tensor tx = ttu_view(x, 4, xs), tg = ttu_view(g, 2, gs), y;
     CHECK(bie_model_forward(m, &tx, &y) == BIE_ERR_STATE); /* empty */
 
+    /* backward modes: FP8 needs a CUDA model; unknown modes; EXACT always */
+    CHECK(bie_model_set_backward_mode(NULL, BIE_BACKWARD_EXACT) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_model_set_backward_mode(m, (bie_backward_mode)5) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(bie_model_set_backward_mode(m, BIE_BACKWARD_FP8) == BIE_ERR_UNSUPPORTED);
+    CHECK_OK(bie_model_set_backward_mode(m, BIE_BACKWARD_EXACT));
+
     /* bad hyper-parameters, the model unchanged */
     CHECK(bie_model_add_linear(m, 0, 3, true) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(ttu_add_binary_conv2d(m, 3, 4, 3, 0, 1, 1) == BIE_ERR_INVALID_ARGUMENT);

@@ -270,6 +270,22 @@ class Layer:
         self._call(_lib.function("bie_layer_set_gemm_kernel"),
                    _lib.c_int(kernel_id, "gemm_kernel_id"))
 
+    BACKWARD_MODES = ("exact", "fp8")
+
+    @property
+    def backward_mode(self):
+        """"exact" (SPEC) or "fp8" (the opt-in FP8 backward products; binary linear on CUDA
+        devices with FP8 tensor cores)."""
+        mode = ctypes.c_int(0)
+        self._call(_lib.function("bie_layer_get_backward_mode"), ctypes.byref(mode))
+        return self.BACKWARD_MODES[mode.value]
+
+    def set_backward_mode(self, mode):
+        if mode not in self.BACKWARD_MODES:
+            raise ValueError(f"backward mode must be one of {self.BACKWARD_MODES}, not {mode!r}")
+        self._call(_lib.function("bie_layer_set_backward_mode"),
+                   self.BACKWARD_MODES.index(mode))
+
     def set_scale_a(self, value):
         self._call(_lib.function("bie_layer_set_scale_a"), ctypes.c_float(float(value)))
 
@@ -317,6 +333,11 @@ class Layer:
                 new.set_gemm_kernel(kernel)
             except BieError:
                 pass  # a kernel of the old device or dtype: the new layer keeps the default
+        if self.backward_mode != "exact":
+            try:
+                new.set_backward_mode(self.backward_mode)
+            except BieError as e:  # e.g. moved to the CPU: the exact backward
+                warnings.warn(f"bie: {e}; the layer uses the exact backward", stacklevel=3)
         new.set_training(self.training)
         return new
 

@@ -414,6 +414,8 @@ _PROTOTYPES = {
     "bie_layer_set_activation": ((_P, _T, _T), _I),
     "bie_layer_select_gemm_kernel": ((_P, _T), _I),
     "bie_layer_set_gemm_kernel": ((_P, _I), _I),
+    "bie_layer_set_backward_mode": ((_P, _I), _I),
+    "bie_layer_get_backward_mode": ((_P, ctypes.POINTER(_I)), _I),
     "bie_layer_set_training": ((_P, _B), _I),
     "bie_layer_forward": ((_P, _T, _T), _I),
     "bie_layer_backward": ((_P, _T, _T), _I),

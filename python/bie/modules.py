@@ -339,6 +339,18 @@ class _BieLayerModule(nn.Module):
     def gemm_kernel_id(self, kernel_id):
         self._layer.set_gemm_kernel(_lib.c_int(kernel_id, "gemm_kernel_id"))
 
+    @property
+    def backward_mode(self):
+        """The precision of the backward products: "exact" (the default, SPEC) or "fp8" (opt-in
+        for binary linear layers on CUDA devices with FP8 tensor cores: grad_out rounded to
+        e4m3 at a per-tensor scale, the ±1 operands exact). Kept across ``.to()``; a device
+        without FP8 falls back to "exact" with a warning."""
+        return self._layer.backward_mode
+
+    @backward_mode.setter
+    def backward_mode(self, mode):
+        self._layer.set_backward_mode(mode)
+
     def describe(self):
         """What the C layer reports about itself (``bie_layer_describe``), as a dict: kind
         ("binary_linear", "binary_conv2d", "q4_linear", "q4_conv2d"), in and out (features or

@@ -127,6 +127,35 @@ def test_cuda_describe_and_kernel_selection(cls, args, shape):
     assert torch.equal(gpu(x), expect)
 
 
+def test_fp8_backward_against_the_exact_one():
+    """The opt-in FP8 backward of a binary linear layer: grad_x, grad_w and grad_bias_a within
+    the rounding of grad_out to e4m3 (about 2^-4 relative per element) of the exact backward;
+    kept across .to(); a layer moved to the CPU falls back to the exact backward."""
+    torch.manual_seed(3)
+    exact = bie.BinaryLinearCutlass(256, 128, device="cuda", dtype=torch.bfloat16)
+    exact.prepare_params()
+    fast = copy.deepcopy(exact)
+    try:
+        fast.backward_mode = "fp8"
+    except bie.BieError:
+        pytest.skip("this CUDA device has no FP8 tensor cores")
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for layer in (exact, fast):
+        xi = x.clone().requires_grad_()
+        layer(xi).backward(g)
+        grads.append((xi.grad.float(), layer.weight.grad.float(), layer.bias_a.grad.float()))
+    for i, (a, b) in enumerate(zip(*grads)):  # grad_x, the int8 grad_w, grad_bias_a
+        err = (a - b).abs().max().item()
+        slack = 1 if i == 1 else 0  # one int8 step
+        assert 0 < err <= 0.08 * b.abs().max().item() + slack  # rounded, and not more
+    assert fast.to(torch.float16).backward_mode == "fp8"
+    with pytest.warns(UserWarning, match="exact backward"):
+        moved = fast.to("cpu", torch.float32)  # no float16 layer on the CPU
+    assert moved.backward_mode == "exact"
+
+
 # ------------------------------------------------------------------ moving and converting
 
 MOVE_CASES = [

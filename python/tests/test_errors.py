@@ -94,6 +94,18 @@ def test_bad_kernel_ids(linear):
         bie.Q4LinearCutlass(5, 5).gemm_kernel_id = 99999
 
 
+def test_backward_modes_on_the_cpu(linear):
+    assert linear.backward_mode == "exact"
+    with pytest.raises(bie.BieError, match="FP8"):  # CUDA only
+        linear.backward_mode = "fp8"
+    with pytest.raises(ValueError):
+        linear.backward_mode = "fp16"
+    assert linear.backward_mode == "exact"
+    linear.backward_mode = "exact"
+    with pytest.raises(bie.BieError):
+        bie.BinaryConv2dCutlass(3, 4, 3).backward_mode = "fp8"
+
+
 def test_bad_sizes_and_scales():
     with pytest.raises(bie.BieError, match="in_features"):
         bie.BinaryLinearCutlass(0, 3)

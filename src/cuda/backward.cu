@@ -138,11 +138,11 @@ __global__ void scale_grad(const double *row_dot, int64_t m, double denom, float
 
 // Per-tensor int8 quantization (SPEC §1): amax over a fixed grid, then q = rint(v * 127 / amax).
 constexpr int kAmaxBlocks = 256;
-__global__ void amax_partial(const float *x, int64_t n, float *part) {
+template <typename T> __global__ void amax_partial(const T *x, int64_t n, float *part) {
     float a = 0;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
          i += (int64_t)kAmaxBlocks * 256)
-        a = fmaxf(a, fabsf(x[i]));
+        a = fmaxf(a, fabsf(to_f32(x[i])));
     __shared__ float sh[256];
     sh[threadIdx.x] = a;
     __syncthreads();
@@ -232,41 +232,37 @@ static unsigned grid_for(int64_t count) {
 
 size_t amax_workspace_bytes() { return kAmaxBlocks * sizeof(float); }
 
-void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
-    amax_partial<<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
+template <typename T> void amax_into(const T *x, int64_t n, float *workspace) {
+    amax_partial<T><<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
     amax_final<<<1, kAmaxBlocks, 0, current_stream>>>(workspace);
+}
+template void amax_into<float>(const float *, int64_t, float *);
+template void amax_into<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
+template void amax_into<__half>(const __half *, int64_t, float *);
+
+void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
+    amax_into(x, n, workspace);
     const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
     const int64_t steps = vec ? n / 4 : n;
     quantize_i8<<<std::min(grid_for(steps), 2048u), 256, 0, current_stream>>>(x, n, workspace, vec,
                                                                               q);
 }
 
+// The exact products (SPEC §2): grad_x before the mask, g [m, k] (f32), and grad_w, in cuBLAS
+// on ±1 operands expanded from the sign bits (a workspace of their own).
 template <typename T>
-bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
+bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
+                          const float *zero, float *g) {
     cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
-    const unsigned col_blocks = (unsigned)((k + 1023) / 1024);
-    // Row groups of the mask pass: 64, more for tall inputs (at most 256 rows a group).
-    const unsigned groups =
-        (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
-    // Workspace: ±1 weight [n, k], ±1 activations [m, k] (T), grad_x before the mask [m, k]
-    // (f32), the mask pass's dot partials and column partial sums, amax partials.
-    Workspace<6> ws;
-    BIE_CUDA_TRY(
-        ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
-                  (size_t)(m * k) * sizeof(float), (size_t)groups * col_blocks * sizeof(double),
-                  (size_t)groups * (size_t)k * sizeof(double), amax_workspace_bytes()},
-                 "cudaMallocAsync (backward workspace)"));
+    Workspace<2> ws;  // ±1 weight [n, k], ±1 activations [m, k] (T)
+    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T)},
+                          "cudaMallocAsync (backward workspace)"));
     T *wsign = ws.at<T>(0), *xsign = ws.at<T>(1);
-    float *g = ws.at<float>(2);
-    double *dot_part = ws.at<double>(3), *col_part = ws.at<double>(4);
     const bool vec = rows_aligned16<T>(wsign, k);  // the workspace pieces are 256-aligned
-
-    bie_status s = BIE_OK;
-    float *zero = nullptr;
     cublasHandle_t h = nullptr;
-    if ((s = device_zero(&zero)) != BIE_OK) return ws.release(s);
-    if ((s = blas_handle(&h)) != BIE_OK) return ws.release(s);
+    bie_status s = blas_handle(&h);
+    if (s != BIE_OK) return ws.release(s);
     const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
     signs_of_words<T><<<grid_for(n * chunks), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
     signs_of_words<T><<<grid_for(m * chunks), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
@@ -282,6 +278,32 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
                                 xsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
                                 CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (grad_w)");
+    return ws.release(s);
+}
+
+template <typename T>
+bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
+    cudaStream_t st = current_stream;
+    const int64_t m = a.m, n = a.n, k = a.k;
+    const unsigned col_blocks = (unsigned)((k + 1023) / 1024);
+    // Row groups of the mask pass: 64, more for tall inputs (at most 256 rows a group).
+    const unsigned groups =
+        (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
+    // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
+    // partial sums, amax partials.
+    Workspace<4> ws;
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)(m * k) * sizeof(float), (size_t)groups * col_blocks * sizeof(double),
+                  (size_t)groups * (size_t)k * sizeof(double), amax_workspace_bytes()},
+                 "cudaMallocAsync (backward workspace)"));
+    float *g = ws.at<float>(0);
+    double *dot_part = ws.at<double>(1), *col_part = ws.at<double>(2);
+
+    float *zero = nullptr;
+    bie_status s = device_zero(&zero);
+    bool done = false;  // the products are in g and grad_w
+    if (s == BIE_OK && fp8_backward_fits(a)) s = fp8_backward_products(a, g, &done);
+    if (s == BIE_OK && !done) s = exact_products<T>(a, ctype, zero, g);
     if (s != BIE_OK) return ws.release(s);
     mask_reduce<T><<<dim3(col_blocks, groups), 256, 0, st>>>(
         g, m, k, a.ld, a.mask, a.signs, rows_aligned16<float>(g, k), rows_aligned16<T>(a.grad_x, k),
@@ -290,7 +312,7 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
                                                                 a.grad_bias);
     scale_grad<<<1, 256, 0, st>>>(dot_part, (int64_t)groups * col_blocks,
                                   std::sqrt((double)m * (double)k), a.grad_scale_a);
-    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(5), a.grad_w_i8);
+    if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(3), a.grad_w_i8);
     return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }
 

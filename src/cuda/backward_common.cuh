@@ -47,7 +47,15 @@ void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int6
 // Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
 // workspace of amax_workspace_bytes().
 size_t amax_workspace_bytes();
+// workspace[0] = max |x| over x [n] (float32, bfloat16 or float16), on the current stream.
+template <typename T> void amax_into(const T *x, int64_t n, float *workspace);
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q);
+// The opt-in FP8 products of the binary linear backward (backward_fp8.cu): whether they
+// apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
+// before the mask into g [m, k] and grad_w; *done is false where cuBLASLt has no FP8
+// algorithm for the shape (nothing written: the exact products run instead).
+bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);

@@ -214,8 +214,11 @@ typedef struct bie_cuda_bl_backward_args {
     int8_t *grad_w_i8;           /* [n, k] or NULL */
     float *grad_bias;            /* [k] */
     float *grad_scale_a;         /* [1] */
+    bool fp8;                    /* BIE_BACKWARD_FP8: the products on e4m3 where they apply */
 } bie_cuda_bl_backward_args;
 bie_status bie_cuda_binary_linear_backward(const bie_cuda_bl_backward_args *args);
+/* Whether CUDA device `device` has FP8 tensor cores (compute capability 8.9 or newer). */
+bool bie_cuda_fp8_usable(int device);
 
 /* ---- 4-bit linear backward on the device (SPEC §4); see q4backward.cu. */
 typedef struct bie_cuda_q4l_backward_args {

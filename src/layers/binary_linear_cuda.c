@@ -219,6 +219,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_w_i8 = c->d.g_w_i8,
         .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
+        .fp8 = l->backward_mode == BIE_BACKWARD_FP8,
     };
     BIE_TRY(bie_cuda_binary_linear_backward(&a));
     c->d.has_grads = true;
@@ -227,6 +228,16 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
 
 /* ---------------------------------------------------------------- kernel selection */
 
+/* The FP8 backward needs FP8 tensor cores on the layer's device. */
+static bie_status check_backward_mode(const bie_layer *l, int mode, const char *who) {
+    if (mode == BIE_BACKWARD_FP8 && !bie_cuda_fp8_usable(l->device.index))
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "binary_linear_%s: CUDA device %d has no FP8 tensor cores (compute "
+                        "capability 8.9 or newer)",
+                        who, l->device.index);
+    return BIE_OK;
+}
+
 const bie_layer_ops bie_binary_linear_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .device = &bie_cuda_device_ops,
@@ -234,4 +245,5 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .release = release,
     .forward = forward,
     .backward = backward,
+    .check_backward_mode = check_backward_mode,
 };

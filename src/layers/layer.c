@@ -390,6 +390,31 @@ bie_status bie_layer_select_gemm_kernel(bie_layer *l, const bie_tensor *x) {
     return BIE_OK;
 }
 
+bie_status bie_layer_set_backward_mode(bie_layer *l, bie_backward_mode mode) {
+    static const char *who = "set_backward_mode";
+    CHECK_LAYER(l);
+    if (mode != BIE_BACKWARD_EXACT && mode != BIE_BACKWARD_FP8)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s_%s: unknown backward mode %d", l->kind->name,
+                        who, (int)mode);
+    if (mode != BIE_BACKWARD_EXACT) {
+        if (l->ops->check_backward_mode == NULL)
+            return bie_fail(BIE_ERR_UNSUPPORTED,
+                            "%s_%s: the FP8 backward exists for the binary linear layer on CUDA "
+                            "devices with FP8 tensor cores only",
+                            l->kind->name, who);
+        BIE_TRY(l->ops->check_backward_mode(l, (int)mode, who));
+    }
+    l->backward_mode = (int)mode;
+    return BIE_OK;
+}
+
+bie_status bie_layer_get_backward_mode(const bie_layer *l, bie_backward_mode *mode) {
+    CHECK_LAYER(l);
+    if (mode == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "get_backward_mode: NULL mode");
+    *mode = (bie_backward_mode)l->backward_mode;
+    return BIE_OK;
+}
+
 bie_status bie_layer_set_training(bie_layer *l, bool training) {
     CHECK_LAYER(l);
     if (!training) bie_layer_drop_saved(l);

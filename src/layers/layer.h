@@ -45,7 +45,8 @@ struct bie_layer {
     bie_dtype dtype;
     bool symmetric; /* binary kinds (SPEC §2) */
     bool training;
-    int kernel_id; /* -1: default per shape */
+    int kernel_id;     /* -1: default per shape */
+    int backward_mode; /* bie_backward_mode */
 
     bie_binary_weight w; /* binary kinds: [out, fan_in] (on CUDA: host staging only) */
     bie_q4_weight qw;    /* 4-bit kinds: [out, fan_in] (on CUDA: host staging only) */
@@ -118,6 +119,8 @@ struct bie_layer_ops {
     void (*release)(bie_layer *l);    /* NULL: none */
     bie_status (*forward)(bie_layer *l, const bie_tensor *x, bie_tensor *out);
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
+    /* Whether the layer can run a non-exact backward mode (NULL: EXACT only). */
+    bie_status (*check_backward_mode)(const bie_layer *l, int mode, const char *who);
 };
 
 /* The ops tables of each kind on each device. */

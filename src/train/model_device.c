@@ -269,6 +269,37 @@ static void release_layers(bie_train_layer *layers, int count) {
     free(layers);
 }
 
+/* Sets `mode` on every binary linear layer; on failure the layers set so far go back to
+ * the exact backward. */
+static bie_status apply_backward_mode(bie_model *m, int mode) {
+    for (int i = 0; i < m->count; i++) {
+        bie_train_layer *l = &m->layers[i];
+        if (l->info.type != BIE_LAYER_BINARY_LINEAR || l->lowbit == NULL) continue;
+        bie_status st = bie_layer_set_backward_mode(l->lowbit, (bie_backward_mode)mode);
+        if (st != BIE_OK) {
+            for (int j = 0; j < i; j++)
+                if (m->layers[j].info.type == BIE_LAYER_BINARY_LINEAR && m->layers[j].lowbit)
+                    bie_layer_set_backward_mode(m->layers[j].lowbit, BIE_BACKWARD_EXACT);
+            return st;
+        }
+    }
+    return BIE_OK;
+}
+
+bie_status bie_model_set_backward_mode(bie_model *m, bie_backward_mode mode) {
+    if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "model_set_backward_mode: model is NULL");
+    if (mode != BIE_BACKWARD_EXACT && mode != BIE_BACKWARD_FP8)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "model_set_backward_mode: unknown mode %d",
+                        (int)mode);
+    if (mode == BIE_BACKWARD_FP8 && m->device.type != BIE_DEVICE_CUDA)
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "model_set_backward_mode: the FP8 backward runs on CUDA devices with FP8 "
+                        "tensor cores only (the model is on the CPU)");
+    BIE_TRY(apply_backward_mode(m, (int)mode));
+    m->backward_mode = (int)mode;
+    return BIE_OK;
+}
+
 bie_status bie_model_to_device(bie_model *m, bie_device device) {
     static const char *who = "model_to_device";
     if (m == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: model is NULL", who);
@@ -295,6 +326,7 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
     moved.device = device;
     moved.ops = ops;
     moved.training = m->training;
+    moved.backward_mode = m->backward_mode;
     moved.generation = 1;
     bie_status st = BIE_OK;
     for (int i = 0; i < m->count && st == BIE_OK; i++) {
@@ -309,6 +341,10 @@ bie_status bie_model_to_device(bie_model *m, bie_device device) {
     /* A packed model's new layers are packed first, so that they have qweight to load. */
     if (st == BIE_OK && m->packed) st = bie_model_pack(&moved);
     if (st == BIE_OK) st = copy_state(m, &moved);
+    /* The model's backward mode where the device runs it (else the exact one, see
+     * bie_model_set_backward_mode). */
+    if (st == BIE_OK && m->backward_mode != BIE_BACKWARD_EXACT)
+        (void)apply_backward_mode(&moved, m->backward_mode);
     free(moved.params);
     if (st != BIE_OK) {
         release_layers(layers, moved.count);

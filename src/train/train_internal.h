@@ -83,6 +83,7 @@ struct bie_model {
     bie_device device;               /* every buffer below and every layer lives there */
     const struct bie_train_ops *ops; /* the float kernels and memory of that device */
     bool training, packed;
+    int backward_mode; /* bie_backward_mode of the binary linear layers */
     /* Grows whenever the set of parameters or their storage changes (add, reset, prepare,
      * pack): optimizers and cached parameter lists compare it. */
     uint64_t generation;

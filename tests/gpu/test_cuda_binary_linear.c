@@ -2,7 +2,8 @@
  * bfloat16 and float16 outputs equal the CPU's float32 result rounded once to that dtype), in
  * training and inference modes, from float and pre-packed input, with every CUDA kernel;
  * backward within float tolerance (int8 weight gradients within one step); bad input rejected
- * with outputs untouched. Random shapes include m = 1, odd k and n, and k over 8192 bits.
+ * with outputs untouched; the opt-in FP8 backward against the CPU backward of grad_out rounded
+ * to e4m3 as it does. Random shapes include m = 1, odd k and n, and k over 8192 bits.
  * Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_linear [--small] */
 #include <math.h>
 
@@ -71,11 +72,29 @@ static void qweight_matches(pair *p) {
     CHECK(device_bytes_match(&q, cq.data));
 }
 
-static void backward_matches(pair *p, int64_t m) {
+/* v rounded to the nearest e4m3 value (ties to even), saturated at +-448 (SATFINITE). */
+static float round_e4m3(float v) {
+    const float a = fabsf(v);
+    if (!(a > 0.0f)) return v;
+    int e;
+    frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e - 1) */
+    const float step = ldexpf(1.0f, (e - 1 < -6 ? -6 : e - 1) - 3); /* subnormals: 2^-9 */
+    float q = rintf(a / step) * step;
+    if (q > 448.0f) q = 448.0f;
+    return v < 0 ? -q : q;
+}
+
+/* The GPU backward against the CPU's; fp8: the GPU layer runs the FP8 products, so the CPU
+ * gets grad_out as they see it (rounded to e4m3 at the per-tensor scale 448 / amax). */
+static void backward_matches(pair *p, int64_t m, int fp8) {
     const int64_t k = p->k, n = p->n;
-    float *g = tu_alloc((size_t)(m * n) * 4);
+    float *g = tu_alloc((size_t)(m * n) * 4), *gc = tu_alloc((size_t)(m * n) * 4);
     fill_input(g, m * n); /* exact in every dtype */
-    bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(g, BIE_F32, 2, m, n, 0, 0);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < m * n; i++) amax = fmaxf(amax, fabsf(g[i]));
+    const float s = amax > 0 ? 448.0f / amax : 1.0f, inv = amax > 0 ? amax / 448.0f : 1.0f;
+    for (int64_t i = 0; i < m * n; i++) gc[i] = fp8 ? round_e4m3(g[i] * s) * inv : g[i];
+    bie_tensor gg = upload_as(p->dt, g, m, n), cg = tu_view(gc, BIE_F32, 2, m, n, 0, 0);
     bie_tensor ggx = device_empty(p->dt, m, k);
     poison_device(&ggx);
     float *cgx = tu_alloc((size_t)(m * k) * 4),
@@ -85,14 +104,18 @@ static void backward_matches(pair *p, int64_t m) {
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
-    const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
+    /* fp8: the tensor cores' FP8 sums are not f32-exact (about 3e-5 of the largest element
+     * measured on an H100; bie.h), so 2e-4 of it on top of the e4m3 rounding done above. */
+    const double wtol = fp8 ? 2e-4 : 1e-5, tol = fmax(wtol, p->dt == BIE_F32    ? 1e-5
+                                                            : p->dt == BIE_BF16 ? 8e-3
+                                                                                : 1e-3);
     download_as(&ggx, got);
     CHECK(compare_close("grad_x", got, cgx, m * k, tol));
     bie_tensor a, b;
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
-    CHECK(compare_close("grad_w", got, b.data, n * k, 1e-5));
+    CHECK(compare_close("grad_w", got, b.data, n * k, wtol));
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
@@ -112,6 +135,7 @@ static void backward_matches(pair *p, int64_t m) {
     bie_tensor_free(&gg);
     bie_tensor_free(&ggx);
     free(g);
+    free(gc);
     free(cgx);
     free(got);
 }
@@ -135,7 +159,14 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, m, "training forward");
-    backward_matches(&p, m);
+    backward_matches(&p, m, 0);
+    /* The FP8 products where the device has them (m, n, k multiples of 16; else the exact
+     * ones run), then back to the exact backward. */
+    if (bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_FP8) == BIE_OK) {
+        forward_matches(&p, &gx, &cx, m, "training forward (fp8 backward)");
+        backward_matches(&p, m, m % 16 == 0 && n % 16 == 0 && k % 16 == 0);
+        CHECK_OK(bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_EXACT));
+    }
 
     if (all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
@@ -221,6 +252,7 @@ int main(int argc, char **argv) {
                                         {1, 1, 1},
                                         {1, 300, 77},
                                         {3, 63, 5},
+                                        {48, 272, 16}, /* FP8 products (in --small too) */
                                         {16, 256, 8},
                                         {17, 257, 9},
                                         {5, 1000, 300},
@@ -235,8 +267,11 @@ int main(int argc, char **argv) {
                                          * in the backward's mask pass) */
                                         {150, 2048, 33},
                                         {301, 4096, 63},
-                                        {20000, 40, 24}};
-    const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+                                        {20000, 40, 24},
+                                        /* more FP8 backward shapes (multiples of 16) */
+                                        {144, 48, 80},
+                                        {256, 1024, 512}};
+    const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
             check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2],

@@ -440,6 +440,48 @@ static void test_training(void) {
     free(p.labels);
 }
 
+/* The opt-in FP8 backward of the binary linear layers (shapes of multiples of 16, so that it
+ * runs): a model trains with it; it stays set across moves to the CPU (exact there) and back. */
+static void test_fp8_backward(void) {
+    const int64_t shape[4] = {32, 3, 11, 11};
+    problem p = make_problem(shape, 5, 12);
+    bie_model *m = NULL;
+    CHECK_OK(bie_model_create(&m));
+    CHECK_OK(bie_model_add_flatten(m));
+    CHECK_OK(bie_model_add_linear(m, 363, 64, true));
+    CHECK_OK(bie_model_add_batchnorm1d(m, 64));
+    CHECK_OK(ttu_add_binary_linear(m, 64, 64));
+    CHECK_OK(bie_model_add_batchnorm1d(m, 64));
+    CHECK_OK(bie_model_add_prelu(m, 1));
+    CHECK_OK(ttu_add_binary_linear(m, 64, 32));
+    CHECK_OK(bie_model_add_batchnorm1d(m, 32));
+    CHECK_OK(bie_model_add_linear(m, 32, 5, true));
+    CHECK_OK(bie_model_reset_parameters(m, 13));
+    CHECK_OK(bie_model_prepare_params(m));
+    CHECK(bie_model_set_backward_mode(m, BIE_BACKWARD_FP8) == BIE_ERR_UNSUPPORTED); /* CPU */
+    CHECK_OK(bie_model_to_device(m, kCuda));
+    if (bie_model_set_backward_mode(m, BIE_BACKWARD_FP8) != BIE_OK) {
+        printf("fp8 backward: not on this device (%s)\n", bie_last_error());
+    } else {
+        enum { STEPS = 40 };
+        float losses[STEPS];
+        int64_t flips = 0;
+        train(m, &p, STEPS, losses, &flips);
+        const float first = losses[0],
+                    last = (losses[STEPS - 1] + losses[STEPS - 2] + losses[STEPS - 3]) / 3;
+        printf("training on CUDA, fp8 backward: loss %.4f -> %.4f, %lld sign flips\n",
+               (double)first, (double)last, (long long)flips);
+        CHECK(isfinite(first) && last < 0.7f * first && flips > 0);
+        CHECK_OK(bie_model_to_device(m, bie_cpu())); /* the exact backward there */
+        CHECK_OK(bie_model_to_device(m, kCuda));     /* FP8 again */
+        train(m, &p, 3, losses, &flips);
+        CHECK(isfinite(losses[2]));
+    }
+    bie_model_free(m);
+    free(p.x);
+    free(p.labels);
+}
+
 static void test_bad_input(void) {
     problem p = make_problem(kShape, 5, 4);
     bie_model *m = new_model(2, bie_cpu());
@@ -514,6 +556,7 @@ int main(int argc, char **argv) {
     test_scale_a_written_through_view();
     test_matches_cpu();
     test_training();
+    test_fp8_backward();
     test_bad_input();
     return tu_finish();
 }

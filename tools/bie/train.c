@@ -21,7 +21,7 @@
 
 typedef struct train_options {
     const char *preset, *first_last, *schedule, *device, *data_dir, *out_dir, *progress;
-    const char *augment;
+    const char *augment, *backward;
     int64_t width, depth, epochs, batch, seed, threads, train_limit, test_limit, eval_batch;
     int64_t augment_shift;
     double lr, binary_lr, binary_beta1, binary_beta2, weight_decay;
@@ -294,6 +294,8 @@ static int setup_trainer(trainer *t) {
     TOOL_TRY_BIE(bie_model_prepare_params(t->model));
     /* Built and initialised on the host (the same numbers on any device), then moved. */
     TOOL_TRY(model_to_device(t->model, t->where));
+    if (strcmp(o->backward, "fp8") == 0)
+        TOOL_TRY_BIE(bie_model_set_backward_mode(t->model, BIE_BACKWARD_FP8));
     bie_optimizer_options oo = bie_optimizer_defaults();
     oo.adam.lr = (float)o->lr;
     oo.adam.weight_decay = (float)o->weight_decay;
@@ -327,9 +329,10 @@ static int setup_trainer(trainer *t) {
         snprintf(where, sizeof where, "%d threads, kernels %s", bie_get_num_threads(),
                  bie_cpu_kernel_set());
     printf("epochs %lld, batch %lld (%lld steps/epoch), lr %g, binary lr %g, %s schedule, "
-           "weight decay %g, seed %lld, %s\n",
+           "weight decay %g, seed %lld, %s%s\n",
            (long long)o->epochs, (long long)o->batch, (long long)t->steps_per_epoch, o->lr,
-           o->binary_lr, o->schedule, o->weight_decay, (long long)o->seed, where);
+           o->binary_lr, o->schedule, o->weight_decay, (long long)o->seed, where,
+           strcmp(o->backward, "fp8") == 0 ? ", fp8 backward" : "");
     if (augment_active(&t->augment)) { /* the default run's output stays as documented */
         char augment[48];
         describe_augment(&t->augment, augment, sizeof augment);
@@ -355,6 +358,7 @@ int cmd_train(int argc, char **argv) {
                        .first_last = "float",
                        .schedule = "cosine",
                        .device = "cpu",
+                       .backward = "exact",
                        .out_dir = NULL,
                        .progress = "auto",
                        .width = -1,
@@ -400,6 +404,8 @@ int cmd_train(int argc, char **argv) {
          "seed of initialisation and shuffling (same seed + threads: same run, bit for bit)"},
         {"threads", OPT_INT, &o.threads, 0, 1024, NULL, "N", "CPU threads (0: all cores)"},
         {"device", OPT_STRING, &o.device, 0, 0, "cpu|cuda", NULL, "where the layers run"},
+        {"backward", OPT_STRING, &o.backward, 0, 0, "exact|fp8", NULL,
+         "binary linear layers' backward products (fp8: CUDA with FP8 tensor cores, opt-in)"},
         {"data", OPT_STRING, &o.data_dir, 0, 0, NULL, "DIR",
          "Fashion-MNIST IDX files (default $BIE_DATA_DIR or " FMNIST_DEFAULT_DIR ")"},
         {"train-limit", OPT_INT, &o.train_limit, 0, 1e9, NULL, "N",

@@ -1,0 +1,253 @@
+// The opt-in FP8 backward products of the binary linear layer (bie_layer_set_backward_mode):
+// grad_x before the mask and grad_w on e4m3 tensor cores through cuBLASLt. The ±1 operands
+// are exact in e4m3; grad_out is rounded once to e4m3 after scaling by 448 / amax(grad_out)
+// (its largest magnitude becomes e4m3's largest finite value), and the GEMMs multiply the
+// result back by amax / 448. cuBLASLt's FP8 kernels want both operands K-major ("TN"), so
+// the kernels here write the ±1 operands transposed from the sign bits and grad_out both as
+// it lies and transposed.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backward_common.cuh"
+#include "cuda_internal.h"
+
+namespace bie_cuda {
+namespace {
+
+constexpr size_t kLtWorkspace = (size_t)32 << 20;
+__device__ float kFp8One = 1.0f;
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+// scales[1] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[0] = its
+// inverse, the factor the GEMMs apply to the e4m3 operand. That one comes first: cuBLASLt
+// refuses (NOT_SUPPORTED) a B scale pointer one float past an aligned one.
+__global__ void fp8_scales(const float *part, float *scales) {
+    const float a = part[0];
+    const bool some = a > 0.0f && isfinite(a);
+    scales[0] = some ? a / 448.0f : 1.0f;
+    scales[1] = some ? 448.0f / a : 1.0f;
+}
+
+// 16 consecutive elements of T as float: 16-byte loads when `vec` (p 16-byte aligned).
+template <typename T> __device__ __forceinline__ void load16(const T *p, bool vec, float (&v)[16]) {
+    if (vec) {
+        constexpr int kVec = 16 / sizeof(T);
+        uint4 raw[16 / kVec];
+#pragma unroll
+        for (int i = 0; i < 16 / kVec; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+        const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = to_f32(e[j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = to_f32(p[j]);
+    }
+}
+
+constexpr int kQTile = 64, kQPitch = kQTile + 4;
+
+// grad_out [m, n] (T; m, n multiples of 16) -> e4m3 of grad_out * scales[1], as [m, n] (g8)
+// and [n, m] (g8t): a 64 x 64 tile per block through shared memory; each thread loads 16
+// elements of a row and stores 16 bytes of g8, then gathers 16 rows of a column for one
+// 16-byte store of g8t. vec: grad_out 16-byte aligned.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    fp8_quantize(const T *g, int64_t m, int64_t n, bool vec, const float *scales, uint8_t *g8,
+                 uint8_t *g8t) {
+    __shared__ __align__(16) uint8_t tile[kQTile][kQPitch];
+    const float s = scales[1];
+    const int64_t r0 = (int64_t)blockIdx.y * kQTile, c0 = (int64_t)blockIdx.x * kQTile;
+    const int a = threadIdx.x >> 2, b = (threadIdx.x & 3) * 16;
+    if (r0 + a < m && c0 + b < n) {
+        float v[16];
+        load16(g + (r0 + a) * n + c0 + b, vec, v);
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = to_e4m3(v[4 * i] * s) | (uint32_t)to_e4m3(v[4 * i + 1] * s) << 8 |
+                   (uint32_t)to_e4m3(v[4 * i + 2] * s) << 16 |
+                   (uint32_t)to_e4m3(v[4 * i + 3] * s) << 24;
+        *reinterpret_cast<uint4 *>(g8 + (r0 + a) * n + c0 + b) = make_uint4(q[0], q[1], q[2], q[3]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) reinterpret_cast<uint32_t *>(&tile[a][b])[i] = q[i];
+    }
+    __syncthreads();
+    // Transposed: column a of the tile, rows b .. b + 16.
+    if (c0 + a < n && r0 + b < m) {
+        uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 16; i++) q[i / 4] |= (uint32_t)tile[b + i][a] << (8 * (i % 4));
+        *reinterpret_cast<uint4 *>(g8t + (c0 + a) * m + r0 + b) =
+            make_uint4(q[0], q[1], q[2], q[3]);
+    }
+}
+
+// Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
+// (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
+// 128 rows x one 32-bit word of columns; thread t writes 16 consecutive rows of column t / 8
+// with one 16-byte store (a warp: 4 columns x 128 contiguous bytes).
+__global__ void __launch_bounds__(256)
+    fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
+    __shared__ uint32_t words[128];
+    const int64_t r0 = (int64_t)blockIdx.y * 128, w = blockIdx.x;
+    if (threadIdx.x < 128) {
+        const int64_t r = r0 + threadIdx.x;
+        words[threadIdx.x] = r < rows ? reinterpret_cast<const uint32_t *>(bits + r * ld)[w] : 0u;
+    }
+    __syncthreads();
+    const int j = threadIdx.x >> 3, i0 = (threadIdx.x & 7) * 16;
+    const int64_t col = w * 32 + j;
+    if (col >= k || r0 + i0 >= rows) return;
+    uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int e = 0; e < 16; e++)
+        q[e / 4] |= ((words[i0 + e] >> j) & 1 ? 0x38u : 0xb8u) << (8 * (e % 4));
+    *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+thread_local cublasLtHandle_t lt = nullptr;
+
+bie_status lt_check(cublasStatus_t s, const char *what) {
+    return s == CUBLAS_STATUS_SUCCESS
+               ? BIE_OK
+               : bie_fail(BIE_ERR_CUDA, "%s failed (cuBLASLt status %d)", what, (int)s);
+}
+
+// D [mo rows of ld mo, no columns] (column-major, f32) = *alpha * *scale_b * A^T B, with A
+// stored [kr, mo] and B [kr, no] (column-major, e4m3, K-major both). *ok is false where
+// cuBLASLt offers no FP8 algorithm for the shape (nothing is launched then).
+bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, const uint8_t *b,
+                       const float *alpha, const float *zero, const float *scale_b, float *d,
+                       void *workspace, bool *ok) {
+    *ok = false;
+    if (lt == nullptr) BIE_CUDA_TRY(lt_check(cublasLtCreate(&lt), "cublasLtCreate"));
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    const float *one = nullptr;
+    size_t ws = kLtWorkspace;
+    cublasLtMatmulHeuristicResult_t heur = {};
+    int found = 0;
+    bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void *v, size_t size) {
+        if (s == BIE_OK)
+            s = lt_check(cublasLtMatmulDescSetAttribute(desc, attr, v, size),
+                         "cublasLtMatmulDescSetAttribute");
+    };
+    if (s == BIE_OK)
+        s = lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     "cublasLtMatmulDescCreate");
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm);
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &one, sizeof one);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b);
+    if (s == BIE_OK)
+        s = lt_check(
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)kr, (uint64_t)mo, kr),
+            "cublasLtMatrixLayoutCreate");
+    if (s == BIE_OK)
+        s = lt_check(
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)kr, (uint64_t)no, kr),
+            "cublasLtMatrixLayoutCreate");
+    if (s == BIE_OK)
+        s = lt_check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)mo, (uint64_t)no, mo),
+                     "cublasLtMatrixLayoutCreate");
+    if (s == BIE_OK)
+        s = lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    if (s == BIE_OK)
+        s = lt_check(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                     "cublasLtMatmulPreferenceSetAttribute");
+    if (s == BIE_OK && cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heur,
+                                                      &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    if (s == BIE_OK && found > 0) {
+        s = lt_check(cublasLtMatmul(lt, desc, alpha, a, la, b, lb, zero, d, ld, d, ld, &heur.algo,
+                                    workspace, ws, current_stream),
+                     "cublasLtMatmul (fp8)");
+        *ok = s == BIE_OK;
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return s;
+}
+
+template <typename T>
+bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool *done) {
+    const int64_t m = a.m, n = a.n, k = a.k;
+    Workspace<7> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
+                           amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
+                          "cudaMallocAsync (fp8 backward workspace)"));
+    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
+    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
+    float *part = ws.at<float>(4), *scales = ws.at<float>(5);
+    float *zero = nullptr;
+    bie_status s = device_zero(&zero);
+    if (s != BIE_OK) return ws.release(s);
+    cudaStream_t st = current_stream;
+    const T *go = static_cast<const T *>(a.grad_out);
+    amax_into(go, m * n, part);
+    fp8_scales<<<1, 1, 0, st>>>(part, scales);
+    const bool vec = reinterpret_cast<uintptr_t>(go) % 16 == 0;
+    fp8_quantize<T>
+        <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
+           0, st>>>(go, m, n, vec, scales, g8, g8t);
+    const unsigned words = (unsigned)((k + 31) / 32);
+    fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
+    fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
+    s = check(cudaGetLastError(), "fp8 backward kernels");
+    bool ok_x = false, ok_w = false;
+    // grad_x before the mask, row-major [m, k] (column-major [k, m]) = scale_w sign(w)^T-major
+    // x grad_out: A = sign(w) as [k][n] (K = n), B = grad_out as [m][n].
+    if (s == BIE_OK)
+        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, g, ws.at<uint8_t>(6),
+                        &ok_x);
+    // grad_w, row-major [n, k] = scale_a grad_out^T sign(x'): A = sign(x') as [k][m] (K = m),
+    // B = grad_out^T as [n][m].
+    if (s == BIE_OK && ok_x)
+        s = lt_fp8_gemm(k, n, m, sxt, g8t, a.saved_scales, zero, scales, a.grad_w,
+                        ws.at<uint8_t>(6), &ok_w);
+    *done = s == BIE_OK && ok_x && ok_w;
+    return ws.release(s);
+}
+
+}  // namespace
+
+bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
+    return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;
+}
+
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done) {
+    switch (a.dtype) {
+    case BIE_F32: return fp8_products_typed<float>(a, g, done);
+    case BIE_BF16: return fp8_products_typed<__nv_bfloat16>(a, g, done);
+    default: return fp8_products_typed<__half>(a, g, done);
+    }
+}
+
+}  // namespace bie_cuda
+
+extern "C" bool bie_cuda_fp8_usable(int device) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major * 10 + minor >= 89;
+}
