@@ -201,6 +201,27 @@ __device__ __forceinline__ void dgrad_products(float (&acc)[MI][4][4], const uns
                         bf[ni >> 1][(ni & 1) * 2 + 1]);
 }
 
+// The grad_x kernels' K loop over a kDgStages-deep cp.async ring: issue(step, stage) starts
+// copying a step's operands kDgStages - 1 steps ahead, body(step, stage) multiplies them once
+// they have landed; all copies are complete on return.
+template <class Issue, class Body>
+__device__ __forceinline__ void dgrad_pipeline(int steps, Issue &issue, Body &&body) {
+#pragma unroll
+    for (int st = 0; st < kDgStages - 1; st++) {
+        if (st < steps) issue(st, st);
+        cp_async_commit();
+    }
+    for (int step = 0; step < steps; step++) {
+        cp_async_wait<kDgStages - 2>();
+        __syncthreads();
+        const int next = step + kDgStages - 1;
+        if (next < steps) issue(next, next % kDgStages);
+        cp_async_commit();
+        body(step, step % kDgStages);
+    }
+    cp_async_wait<0>();
+}
+
 // grad_x shared memory: stages x (A [kDgM][kDgPitch] + B [kDgN][kDgPitch]) of T.
 template <typename T> constexpr size_t dgrad_smem() {
     return (size_t)kDgStages * (kDgM + kDgN) * kDgPitch * sizeof(T);
@@ -293,18 +314,7 @@ __global__ void __launch_bounds__(256)
     };
 
     float acc[2][4][4] = {};
-#pragma unroll
-    for (int st = 0; st < kDgStages - 1; st++) {
-        if (st < steps) issue(st, st);
-        cp_async_commit();
-    }
-    for (int step = 0; step < steps; step++) {
-        cp_async_wait<kDgStages - 2>();
-        __syncthreads();
-        const int next = step + kDgStages - 1;
-        if (next < steps) issue(next, next % kDgStages);
-        cp_async_commit();
-        const int stage = step % kDgStages;
+    dgrad_pipeline(steps, issue, [&](int step, int stage) {
 #pragma unroll
         for (int ks = 0; ks < kDgK; ks += 16) {
             unsigned af[2][4];
@@ -316,8 +326,7 @@ __global__ void __launch_bounds__(256)
                         &as[stage * kDgM + wm * 32 + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8]));
             dgrad_products<T, 2>(acc, af, bs + stage * kDgN, ks);
         }
-    }
-    cp_async_wait<0>();
+    });
 
     dgrad_epilogue<T, 2>(
         acc, [=](int r) { return pixel_of(m0 + r); }, mask, signs, scales, g64, grad_x, part_sum,
@@ -384,18 +393,8 @@ __global__ void __launch_bounds__(256)
     };
 
     float acc[MI][4][4] = {};
-#pragma unroll
-    for (int st = 0; st < kDgStages - 1; st++) {
-        if (st < steps) issue(st, st);
-        cp_async_commit();
-    }
-    for (int step = 0; step < steps; step++) {
-        cp_async_wait<kDgStages - 2>();
-        __syncthreads();
-        const int next = step + kDgStages - 1;
-        if (next < steps) issue(next, next % kDgStages);
-        cp_async_commit();
-        const int stage = step % kDgStages, oc = step / kk, t = step - oc * kk, i = t / k;
+    dgrad_pipeline(steps, issue, [&](int step, int stage) {
+        const int oc = step / kk, t = step - oc * kk, i = t / k;
         const int j = t - i * k;
         const Row *hb = halo + (oc & 1) * hpix;
         unsigned aaddr[MI];
@@ -413,8 +412,7 @@ __global__ void __launch_bounds__(256)
             for (int mi = 0; mi < MI; mi++) ldmatrix_x4(af[mi], aaddr[mi] + ks * (int)sizeof(T));
             dgrad_products<T, MI>(acc, af, bs + stage * kDgN, ks);
         }
-    }
-    cp_async_wait<0>();
+    });
     const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
     dgrad_epilogue<T, MI>(
         acc, [=](int r) { return r < rows ? m0 + r : -1; }, mask, signs, scales, g64, grad_x,
