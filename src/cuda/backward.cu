@@ -310,8 +310,8 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
         static_cast<T *>(a.grad_x), col_part, dot_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, (int)groups, k,
                                                                 a.grad_bias);
-    scale_grad<<<1, 256, 0, st>>>(dot_part, (int64_t)groups * col_blocks,
-                                  std::sqrt((double)m * (double)k), a.grad_scale_a);
+    sum_over(dot_part, (int64_t)groups * col_blocks, std::sqrt((double)m * (double)k),
+             a.grad_scale_a);
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(3), a.grad_w_i8);
     return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }

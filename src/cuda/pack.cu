@@ -28,14 +28,15 @@ __device__ __forceinline__ int block_sum_256(int v) {
     return total;
 }
 
-// Block (row, slice) packs the slice's SLICE words of one row: warp w takes words w, w + 8,
+// Block (row, slice) packs the slice's kRowSlice words of one row: warp w takes words w, w + 8,
 // ..., lane l element 32 * word + l, and the ballot is the word. All loads of a lane are
 // issued before the first ballot. Used for short inputs (m <= 16, the inference case: slices
 // of 32 words, so that a single row is packed by many blocks at once); long ones use
 // pack_words (slices of 256 words, 8192 bits).
 // Activations: v = x + bias; sign bit v >= 0; mask bit -1 <= v / scale_a <= 1 (exactly the
 // CPU's arithmetic). Block (0, 0) also snapshots the scales used into saved_scales.
-template <typename T, bool ACT, int SLICE>
+constexpr int kRowSlice = 32;
+template <typename T, bool ACT>
 __global__ void __launch_bounds__(256)
     pack_rows(const T *__restrict__ x, int64_t k, const float *__restrict__ bias,
               const float *__restrict__ scale_a, const float *__restrict__ scale_w,
@@ -43,8 +44,8 @@ __global__ void __launch_bounds__(256)
               unsigned *__restrict__ mask, int *__restrict__ popc) {
     pdl_trigger();  // the GEMM that reads these rows may launch now
     const int64_t row = blockIdx.x;
-    constexpr int PER_WARP = SLICE / 8;
-    const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * SLICE;
+    constexpr int PER_WARP = kRowSlice / 8;
+    const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * kRowSlice;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const T *xr = x + row * k;
     const float sa = (ACT && mask) ? *scale_a : 1.0f;
@@ -202,7 +203,7 @@ void launch_pack(const void *x, int64_t rows, int64_t k, const float *bias, cons
                 rows_aligned16<T>(x, k), rows_aligned16<float>(bias, 0),
                 reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
     } else
-        pack_rows<T, ACT, 32><<<grid, 256, 0, current_stream>>>(
+        pack_rows<T, ACT><<<grid, 256, 0, current_stream>>>(
             static_cast<const T *>(x), k, bias, scale_a, scale_w, saved_scales, ld,
             reinterpret_cast<unsigned *>(bits), reinterpret_cast<unsigned *>(mask), popc);
 }
