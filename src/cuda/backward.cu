@@ -49,12 +49,46 @@ __global__ void __launch_bounds__(256)
 // Row groups of column_sums (and the fewest of mask_reduce).
 constexpr int kColSplits = 64;
 
+// Four consecutive floats p[0 .. 4) (0 past `left`): one 16-byte load when `vec`.
+__device__ __forceinline__ void load4(const float *p, bool vec, int64_t left, float (&v)[4]) {
+    if (vec && left >= 4) {
+        const float4 q = __ldg(reinterpret_cast<const float4 *>(p));
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[e] = e < left ? p[e] : 0.0f;
+    }
+}
+
+// p[0 .. min(4, left)) = v in T: one 16- or 8-byte store when `vec`.
+template <typename T>
+__device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float (&v)[4]) {
+    if (vec && left >= 4) {
+        if constexpr (sizeof(T) == 4) {
+            *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            uint2 raw;
+            T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+            for (int j = 0; j < 4; j++) e[j] = from_f32<T>(v[j]);
+            *reinterpret_cast<uint2 *>(p) = raw;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (e < left) p[e] = from_f32<T>(v[e]);
+    }
+}
+
 // The clip mask applied to g [m, k] (grad_x before the mask, f32) and everything the backward
-// reduces from it, in one pass. Block (x, y) covers the 1024 columns of words 32x .. 32x + 31
-// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp r of the block
-// takes every 8th row of the group from r, lane l the 32 columns of word 32x + l. Writes
-// grad_x (if asked), the group's column sums col_part[y][c] (double; summed over the 8 warps
-// in a fixed order) and the block's sum of grad_x * sign(x') dot_part[y][x].
+// reduces from it, in one pass. Block (x, y) covers the 1024 columns 1024 x .. 1024 x + 1023
+// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp r of the
+// block takes every 8th row of the group from r. Lane l holds columns 128 i + 4 l .. + 3 for
+// i = 0 .. 7, so each of a warp's loads and stores is one contiguous run (512 bytes of g);
+// it loads the mask and sign word 32 x + l of the row and takes the words of its columns
+// from the lanes holding them. Writes grad_x (if asked), the group's column sums
+// col_part[y][c] (double; summed over the 8 warps in a fixed order) and the block's sum of
+// grad_x * sign(x') dot_part[y][x].
 template <typename T>
 __global__ void __launch_bounds__(256)
     mask_reduce(const float *g, int64_t m, int64_t k, int64_t ld, const uint8_t *mask,
@@ -63,39 +97,48 @@ __global__ void __launch_bounds__(256)
     __shared__ float sums[8][32][33];
     __shared__ double dots[256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t w = (int64_t)blockIdx.x * 32 + lane, c0 = w * 32, left = k - c0;
+    const int64_t cb = (int64_t)blockIdx.x * 1024, words = (k + 31) / 32;
+    const int64_t w = (int64_t)blockIdx.x * 32 + lane;  // the word this lane loads
     const int64_t y = blockIdx.y;
     const int64_t r0 = y * m / gridDim.y, r1 = (y + 1) * m / gridDim.y;
-    float col[32];
+    float col[32];  // col[4 i + e]: column cb + 128 i + 4 lane + e
 #pragma unroll
     for (int j = 0; j < 32; j++) col[j] = 0.0f;
     double dot = 0.0;
-    if (left > 0) {
-        for (int64_t r = r0 + warp; r < r1; r += 8) {
-            const unsigned mb = reinterpret_cast<const unsigned *>(mask + r * ld)[w];
-            const unsigned sb = reinterpret_cast<const unsigned *>(signs + r * ld)[w];
-            float v[32];
-            load32(g + r * k + c0, vec_g, left, v);
-            float rowdot = 0.0f;
+    for (int64_t r = r0 + warp; r < r1; r += 8) {
+        const unsigned mw = w < words ? reinterpret_cast<const unsigned *>(mask + r * ld)[w] : 0u;
+        const unsigned sw = w < words ? reinterpret_cast<const unsigned *>(signs + r * ld)[w] : 0u;
+        float rowdot = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                v[j] = (mb >> j) & 1 ? v[j] : 0.0f;
-                col[j] += v[j];
-                rowdot += (sb >> j) & 1 ? v[j] : -v[j];
+        for (int i = 0; i < 8; i++) {
+            // Columns cb + 128 i + 4 lane .. + 3: word 32 x + 4 i + lane / 8, bits 4 (lane % 8) ..
+            const int src = 4 * i + (lane >> 3), sh = 4 * (lane & 7);
+            const unsigned mb = __shfl_sync(0xffffffffu, mw, src) >> sh;
+            const unsigned sb = __shfl_sync(0xffffffffu, sw, src) >> sh;
+            const int64_t c = cb + 128 * i + 4 * lane, left = k - c;
+            if (left <= 0) continue;
+            float v[4];
+            load4(g + r * k + c, vec_g, left, v);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                v[e] = (mb >> e) & 1 ? v[e] : 0.0f;
+                col[4 * i + e] += v[e];
+                rowdot += (sb >> e) & 1 ? v[e] : -v[e];
             }
-            dot += rowdot;
-            if (grad_x) store32(grad_x + r * k + c0, vec_x, left, v);
+            if (grad_x) store4(grad_x + r * k + c, vec_x, left, v);
         }
+        dot += rowdot;
     }
 #pragma unroll
     for (int j = 0; j < 32; j++) sums[warp][lane][j] = col[j];
     dots[threadIdx.x] = dot;
     __syncthreads();
     for (int cc = threadIdx.x; cc < 1024; cc += 256) {
-        const int64_t c = (int64_t)blockIdx.x * 1024 + cc;
+        const int64_t c = cb + cc;
         if (c >= k) break;
+        const int l = (cc >> 2) & 31, j = ((cc >> 7) << 2) | (cc & 3);
         double s = 0.0;
-        for (int r = 0; r < 8; r++) s += sums[r][cc >> 5][cc & 31];
+        for (int r = 0; r < 8; r++) s += sums[r][l][j];
         col_part[y * k + c] = s;
     }
     for (int o = 128; o > 0; o >>= 1) {

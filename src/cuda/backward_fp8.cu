@@ -121,9 +121,30 @@ bie_status lt_check(cublasStatus_t s, const char *what) {
                : bie_fail(BIE_ERR_CUDA, "%s failed (cuBLASLt status %d)", what, (int)s);
 }
 
+// The algorithm cuBLASLt's heuristic chose for a shape, kept per thread (the query costs
+// host time on every backward call otherwise): a few recent shapes, replaced in turn.
+struct LtPlan {
+    int device = -1;
+    int64_t mo = 0, no = 0, kr = 0;
+    uint32_t align_d = 0;
+    bool found = false;
+    cublasLtMatmulAlgo_t algo = {};
+};
+constexpr int kLtPlans = 8;
+thread_local LtPlan lt_plans[kLtPlans];
+thread_local int lt_plan_next = 0;
+
+// The largest power of two (at most 256) that divides the address: the alignment the
+// heuristic is told D has (it assumes 256 bytes otherwise, and cublasLtMatmul then refuses
+// a less aligned D).
+uint32_t alignment_of(const void *p) {
+    const uintptr_t v = reinterpret_cast<uintptr_t>(p) | 256u;
+    return (uint32_t)(v & (~v + 1));
+}
+
 // D [mo rows of ld mo, no columns] (column-major, f32) = *alpha * *scale_b * A^T B, with A
-// stored [kr, mo] and B [kr, no] (column-major, e4m3, K-major both). *ok is false where
-// cuBLASLt offers no FP8 algorithm for the shape (nothing is launched then).
+// stored [kr, mo] and B [kr, no] (column-major, e4m3, K-major both; 256-byte aligned). *ok is
+// false where cuBLASLt offers no FP8 algorithm for the shape (nothing is launched then).
 bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, const uint8_t *b,
                        const float *alpha, const float *zero, const float *scale_b, float *d,
                        void *workspace, bool *ok) {
@@ -136,8 +157,6 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
     const cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     const float *one = nullptr;
     size_t ws = kLtWorkspace;
-    cublasLtMatmulHeuristicResult_t heur = {};
-    int found = 0;
     bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
     auto set = [&](cublasLtMatmulDescAttributes_t attr, const void *v, size_t size) {
         if (s == BIE_OK)
@@ -163,17 +182,36 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
     if (s == BIE_OK)
         s = lt_check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)mo, (uint64_t)no, mo),
                      "cublasLtMatrixLayoutCreate");
-    if (s == BIE_OK)
+    int dev = -1;
+    if (s == BIE_OK) s = check(cudaGetDevice(&dev), "cudaGetDevice");
+    const uint32_t align_d = alignment_of(d);
+    LtPlan *plan = nullptr;
+    for (LtPlan &p : lt_plans)
+        if (p.device == dev && p.mo == mo && p.no == no && p.kr == kr && p.align_d == align_d)
+            plan = &p;
+    if (s == BIE_OK && plan == nullptr) {
         s = lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    if (s == BIE_OK)
-        s = lt_check(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-                     "cublasLtMatmulPreferenceSetAttribute");
-    if (s == BIE_OK && cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heur,
-                                                      &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    if (s == BIE_OK && found > 0) {
-        s = lt_check(cublasLtMatmul(lt, desc, alpha, a, la, b, lb, zero, d, ld, d, ld, &heur.algo,
+        auto pset = [&](cublasLtMatmulPreferenceAttributes_t attr, const void *v, size_t size) {
+            if (s == BIE_OK)
+                s = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, v, size),
+                             "cublasLtMatmulPreferenceSetAttribute");
+        };
+        pset(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d);
+        pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
+        cublasLtMatmulHeuristicResult_t heur = {};
+        int found = 0;
+        if (s == BIE_OK && cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heur,
+                                                          &found) != CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        if (s == BIE_OK) {
+            plan = &lt_plans[lt_plan_next];
+            lt_plan_next = (lt_plan_next + 1) % kLtPlans;
+            *plan = LtPlan{dev, mo, no, kr, align_d, found > 0, heur.algo};
+        }
+    }
+    if (s == BIE_OK && plan->found) {
+        s = lt_check(cublasLtMatmul(lt, desc, alpha, a, la, b, lb, zero, d, ld, d, ld, &plan->algo,
                                     workspace, ws, current_stream),
                      "cublasLtMatmul (fp8)");
         *ok = s == BIE_OK;
