@@ -39,24 +39,6 @@ __device__ __forceinline__ void load32(const T *p, bool vec, int64_t left, float
     }
 }
 
-// p[0 .. min(32, left)) = v converted to T: 16-byte stores when `vec` and all 32 fit.
-template <typename T>
-__device__ __forceinline__ void store32(T *p, bool vec, int64_t left, const float (&v)[32]) {
-    if (vec && left >= 32) {
-        constexpr int kVec = 16 / sizeof(T), kStores = 32 / kVec;
-        uint4 raw[kStores];
-        T *e = reinterpret_cast<T *>(raw);
-#pragma unroll
-        for (int j = 0; j < 32; j++) e[j] = from_f32<T>(v[j]);
-#pragma unroll
-        for (int i = 0; i < kStores; i++) reinterpret_cast<uint4 *>(p)[i] = raw[i];
-    } else {
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-            if (j < left) p[j] = from_f32<T>(v[j]);
-    }
-}
-
 // Whether rows of k elements of T starting at base are all 16-byte aligned.
 template <typename T> inline bool rows_aligned16(const void *base, int64_t k) {
     return base != nullptr && reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
