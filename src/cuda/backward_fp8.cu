@@ -135,8 +135,8 @@ thread_local LtPlan lt_plans[kLtPlans];
 thread_local int lt_plan_next = 0;
 
 // The largest power of two (at most 256) that divides the address: the alignment the
-// heuristic is told D has (it assumes 256 bytes otherwise, and cublasLtMatmul then refuses
-// a less aligned D).
+// heuristic is told D has (its default is 256 bytes, and an algorithm chosen for that need
+// not accept a less aligned D).
 uint32_t alignment_of(const void *p) {
     const uintptr_t v = reinterpret_cast<uintptr_t>(p) | 256u;
     return (uint32_t)(v & (~v + 1));
