@@ -49,17 +49,6 @@ __global__ void __launch_bounds__(256)
 // Row groups of column_sums (and the fewest of mask_reduce).
 constexpr int kColSplits = 64;
 
-// Four consecutive floats p[0 .. 4) (0 past `left`): one 16-byte load when `vec`.
-__device__ __forceinline__ void load4(const float *p, bool vec, int64_t left, float (&v)[4]) {
-    if (vec && left >= 4) {
-        const float4 q = __ldg(reinterpret_cast<const float4 *>(p));
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 4; e++) v[e] = e < left ? p[e] : 0.0f;
-    }
-}
-
 // p[0 .. min(4, left)) = v in T: one 16- or 8-byte store when `vec`.
 template <typename T>
 __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float (&v)[4]) {
@@ -118,7 +107,7 @@ __global__ void __launch_bounds__(256)
             const int64_t c = cb + 128 * i + 4 * lane, left = k - c;
             if (left <= 0) continue;
             float v[4];
-            load4(g + r * k + c, vec_g, left, v);
+            load_n(g + r * k + c, vec_g, left, v);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 v[e] = (mb >> e) & 1 ? v[e] : 0.0f;

@@ -36,22 +36,6 @@ __global__ void fp8_scales(const float *part, float *scales) {
     scales[1] = some ? 448.0f / a : 1.0f;
 }
 
-// 16 consecutive elements of T as float: 16-byte loads when `vec` (p 16-byte aligned).
-template <typename T> __device__ __forceinline__ void load16(const T *p, bool vec, float (&v)[16]) {
-    if (vec) {
-        constexpr int kVec = 16 / sizeof(T);
-        uint4 raw[16 / kVec];
-#pragma unroll
-        for (int i = 0; i < 16 / kVec; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
-        const T *e = reinterpret_cast<const T *>(raw);
-#pragma unroll
-        for (int j = 0; j < 16; j++) v[j] = to_f32(e[j]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 16; j++) v[j] = to_f32(p[j]);
-    }
-}
-
 constexpr int kQTile = 64, kQPitch = kQTile + 4;
 
 // grad_out [m, n] (T; m, n multiples of 16) -> e4m3 of grad_out * scales[1], as [m, n] (g8)
@@ -68,7 +52,7 @@ __global__ void __launch_bounds__(256)
     const int a = threadIdx.x >> 2, b = (threadIdx.x & 3) * 16;
     if (r0 + a < m && c0 + b < n) {
         float v[16];
-        load16(g + (r0 + a) * n + c0 + b, vec, v);
+        load_n(g + (r0 + a) * n + c0 + b, vec, 16, v);
         uint32_t q[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace bie_cuda {
 
@@ -21,21 +22,31 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
-// The 32 elements p[0 .. 32) of one packed word's columns as float (0 past `left`): 16-byte
-// loads when `vec` (p 16-byte aligned and all 32 inside), else one load per element.
-template <typename T>
-__device__ __forceinline__ void load32(const T *p, bool vec, int64_t left, float (&v)[32]) {
-    if (vec && left >= 32) {
-        constexpr int kVec = 16 / sizeof(T), kLoads = 32 / kVec;
-        uint4 raw[kLoads];
+// N consecutive elements p[0 .. N) as float (0 past `left`): 16-byte loads when `vec` (p
+// 16-byte aligned and all N inside; N elements of T a whole number of 16 bytes), else one
+// load per element.
+template <int N, typename T>
+__device__ __forceinline__ void load_n(const T *p, bool vec, int64_t left, float (&v)[N]) {
+    static_assert(N * sizeof(T) % 16 == 0, "whole 16-byte loads");
+    if (vec && left >= N) {
+        constexpr int kLoads = N * (int)sizeof(T) / 16;
+        if constexpr (std::is_same<T, float>::value) {
 #pragma unroll
-        for (int i = 0; i < kLoads; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
-        const T *e = reinterpret_cast<const T *>(raw);
+            for (int i = 0; i < kLoads; i++) {
+                const float4 q = __ldg(reinterpret_cast<const float4 *>(p) + i);
+                v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+            }
+        } else {
+            uint4 raw[kLoads];
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = to_f32(e[j]);
+            for (int i = 0; i < kLoads; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+            for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);
+        }
     } else {
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;
+        for (int j = 0; j < N; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;
     }
 }
 

@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(256)
     int count = 0;
     if (row < rows && w < words) {
         float v[32];
-        load32(x + row * k + c0, vec_x, left, v);
+        load_n(x + row * k + c0, vec_x, left, v);
         if (ACT && bias) {
             float b[32];
-            load32(bias + c0, vec_bias, left, b);
+            load_n(bias + c0, vec_bias, left, b);
 #pragma unroll
             for (int j = 0; j < 32; j++) v[j] += b[j];
         }
