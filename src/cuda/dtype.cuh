@@ -21,21 +21,29 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
-// The 32 elements p[0 .. 32) of one packed word's columns as float (0 past `left`): 16-byte
-// loads when `vec` (p 16-byte aligned and all 32 inside), else one load per element.
+// Eight consecutive elements p[0 .. 8) as float (0 past `left`): one 8-, 16- or two 16-byte
+// loads when `vec` (p aligned to 8 elements of T, all 8 inside).
 template <typename T>
-__device__ __forceinline__ void load32(const T *p, bool vec, int64_t left, float (&v)[32]) {
-    if (vec && left >= 32) {
-        constexpr int kVec = 16 / sizeof(T), kLoads = 32 / kVec;
-        uint4 raw[kLoads];
+__device__ __forceinline__ void load8(const T *p, bool vec, int64_t left, float (&v)[8]) {
+    if (vec && left >= 8) {
+        constexpr int kBytes = 8 * sizeof(T);
+        if constexpr (kBytes == 8) {
+            const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(p));
+            const T *e = reinterpret_cast<const T *>(&raw);
 #pragma unroll
-        for (int i = 0; i < kLoads; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
-        const T *e = reinterpret_cast<const T *>(raw);
+            for (int j = 0; j < 8; j++) v[j] = to_f32(e[j]);
+        } else {
+            uint4 raw[kBytes / 16];
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = to_f32(e[j]);
+            for (int i = 0; i < kBytes / 16; i++)
+                raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = to_f32(e[j]);
+        }
     } else {
 #pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;
+        for (int j = 0; j < 8; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;
     }
 }
 
