@@ -22,24 +22,30 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
-// N consecutive elements p[0 .. N) as float (0 past `left`): 16-byte loads when `vec` (p
-// 16-byte aligned and all N inside; N elements of T a whole number of 16 bytes), else one
-// load per element.
+// N consecutive elements p[0 .. N) as float (0 past `left`): 16-byte loads (one 8-byte load
+// where N elements are 8 bytes) when `vec` (p aligned to N elements of T, at most 16 bytes, and
+// all N inside), else one load per element.
 template <int N, typename T>
 __device__ __forceinline__ void load_n(const T *p, bool vec, int64_t left, float (&v)[N]) {
-    static_assert(N * sizeof(T) % 16 == 0, "whole 16-byte loads");
+    constexpr int kBytes = N * (int)sizeof(T);
+    static_assert(kBytes == 8 || kBytes % 16 == 0, "one 8-byte or whole 16-byte loads");
     if (vec && left >= N) {
-        constexpr int kLoads = N * (int)sizeof(T) / 16;
-        if constexpr (std::is_same<T, float>::value) {
+        if constexpr (kBytes == 8) {
+            const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(p));
+            const T *e = reinterpret_cast<const T *>(&raw);
 #pragma unroll
-            for (int i = 0; i < kLoads; i++) {
+            for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);
+        } else if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+            for (int i = 0; i < kBytes / 16; i++) {
                 const float4 q = __ldg(reinterpret_cast<const float4 *>(p) + i);
                 v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
             }
         } else {
-            uint4 raw[kLoads];
+            uint4 raw[kBytes / 16];
 #pragma unroll
-            for (int i = 0; i < kLoads; i++) raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            for (int i = 0; i < kBytes / 16; i++)
+                raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
             const T *e = reinterpret_cast<const T *>(raw);
 #pragma unroll
             for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);

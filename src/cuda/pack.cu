@@ -82,10 +82,11 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// The long-row form of pack_rows (slices of 256 words, m > 16): thread t of block (row, slice)
-// packs word 256 slice + t of the row from its 32 elements (16-byte loads where the rows
-// allow them); the same arithmetic and outputs as pack_rows. Rows of 64 or 128 words (one
-// slice each) share a block, RB = 256 / words rows of it, so that no thread idles.
+// The long-row form of pack_rows (slices of 1024 bytes, m > 16): block (rows, slice) packs
+// bytes of the slice of RB = rb rows (rows of 64 or 128 words share a block, so that no
+// thread idles), per = 256 / rb threads a row. Thread t of a row makes bytes t, t + per,
+// t + 2 per, t + 3 per of the slice, each from 8 elements: a warp's loads are contiguous
+// (512 bytes of bf16) and its byte stores too. The same arithmetic and outputs as pack_rows.
 template <typename T, bool ACT>
 __global__ void __launch_bounds__(256)
     pack_words(const T *__restrict__ x, int64_t rows, int64_t k, const float *__restrict__ bias,
@@ -93,41 +94,48 @@ __global__ void __launch_bounds__(256)
                float *saved_scales, int64_t ld, int rb, bool vec_x, bool vec_bias,
                unsigned *__restrict__ bits, unsigned *__restrict__ mask, int *__restrict__ popc) {
     pdl_trigger();  // the GEMM that reads these rows may launch now
-    const int64_t words = ld / 4;
-    const int per = 256 / rb, lr = (int)threadIdx.x / per;  // threads per row, local row
+    const int per = 256 / rb, lr = (int)threadIdx.x / per, t = (int)threadIdx.x % per;
     const int64_t row = (int64_t)blockIdx.x * rb + lr;
-    const int64_t w = (int64_t)blockIdx.y * 256 + threadIdx.x % per, c0 = w * 32, left = k - c0;
+    const int64_t b0 = (int64_t)blockIdx.y * 1024, slice = min((int64_t)1024, ld - b0);
+    const float sa = (ACT && mask) ? *scale_a : 1.0f;
     int count = 0;
-    if (row < rows && w < words) {
-        float v[32];
-        load_n(x + row * k + c0, vec_x, left, v);
-        if (ACT && bias) {
-            float b[32];
-            load_n(bias + c0, vec_bias, left, b);
+    if (row < rows) {
+        uint8_t *sbytes = reinterpret_cast<uint8_t *>(bits) + row * ld + b0;
+        uint8_t *mbytes = mask ? reinterpret_cast<uint8_t *>(mask) + row * ld + b0 : nullptr;
 #pragma unroll
-            for (int j = 0; j < 32; j++) v[j] += b[j];
-        }
-        const float sa = (ACT && mask) ? *scale_a : 1.0f;
-        unsigned sb = 0, mb = 0;
+        for (int j = 0; j < 4; j++) {
+            const int64_t byte = t + (int64_t)j * per;
+            if (byte >= slice) break;
+            const int64_t c0 = (b0 + byte) * 8, left = k - c0;
+            float v[8];
+            load_n(x + row * k + c0, vec_x, left, v);
+            if (ACT && bias) {
+                float b[8];
+                load_n(bias + c0, vec_bias, left, b);
 #pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const bool valid = j < left;
-            sb |= (unsigned)(valid && v[j] >= 0.0f) << j;
-            if (ACT && mask) {
-                const float q = v[j] / sa;
-                mb |= (unsigned)(valid && q >= -1.0f && q <= 1.0f) << j;
+                for (int e = 0; e < 8; e++) v[e] += b[e];
             }
+            unsigned sb = 0, mb = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const bool valid = e < left;
+                sb |= (unsigned)(valid && v[e] >= 0.0f) << e;
+                if (ACT && mask) {
+                    const float q = v[e] / sa;
+                    mb |= (unsigned)(valid && q >= -1.0f && q <= 1.0f) << e;
+                }
+            }
+            sbytes[byte] = (uint8_t)sb;
+            if (ACT && mask) mbytes[byte] = (uint8_t)mb;
+            count += __popc(sb);
         }
-        bits[row * words + w] = sb;
-        if (ACT && mask) mask[row * words + w] = mb;
-        count = __popc(sb);
     }
     // Per row: its per / 32 warps' counts, in warp order.
     __shared__ int partial[8];
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = count;
     __syncthreads();
-    if ((int)threadIdx.x % per == 0 && row < rows) {
+    if (t == 0 && row < rows) {
         int total = 0;
         for (int i = 0; i < per / 32; i++) total += partial[threadIdx.x / 32 + i];
         popc[row * gridDim.y + blockIdx.y] = total;
