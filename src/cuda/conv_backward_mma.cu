@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backward_common.cuh"
@@ -339,14 +341,19 @@ __global__ void __launch_bounds__(256)
 // the pixel-major gradient rows its taps read once (tr + (k - 1) d rows, the halo) instead of once
 // per tap; each tap's A fragments are gathered from it by the ldmatrix row addresses (a zero row
 // where the tap leaves the image). Steps run over (channel chunk, tap), taps inner; the halo of a
-// chunk is copied with its first tap's weights, two steps ahead, into one of two buffers.
+// chunk is copied with its first tap's weights, two steps ahead, into one of two buffers (one
+// where op is a single chunk: less shared memory, more resident blocks). At most 128 registers
+// (two blocks' worth per SM): one block per SM leaves its halo copy and its epilogue exposed.
 constexpr int kHaloFillPerSm = 2;  // blocks per SM that keep the device busy; else MI = 2
-__host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize) {
-    return ((size_t)2 * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) * kDgPitch * esize;
+__host__ __device__ constexpr int dgrad_halo_buffers(int op) { return op > kDgK ? 2 : 1; }
+__host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize,
+                                                     int op) {
+    return ((size_t)dgrad_halo_buffers(op) * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) *
+           kDgPitch * esize;
 }
 
 template <typename T, int MI>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 2)
     dgrad_halo_mma(const T *__restrict__ gt, const T *__restrict__ wt,
                    const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
                    const float *__restrict__ scales, bie_conv_geom g64, int op, int cp, int tr,
@@ -359,8 +366,8 @@ __global__ void __launch_bounds__(256)
     const int H = (int)g64.h, W = (int)g64.w, NH = (int)g64.n * H, k = (int)g64.k;
     const int kk = k * k, p = (int)g64.p, d = (int)g64.d;
     const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * kDgN;
-    Row *halo = reinterpret_cast<Row *>(smem);  // [2][hpix]
-    Row *bs = halo + 2 * hpix;                  // [kDgStages][kDgN]
+    Row *halo = reinterpret_cast<Row *>(smem);       // [2][hpix]
+    Row *bs = halo + dgrad_halo_buffers(op) * hpix;  // [kDgStages][kDgN]
     Row *zero = bs + kDgStages * kDgN;
     if (tid < 8) *reinterpret_cast<uint4 *>(&zero[0][tid * 8]) = make_uint4(0, 0, 0, 0);
 
@@ -638,6 +645,16 @@ int device_sms() {
     return sms;
 }
 
+// The halo grad_x kernel's widest tile: MI = 4 (256 pixels), or 2 where BIE_CUDA_DGRAD_MI=2
+// (to time one against the other).
+int dgrad_halo_widest() {
+    static const int mi = [] {
+        const char *e = std::getenv("BIE_CUDA_DGRAD_MI");
+        return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 4;
+    }();
+    return mi;
+}
+
 template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backward_args &a) {
     cudaStream_t st = current_stream;
     const bie_conv_geom &g = a.g;
@@ -649,10 +666,11 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     int halo_mi = 0, halo_rows = 0;
     size_t halo_smem = 0;
     if (g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w)
-        for (int mi = 4; mi >= 2; mi -= 2) {
+        for (int mi = dgrad_halo_widest(); mi >= 2; mi -= 2) {
             const int rows = (int)(64 * mi / g.w);
             if (rows < 1) break;
-            const size_t smem = dgrad_halo_smem(rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T));
+            const size_t smem =
+                dgrad_halo_smem(rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T), op);
             const int64_t blocks = (g.n * g.h + rows - 1) / rows * (cp / kDgN);
             if (smem > kHaloSmemMax) continue;
             halo_mi = mi, halo_rows = rows, halo_smem = smem;
