@@ -83,7 +83,8 @@ typedef enum bie_dtype {
     BIE_U8 = 4,  /* packed words of 8 bits */
     BIE_U32 = 5, /* packed words of 32 bits */
     BIE_U64 = 6, /* packed words of 64 bits */
-    BIE_I32 = 7
+    BIE_I32 = 7,
+    BIE_F64 = 8 /* training totals (bie_softmax_cross_entropy_accumulate) */
 } bie_dtype;
 
 /* Size of one element in bytes (0 for an unknown dtype). */

@@ -39,6 +39,22 @@ extern "C" {
 BIE_API bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor *labels,
                                              float *loss, bie_tensor *grad_logits);
 
+/* The loss above for a training loop that does not wait for its device: on the logits'
+ * device (CPU or CUDA), the gradient into grad_logits (required; [N, C] F32 on that device;
+ * may alias logits) and the batch's totals added to sums, an F64 [3] tensor on that device:
+ *   sums[0] += the summed loss of the rows, sums[1] += the rows whose argmax (the first on
+ *   ties) is the label, sums[2] += the rows holding a non-finite logit or, for labels on the
+ *   device, a label outside [0, C); such a row adds nothing to sums[0] and sums[1], and its
+ *   gradient row is zero.
+ * labels: [N] I32 on the CPU (checked at once) or on the logits' device. On a GPU the call only
+ * queues work on bie's stream: read sums (bie_tensor_copy) when the numbers are wanted, e.g.
+ * once per epoch, and check sums[2] then. The gradient equals bie_softmax_cross_entropy's
+ * (within float rounding of the double sums; bit for bit on the CPU).
+ * Errors: NULL, shapes, dtypes, devices, CPU labels out of range. */
+BIE_API bie_status bie_softmax_cross_entropy_accumulate(const bie_tensor *logits,
+                                                        const bie_tensor *labels,
+                                                        bie_tensor *grad_logits, bie_tensor *sums);
+
 /* Index of the largest logit of each row (the first one on ties): logits [N, C] F32,
  * predictions [N] I32. Errors: NULL, shapes, dtypes. */
 BIE_API bie_status bie_argmax(const bie_tensor *logits, bie_tensor *predictions);
@@ -49,6 +65,13 @@ BIE_API bie_status bie_count_correct(const bie_tensor *logits, const bie_tensor 
                                      int64_t *correct);
 
 /* ------------------------------------------------- 2. optimizer steps on tensors */
+
+/* x = max(x, factor * floor) element by element (a NaN in x stays), on x's device (CPU or
+ * CUDA; floor F32 of x's shape on the same device; x F32), without waiting for the device:
+ * a projection after an optimizer step, e.g. keeping an activation scale at or above half
+ * of a snapshot of it (floor: a device copy of the scale, factor 0.5), with no host round
+ * trip. Errors: NULL, devices, dtypes, shapes, factor not finite. */
+BIE_API bie_status bie_clamp_min_scaled(bie_tensor *x, const bie_tensor *floor, float factor);
 
 /* Sign-flip step for an int8 binary weight (SPEC §5), element by element:
  *   m = lerp(m, g, 1 - beta1);  v = lerp(v, sgn0(m) * lr, 1 - beta2);  u = -sign(v);

@@ -318,6 +318,76 @@ static void test_cross_entropy(int64_t n, int64_t c) {
     free(pred);
 }
 
+/* bie_softmax_cross_entropy_accumulate on the CPU: the gradient of bie_softmax_cross_entropy
+ * bit for bit, totals added to what sums held, non-finite rows counted with a zero gradient,
+ * bad input refused with nothing changed. */
+static void test_cross_entropy_accumulate(int64_t n, int64_t c) {
+    float *z = tu_alloc((size_t)(n * c) * 4), *g = tu_alloc((size_t)(n * c) * 4);
+    float *want = tu_alloc((size_t)(n * c) * 4);
+    int32_t *lab = tu_alloc((size_t)n * 4);
+    tu_fill(z, n * c, -4, 4);
+    for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)(tu_next() % (uint64_t)c);
+    int64_t zs[2] = {n, c}, ls[1] = {n}, three = 3;
+    bie_tensor tz = ttu_view(z, 2, zs), tg = ttu_view(g, 2, zs), tw = ttu_view(want, 2, zs), tl, ts;
+    double sums[3] = {1.5, 2, 0};
+    CHECK_OK(bie_tensor_view(&tl, lab, BIE_I32, 1, ls));
+    CHECK_OK(bie_tensor_view(&ts, sums, BIE_F64, 1, &three));
+    float loss = 0;
+    int64_t hits = 0;
+    CHECK_OK(bie_softmax_cross_entropy(&tz, &tl, &loss, &tw));
+    CHECK_OK(bie_count_correct(&tz, &tl, &hits));
+    tu_poison(g, n * c);
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &ts));
+    CHECK(tu_same_bits(g, want, n * c));
+    CHECK(ttu_close(sums[0] - 1.5, (double)loss * (double)n, 1e-6, 1e-6));
+    CHECK(sums[1] == 2.0 + (double)hits && sums[2] == 0);
+    /* aliasing: the gradient overwrites the logits */
+    memcpy(g, z, (size_t)(n * c) * 4);
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&tg, &tl, &tg, &ts));
+    CHECK(tu_same_bits(g, want, n * c));
+    /* a non-finite row: counted, zero gradient, nothing added for it */
+    const int64_t r = n / 2;
+    z[r * c + c - 1] = INFINITY;
+    double before[3] = {sums[0], sums[1], sums[2]};
+    tu_poison(g, n * c);
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &ts));
+    int zero_row = 1;
+    for (int64_t j = 0; j < c; j++) zero_row &= g[r * c + j] == 0.0f;
+    CHECK(zero_row && sums[2] == before[2] + 1 && sums[1] <= before[1] + (double)hits);
+    z[r * c + c - 1] = 0;
+    /* bad input: nothing written */
+    memcpy(before, sums, sizeof before);
+    memcpy(want, g, (size_t)(n * c) * 4);
+    lab[0] = (int32_t)c;
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &ts) == BIE_ERR_INVALID_ARGUMENT);
+    lab[0] = -1;
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &ts) == BIE_ERR_INVALID_ARGUMENT);
+    lab[0] = 0;
+    int64_t two = 2;
+    bie_tensor short_sums, f32_sums;
+    CHECK_OK(bie_tensor_view(&short_sums, sums, BIE_F64, 1, &two));
+    CHECK_OK(bie_tensor_view(&f32_sums, sums, BIE_F32, 1, &three));
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &short_sums) == BIE_ERR_SHAPE);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, &f32_sums) == BIE_ERR_DTYPE);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, NULL, &ts) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg, NULL) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, NULL, &tg, &ts) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tz, &tg, &ts) == BIE_ERR_DTYPE);
+    int64_t gs_bad[2] = {n, c + 1};
+    float *g_bad = tu_alloc((size_t)(n * (c + 1)) * 4);
+    bie_tensor tg_bad = ttu_view(g_bad, 2, gs_bad);
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &tl, &tg_bad, &ts) == BIE_ERR_SHAPE);
+    bie_tensor on_gpu = tl;
+    on_gpu.device.type = BIE_DEVICE_CUDA;
+    CHECK(bie_softmax_cross_entropy_accumulate(&tz, &on_gpu, &tg, &ts) == BIE_ERR_DEVICE);
+    CHECK(memcmp(before, sums, sizeof before) == 0 && tu_same_bits(g, want, n * c));
+    free(g_bad);
+    free(z);
+    free(g);
+    free(want);
+    free(lab);
+}
+
 int main(void) {
     tu_seed(2024);
     test_linear(3, 7, 5, true, 2);
@@ -328,6 +398,9 @@ int main(void) {
     test_batchnorm(1, 2, 3, 5, 7);
     test_batchnorm(1, 1, 2, 3, 3);
     test_relu_prelu();
+    test_cross_entropy_accumulate(1, 1);
+    test_cross_entropy_accumulate(5, 10);
+    test_cross_entropy_accumulate(64, 37);
     test_maxpool(2, 3, 7, 9, 2, 2);
     test_maxpool(1, 2, 9, 8, 3, 2);
     test_maxpool(1, 1, 5, 5, 5, 1);

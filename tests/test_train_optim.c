@@ -230,6 +230,35 @@ static void test_adam(int64_t rows, int64_t cols, float wd, bool decoupled) {
     free(keep), free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr);
 }
 
+/* x = max(x, factor * floor): the reference loop; NaN stays; bad input changes nothing. */
+static void test_clamp_min_scaled(int64_t rows, int64_t cols, float factor) {
+    const int64_t n = rows * cols;
+    float *x = tu_alloc((size_t)n * 4), *f = tu_alloc((size_t)n * 4),
+          *want = tu_alloc((size_t)n * 4);
+    tu_fill(x, n, -2, 2);
+    tu_fill(f, n, -2, 2);
+    x[0] = NAN;
+    for (int64_t i = 0; i < n; i++) {
+        const float lo = factor * f[i];
+        want[i] = x[i] < lo ? lo : x[i];
+    }
+    bie_tensor tx = view_of(x, BIE_F32, rows, cols), tf = view_of(f, BIE_F32, rows, cols);
+    CHECK_OK(bie_clamp_min_scaled(&tx, &tf, factor));
+    CHECK(tu_same_bits(x, want, n));
+    int changed = 0;
+    for (int64_t i = 1; i < n; i++) changed += x[i] == factor * f[i];
+    CHECK(n < 8 || changed > 0); /* some elements were clamped */
+    bie_tensor t_short = view_of(f, BIE_F32, rows, cols > 1 ? cols - 1 : 1);
+    bie_tensor t_i8 = view_of(f, BIE_I8, rows, cols);
+    if (cols > 1) CHECK(bie_clamp_min_scaled(&tx, &t_short, factor) == BIE_ERR_SHAPE);
+    CHECK(bie_clamp_min_scaled(&tx, &t_i8, factor) == BIE_ERR_DTYPE);
+    CHECK(bie_clamp_min_scaled(&tx, NULL, factor) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_clamp_min_scaled(NULL, &tf, factor) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_clamp_min_scaled(&tx, &tf, INFINITY) == BIE_ERR_INVALID_ARGUMENT);
+    CHECK(tu_same_bits(x, want, n));
+    free(x), free(f), free(want);
+}
+
 int main(void) {
     tu_seed(99);
     test_signflip_init(7, 13);
@@ -246,5 +275,8 @@ int main(void) {
     test_adam(5, 9, 0.0f, false);
     test_adam(1, 1, 0.1f, false);
     test_adam(17, 31, 0.05f, true);
+    test_clamp_min_scaled(1, 1, 0.5f);
+    test_clamp_min_scaled(7, 13, 0.5f);
+    test_clamp_min_scaled(3, 100, -1.25f);
     return tu_finish();
 }

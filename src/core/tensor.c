@@ -17,14 +17,15 @@ size_t bie_dtype_size(bie_dtype dtype) {
     case BIE_F16: return 2;
     case BIE_I8:
     case BIE_U8: return 1;
-    case BIE_U64: return 8;
+    case BIE_U64:
+    case BIE_F64: return 8;
     }
     return 0;
 }
 
 const char *bie_dtype_name(bie_dtype dtype) {
-    static const char *names[] = {"float32", "bfloat16", "float16", "int8",
-                                  "uint8",   "uint32",   "uint64",  "int32"};
+    static const char *names[] = {"float32", "bfloat16", "float16", "int8",   "uint8",
+                                  "uint32",  "uint64",   "int32",   "float64"};
     if ((unsigned)dtype < sizeof names / sizeof names[0]) return names[dtype];
     return "unknown";
 }

@@ -625,10 +625,27 @@ void bie_cuda_train_free(void *p) {
     if (p) cudaFree(p);
 }
 
+// Where p points: device, pageable host (unregistered), pinned host or managed memory.
+static cudaMemoryType memory_type(const void *p) {
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();
+        return cudaMemoryTypeManaged;  // unknown: treated as memory the host reads at once
+    }
+    return attr.type;
+}
+
 bie_status bie_cuda_train_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return BIE_OK;
     BIE_CUDA_TRY(check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream),
                        "cudaMemcpyAsync"));
+    // Device to device is ordered on the stream like a kernel; from pageable host memory the
+    // source is staged before the call returns. Only a host destination, or a host source
+    // the DMA reads later, needs the wait.
+    const cudaMemoryType from = memory_type(src);
+    if (memory_type(dst) == cudaMemoryTypeDevice &&
+        (from == cudaMemoryTypeDevice || from == cudaMemoryTypeUnregistered))
+        return BIE_OK;
     return check(cudaStreamSynchronize(current_stream), "cudaStreamSynchronize");
 }
 

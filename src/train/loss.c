@@ -3,6 +3,10 @@
 #include <string.h>
 
 #include "train_internal.h"
+#ifdef BIE_HAVE_CUDA
+#include "bie_cuda.h"
+#include "train_cuda.h"
+#endif
 
 bie_status bie_train_check_f32(const bie_tensor *t, const char *what, const char *who) {
     if (t == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: %s is NULL", who, what);
@@ -85,6 +89,118 @@ bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor 
         }
     }
     *loss = (float)(total / (double)n);
+    return BIE_OK;
+}
+
+/* sums: F64 [3] on the logits' device. */
+static bie_status check_sums(const bie_tensor *sums, const bie_tensor *logits, const char *who) {
+    BIE_CHECK_NULL(sums);
+    if (sums->device.type != logits->device.type || sums->device.index != logits->device.index)
+        return bie_fail(BIE_ERR_DEVICE, "%s: sums must be on the logits' device", who);
+    if (sums->dtype != BIE_F64)
+        return bie_fail(BIE_ERR_DTYPE, "%s: sums must be F64, not %s", who,
+                        bie_dtype_name(sums->dtype));
+    if (sums->ndim != 1 || sums->shape[0] != 3)
+        return bie_fail(BIE_ERR_SHAPE, "%s: sums must be [3]", who);
+    if (sums->data == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: sums has no data", who);
+    return BIE_OK;
+}
+
+/* The checks of bie_softmax_cross_entropy for tensors that may live on a device: the shapes
+ * and dtypes as there; labels on the CPU are range-checked here. */
+static bie_status check_accumulate(const bie_tensor *logits, const bie_tensor *labels,
+                                   const bie_tensor *grad, const bie_tensor *sums,
+                                   const char *who) {
+    BIE_CHECK_NULL(logits);
+    BIE_CHECK_NULL(labels);
+    BIE_CHECK_NULL(grad);
+    const bool on_cpu = logits->device.type == BIE_DEVICE_CPU;
+#ifdef BIE_HAVE_CUDA
+    if (!on_cpu && (logits->device.type != BIE_DEVICE_CUDA || logits->device.index < 0 ||
+                    logits->device.index >= bie_cuda_device_count()))
+        return bie_fail(BIE_ERR_DEVICE, "%s: logits must be on the CPU or an available GPU", who);
+#else
+    if (!on_cpu) return bie_fail(BIE_ERR_DEVICE, "%s: logits must be a CPU tensor", who);
+#endif
+    bie_tensor z = *logits, g = *grad; /* the CPU checks of the plain loss */
+    if (!on_cpu) {
+        if (grad->device.type != logits->device.type || grad->device.index != logits->device.index)
+            return bie_fail(BIE_ERR_DEVICE, "%s: grad_logits must be on the logits' device", who);
+        if (labels->device.type != BIE_DEVICE_CPU && (labels->device.type != logits->device.type ||
+                                                      labels->device.index != logits->device.index))
+            return bie_fail(BIE_ERR_DEVICE, "%s: labels must be on the CPU or the logits' device",
+                            who);
+        z.device = g.device = bie_cpu();
+    }
+    const bool host_labels = labels->device.type == BIE_DEVICE_CPU;
+    if (on_cpu && !host_labels)
+        return bie_fail(BIE_ERR_DEVICE, "%s: labels must be a CPU tensor, as the logits are", who);
+    bie_status st = check_logits(&z, host_labels ? labels : NULL, who);
+    if (st == BIE_OK && !host_labels) { /* values on the device: counted there */
+        if (labels->dtype != BIE_I32)
+            st = bie_fail(BIE_ERR_DTYPE, "%s: labels must be I32, not %s", who,
+                          bie_dtype_name(labels->dtype));
+        else if (labels->ndim != 1 || labels->shape[0] != z.shape[0])
+            st = bie_fail(BIE_ERR_SHAPE, "%s: labels must be [%lld] (one per logits row)", who,
+                          (long long)z.shape[0]);
+        else if (labels->data == NULL)
+            st = bie_fail(BIE_ERR_NULL_POINTER, "%s: labels has no data", who);
+    }
+    if (st == BIE_OK) st = bie_train_check_f32(&g, "grad_logits", who);
+    if (st == BIE_OK && !bie_train_same_shape(&g, &z))
+        st = bie_fail(BIE_ERR_SHAPE, "%s: grad_logits must have the logits' shape", who);
+    if (st == BIE_OK) st = check_sums(sums, logits, who);
+    return st;
+}
+
+bie_status bie_softmax_cross_entropy_accumulate(const bie_tensor *logits, const bie_tensor *labels,
+                                                bie_tensor *grad_logits, bie_tensor *sums) {
+    static const char *who = "softmax_cross_entropy_accumulate";
+    BIE_TRY(check_accumulate(logits, labels, grad_logits, sums, who));
+    const int64_t n = logits->shape[0], c = logits->shape[1];
+#ifdef BIE_HAVE_CUDA
+    if (logits->device.type == BIE_DEVICE_CUDA) {
+        int previous = 0;
+        BIE_TRY(bie_cuda_train_set_device(logits->device.index, &previous));
+        bie_status st = bie_cuda_softmax_ce_accumulate(logits->data, labels->data,
+                                                       labels->device.type == BIE_DEVICE_CPU, n, c,
+                                                       grad_logits->data, sums->data);
+        bie_cuda_train_set_device(previous, NULL);
+        return st;
+    }
+#endif
+    const float *z = logits->data;
+    const int32_t *lab = labels->data;
+    float *grad = grad_logits->data;
+    double loss = 0, hits = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *zi = z + i * c;
+        float *gi = grad + i * c;
+        bool finite = true;
+        int64_t best = 0;
+        for (int64_t j = 0; j < c; j++) {
+            finite = finite && isfinite(zi[j]);
+            if (zi[j] > zi[best]) best = j;
+        }
+        if (!finite) {
+            memset(gi, 0, (size_t)c * sizeof(float));
+            bad += 1;
+            continue;
+        }
+        double mx = zi[0];
+        for (int64_t j = 1; j < c; j++) mx = zi[j] > mx ? zi[j] : mx;
+        double se = 0;
+        for (int64_t j = 0; j < c; j++) se += exp((double)zi[j] - mx);
+        const double lse = mx + log(se);
+        loss += lse - zi[lab[i]];
+        hits += best == lab[i];
+        for (int64_t j = 0; j < c; j++) { /* zi[j] read before gi[j] is written */
+            double p = exp((double)zi[j] - lse);
+            gi[j] = (float)((p - (j == lab[i] ? 1.0 : 0.0)) / (double)n);
+        }
+    }
+    double *s = sums->data;
+    s[0] += loss, s[1] += hits, s[2] += bad;
     return BIE_OK;
 }
 

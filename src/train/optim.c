@@ -214,3 +214,32 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
     }
     return BIE_OK;
 }
+
+bie_status bie_clamp_min_scaled(bie_tensor *x, const bie_tensor *floor, float factor) {
+    static const char *who = "clamp_min_scaled";
+    BIE_TRY(check_first_device(x, "x", who));
+    BIE_TRY(check_state(x, NULL, BIE_F32, "x", who));
+    if (x->ndim < 1 || bie_tensor_numel(x) < 0)
+        return bie_fail(BIE_ERR_SHAPE, "%s: x has no valid shape", who);
+    BIE_TRY(check_state(floor, x, BIE_F32, "floor", who));
+    if (!isfinite(factor))
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: factor %g is not finite", who,
+                        (double)factor);
+    const int64_t n = bie_tensor_numel(x);
+    float *p = x->data;
+    const float *f = floor->data;
+#ifdef BIE_HAVE_CUDA
+    if (x->device.type == BIE_DEVICE_CUDA) {
+        int previous = 0;
+        BIE_TRY(bie_cuda_train_set_device(x->device.index, &previous));
+        bie_status st = bie_cuda_clamp_min_scaled(p, f, n, factor);
+        bie_cuda_train_set_device(previous, NULL);
+        return st;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const float lo = factor * f[i];
+        if (p[i] < lo) p[i] = lo;
+    }
+    return BIE_OK;
+}

@@ -93,12 +93,25 @@ bie_status bie_cuda_adam_step(float *p, const float *g, float *m, float *v, int6
 bie_status bie_cuda_signflip_step(int8_t *w, const int8_t *g8, const float *gf, float *m, float *v,
                                   int64_t n, float lr, float beta1, float beta2, int64_t *flipped);
 
+/* ---- the training loop's loss and projection (train_loss.cu), queued without waiting */
+
+/* bie_softmax_cross_entropy_accumulate on device logits [n, c] and grad (may alias), labels
+ * in host memory (labels_on_host; staged by the call) or device memory, sums[3] in device
+ * memory. */
+bie_status bie_cuda_softmax_ce_accumulate(const float *logits, const int32_t *labels,
+                                          bool labels_on_host, int64_t n, int64_t c, float *grad,
+                                          double *sums);
+/* x[i] = max(x[i], factor * floor[i]) for i < n (a NaN in x stays). */
+bie_status bie_cuda_clamp_min_scaled(float *x, const float *floor, int64_t n, float factor);
+
 /* ---- device memory of the current CUDA device */
 
 /* cudaMalloc (a zero-byte request gets a 1-byte block); BIE_ERR_OUT_OF_MEMORY naming `what`. */
 bie_status bie_cuda_train_alloc(void **p, size_t bytes, const char *what);
 void bie_cuda_train_free(void *p); /* ignores NULL */
-/* Copy in any direction on the current stream, then wait for it. */
+/* Copy in any direction on the current stream. Returns once the host may use its side: it
+ * waits for copies into host memory and from pinned host memory, not for copies into device
+ * memory from device or pageable host memory (stream ordered; the source is staged). */
 bie_status bie_cuda_train_copy(void *dst, const void *src, size_t bytes);
 /* Zero bytes on the current stream (no wait). */
 bie_status bie_cuda_train_memset0(void *p, size_t bytes);

@@ -250,7 +250,8 @@ typedef struct bie_train_ops {
                                   int64_t inner, const float *shift_in, const float *slopes,
                                   float *dx, float *dshift_in, float *dslopes, float *dshift_out);
     /* Memory: alloc returns NULL when out of memory; copy (between this device and the host,
-     * or within either, and waits) and zero return a status. */
+     * or within either; done, as far as the host can see, when it returns: a device's copies
+     * into its own memory are ordered like its kernels) and zero return a status. */
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);
     bie_status (*copy)(void *dst, const void *src, size_t bytes);

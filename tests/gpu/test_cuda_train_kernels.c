@@ -540,6 +540,103 @@ static void check_public_zero_grad(int64_t n) {
     free(w), free(g), free(gotw), free(zeros);
 }
 
+/* bie_softmax_cross_entropy_accumulate on CUDA tensors against the CPU's: the gradient within
+ * 1e-6 / n (its entries are at most 1 / n), the loss total within 1e-9 relative, correct and
+ * non-finite rows exactly, totals added to what the device's sums held; labels from the host
+ * and from the device; the gradient poisoned before, and overwriting the logits; a device
+ * label out of range counted with a zero gradient row and the other rows unchanged. */
+static bie_tensor as_matrix(bie_tensor t, int64_t rows, int64_t cols) {
+    t.ndim = 2, t.shape[0] = rows, t.shape[1] = cols;
+    return t;
+}
+
+static int grads_close(const float *got, const float *want, int64_t n, int64_t rows) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= 1e-6 / (double)rows)) {
+            fprintf(stderr, "  cross-entropy grad %lld: %g vs %g\n", (long long)i, got[i], want[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static void check_public_cross_entropy(int64_t n, int64_t c) {
+    const int64_t nc = n * c, zs[2] = {n, c}, ls[1] = {n}, three = 3;
+    float *z = fvec(nc), *want = fvec(nc), *got = fvec(nc), *poison = fvec(nc);
+    int32_t *lab = tu_alloc((size_t)n * 4);
+    for (int64_t i = 0; i < nc; i++) z[i] = 4.0f * tu_uniform(-1.0f, 1.0f);
+    for (int64_t i = 0; i < n; i++) lab[i] = (int32_t)(tu_next() % (uint64_t)c);
+    if (n > 2) z[(n / 2) * c + c / 2] = NAN; /* one non-finite row */
+    tu_poison(poison, nc);
+    double hsums[3] = {0.25, 3, 0}, dsums[3] = {0.25, 3, 0}, first[3];
+    bie_tensor hz, hw, hl, hs;
+    CHECK_OK(bie_tensor_view(&hz, z, BIE_F32, 2, zs));
+    CHECK_OK(bie_tensor_view(&hw, want, BIE_F32, 2, zs));
+    CHECK_OK(bie_tensor_view(&hl, lab, BIE_I32, 1, ls));
+    CHECK_OK(bie_tensor_view(&hs, hsums, BIE_F64, 1, &three));
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&hz, &hl, &hw, &hs));
+
+    bie_tensor dz = as_matrix(cuda_from(z, BIE_F32, nc), n, c);
+    bie_tensor dg = as_matrix(cuda_from(poison, BIE_F32, nc), n, c);
+    bie_tensor dl = cuda_from(lab, BIE_I32, n), ds = cuda_from(dsums, BIE_F64, 3);
+    /* labels from the host */
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&dz, &hl, &dg, &ds));
+    to_host(got, &dg);
+    to_host(dsums, &ds);
+    CHECK(grads_close(got, want, nc, n));
+    CHECK(fabs(dsums[0] - hsums[0]) <= 1e-9 * fabs(hsums[0]));
+    CHECK(dsums[1] == hsums[1] && dsums[2] == hsums[2] && dsums[2] == (n > 2));
+    memcpy(first, dsums, sizeof first);
+    /* labels on the device, the gradient over the logits: the same gradient, totals added */
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&dz, &dl, &dz, &ds));
+    to_host(got, &dz);
+    to_host(dsums, &ds);
+    CHECK(grads_close(got, want, nc, n));
+    CHECK(fabs((dsums[0] - first[0]) - (first[0] - 0.25)) <= 1e-9 * fabs(first[0]));
+    CHECK(dsums[1] - first[1] == first[1] - 3 && dsums[2] == 2 * first[2]);
+    /* a device label out of range: counted, its row zero, the others as before */
+    bie_tensor dz2 = as_matrix(cuda_from(z, BIE_F32, nc), n, c);
+    lab[0] = (int32_t)(n % 2 ? c : -1);
+    bie_tensor dl_bad = cuda_from(lab, BIE_I32, n);
+    memcpy(first, dsums, sizeof first);
+    CHECK_OK(bie_softmax_cross_entropy_accumulate(&dz2, &dl_bad, &dg, &ds));
+    to_host(got, &dg);
+    to_host(dsums, &ds);
+    int zero = 1;
+    for (int64_t j = 0; j < c; j++) zero &= got[j] == 0.0f;
+    CHECK(zero && dsums[2] == first[2] + 1 + (n > 2));
+    CHECK(grads_close(got + c, want + c, nc - c, n));
+    /* the host labels out of range: refused, nothing queued */
+    memcpy(first, dsums, sizeof first);
+    CHECK(bie_softmax_cross_entropy_accumulate(&dz2, &hl, &dg, &ds) == BIE_ERR_INVALID_ARGUMENT);
+    bie_tensor hs_wrong = hs;
+    CHECK(bie_softmax_cross_entropy_accumulate(&dz2, &dl, &dg, &hs_wrong) == BIE_ERR_DEVICE);
+    CHECK(bie_softmax_cross_entropy_accumulate(&dz2, &dl, &hw, &ds) == BIE_ERR_DEVICE);
+    to_host(dsums, &ds);
+    CHECK(memcmp(first, dsums, sizeof first) == 0);
+    bie_tensor_free(&dz), bie_tensor_free(&dz2), bie_tensor_free(&dg), bie_tensor_free(&dl);
+    bie_tensor_free(&dl_bad), bie_tensor_free(&ds);
+    free(z), free(want), free(got), free(poison), free(lab);
+}
+
+/* bie_clamp_min_scaled on CUDA tensors: the CPU's result bit for bit (NaN kept). */
+static void check_public_clamp(int64_t n) {
+    float *x = fvec(n), *f = fvec(n), *got = fvec(n);
+    fill_signed(x, n);
+    fill_signed(f, n);
+    x[n / 2] = NAN;
+    bie_tensor dx = cuda_from(x, BIE_F32, n), df = cuda_from(f, BIE_F32, n), hx, hf;
+    int64_t shape[1] = {n};
+    CHECK_OK(bie_tensor_view(&hx, x, BIE_F32, 1, shape));
+    CHECK_OK(bie_tensor_view(&hf, f, BIE_F32, 1, shape));
+    CHECK_OK(bie_clamp_min_scaled(&hx, &hf, 0.5f));
+    CHECK_OK(bie_clamp_min_scaled(&dx, &df, 0.5f));
+    to_host(got, &dx);
+    CHECK(memcmp(got, x, (size_t)n * 4) == 0);
+    CHECK(bie_clamp_min_scaled(&dx, &hf, 0.5f) == BIE_ERR_DEVICE);
+    bie_tensor_free(&dx), bie_tensor_free(&df);
+    free(x), free(f), free(got);
+}
+
 int main(int argc, char **argv) {
     /* --small: a few small shapes, for runs under compute-sanitizer */
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
@@ -589,5 +686,10 @@ int main(int argc, char **argv) {
     check_public_signflip(small ? 33 : 5001, small ? 5 : 300, 1e-3f, 0.9f, 0.99f);
     check_public_signflip(small ? 33 : 5001, small ? 5 : 50, 1e-2f, 0.5f, 0.6f);
     check_public_zero_grad(small ? 33 : 100003);
+    const int64_t ce[][2] = {{1, 1}, {1, 10}, {3, 2}, {64, 10}, {129, 37}, {3, 2049}, {1000, 1000}};
+    for (size_t i = 0; i < (small ? 5 : sizeof ce / sizeof ce[0]); i++)
+        check_public_cross_entropy(ce[i][0], ce[i][1]);
+    check_public_clamp(1);
+    check_public_clamp(small ? 33 : 100003);
     return tu_finish();
 }

@@ -37,6 +37,7 @@ int st_dtype_from_bie(bie_dtype dtype) {
     case BIE_U32: return ST_U32;
     case BIE_U64: return ST_U64;
     case BIE_I32: return ST_I32;
+    case BIE_F64: return ST_F64;
     }
     return -1;
 }

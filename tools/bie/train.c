@@ -102,6 +102,8 @@ static int64_t trainable_count(bie_model *m) {
  * fraction of the value the first batch gave it (a projection after each step). */
 #define SCALE_A_FLOOR_FRACTION 0.5f
 enum { MAX_SCALES = 256 };
+/* Steps between reads of the loss totals from a GPU (for the progress line). */
+enum { SUMS_READ_EVERY = 50 };
 
 typedef struct trainer {
     const train_options *opt;
@@ -116,8 +118,14 @@ typedef struct trainer {
     tool_rng augment_rng; /* a stream of its own: augmentation leaves the shuffling as it was */
     int64_t steps_per_epoch, total_steps;
     char model_path[4096], csv_path[4096], svg_path[4096];
-    float scale_floor[MAX_SCALES]; /* 0 until the first step has initialised the scales */
+    /* Each scale_a's floor: a copy of it after the first step (on its device), with the index
+     * of its parameter. */
+    bie_tensor floors[MAX_SCALES];
+    int floor_param[MAX_SCALES], floor_count;
     bool floors_set;
+    /* The loss's gradient and the epoch's totals (loss, correct, non-finite rows) on the
+     * model's device: a GPU step queues its work and never waits for the device. */
+    bie_tensor dgrad, sums;
     bie_device where; /* from --device */
 } trainer;
 
@@ -126,49 +134,67 @@ static bool is_scale_a(const char *name) {
     return len > 8 && strcmp(name + len - 8, ".scale_a") == 0;
 }
 
-/* Record the floors after the first step, then clamp every scale_a to its floor. */
+/* An uninitialised tensor of like's dtype and shape on its device. */
+static int alloc_like(bie_tensor *out, bie_dtype dtype, int ndim, const int64_t *shape,
+                      bie_device where) {
+    if (where.type == BIE_DEVICE_CUDA)
+        TOOL_TRY_BIE(bie_cuda_tensor_alloc(out, dtype, ndim, shape, where.index));
+    else
+        TOOL_TRY_BIE(bie_tensor_alloc(out, dtype, ndim, shape));
+    return 0;
+}
+
+/* After the first step, keep a copy of every scale_a; after each later one, clamp every
+ * scale_a to SCALE_A_FLOOR_FRACTION of its copy. On the model's device, without waiting. */
 static int keep_scales_positive(trainer *t) {
-    int count = bie_model_param_count(t->model), k = 0;
-    for (int i = 0; i < count && k < MAX_SCALES; i++) {
+    if (t->floors_set) {
+        for (int k = 0; k < t->floor_count; k++) {
+            bie_model_param p;
+            TOOL_TRY_BIE(bie_model_param_get(t->model, t->floor_param[k], &p));
+            TOOL_TRY_BIE(bie_clamp_min_scaled(&p.value, &t->floors[k], SCALE_A_FLOOR_FRACTION));
+        }
+        return 0;
+    }
+    int count = bie_model_param_count(t->model);
+    for (int i = 0; i < count && t->floor_count < MAX_SCALES; i++) {
         bie_model_param p;
         TOOL_TRY_BIE(bie_model_param_get(t->model, i, &p));
         if (!is_scale_a(p.name) || p.value.dtype != BIE_F32) continue;
-        /* the scale may live in device memory: read and write it through a host copy */
-        float scale;
-        bie_tensor host;
-        TOOL_TRY_BIE(bie_tensor_view(&host, &scale, BIE_F32, p.value.ndim, p.value.shape));
-        TOOL_TRY_BIE(bie_tensor_copy(&host, &p.value));
-        if (!t->floors_set) {
-            t->scale_floor[k] = SCALE_A_FLOOR_FRACTION * scale;
-        } else if (scale < t->scale_floor[k]) {
-            scale = t->scale_floor[k];
-            TOOL_TRY_BIE(bie_tensor_copy(&p.value, &host));
-        }
-        k++;
+        bie_tensor *f = &t->floors[t->floor_count];
+        TOOL_TRY(alloc_like(f, BIE_F32, p.value.ndim, p.value.shape, p.value.device));
+        t->floor_param[t->floor_count++] = i;
+        TOOL_TRY_BIE(bie_tensor_copy(f, &p.value));
     }
     t->floors_set = true;
     return 0;
 }
 
+/* The epoch's totals so far: loss sum, correct rows, non-finite rows (a host read of a
+ * device's totals waits for it). */
+static int read_sums(trainer *t, double out[3]) {
+    bie_tensor host;
+    int64_t three = 3;
+    TOOL_TRY_BIE(bie_tensor_view(&host, out, BIE_F64, 1, &three));
+    TOOL_TRY_BIE(bie_tensor_copy(&host, &t->sums));
+    if (out[2] > 0)
+        return tool_fail("training diverged: %.0f rows of logits were not finite", out[2]);
+    return 0;
+}
+
 /* One optimizer step on examples order[first .. first + batch). */
-static int train_step(trainer *t, int64_t first, int64_t step, float *loss, int64_t *correct) {
+static int train_step(trainer *t, int64_t first, int64_t step) {
     const train_options *o = t->opt;
     double f = schedule_factor(o->schedule, step, t->total_steps);
     TOOL_TRY_BIE(bie_optimizer_set_lr(t->optimizer, (float)(o->lr * f), (float)(o->binary_lr * f)));
     fmnist_gather(&t->train, t->order, first, o->batch, t->x, t->labels);
     augment_batch(&t->augment, t->x, o->batch, &t->augment_rng);
     int64_t xs[4] = {o->batch, 1, FMNIST_SIDE, FMNIST_SIDE}, ls[1] = {o->batch};
-    int64_t gs[2] = {o->batch, FMNIST_CLASSES};
-    bie_tensor tx, tl, tg, logits;
+    bie_tensor tx, tl, logits;
     TOOL_TRY_BIE(bie_tensor_view(&tx, t->x, BIE_F32, 4, xs));
     TOOL_TRY_BIE(bie_tensor_view(&tl, t->labels, BIE_I32, 1, ls));
-    TOOL_TRY_BIE(bie_tensor_view(&tg, t->grad, BIE_F32, 2, gs));
-    /* Logits from a GPU land in t->grad, which the loss then overwrites with its gradient
-     * (the two may alias). */
-    TOOL_TRY(forward_on_host(t->model, &tx, t->grad, &logits));
-    TOOL_TRY_BIE(bie_count_correct(&logits, &tl, correct));
-    TOOL_TRY_BIE(bie_softmax_cross_entropy(&logits, &tl, loss, &tg));
-    TOOL_TRY_BIE(bie_model_backward(t->model, &tg, NULL));
+    TOOL_TRY_BIE(bie_model_forward(t->model, &tx, &logits));
+    TOOL_TRY_BIE(bie_softmax_cross_entropy_accumulate(&logits, &tl, &t->dgrad, &t->sums));
+    TOOL_TRY_BIE(bie_model_backward(t->model, &t->dgrad, NULL));
     TOOL_TRY_BIE(bie_optimizer_step(t->optimizer, NULL));
     return keep_scales_positive(t);
 }
@@ -185,25 +211,31 @@ static int train_epoch(trainer *t, int epoch, epoch_metrics *row, double *second
                          : strcmp(o->progress, "none") == 0  ? PROGRESS_NONE
                                                              : PROGRESS_AUTO;
     progress_start(&bar, mode, stderr, label, t->steps_per_epoch, t->steps_per_epoch * o->batch);
-    double loss_sum = 0;
-    int64_t correct = 0;
+    double sums[3] = {0, 0, 0}, shown = 0;
+    int64_t three = 3;
+    bie_tensor zeros;
+    TOOL_TRY_BIE(bie_tensor_view(&zeros, sums, BIE_F64, 1, &three));
+    TOOL_TRY_BIE(bie_tensor_copy(&t->sums, &zeros));
+    const bool on_host = t->sums.device.type == BIE_DEVICE_CPU;
     for (int64_t s = 0; s < t->steps_per_epoch; s++) {
-        float loss;
-        int64_t batch_correct;
         int64_t step = (int64_t)(epoch - 1) * t->steps_per_epoch + s;
-        if (train_step(t, s * o->batch, step, &loss, &batch_correct) != 0) {
+        int rc = train_step(t, s * o->batch, step);
+        /* A device's totals are read now and then (each read waits for it). */
+        if (rc == 0 && (on_host || (s + 1) % SUMS_READ_EVERY == 0 || s + 1 == t->steps_per_epoch)) {
+            rc = read_sums(t, sums);
+            shown = sums[0] / (double)((s + 1) * o->batch);
+        }
+        if (rc != 0) {
             progress_finish(&bar);
             return -1;
         }
-        loss_sum += loss;
-        correct += batch_correct;
-        progress_step(&bar, o->batch, loss_sum / (double)(s + 1));
+        progress_step(&bar, o->batch, shown);
     }
     progress_finish(&bar);
     *seconds = progress_now() - bar.start_s;
     row->epoch = epoch;
-    row->train_loss = loss_sum / (double)t->steps_per_epoch;
-    row->train_acc = (double)correct / (double)(t->steps_per_epoch * o->batch);
+    row->train_loss = sums[0] / (double)(t->steps_per_epoch * o->batch);
+    row->train_acc = sums[1] / (double)(t->steps_per_epoch * o->batch);
     row->lr = o->lr *
               schedule_factor(o->schedule, (int64_t)epoch * t->steps_per_epoch - 1, t->total_steps);
     double test_loss;
@@ -310,6 +342,12 @@ static int setup_trainer(trainer *t) {
     t->grad = malloc((size_t)o->batch * FMNIST_CLASSES * sizeof(float));
     t->labels = malloc((size_t)o->batch * sizeof(int32_t));
     if (!t->order || !t->x || !t->grad || !t->labels) return tool_fail("out of memory");
+    int64_t gs[2] = {o->batch, FMNIST_CLASSES}, three = 3;
+    if (t->where.type == BIE_DEVICE_CUDA)
+        TOOL_TRY(alloc_like(&t->dgrad, BIE_F32, 2, gs, t->where));
+    else
+        TOOL_TRY_BIE(bie_tensor_view(&t->dgrad, t->grad, BIE_F32, 2, gs));
+    TOOL_TRY(alloc_like(&t->sums, BIE_F64, 1, &three, t->where));
     t->rng.state = (uint64_t)o->seed * 0x2545f4914f6cdd1dull + 1;
     t->augment_rng.state = ((uint64_t)o->seed ^ 0xa0761d6478bd642full) * 0xe7037ed1a0b428dbull;
     TOOL_TRY(make_dirs(o->out_dir));
@@ -351,6 +389,9 @@ static void free_trainer(trainer *t) {
     free(t->x);
     free(t->grad);
     free(t->labels);
+    bie_tensor_free(&t->dgrad);
+    bie_tensor_free(&t->sums);
+    for (int k = 0; k < t->floor_count; k++) bie_tensor_free(&t->floors[k]);
 }
 
 int cmd_train(int argc, char **argv) {
