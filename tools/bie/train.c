@@ -134,9 +134,9 @@ static bool is_scale_a(const char *name) {
     return len > 8 && strcmp(name + len - 8, ".scale_a") == 0;
 }
 
-/* An uninitialised tensor of like's dtype and shape on its device. */
-static int alloc_like(bie_tensor *out, bie_dtype dtype, int ndim, const int64_t *shape,
-                      bie_device where) {
+/* An uninitialised tensor of this dtype and shape on device `where`. */
+static int alloc_on(bie_tensor *out, bie_dtype dtype, int ndim, const int64_t *shape,
+                    bie_device where) {
     if (where.type == BIE_DEVICE_CUDA)
         TOOL_TRY_BIE(bie_cuda_tensor_alloc(out, dtype, ndim, shape, where.index));
     else
@@ -161,7 +161,7 @@ static int keep_scales_positive(trainer *t) {
         TOOL_TRY_BIE(bie_model_param_get(t->model, i, &p));
         if (!is_scale_a(p.name) || p.value.dtype != BIE_F32) continue;
         bie_tensor *f = &t->floors[t->floor_count];
-        TOOL_TRY(alloc_like(f, BIE_F32, p.value.ndim, p.value.shape, p.value.device));
+        TOOL_TRY(alloc_on(f, BIE_F32, p.value.ndim, p.value.shape, p.value.device));
         t->floor_param[t->floor_count++] = i;
         TOOL_TRY_BIE(bie_tensor_copy(f, &p.value));
     }
@@ -344,10 +344,10 @@ static int setup_trainer(trainer *t) {
     if (!t->order || !t->x || !t->grad || !t->labels) return tool_fail("out of memory");
     int64_t gs[2] = {o->batch, FMNIST_CLASSES}, three = 3;
     if (t->where.type == BIE_DEVICE_CUDA)
-        TOOL_TRY(alloc_like(&t->dgrad, BIE_F32, 2, gs, t->where));
+        TOOL_TRY(alloc_on(&t->dgrad, BIE_F32, 2, gs, t->where));
     else
         TOOL_TRY_BIE(bie_tensor_view(&t->dgrad, t->grad, BIE_F32, 2, gs));
-    TOOL_TRY(alloc_like(&t->sums, BIE_F64, 1, &three, t->where));
+    TOOL_TRY(alloc_on(&t->sums, BIE_F64, 1, &three, t->where));
     t->rng.state = (uint64_t)o->seed * 0x2545f4914f6cdd1dull + 1;
     t->augment_rng.state = ((uint64_t)o->seed ^ 0xa0761d6478bd642full) * 0xe7037ed1a0b428dbull;
     TOOL_TRY(make_dirs(o->out_dir));
