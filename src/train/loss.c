@@ -53,6 +53,23 @@ static bie_status check_logits(const bie_tensor *logits, const bie_tensor *label
     return BIE_OK;
 }
 
+/* Row zi [c] of a batch of n with its label: returns logsumexp(zi) - zi[label] and, when gi is
+ * not NULL, writes (softmax(zi) - onehot(label)) / n to it (gi may be zi: each entry is read
+ * before it is written). In double, rows in order: the loss has one summation order. */
+static double cross_entropy_row(const float *zi, int64_t c, int32_t label, int64_t n, float *gi) {
+    double mx = zi[0];
+    for (int64_t j = 1; j < c; j++) mx = zi[j] > mx ? zi[j] : mx;
+    double se = 0;
+    for (int64_t j = 0; j < c; j++) se += exp((double)zi[j] - mx);
+    const double lse = mx + log(se), row_loss = lse - zi[label];
+    if (gi)
+        for (int64_t j = 0; j < c; j++) {
+            double p = exp((double)zi[j] - lse);
+            gi[j] = (float)((p - (j == label ? 1.0 : 0.0)) / (double)n);
+        }
+    return row_loss;
+}
+
 bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor *labels,
                                      float *loss, bie_tensor *grad_logits) {
     static const char *who = "softmax_cross_entropy";
@@ -72,22 +89,9 @@ bie_status bie_softmax_cross_entropy(const bie_tensor *logits, const bie_tensor 
             return bie_fail(BIE_ERR_NOT_FINITE, "%s: logits hold a non-finite value", who);
     /* Sequential over rows: the loss sum has one order; N * C is small next to the network. */
     double total = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *zi = z + i * c;
-        double mx = zi[0];
-        for (int64_t j = 1; j < c; j++) mx = zi[j] > mx ? zi[j] : mx;
-        double se = 0;
-        for (int64_t j = 0; j < c; j++) se += exp((double)zi[j] - mx);
-        const double lse = mx + log(se);
-        total += lse - zi[lab[i]];
-        if (grad_logits) { /* may alias the logits: each entry is read before it is written */
-            float *gi = (float *)grad_logits->data + i * c;
-            for (int64_t j = 0; j < c; j++) {
-                double p = exp((double)zi[j] - lse);
-                gi[j] = (float)((p - (j == lab[i] ? 1.0 : 0.0)) / (double)n);
-            }
-        }
-    }
+    for (int64_t i = 0; i < n; i++) /* the gradient may alias the logits */
+        total += cross_entropy_row(z + i * c, c, lab[i], n,
+                                   grad_logits ? (float *)grad_logits->data + i * c : NULL);
     *loss = (float)(total / (double)n);
     return BIE_OK;
 }
@@ -187,17 +191,8 @@ bie_status bie_softmax_cross_entropy_accumulate(const bie_tensor *logits, const 
             bad += 1;
             continue;
         }
-        double mx = zi[0];
-        for (int64_t j = 1; j < c; j++) mx = zi[j] > mx ? zi[j] : mx;
-        double se = 0;
-        for (int64_t j = 0; j < c; j++) se += exp((double)zi[j] - mx);
-        const double lse = mx + log(se);
-        loss += lse - zi[lab[i]];
+        loss += cross_entropy_row(zi, c, lab[i], n, gi);
         hits += best == lab[i];
-        for (int64_t j = 0; j < c; j++) { /* zi[j] read before gi[j] is written */
-            double p = exp((double)zi[j] - lse);
-            gi[j] = (float)((p - (j == lab[i] ? 1.0 : 0.0)) / (double)n);
-        }
     }
     double *s = sums->data;
     s[0] += loss, s[1] += hits, s[2] += bad;

@@ -49,15 +49,23 @@ static bie_status check_state(const bie_tensor *t, const bie_tensor *like, bie_d
     return BIE_OK;
 }
 
+/* The tensor a step changes: on a device this build steps on, of dtype, with data and a
+ * valid shape of rank >= 1. */
+static bie_status check_param(const bie_tensor *t, bie_dtype dtype, const char *what,
+                              const char *who) {
+    BIE_TRY(check_first_device(t, what, who));
+    BIE_TRY(check_state(t, NULL, dtype, what, who));
+    if (t->ndim < 1 || bie_tensor_numel(t) < 0)
+        return bie_fail(BIE_ERR_SHAPE, "%s: %s has no valid shape", who, what);
+    return BIE_OK;
+}
+
 static bool beta_ok(float b) { return isfinite(b) && b >= 0.0f && b < 1.0f; }
 
 bie_status bie_signflip_step(bie_tensor *weight, const bie_tensor *grad, bie_tensor *m,
                              bie_tensor *v, float lr, float beta1, float beta2, int64_t *flipped) {
     static const char *who = "signflip_step";
-    BIE_TRY(check_first_device(weight, "weight", who));
-    BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
-    if (weight->ndim < 1 || bie_tensor_numel(weight) < 0)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight has no valid shape", who);
+    BIE_TRY(check_param(weight, BIE_I8, "weight", who));
     BIE_CHECK_NULL(grad);
     BIE_TRY(check_state(grad, weight, grad->dtype == BIE_I8 ? BIE_I8 : BIE_F32, "grad", who));
     BIE_TRY(check_state(m, weight, BIE_F32, "m", who));
@@ -113,10 +121,7 @@ static float signflip_delta(uint64_t *state) {
 bie_status bie_signflip_init(const bie_tensor *weight, bie_tensor *m, bie_tensor *v,
                              uint64_t seed) {
     static const char *who = "signflip_init";
-    BIE_TRY(check_first_device(weight, "weight", who));
-    BIE_TRY(check_state(weight, NULL, BIE_I8, "weight", who));
-    if (weight->ndim < 1 || bie_tensor_numel(weight) < 0)
-        return bie_fail(BIE_ERR_SHAPE, "%s: weight has no valid shape", who);
+    BIE_TRY(check_param(weight, BIE_I8, "weight", who));
     BIE_TRY(check_state(m, weight, BIE_F32, "m", who));
     BIE_TRY(check_state(v, weight, BIE_F32, "v", who));
     if (m->data == v->data) return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: m and v alias", who);
@@ -167,10 +172,7 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
                          int64_t step, const bie_adam_options *options) {
     static const char *who = "adam_step";
     BIE_CHECK_NULL(options);
-    BIE_TRY(check_first_device(param, "param", who));
-    BIE_TRY(check_state(param, NULL, BIE_F32, "param", who));
-    if (param->ndim < 1 || bie_tensor_numel(param) < 0)
-        return bie_fail(BIE_ERR_SHAPE, "%s: param has no valid shape", who);
+    BIE_TRY(check_param(param, BIE_F32, "param", who));
     BIE_TRY(check_state(grad, param, BIE_F32, "grad", who));
     BIE_TRY(check_state(m, param, BIE_F32, "m", who));
     BIE_TRY(check_state(v, param, BIE_F32, "v", who));
@@ -217,10 +219,7 @@ bie_status bie_adam_step(bie_tensor *param, const bie_tensor *grad, bie_tensor *
 
 bie_status bie_clamp_min_scaled(bie_tensor *x, const bie_tensor *floor, float factor) {
     static const char *who = "clamp_min_scaled";
-    BIE_TRY(check_first_device(x, "x", who));
-    BIE_TRY(check_state(x, NULL, BIE_F32, "x", who));
-    if (x->ndim < 1 || bie_tensor_numel(x) < 0)
-        return bie_fail(BIE_ERR_SHAPE, "%s: x has no valid shape", who);
+    BIE_TRY(check_param(x, BIE_F32, "x", who));
     BIE_TRY(check_state(floor, x, BIE_F32, "floor", who));
     if (!isfinite(factor))
         return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: factor %g is not finite", who,
