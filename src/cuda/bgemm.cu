@@ -12,21 +12,9 @@
 #include "epilogue.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
-
-// popc(row) from its partial counts.
-__device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
-    int s = 0;
-    for (int i = 0; i < parts; i++) s += p[row * parts + i];
-    return s;
-}
-
-// AND-form back-transform, then the shared epilogue (one float multiply, as every backend).
-__device__ __forceinline__ void store_dot(const Epilogue &ep, const OutRow &row, int64_t col,
-                                          int64_t k, int pa, int pb, int acc, float scale) {
-    ep.store(row, col, k - 2LL * pa - 2LL * pb + 4LL * acc, scale);
-}
 
 // BM x BN output tile per block, WARPS_M x WARPS_N warps, each owning a (BM / WARPS_M) x
 // (BN / WARPS_N) sub-tile of 16x8 mma tiles; a STAGES-deep cp.async pipeline over k blocks
@@ -220,7 +208,7 @@ struct CudaKernel {
     int id;
     const char *name;
     int bm, bn, bkb, stages;  // bm == 0: the weight-streaming kernel
-    KernelFn fn;
+    KernelFn fn;              // NULL: the wgmma kernel (bgemm_wgmma.cu, sm_90a)
     int threads;
 };
 
@@ -246,6 +234,8 @@ const CudaKernel kernels[] = {
      128},
     {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3,
      bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
+    // Hopper's warpgroup mma (bgemm_wgmma.cu): 128 x 256 tiles, four 1024-bit stages.
+    {120, "cuda.wgmma_b1.bgemm_128x256_k128_s4", 128, 256, 128, 4, nullptr, 256},
     {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0, bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
@@ -253,6 +243,7 @@ constexpr int kStreamIndex = kNumKernels - 1;
 
 size_t smem_bytes(const CudaKernel &kern, int64_t ld) {
     if (kern.bm == 0) return (size_t)16 * (size_t)(ld + 16);
+    if (kern.fn == nullptr) return bgemm_wgmma_smem();
     return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
@@ -274,6 +265,9 @@ size_t max_smem() {
 bool stride_ok(const CudaKernel &kern, int64_t ld) {
     return ld % (kern.bm == 0 ? 64 : kern.bkb) == 0;
 }
+
+// Whether the current device runs the kernel (the wgmma one: compute capability 9.0 only).
+bool runs_here(const CudaKernel &kern) { return kern.fn != nullptr || wgmma_usable(); }
 
 const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
     if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem() &&
@@ -304,11 +298,11 @@ void bie_cuda_kernel_describe(int index, bie_kernel_info *info) {
     const CudaKernel &kern = kernels[index];
     info->id = kern.id;
     info->name = kern.name;
-    info->isa = "sm_80";
+    info->isa = kern.fn ? "sm_80" : "sm_90a";
     info->op = BIE_OP_BINARY_GEMM;
     info->device = BIE_DEVICE_CUDA;
     info->preferred_max_m = kern.bm == 0 ? 16 : INT64_MAX;
-    info->available = bie_cuda_device_count() > 0;
+    info->available = bie_cuda_device_count() > 0 && runs_here(kern);
 }
 
 // Index of the binary kernel with this id, or -1.
@@ -327,13 +321,15 @@ int bie_cuda_kernel_index(int id) {
 
 bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld) {
     int idx = binary_index(id);
-    return idx >= 0 && smem_bytes(kernels[idx], ld) <= max_smem() && stride_ok(kernels[idx], ld);
+    return idx >= 0 && runs_here(kernels[idx]) && smem_bytes(kernels[idx], ld) <= max_smem() &&
+           stride_ok(kernels[idx], ld);
 }
 
 bool bie_cuda_kernel_fits(int id, int64_t k) {
     int idx = binary_index(id);
     if (idx < 0) return bie_cuda_q4_kernel_fits(id, k);
-    return smem_bytes(kernels[idx], bie_cuda_row_stride(k)) <= max_smem();
+    return runs_here(kernels[idx]) &&
+           smem_bytes(kernels[idx], bie_cuda_row_stride(k)) <= max_smem();
 }
 
 bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -365,8 +361,10 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
                         "shared memory)",
                         who, kern->name, (long long)k, smem);
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
-    KernelFn fn = kern->fn;
     const int parts_b = bie_cuda_popc_parts(ld);
+    if (kern->fn == nullptr)
+        return bgemm_wgmma_launch(m, n, k, a, b, ld, pa, parts_a, pb, parts_b, ep);
+    KernelFn fn = kern->fn;
     // Held to the launch: the streaming kernel's shared memory depends on ld.
     std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),

@@ -158,4 +158,16 @@ inline Epilogue make_epilogue(int out_type, void *out, int64_t n, float scale, c
     return e;
 }
 
+// The binary GEMMs (bgemm.cu, bgemm_wgmma.cu): popc(row) from its partial counts, and the
+// AND-form back-transform before the shared epilogue (one float multiply, as every backend).
+__device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
+    int s = 0;
+    for (int i = 0; i < parts; i++) s += p[row * parts + i];
+    return s;
+}
+__device__ __forceinline__ void store_dot(const Epilogue &ep, const OutRow &row, int64_t col,
+                                          int64_t k, int pa, int pb, int acc, float scale) {
+    ep.store(row, col, k - 2LL * pa - 2LL * pb + 4LL * acc, scale);
+}
+
 }  // namespace bie_cuda

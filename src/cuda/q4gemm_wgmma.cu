@@ -72,13 +72,7 @@ __global__ void __launch_bounds__(kThreads, BN == 128 ? 2 : 1)
     const int kblocks = (int)(ld / kBKB);
     const int tid = threadIdx.x, lane = tid & 31;
     int tm, tn;
-    {
-        constexpr int G = 8;  // groups of 8 tile rows: blocks running together share A and B in L2
-        const int per_group = G * tiles_n, pid = blockIdx.x;
-        const int first = pid / per_group * G, size = min(tiles_m - first, G);
-        tm = first + (pid % per_group) % size;
-        tn = (pid % per_group) / size;
-    }
+    grouped_tile(blockIdx.x, tiles_m, tiles_n, tm, tn);
     const int bm0 = tm * kBM, bn0 = tn * BN;
 
     // This thread's chunks: rows tid / 4 + 64 u of the stage (A rows, then B rows), bytes
@@ -257,6 +251,19 @@ size_t q4gemm_wgmma_smem(int bn) { return bn == 128 ? Tile<128>::kSmem : Tile<25
 // Compute capability 9.0 exactly (the sm_90a instructions run nowhere else).
 bool wgmma_usable() { return device_cc() == 90; }
 
+bie_status wgmma_grid(const char *who, int64_t m, int64_t n, int64_t ld, int bm, int bn, int bkb,
+                      size_t smem, int64_t *tiles_m, int64_t *tiles_n) {
+    if (!wgmma_usable() || smem > max_smem())
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
+    *tiles_m = (m + bm - 1) / bm, *tiles_n = (n + bn - 1) / bn;
+    if (m > INT_MAX || n > INT_MAX || *tiles_m * *tiles_n > INT_MAX)
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m,
+                        (long long)n);
+    if (ld % bkb != 0)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
+    return BIE_OK;
+}
+
 int q4conv_wgmma_blocks_per_sm(int bn) {
     auto fn = bn == 128 ? q4gemm_wgmma<ConvA, 128, false> : q4gemm_wgmma<ConvA, 256, false>;
     const size_t smem = q4gemm_wgmma_smem(bn);
@@ -277,14 +284,8 @@ template <class AL, int BN>
 bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const AL &al, const uint8_t *b,
                   int64_t ld, const Epilogue &ep, bool after) {
     constexpr size_t kSmem = Tile<BN>::kSmem;
-    if (!wgmma_usable() || kSmem > max_smem())
-        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
-    const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + BN - 1) / BN;
-    if (m > INT_MAX || n > INT_MAX || tiles_m * tiles_n > INT_MAX)
-        return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld x %lld outputs are too many", who, (long long)m,
-                        (long long)n);
-    if (ld % kBKB != 0)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s: row stride %lld", who, (long long)ld);
+    int64_t tiles_m = 0, tiles_n = 0;
+    BIE_CUDA_TRY(wgmma_grid(who, m, n, ld, kBM, BN, kBKB, kSmem, &tiles_m, &tiles_n));
     auto fn = k >= kWideK ? q4gemm_wgmma<AL, BN, true> : q4gemm_wgmma<AL, BN, false>;
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),

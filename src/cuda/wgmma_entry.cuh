@@ -1,4 +1,5 @@
-// The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu: Hopper's
+// The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu,
+// bgemm_wgmma.cu: Hopper's
 // warpgroup MMA), for the launchers that choose them. A build whose architectures do not
 // include 90 lacks that file; wgmma_stubs.cu then answers that the device cannot run them.
 #pragma once
@@ -16,6 +17,10 @@ size_t max_smem();  // bgemm.cu
 // Whether the current device runs the sm_90a kernels (compute capability 9.0), cached per
 // device.
 bool wgmma_usable();
+// A launcher's checks (a device that runs the kernels, the shared memory, output counts, the row
+// stride a multiple of the k block) and its bm x bn tile grid.
+bie_status wgmma_grid(const char *who, int64_t m, int64_t n, int64_t ld, int bm, int bn, int bkb,
+                      size_t smem, int64_t *tiles_m, int64_t *tiles_n);
 
 // 4-bit: the product of rows a [m][ld] and b [n][ld] (ld a multiple of 64) in 128 x 256
 // tiles, and the implicit convolution of ConvA rows with weight taps b [o][ld] in 128 x bn
@@ -27,5 +32,13 @@ bie_status q4gemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a
 int q4conv_wgmma_blocks_per_sm(int bn);
 bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al, const uint8_t *b,
                                int64_t ld, const Epilogue &ep);
+
+// Binary (bgemm_wgmma.cu, kernel 120): the product of rows a [m][ld] and b [n][ld] in the
+// device GEMM layout (ld a multiple of 128 bytes) with their popcounts, in 128 x 256 tiles;
+// the shared memory of a block.
+size_t bgemm_wgmma_smem();
+bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
+                              int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
+                              const Epilogue &ep);
 
 }  // namespace bie_cuda

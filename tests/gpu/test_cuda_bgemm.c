@@ -68,7 +68,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < bie_kernel_count(); i++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));
-        if (info.device == BIE_DEVICE_CUDA && info.op == BIE_OP_BINARY_GEMM && nkernels < 16) {
+        if (info.device == BIE_DEVICE_CUDA && info.op == BIE_OP_BINARY_GEMM && info.available &&
+            nkernels < 16) {
             kernel_ids[nkernels++] = info.id;
             printf("kernel %d %s\n", info.id, info.name);
         }
