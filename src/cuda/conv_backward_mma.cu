@@ -488,6 +488,17 @@ double wave_fill(int64_t blocks, int64_t slots) {
 }
 constexpr double kWaveFillMin = 0.8;  // below it, narrower tiles are tried
 
+// grad_w blocks per SM to aim for (kSlicesPerSm), or BIE_CUDA_WGRAD_SLICES=1..8 (to time the
+// K split's partial tiles and their sum against the blocks in flight).
+int wgrad_slices_per_sm() {
+    static const int per = [] {
+        const char *e = std::getenv("BIE_CUDA_WGRAD_SLICES");
+        const int v = e != nullptr ? std::atoi(e) : 0;
+        return v >= 1 && v <= 8 ? v : kSlicesPerSm;
+    }();
+    return per;
+}
+
 // The halo grad_x kernel's widest tile: MI = 4 (256 pixels), or 2 where BIE_CUDA_DGRAD_MI=2
 // (to time one against the other).
 int dgrad_halo_widest() {
@@ -541,7 +552,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
     const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
     // Slices of K for grad_w: enough blocks to fill the device, partial tiles <= 64 MiB.
-    int64_t slices = std::min<int64_t>(chunks, std::max<int64_t>(1, kSlicesPerSm * sms / xy));
+    int64_t slices =
+        std::min<int64_t>(chunks, std::max<int64_t>(1, wgrad_slices_per_sm() * sms / xy));
     slices = std::max<int64_t>(
         1, std::min<int64_t>(slices, ((int64_t)64 << 20) / (4 * std::max<int64_t>(1, g.o * ckk))));
     const int64_t per_slice = (chunks + slices - 1) / slices;
