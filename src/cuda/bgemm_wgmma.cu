@@ -11,14 +11,18 @@
 // wgmma that read it completed in both warpgroups (wait_group 1 in each, then the next step's
 // barrier), so the copies run two k blocks ahead of the products.
 //
-// The accumulators are the mma.sync fragment layout per warp (16 rows, 4 words per 8
-// columns): the epilogue is bgemm.cu's (store_dot, epilogue.cuh).
+// The grid is persistent (one block per SM, tiles blockIdx.x, + gridDim.x, ...): the copy
+// ring runs on across tiles, so the next tile's first k blocks arrive during this tile's
+// epilogue. A tile's row and column popcounts go to shared memory while its first products
+// run. The accumulators are the mma.sync fragment layout per warp (16 rows, 4 words per 8
+// columns); the stores are the shared Epilogue's, two columns at a time (epilogue.cuh).
 //
 // The device code exists only in the sm_90a build of this file; wgmma_usable() tells the host
 // whether the current device runs it. Rows are in the device GEMM layout (cuda_internal.h):
 // ld a multiple of 256 bytes, zero-padded, with their popcounts.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "cuda_common.cuh"
@@ -42,6 +46,13 @@ constexpr int kChunks = kStage / 16 / kThreads;                  // 16-byte copi
 constexpr size_t kSmem = 1024 + (size_t)KSTAGES * kStage;        // + the swizzle's alignment
 static_assert(kChunks * kThreads * 16 == kStage, "copy split");  // 12 per thread
 static_assert(kBKB == 128, "one 128-byte swizzle row per row and k block");
+constexpr int kStgPitch = 128 + 8;  // epilogue staging row (ints): 64 x 128 per warpgroup
+static_assert(64 * kStgPitch * 4 <= kStage, "a warpgroup's staging fits one stage");
+
+// Barrier of the 128 threads of warpgroup wg (ids 1 and 2; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
+}
 
 __global__ void __launch_bounds__(kThreads, 1)
     bgemm_b1_wgmma(int m, int n, int64_t k, const uint8_t *__restrict__ A,
@@ -50,95 +61,125 @@ __global__ void __launch_bounds__(kThreads, 1)
                    Epilogue ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem[];
+    __shared__ int pop_a[kBM], pop_b[kBN];  // the current tile's row and column popcounts
     const unsigned ring = (smem_u32(smem) + 1023) & ~1023u;
     const int kblocks = (int)(ld64 / kBKB);
     const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
-    int tm, tn;
-    grouped_tile(blockIdx.x, tiles_m, tiles_n, tm, tn);
-    const int bm0 = tm * kBM, bn0 = tn * kBN;
-
-    // This thread's copies: stage rows tid / 8 + 32 u (A rows 0..127, then B rows), chunk
-    // tid % 8 of each, stored at chunk (tid % 8) ^ (row % 8). Rows past m (n) are zero-filled
-    // from a valid address.
-    const int q = tid & 7, r0 = tid >> 3;
-    const uint8_t *src[kChunks];
-    bool ok[kChunks];
-    unsigned dst[kChunks];
-#pragma unroll
-    for (int u = 0; u < kChunks; u++) {
-        const int r = r0 + 32 * u;  // row in the stage
-        const bool is_a = r < kBM;
-        const int row = is_a ? bm0 + r : bn0 + (r - kBM), limit = is_a ? m : n;
-        src[u] = (is_a ? A : B) + (size_t)(unsigned)min(row, limit - 1) * (size_t)ld64 + 16 * q;
-        ok[u] = row < limit;
-        dst[u] = (unsigned)(r * kBKB + ((q ^ (r & 7)) << 4));
-    }
-    auto load = [&](int kb) {
-        const unsigned base = ring + (unsigned)((kb % KSTAGES) * kStage);
-#pragma unroll
-        for (int u = 0; u < kChunks; u++)
-            cp_async16(base + dst[u], src[u] + (size_t)kb * kBKB, ok[u]);
+    // Tiles blockIdx.x, + gridDim.x, ... (grouped_tile order); steps (tile, k block) run as one
+    // sequence, so the copies of the next tile's first k blocks overlap this tile's epilogue.
+    const int my_tiles =
+        (tiles_m * tiles_n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int steps = my_tiles * kblocks;
+    auto origin = [&](int j, int &bm0, int &bn0) {
+        int tm, tn;
+        grouped_tile((int)blockIdx.x + j * (int)gridDim.x, tiles_m, tiles_n, tm, tn);
+        bm0 = tm * kBM, bn0 = tn * kBN;
     };
 
-    int d[128];
+    // This thread's copies: stage rows tid / 8 + 32 u (A rows 0..127 for u < 4, then B rows),
+    // chunk tid % 8 of each, stored at chunk (tid % 8) ^ (row % 8). Rows past m (n) are
+    // zero-filled from a valid address.
+    const int q = tid & 7, r0 = tid >> 3;
+    auto load = [&](int i) {
+        const int j = i / kblocks, kb = i - j * kblocks;
+        int bm0, bn0;
+        origin(j, bm0, bn0);
+        const unsigned base = ring + (unsigned)((i % KSTAGES) * kStage);
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0;
+        for (int u = 0; u < kChunks; u++) {
+            const int r = r0 + 32 * u;  // row in the stage
+            const bool is_a = u < kBM / 32;
+            const int row = is_a ? bm0 + r : bn0 + (r - kBM), limit = is_a ? m : n;
+            const uint8_t *src = (is_a ? A : B) +
+                                 (size_t)(unsigned)min(row, limit - 1) * (size_t)ld64 + 16 * q +
+                                 (size_t)kb * kBKB;
+            cp_async16(base + (unsigned)(r * kBKB + ((q ^ (r & 7)) << 4)), src, row < limit);
+        }
+    };
 
     pdl_wait();  // A, B and their popcounts may come from the kernel just before (pdl.cuh)
 #pragma unroll
     for (int s = 0; s < 2; s++) {
-        if (s < kblocks) load(s);
+        if (s < steps) load(s);
         cp_async_commit();
     }
-    for (int kb = 0; kb < kblocks; kb++) {
-        cp_async_wait<1>();   // this thread's copies of k block kb are in (kb + 1 may not be)
-        fence_proxy_async();  // visible to the wgmma (async proxy)
-        __syncthreads();      // everyone's copies of kb; both warpgroups past wait_group 1 of
-                              // kb - 1, so the stage of kb - 2 is free
-        if (kb + 2 < kblocks) load(kb + 2);
-        cp_async_commit();
-        const unsigned stage = ring + (unsigned)((kb % KSTAGES) * kStage);
-        const unsigned a_tile = stage + (unsigned)(wg * 64 * kBKB), b_tile = stage + kBM * kBKB;
-        fence_acc(d);
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < kBKB / 32; s++)
-            wgmma_b1_64x256x256(d, smem_desc(a_tile + 32 * s, 16, 1024, 1),
-                                smem_desc(b_tile + 32 * s, 16, 1024, 1));
-        wgmma_commit();
-        wgmma_wait<1>();
-        fence_acc(d);
-    }
-    wgmma_wait<0>();
-    fence_acc(d);
-    cp_async_wait<0>();
-
-    // Epilogue: rows g and g + 8 of this warp's 16, columns 8 j + 2 t (+1) of the tile. The
-    // row popcounts are read once before the stores; the column ones once per column pair.
     const float scale = ep.scale();
-    const int g = lane >> 2, t4 = lane & 3, wrow = bm0 + wg * 64 + ((tid >> 5) & 3) * 16 + g;
-    int prow[2];
-    OutRow orow[2];
+    const int g = lane >> 2, t4 = lane & 3, wr = wg * 64 + ((tid >> 5) & 3) * 16 + g;
+    int d[128];
+    for (int j = 0, i = 0; j < my_tiles; j++) {
+        int bm0, bn0;
+        origin(j, bm0, bn0);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int row = wrow + 8 * h;
-        prow[h] = row < m ? row_popc(pa, row, parts_a) : 0;
-        orow[h] = ep.row(row < m ? row : 0);
-    }
+        for (int x = 0; x < 128; x++) d[x] = 0;
+        for (int kb = 0; kb < kblocks; kb++, i++) {
+            cp_async_wait<1>();   // this thread's copies of step i are in (i + 1 may not be)
+            fence_proxy_async();  // visible to the wgmma (async proxy)
+            __syncthreads();      // everyone's copies of i; both warpgroups past wait_group 1
+                                  // of i - 1, so the stage of i - 2 is free; the last
+                                  // epilogue's popcount reads are done
+            if (i + 2 < steps) load(i + 2);
+            cp_async_commit();
+            const unsigned stage = ring + (unsigned)((i % KSTAGES) * kStage);
+            const unsigned a_tile = stage + (unsigned)(wg * 64 * kBKB), b_tile = stage + kBM * kBKB;
+            fence_acc(d);
+            wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kBN / 8; j++) {
-        const int col = bn0 + j * 8 + 2 * t4;
-        if (col >= n) continue;
-        const int pc0 = row_popc(pb, col, parts_b);
-        const int pc1 = col + 1 < n ? row_popc(pb, col + 1, parts_b) : 0;
+            for (int s = 0; s < kBKB / 32; s++)
+                wgmma_b1_64x256x256(d, smem_desc(a_tile + 32 * s, 16, 1024, 1),
+                                    smem_desc(b_tile + 32 * s, 16, 1024, 1));
+            wgmma_commit();
+            if (kb == 0) {  // the popcounts, read while the products run
+                pop_b[tid] = bn0 + tid < n ? row_popc(pb, bn0 + tid, parts_b) : 0;
+                if (tid < kBM) pop_a[tid] = bm0 + tid < m ? row_popc(pa, bm0 + tid, parts_a) : 0;
+            }
+            wgmma_wait<1>();
+            fence_acc(d);
+        }
+        wgmma_wait<0>();
+        fence_acc(d);
+        __syncthreads();  // the popcounts
+
+        // The epilogue, through the two stages no copy is using (those of the tile's last
+        // two k blocks: one per warpgroup), 128 columns at a time: the accumulators go to
+        // shared memory as they lie in registers, then each warp takes whole rows and stores
+        // them four columns at a time. The code stays small (no per-dtype copy of 128
+        // unrolled stores) and the global stores contiguous.
+        int *stg = reinterpret_cast<int *>(smem + (ring - smem_u32(smem)) +
+                                           (size_t)(((i + 2 + wg) % KSTAGES) * kStage));
+        const int wt = tid & 127, er = wt >> 5, ec = 4 * lane;  // readback: rows er + 4 it
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (wrow + 8 * h >= m) continue;
-            store_dot(ep, orow[h], col, k, prow[h], pc0, d[4 * j + 2 * h], scale);
-            if (col + 1 < n)
-                store_dot(ep, orow[h], col + 1, k, prow[h], pc1, d[4 * j + 2 * h + 1], scale);
+        for (int half = 0; half < 2; half++) {
+            if (half) warpgroup_barrier(wg);  // the first half's readback is done
+#pragma unroll
+            for (int c = 0; c < kBN / 16; c++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *reinterpret_cast<int2 *>(stg + (wr - wg * 64 + 8 * h) * kStgPitch + 8 * c +
+                                              2 * t4) =
+                        make_int2(d[4 * (c + 16 * half) + 2 * h],
+                                  d[4 * (c + 16 * half) + 2 * h + 1]);
+            warpgroup_barrier(wg);
+            const int cl = 128 * half + ec, col = bn0 + cl;
+            for (int it = 0; it < 16; it++) {
+                const int r = er + 4 * it, row = bm0 + wg * 64 + r;
+                if (row >= m || col >= n) continue;
+                const OutRow orow = ep.row(row);
+                const long long base = k - 2LL * pop_a[wg * 64 + r];
+                const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
+                const int acc[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const long long d0 = base - 2LL * pop_b[cl + e] + 4LL * acc[e];
+                    if (col + e + 1 < n)
+                        ep.store2(orow, col + e, d0,
+                                  base - 2LL * pop_b[cl + e + 1] + 4LL * acc[e + 1], scale);
+                    else if (col + e < n)
+                        ep.store(orow, col + e, d0, scale);
+                }
+            }
         }
     }
+    cp_async_wait<0>();
 #else
     (void)m, (void)n, (void)k, (void)A, (void)B, (void)ld64, (void)pa, (void)pb, (void)parts_a,
         (void)parts_b, (void)tiles_m, (void)tiles_n, (void)ep;
@@ -159,10 +200,14 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(bgemm_b1_wgmma),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "cudaFuncSetAttribute"));
-    BIE_CUDA_TRY(check(launch_after(bgemm_b1_wgmma, dim3((unsigned)(tiles_m * tiles_n)),
-                                    dim3(kThreads), kSmem, (int)m, (int)n, k, a, b, ld, pa, pb,
-                                    parts_a, parts_b, (int)tiles_m, (int)tiles_n, ep),
-                       who));
+    int dev = 0, sms = 0;
+    BIE_CUDA_TRY(check(cudaGetDevice(&dev), who));
+    BIE_CUDA_TRY(check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), who));
+    const int64_t blocks = std::min<int64_t>(tiles_m * tiles_n, std::max(sms, 1));
+    BIE_CUDA_TRY(check(
+        launch_after(bgemm_b1_wgmma, dim3((unsigned)blocks), dim3(kThreads), kSmem, (int)m, (int)n,
+                     k, a, b, ld, pa, pb, parts_a, parts_b, (int)tiles_m, (int)tiles_n, ep),
+        who));
     return check(cudaGetLastError(), who);
 }
 

@@ -26,7 +26,7 @@ constexpr int kWgM = 64;                     // grad_w tile: output channels (x 
 constexpr int kWgPitch = kWgM + 8;           // grad_w A row: one pixel's kWgM channels
 constexpr int kWgStages = 3;                 // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
-constexpr int kSlicesPerSm = 4;              // grad_w blocks to aim for: 2 blocks x 2 per SM
+constexpr int kSlicesPerSm = 2;              // grad_w blocks per SM to aim for (4: slower)
 
 // Division of non-negative ints below 2^31 by a divisor fixed per launch, as a multiply-high
 // and a shift (the magic number from the host): the per-step pixel index math of wgrad_mma.

@@ -74,11 +74,13 @@ int main(int argc, char **argv) {
             printf("kernel %d %s\n", info.id, info.name);
         }
     }
+    /* 1100 x 4000 and 2100 x 2333: more output tiles than SMs, so the persistent kernels run
+     * several tiles per block */
     const int64_t shapes[][3] = {
-        {1, 1, 1},       {1, 7, 7},        {3, 5, 63},       {16, 8, 256},    {17, 9, 257},
-        {64, 64, 512},   {65, 63, 511},    {1, 300, 1000},   {129, 130, 513}, {200, 77, 4099},
-        {5, 1000, 2048}, {257, 129, 8191}, {1024, 512, 1536}};
-    size_t count = small ? 5 : sizeof shapes / sizeof shapes[0];
+        {1, 1, 1},        {1, 7, 7},       {3, 5, 63},       {16, 8, 256},      {17, 9, 257},
+        {1100, 4000, 65}, {64, 64, 512},   {65, 63, 511},    {1, 300, 1000},    {129, 130, 513},
+        {200, 77, 4099},  {5, 1000, 2048}, {257, 129, 8191}, {1024, 512, 1536}, {2100, 2333, 300}};
+    size_t count = small ? 6 : sizeof shapes / sizeof shapes[0];
     for (size_t s = 0; s < count; s++) {
         int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
         check_shape(m, n, k, (k + 7) / 8, (k + 7) / 8);             /* 8-bit words */
