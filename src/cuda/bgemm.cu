@@ -235,11 +235,13 @@ const CudaKernel kernels[] = {
     {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3,
      bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
     // Hopper's warpgroup mma (bgemm_wgmma.cu): 128 x 256 tiles, four 1024-bit stages.
+    // (kWgmmaIndex: second to last.)
     {120, "cuda.wgmma_b1.bgemm_128x256_k128_s4", 128, 256, 128, 4, nullptr, 256},
     {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0, bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
 constexpr int kStreamIndex = kNumKernels - 1;
+constexpr int kWgmmaIndex = kNumKernels - 2;
 
 size_t smem_bytes(const CudaKernel &kern, int64_t ld) {
     if (kern.bm == 0) return (size_t)16 * (size_t)(ld + 16);
@@ -277,6 +279,13 @@ const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
     // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
     // fastest at 8192^3; rows that are not a multiple of 128 bytes (convolutions) take the
     // 64-byte stages.
+    // On Hopper the wgmma kernel (120) from 32 of its 128 x 256 tiles up: on the H200 1.2x
+    // kernel 101 at 256 x 4096 x 4096 (32 tiles), 2x at 1024 x 4096 x 4096 and 2048^3, 2.5x
+    // kernel 102 at 4096^3 (BENCHMARKS.md).
+    const CudaKernel &wg = kernels[kWgmmaIndex];
+    if (runs_here(wg) && stride_ok(wg, ld) &&
+        ((m + wg.bm - 1) / wg.bm) * ((n + wg.bn - 1) / wg.bn) >= 32)
+        return &wg;
     if (m * n < (int64_t)4096 * 4096 || !stride_ok(kernels[2], ld)) return &kernels[1];
     return &kernels[2];
 }

@@ -54,6 +54,41 @@ __device__ __forceinline__ void warpgroup_barrier(int wg) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
+// Four columns col.. of rows row0 + er + 4 it (it < 16, rows < m) of a row-major output of
+// dtype T: dot = kk - 2 popc(row) - 2 popc(col) + 4 acc, with the accumulators from the
+// staging rows (stg[r * kStgPitch + ec]) and cb[e] = -2 popc(col + e); as the scalar
+// epilogue, (float)dot * scale rounded to T. One 16-byte (f32) or 8-byte store a row.
+template <int T>
+__device__ __forceinline__ void store_rows4(const Epilogue &ep, const int *stg, const int *rows_pop,
+                                            int er, int ec, int row0, int m, int col, int kk,
+                                            const int (&cb)[4], float scale) {
+    for (int it = 0; it < 16; it++) {
+        const int r = er + 4 * it;
+        if (row0 + r >= m) break;
+        const int base = kk - 2 * rows_pop[r];
+        const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
+        const float f0 = (float)(base + cb[0] + 4 * v.x) * scale,
+                    f1 = (float)(base + cb[1] + 4 * v.y) * scale,
+                    f2 = (float)(base + cb[2] + 4 * v.z) * scale,
+                    f3 = (float)(base + cb[3] + 4 * v.w) * scale;
+        const int64_t i = (int64_t)(row0 + r) * ep.n + col;
+        if (T == kOutF32) {
+            *reinterpret_cast<float4 *>(static_cast<float *>(ep.out) + i) =
+                make_float4(f0, f1, f2, f3);
+        } else if (T == kOutBF16) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(f0, f1), hi = __floats2bfloat162_rn(f2, f3);
+            uint2 u;
+            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
+            *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(ep.out) + i) = u;
+        } else {
+            __half2 lo = __floats2half2_rn(f0, f1), hi = __floats2half2_rn(f2, f3);
+            uint2 u;
+            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
+            *reinterpret_cast<uint2 *>(static_cast<__half *>(ep.out) + i) = u;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     bgemm_b1_wgmma(int m, int n, int64_t k, const uint8_t *__restrict__ A,
                    const uint8_t *__restrict__ B, int64_t ld64, const int *__restrict__ pa,
@@ -104,6 +139,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_commit();
     }
     const float scale = ep.scale();
+    // Row-major output in whole, aligned groups of four, and dot products that fit an int:
+    // the epilogue's four-column stores (store_rows4); anything else takes Epilogue::store2.
+    const bool fast = ep.conv.plane == 0 && n % 4 == 0 &&
+                      (reinterpret_cast<uintptr_t>(ep.out) & 15) == 0 && k < (1LL << 28);
     const int g = lane >> 2, t4 = lane & 3, wr = wg * 64 + ((tid >> 5) & 3) * 16 + g;
     int d[128];
     for (int j = 0, i = 0; j < my_tiles; j++) {
@@ -160,11 +199,29 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   d[4 * (c + 16 * half) + 2 * h + 1]);
             warpgroup_barrier(wg);
             const int cl = 128 * half + ec, col = bn0 + cl;
+            const int *rows_pop = pop_a + wg * 64;
+            if (fast) {
+                const int cb[4] = {-2 * pop_b[cl], -2 * pop_b[cl + 1], -2 * pop_b[cl + 2],
+                                   -2 * pop_b[cl + 3]};
+                const int row0 = bm0 + wg * 64, kk = (int)k;
+                if (col < n) {
+                    if (ep.out_type == kOutF32)
+                        store_rows4<kOutF32>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
+                                             scale);
+                    else if (ep.out_type == kOutBF16)
+                        store_rows4<kOutBF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
+                                              scale);
+                    else
+                        store_rows4<kOutF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
+                                             scale);
+                }
+                continue;
+            }
             for (int it = 0; it < 16; it++) {
                 const int r = er + 4 * it, row = bm0 + wg * 64 + r;
                 if (row >= m || col >= n) continue;
                 const OutRow orow = ep.row(row);
-                const long long base = k - 2LL * pop_a[wg * 64 + r];
+                const long long base = k - 2LL * rows_pop[r];
                 const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
                 const int acc[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -200,10 +257,7 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(bgemm_b1_wgmma),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "cudaFuncSetAttribute"));
-    int dev = 0, sms = 0;
-    BIE_CUDA_TRY(check(cudaGetDevice(&dev), who));
-    BIE_CUDA_TRY(check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), who));
-    const int64_t blocks = std::min<int64_t>(tiles_m * tiles_n, std::max(sms, 1));
+    const int64_t blocks = std::min<int64_t>(tiles_m * tiles_n, device_sms());
     BIE_CUDA_TRY(check(
         launch_after(bgemm_b1_wgmma, dim3((unsigned)blocks), dim3(kThreads), kSmem, (int)m, (int)n,
                      k, a, b, ld, pa, pb, parts_a, parts_b, (int)tiles_m, (int)tiles_n, ep),

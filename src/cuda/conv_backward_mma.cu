@@ -469,17 +469,6 @@ unsigned blocks_for(int64_t count) {
     return (unsigned)std::max<int64_t>(1, std::min<int64_t>((count + 255) / 256, 65535));
 }
 
-int device_sms() {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms < 1) {
-        cudaGetLastError();
-        sms = 132;  // an H100's
-    }
-    return sms;
-}
-
 // Of the block slots that a launch's waves offer (slots per wave), the fraction holding a
 // block: a last wave a quarter full leaves the device three quarters idle for its length.
 double wave_fill(int64_t blocks, int64_t slots) {

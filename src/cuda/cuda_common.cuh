@@ -21,6 +21,8 @@ bool is_device_pointer(const void *p);
 // The current device's compute capability as major * 10 + minor (90 on Hopper), cached per
 // device; 0 when it cannot be asked.
 int device_cc();
+// The current device's SMs (an H100's 132 when it cannot be asked).
+int device_sms();
 // A kernel's largest dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize) is
 // one setting per kernel for the whole process. Where a kernel's need differs between calls
 // (it depends on the shape), this lock is held from setting it to the launch, so that another

@@ -24,6 +24,17 @@ bie_status require_device(void) {
     return BIE_OK;
 }
 
+int device_sms() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1) {
+        cudaGetLastError();
+        sms = 132;  // an H100's
+    }
+    return sms;
+}
+
 int device_cc() {
     static std::atomic<int> known[16];  // capability + 1; 0: not asked yet
     int dev = 0;
