@@ -61,6 +61,8 @@ static bool wanted(int argc, char **argv, const char *name) {
     return false;
 }
 
+static void bie_ok(bie_status s, const char *what);
+
 static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n, int64_t k,
                        int kernel_id) {
     int64_t rb = (k + 7) / 8;
@@ -109,25 +111,48 @@ static void bgemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n,
             exit(1);
         }
     };
-    double t_ours = 0, t_base = 0;
+    // The GEMM kernel alone, on operands already in the device layout (as a layer runs it:
+    // the entry point above re-lays out both operands on every call), f32 and bf16 output.
+    const int64_t ld = bie_cuda_row_stride(k);
+    const int parts = bie_cuda_popc_parts(ld);
+    uint8_t *ad, *bd;
+    int *pa, *pb;
+    CK(cudaMalloc(&ad, m * ld));
+    CK(cudaMalloc(&bd, n * ld));
+    CK(cudaMalloc(&pa, m * parts * sizeof(int)));
+    CK(cudaMalloc(&pb, n * parts * sizeof(int)));
+    bie_ok(bie_cuda_repack_rows(a, rb, m, k, ld, ad, pa), "repack");
+    bie_ok(bie_cuda_repack_rows(b, rb, n, k, ld, bd, pb), "repack");
+    auto kernel_only = [&](bie_dtype dt) {
+        bie_ok(bie_cuda_bgemm_launch(kernel_id, m, n, k, ad, bd, ld, pa, parts, pb, 1.0f, NULL,
+                                     NULL, dt, out, NULL),
+               "binary gemm");
+    };
+    double t_ours = 0, t_base = 0, t_kern = 0, t_kern16 = 0;
     for (int round = 0; round < 2; round++) {  // interleave, keep the better round
         double o = time_it(ours, inner, 7), bb = time_it(base, inner, 7);
+        double kf = time_it([&] { kernel_only(BIE_F32); }, inner, 7);
+        double kh = time_it([&] { kernel_only(BIE_BF16); }, inner, 7);
         t_ours = round ? std::min(t_ours, o) : o;
         t_base = round ? std::min(t_base, bb) : bb;
+        t_kern = round ? std::min(t_kern, kf) : kf;
+        t_kern16 = round ? std::min(t_kern16, kh) : kh;
     }
     bie_kernel_info info;
     const char *kname = "default";
     if (kernel_id >= 0 && bie_kernel_find(kernel_id, &info) == BIE_OK) kname = info.name;
-    printf("{\"name\":\"%s\",\"kernel\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
-           "\"baseline_s\":%.6e,\"ratio\":%.3f,\"ours_tops\":%.1f,\"baseline_tflops\":%.1f,"
-           "\"baseline\":\"cublasGemmEx bf16\"}\n",
-           name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_base, t_base / t_ours,
-           work / t_ours / 1e12, work / t_base / 1e12);
+    printf(
+        "{\"name\":\"%s\",\"kernel\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
+        "\"baseline_s\":%.6e,\"ratio\":%.3f,\"ours_tops\":%.1f,\"baseline_tflops\":%.1f,"
+        "\"kernel_s\":%.6e,\"kernel_tops\":%.1f,\"kernel_bf16_s\":%.6e,\"kernel_bf16_tops\":%.1f,"
+        "\"baseline\":\"cublasGemmEx bf16\"}\n",
+        name, kname, (long long)m, (long long)n, (long long)k, t_ours, t_base, t_base / t_ours,
+        work / t_ours / 1e12, work / t_base / 1e12, t_kern, work / t_kern / 1e12, t_kern16,
+        work / t_kern16 / 1e12);
     fflush(stdout);
     cudaFree(a), cudaFree(b), cudaFree(out), cudaFree(fa), cudaFree(fb), cudaFree(fc);
+    cudaFree(ad), cudaFree(bd), cudaFree(pa), cudaFree(pb);
 }
-
-static void bie_ok(bie_status s, const char *what);
 
 // bie's 4-bit GEMM against cuBLAS int8 (int8 operands, int32 output) and bf16 on the same
 // shape. ours_s: the GEMM kernel alone on operands already in the device nibble layout (as a
