@@ -208,7 +208,7 @@ struct CudaKernel {
     int id;
     const char *name;
     int bm, bn, bkb, stages;  // bm == 0: the weight-streaming kernel
-    KernelFn fn;              // NULL: the wgmma kernel (bgemm_wgmma.cu, sm_90a)
+    KernelFn fn;              // NULL: a wgmma kernel (120: bgemm_wgmma.cu, 121: bgemm_tma.cu)
     int threads;
 };
 
@@ -235,6 +235,8 @@ const CudaKernel kernels[] = {
     {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3,
      bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
     // Hopper's warpgroup mma (bgemm_wgmma.cu): 128 x 256 tiles, four 1024-bit stages.
+    // The same with TMA loads, a producer warpgroup and two consumers (bgemm_tma.cu).
+    {121, "cuda.wgmma_b1.bgemm_tma_128x256_k128_s3", 128, 256, 128, 3, nullptr, 384},
     // (kWgmmaIndex: second to last.)
     {120, "cuda.wgmma_b1.bgemm_128x256_k128_s4", 128, 256, 128, 4, nullptr, 256},
     {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0, bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
@@ -245,7 +247,7 @@ constexpr int kWgmmaIndex = kNumKernels - 2;
 
 size_t smem_bytes(const CudaKernel &kern, int64_t ld) {
     if (kern.bm == 0) return (size_t)16 * (size_t)(ld + 16);
-    if (kern.fn == nullptr) return bgemm_wgmma_smem();
+    if (kern.fn == nullptr) return kern.id == 121 ? bgemm_tma_smem() : bgemm_wgmma_smem();
     return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
 
@@ -372,7 +374,8 @@ bie_status bie_cuda_bgemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k,
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
     const int parts_b = bie_cuda_popc_parts(ld);
     if (kern->fn == nullptr)
-        return bgemm_wgmma_launch(m, n, k, a, b, ld, pa, parts_a, pb, parts_b, ep);
+        return (kern->id == 121 ? bgemm_tma_launch : bgemm_wgmma_launch)(m, n, k, a, b, ld, pa,
+                                                                         parts_a, pb, parts_b, ep);
     KernelFn fn = kern->fn;
     // Held to the launch: the streaming kernel's shared memory depends on ld.
     std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());

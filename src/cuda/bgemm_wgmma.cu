@@ -14,8 +14,8 @@
 // The grid is persistent (one block per SM, tiles blockIdx.x, + gridDim.x, ...): the copy
 // ring runs on across tiles, so the next tile's first k blocks arrive during this tile's
 // epilogue. A tile's row and column popcounts go to shared memory while its first products
-// run. The accumulators are the mma.sync fragment layout per warp (16 rows, 4 words per 8
-// columns); the stores are the shared Epilogue's, two columns at a time (epilogue.cuh).
+// run. The epilogue is warpgroup_epilogue (bgemm_wgmma.cuh, shared with kernel 121): through
+// the two ring stages no copy is using, stored four columns at a time.
 //
 // The device code exists only in the sm_90a build of this file; wgmma_usable() tells the host
 // whether the current device runs it. Rows are in the device GEMM layout (cuda_internal.h):
@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "bgemm_wgmma.cuh"
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "epilogue.cuh"
@@ -46,48 +47,7 @@ constexpr int kChunks = kStage / 16 / kThreads;                  // 16-byte copi
 constexpr size_t kSmem = 1024 + (size_t)KSTAGES * kStage;        // + the swizzle's alignment
 static_assert(kChunks * kThreads * 16 == kStage, "copy split");  // 12 per thread
 static_assert(kBKB == 128, "one 128-byte swizzle row per row and k block");
-constexpr int kStgPitch = 128 + 8;  // epilogue staging row (ints): 64 x 128 per warpgroup
-static_assert(64 * kStgPitch * 4 <= kStage, "a warpgroup's staging fits one stage");
-
-// Barrier of the 128 threads of warpgroup wg (ids 1 and 2; 0 is __syncthreads').
-__device__ __forceinline__ void warpgroup_barrier(int wg) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
-}
-
-// Four columns col.. of rows row0 + er + 4 it (it < 16, rows < m) of a row-major output of
-// dtype T: dot = kk - 2 popc(row) - 2 popc(col) + 4 acc, with the accumulators from the
-// staging rows (stg[r * kStgPitch + ec]) and cb[e] = -2 popc(col + e); as the scalar
-// epilogue, (float)dot * scale rounded to T. One 16-byte (f32) or 8-byte store a row.
-template <int T>
-__device__ __forceinline__ void store_rows4(const Epilogue &ep, const int *stg, const int *rows_pop,
-                                            int er, int ec, int row0, int m, int col, int kk,
-                                            const int (&cb)[4], float scale) {
-    for (int it = 0; it < 16; it++) {
-        const int r = er + 4 * it;
-        if (row0 + r >= m) break;
-        const int base = kk - 2 * rows_pop[r];
-        const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
-        const float f0 = (float)(base + cb[0] + 4 * v.x) * scale,
-                    f1 = (float)(base + cb[1] + 4 * v.y) * scale,
-                    f2 = (float)(base + cb[2] + 4 * v.z) * scale,
-                    f3 = (float)(base + cb[3] + 4 * v.w) * scale;
-        const int64_t i = (int64_t)(row0 + r) * ep.n + col;
-        if (T == kOutF32) {
-            *reinterpret_cast<float4 *>(static_cast<float *>(ep.out) + i) =
-                make_float4(f0, f1, f2, f3);
-        } else if (T == kOutBF16) {
-            __nv_bfloat162 lo = __floats2bfloat162_rn(f0, f1), hi = __floats2bfloat162_rn(f2, f3);
-            uint2 u;
-            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
-            *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(ep.out) + i) = u;
-        } else {
-            __half2 lo = __floats2half2_rn(f0, f1), hi = __floats2half2_rn(f2, f3);
-            uint2 u;
-            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
-            *reinterpret_cast<uint2 *>(static_cast<__half *>(ep.out) + i) = u;
-        }
-    }
-}
+static_assert(kStgBytes <= kStage, "a warpgroup's staging fits one stage");
 
 __global__ void __launch_bounds__(kThreads, 1)
     bgemm_b1_wgmma(int m, int n, int64_t k, const uint8_t *__restrict__ A,
@@ -99,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ int pop_a[kBM], pop_b[kBN];  // the current tile's row and column popcounts
     const unsigned ring = (smem_u32(smem) + 1023) & ~1023u;
     const int kblocks = (int)(ld64 / kBKB);
-    const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7;
+    const int tid = threadIdx.x, wg = tid >> 7;
     // Tiles blockIdx.x, + gridDim.x, ... (grouped_tile order); steps (tile, k block) run as one
     // sequence, so the copies of the next tile's first k blocks overlap this tile's epilogue.
     const int my_tiles =
@@ -139,11 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_commit();
     }
     const float scale = ep.scale();
-    // Row-major output in whole, aligned groups of four, and dot products that fit an int:
-    // the epilogue's four-column stores (store_rows4); anything else takes Epilogue::store2.
-    const bool fast = ep.conv.plane == 0 && n % 4 == 0 &&
-                      (reinterpret_cast<uintptr_t>(ep.out) & 15) == 0 && k < (1LL << 28);
-    const int g = lane >> 2, t4 = lane & 3, wr = wg * 64 + ((tid >> 5) & 3) * 16 + g;
+    const bool fast = rows4_ok(ep, n, k);  // the four-column stores (bgemm_wgmma.cuh)
     int d[128];
     for (int j = 0, i = 0; j < my_tiles; j++) {
         int bm0, bn0;
@@ -179,62 +135,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncthreads();  // the popcounts
 
         // The epilogue, through the two stages no copy is using (those of the tile's last
-        // two k blocks: one per warpgroup), 128 columns at a time: the accumulators go to
-        // shared memory as they lie in registers, then each warp takes whole rows and stores
-        // them four columns at a time. The code stays small (no per-dtype copy of 128
-        // unrolled stores) and the global stores contiguous.
+        // two k blocks: one per warpgroup).
         int *stg = reinterpret_cast<int *>(smem + (ring - smem_u32(smem)) +
                                            (size_t)(((i + 2 + wg) % KSTAGES) * kStage));
-        const int wt = tid & 127, er = wt >> 5, ec = 4 * lane;  // readback: rows er + 4 it
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            if (half) warpgroup_barrier(wg);  // the first half's readback is done
-#pragma unroll
-            for (int c = 0; c < kBN / 16; c++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *reinterpret_cast<int2 *>(stg + (wr - wg * 64 + 8 * h) * kStgPitch + 8 * c +
-                                              2 * t4) =
-                        make_int2(d[4 * (c + 16 * half) + 2 * h],
-                                  d[4 * (c + 16 * half) + 2 * h + 1]);
-            warpgroup_barrier(wg);
-            const int cl = 128 * half + ec, col = bn0 + cl;
-            const int *rows_pop = pop_a + wg * 64;
-            if (fast) {
-                const int cb[4] = {-2 * pop_b[cl], -2 * pop_b[cl + 1], -2 * pop_b[cl + 2],
-                                   -2 * pop_b[cl + 3]};
-                const int row0 = bm0 + wg * 64, kk = (int)k;
-                if (col < n) {
-                    if (ep.out_type == kOutF32)
-                        store_rows4<kOutF32>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
-                                             scale);
-                    else if (ep.out_type == kOutBF16)
-                        store_rows4<kOutBF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
-                                              scale);
-                    else
-                        store_rows4<kOutF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb,
-                                             scale);
-                }
-                continue;
-            }
-            for (int it = 0; it < 16; it++) {
-                const int r = er + 4 * it, row = bm0 + wg * 64 + r;
-                if (row >= m || col >= n) continue;
-                const OutRow orow = ep.row(row);
-                const long long base = k - 2LL * rows_pop[r];
-                const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
-                const int acc[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const long long d0 = base - 2LL * pop_b[cl + e] + 4LL * acc[e];
-                    if (col + e + 1 < n)
-                        ep.store2(orow, col + e, d0,
-                                  base - 2LL * pop_b[cl + e + 1] + 4LL * acc[e + 1], scale);
-                    else if (col + e < n)
-                        ep.store(orow, col + e, d0, scale);
-                }
-            }
-        }
+        warpgroup_epilogue(d, stg, pop_a + wg * 64, pop_b, bm0 + wg * 64, bn0, m, n, k, ep, scale,
+                           fast, wg + 1);
     }
     cp_async_wait<0>();
 #else

@@ -1,5 +1,5 @@
 // The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu,
-// bgemm_wgmma.cu: Hopper's
+// bgemm_wgmma.cu, bgemm_tma.cu: Hopper's
 // warpgroup MMA), for the launchers that choose them. A build whose architectures do not
 // include 90 lacks that file; wgmma_stubs.cu then answers that the device cannot run them.
 #pragma once
@@ -37,6 +37,11 @@ bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al,
 // device GEMM layout (ld a multiple of 128 bytes) with their popcounts, in 128 x 256 tiles;
 // the shared memory of a block.
 size_t bgemm_wgmma_smem();
+// Kernel 121 (bgemm_tma.cu): the same product with TMA loads and warp specialization.
+size_t bgemm_tma_smem();
+bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
+                            int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
+                            const Epilogue &ep);
 bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                               int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                               const Epilogue &ep);

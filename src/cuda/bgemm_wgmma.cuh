@@ -1,0 +1,127 @@
+// The epilogue of the binary wgmma GEMM kernels (bgemm_wgmma.cu: kernel 120, bgemm_tma.cu:
+// kernel 121): one warpgroup's 64 x 256 block of AND-popc accumulators (the wgmma m64n256
+// layout: per warp 16 rows, per 8 columns four words) becomes dot = k - 2 popc(row) -
+// 2 popc(col) + 4 acc, (float)dot * scale in the output dtype. sm_90a code only.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "epilogue.cuh"
+
+namespace bie_cuda {
+
+constexpr int kStgPitch = 128 + 8;  // staging row (ints): 64 rows x 128 columns per warpgroup
+constexpr int kStgBytes = 64 * kStgPitch * 4;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Barrier of the 128 threads of one warpgroup (named barrier id >= 1; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+// Four columns col.. of rows row0 + er + 4 it (it < 16, rows < m) of a row-major output of
+// dtype T: dot = kk - 2 popc(row) - 2 popc(col) + 4 acc, with the accumulators from the
+// staging rows (stg[r * kStgPitch + ec]) and cb[e] = -2 popc(col + e); as the scalar
+// epilogue, (float)dot * scale rounded to T. One 16-byte (f32) or 8-byte store a row.
+template <int T>
+__device__ __forceinline__ void store_rows4(const Epilogue &ep, const int *stg, const int *rows_pop,
+                                            int er, int ec, int row0, int m, int col, int kk,
+                                            const int (&cb)[4], float scale) {
+    for (int it = 0; it < 16; it++) {
+        const int r = er + 4 * it;
+        if (row0 + r >= m) break;
+        const int base = kk - 2 * rows_pop[r];
+        const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
+        const float f0 = (float)(base + cb[0] + 4 * v.x) * scale,
+                    f1 = (float)(base + cb[1] + 4 * v.y) * scale,
+                    f2 = (float)(base + cb[2] + 4 * v.z) * scale,
+                    f3 = (float)(base + cb[3] + 4 * v.w) * scale;
+        const int64_t i = (int64_t)(row0 + r) * ep.n + col;
+        if (T == kOutF32) {
+            *reinterpret_cast<float4 *>(static_cast<float *>(ep.out) + i) =
+                make_float4(f0, f1, f2, f3);
+        } else if (T == kOutBF16) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(f0, f1), hi = __floats2bfloat162_rn(f2, f3);
+            uint2 u;
+            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
+            *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(ep.out) + i) = u;
+        } else {
+            __half2 lo = __floats2half2_rn(f0, f1), hi = __floats2half2_rn(f2, f3);
+            uint2 u;
+            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
+            *reinterpret_cast<uint2 *>(static_cast<__half *>(ep.out) + i) = u;
+        }
+    }
+}
+
+// Whether the four-column stores apply: row-major output in whole, 16-byte-aligned groups of
+// four, and dot products that fit an int. Anything else takes Epilogue::store2.
+__device__ __forceinline__ bool rows4_ok(const Epilogue &ep, int n, int64_t k) {
+    return ep.conv.plane == 0 && n % 4 == 0 && (reinterpret_cast<uintptr_t>(ep.out) & 15) == 0 &&
+           k < (1LL << 28);
+}
+
+// The warpgroup's rows row0 .. row0 + 63 (popcounts rows_pop[0..63]) and columns bn0 ..
+// bn0 + 255 (popcounts pop_b[0..255], visible to the warpgroup), through its staging area stg
+// (kStgBytes), 128 columns at a time: the accumulators go to shared memory as they lie in
+// registers, then each warp takes whole rows and stores them four columns at a time. The code
+// stays small (no per-dtype copy of 128 unrolled stores) and the global stores contiguous.
+// bar: the warpgroup's named barrier. Ends with the staging area and the popcounts read.
+__device__ __forceinline__ void warpgroup_epilogue(const int (&d)[128], int *stg,
+                                                   const int *rows_pop, const int *pop_b, int row0,
+                                                   int bn0, int m, int n, int64_t k,
+                                                   const Epilogue &ep, float scale, bool fast,
+                                                   int bar) {
+    const int wt = threadIdx.x & 127, lane = wt & 31, er = wt >> 5, ec = 4 * lane;
+    const int wr = (wt >> 5) * 16 + (lane >> 2), t4 = lane & 3;  // this thread's rows (+ 8)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+#pragma unroll
+        for (int c = 0; c < 16; c++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *reinterpret_cast<int2 *>(stg + (wr + 8 * h) * kStgPitch + 8 * c + 2 * t4) =
+                    make_int2(d[4 * (c + 16 * half) + 2 * h], d[4 * (c + 16 * half) + 2 * h + 1]);
+        warpgroup_barrier(bar);
+        const int cl = 128 * half + ec, col = bn0 + cl;
+        if (fast) {
+            const int cb[4] = {-2 * pop_b[cl], -2 * pop_b[cl + 1], -2 * pop_b[cl + 2],
+                               -2 * pop_b[cl + 3]};
+            const int kk = (int)k;
+            if (col < n) {
+                if (ep.out_type == kOutF32)
+                    store_rows4<kOutF32>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb, scale);
+                else if (ep.out_type == kOutBF16)
+                    store_rows4<kOutBF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb, scale);
+                else
+                    store_rows4<kOutF16>(ep, stg, rows_pop, er, ec, row0, m, col, kk, cb, scale);
+            }
+        } else {
+            for (int it = 0; it < 16; it++) {
+                const int r = er + 4 * it, row = row0 + r;
+                if (row >= m || col >= n) continue;
+                const OutRow orow = ep.row(row);
+                const long long base = k - 2LL * rows_pop[r];
+                const int4 v = *reinterpret_cast<const int4 *>(stg + r * kStgPitch + ec);
+                const int acc[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const long long d0 = base - 2LL * pop_b[cl + e] + 4LL * acc[e];
+                    if (col + e + 1 < n)
+                        ep.store2(orow, col + e, d0,
+                                  base - 2LL * pop_b[cl + e + 1] + 4LL * acc[e + 1], scale);
+                    else if (col + e < n)
+                        ep.store(orow, col + e, d0, scale);
+                }
+            }
+        }
+        warpgroup_barrier(bar);  // this half's readback is done
+    }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace bie_cuda

@@ -1,0 +1,78 @@
+// Hopper's tensor memory accelerator (TMA) and shared-memory barriers (mbarrier) for the
+// warp-specialized kernels (sm_90a): a producer thread issues bulk tensor copies that signal
+// an mbarrier when their bytes have landed; consumers wait on it, and release a stage through
+// a second mbarrier. Device code exists only in an sm_90a compilation; the host side builds
+// the tensor maps through the driver entry point (no link against libcuda).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bie_cuda {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the barriers' initialization visible to the other threads and the async proxy.
+__device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrives once and expects `bytes` more from the copies that complete on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed (a barrier starts in phase
+// 0: waiting on parity 1 returns at once). A protocol error would wait forever; after about
+// 2^26 polls (seconds) it traps instead, so that a bug fails a test rather than hanging it.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    for (unsigned spin = 0;; spin++) {
+        unsigned done;
+        asm volatile("{\n"
+                     ".reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n"
+                     "}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+        if (spin > (1u << 26)) __trap();
+    }
+}
+// A 2D box of the tensor map at (x, y) (x: the inner dimension, in elements) into shared
+// memory at dst; its bytes complete on barrier bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map, int x, int y,
+                                            unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// The warpgroup's registers per thread, lowered (producers) or raised (consumers).
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// A 2D tensor map of `rows` rows of `ld` bytes at base (16-byte aligned, ld a multiple of 16),
+// read in boxes of box_rows rows x 128 bytes into 128-byte-swizzled shared memory (the layout
+// the wgmma descriptors read); rows past the end arrive as zeros. False where the driver
+// cannot make it.
+bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows);
+
+}  // namespace bie_cuda
