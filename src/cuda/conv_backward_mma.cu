@@ -506,6 +506,16 @@ bool dgrad_wgmma_wanted() {
     return on;
 }
 
+// grad_w of 3 x 3 kernels on wgmma (conv_wgrad_wgmma.cu) where the device runs it and
+// BIE_CUDA_WGRAD_WGMMA=1 asks for it (not yet the default).
+bool wgrad_wgmma_wanted() {
+    static const bool on = [] {
+        const char *e = std::getenv("BIE_CUDA_WGRAD_WGMMA");
+        return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
 template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backward_args &a) {
     cudaStream_t st = current_stream;
     const bie_conv_geom &g = a.g;
@@ -626,7 +636,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                                                           a.grad_bias, dots);
         sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
                  a.grad_scale_a);
-        s = conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
+        s = g.k == 3 && wgrad_wgmma_wanted() && wgmma_usable()
+                ? conv_wgrad_wgmma(a, gt, op, (int)per_slice, (int)slices, wpart)
+                : conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
     }
     if (s == BIE_OK) {
         wgrad_sum_slices<<<blocks_for(g.o * ckk), 256, 0, st>>>(wpart, (int)slices, g.o * ckk,

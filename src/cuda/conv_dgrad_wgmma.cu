@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(256, 2)
             wgmma_fence();
 #pragma unroll
             for (int rb = 0; rb < RB; rb++)
-                wgmma_f16_64x64x16<T>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
+                wgmma_f16<T, 64>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
         }
         wgmma_commit();
         wgmma_wait<0>();

@@ -1,5 +1,6 @@
 // The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu,
-// bgemm_wgmma.cu, conv_dgrad_wgmma.cu: Hopper's warpgroup MMA), for the launchers that choose
+// bgemm_wgmma.cu, conv_dgrad_wgmma.cu,
+// conv_wgrad_wgmma.cu: Hopper's warpgroup MMA), for the launchers that choose
 // them. A build whose architectures do not
 // include 90 lacks that file; wgmma_stubs.cu then answers that the device cannot run them.
 #pragma once
@@ -61,5 +62,9 @@ struct DgradHaloArgs {
 };
 size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);
+// Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
+// partial tiles (conv_backward_mma.cuh).
+bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
+                            int chunks_per_slice, int slices, float *part);
 
 }  // namespace bie_cuda
