@@ -206,6 +206,8 @@ __global__ void __launch_bounds__(256, 2)
 
 template <typename T, int RB> bie_status launch(const DgradHaloArgs &a) {
     auto fn = dgrad_halo_wgmma<T, RB>;
+    // Held to the launch: the shared memory depends on the shape (cuda_common.cuh).
+    std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)a.smem),
