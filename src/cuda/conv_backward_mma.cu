@@ -28,6 +28,7 @@
 #include "conv_backward_mma.cuh"
 #include "dtype.cuh"
 #include "mma.cuh"
+#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
 namespace {
@@ -344,7 +345,6 @@ __global__ void __launch_bounds__(256)
 // where op is a single chunk: less shared memory, more resident blocks). At most 128 registers
 // (two blocks' worth per SM): one block per SM leaves its halo copy and its epilogue exposed.
 constexpr int kHaloFillPerSm = 2;  // blocks per SM that keep the device busy; else MI = 2
-__host__ __device__ constexpr int dgrad_halo_buffers(int op) { return op > kDgK ? 2 : 1; }
 __host__ __device__ constexpr size_t dgrad_halo_smem(int tr, int k, int d, int w, int esize,
                                                      int op) {
     return ((size_t)dgrad_halo_buffers(op) * (tr + (k - 1) * d) * w + kDgStages * kDgN + 1) *
@@ -498,6 +498,24 @@ int dgrad_halo_widest() {
     return mi;
 }
 
+bool dgrad_wgmma_wanted() {
+    static const bool on = [] {
+        const char *e = std::getenv("BIE_CUDA_DGRAD_WGMMA");
+        return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+// grad_w of 3 x 3 kernels on wgmma (conv_wgrad_wgmma.cu) where the device runs it and
+// BIE_CUDA_WGRAD_WGMMA=1 asks for it (not yet the default).
+bool wgrad_wgmma_wanted() {
+    static const bool on = [] {
+        const char *e = std::getenv("BIE_CUDA_WGRAD_WGMMA");
+        return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
 template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backward_args &a) {
     cudaStream_t st = current_stream;
     const bie_conv_geom &g = a.g;
@@ -529,6 +547,11 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
         }
     }
     const bool use_halo = halo_mi != 0;
+    // The halo kernel on wgmma (conv_dgrad_wgmma.cu), where the device runs it and
+    // BIE_CUDA_DGRAD_WGMMA=1 asks for it (not yet the default: to time it against mma.sync).
+    const bool halo_wgmma =
+        use_halo && dgrad_wgmma_wanted() && wgmma_usable() &&
+        dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op) <= kHaloSmemMax;
     DgradPhases phases = {};
     phases.split = g.s > 1 && g.s * g.s <= kMaxPhases ? (int)g.s : 1;
     for (int ph = 0, sp = phases.split; ph < sp * sp; ph++) {
@@ -576,7 +599,26 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             to_pixel_major<T>
                 <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
                     static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
-        if (use_halo)
+        if (halo_wgmma) {
+            const DgradHaloArgs w = {
+                std::is_same<T, __half>::value,
+                halo_mi / 2,
+                dim3((unsigned)tiles, (unsigned)(cp / kDgN)),
+                dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op),
+                gt,
+                wt,
+                a.mask,
+                a.signs,
+                a.saved_scales,
+                g,
+                op,
+                cp,
+                halo_rows,
+                a.grad_x,
+                part_sum,
+                part_dot};
+            s = dgrad_halo_wgmma_launch(w);
+        } else if (use_halo)
             (halo_mi == 4
                  ? dgrad_halo_mma<T, 4>
                  : dgrad_halo_mma<
@@ -588,11 +630,15 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                 <<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
                     gt, wt, a.mask, a.signs, a.saved_scales, g, phases, op, cp,
                     static_cast<T *>(a.grad_x), part_sum, part_dot);
+    }
+    if (s == BIE_OK) {
         dgrad_channel_sums<<<(unsigned)g.c, 256, 0, st>>>(part_sum, part_dot, tiles, (int)g.c,
                                                           a.grad_bias, dots);
         sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
                  a.grad_scale_a);
-        s = conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
+        s = g.k == 3 && wgrad_wgmma_wanted() && wgmma_usable()
+                ? conv_wgrad_wgmma(a, gt, op, (int)per_slice, (int)slices, wpart)
+                : conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
     }
     if (s == BIE_OK) {
         wgrad_sum_slices<<<blocks_for(g.o * ckk), 256, 0, st>>>(wpart, (int)slices, g.o * ckk,

@@ -26,7 +26,10 @@ constexpr int kWgM = 64;                     // grad_w tile: output channels (x 
 constexpr int kWgPitch = kWgM + 8;           // grad_w A row: one pixel's kWgM channels
 constexpr int kWgStages = 3;                 // grad_w A pipeline depth
 constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory, at most
-constexpr int kSlicesPerSm = 2;              // grad_w blocks per SM to aim for (4: slower)
+// The halo grad_x kernels' halo buffers: two (one being copied while the other is read) where
+// op spans several kDgK chunks.
+__host__ __device__ constexpr int dgrad_halo_buffers(int op) { return op > kDgK ? 2 : 1; }
+constexpr int kSlicesPerSm = 2;  // grad_w blocks per SM to aim for (4: slower)
 
 // Division of non-negative ints below 2^31 by a divisor fixed per launch, as a multiply-high
 // and a shift (the magic number from the host): the per-step pixel index math of wgrad_mma.

@@ -3,7 +3,10 @@
 // around the asynchronous wgmma, and the instruction shapes the kernels use. Everything here
 // exists only in an sm_90a compilation (__CUDA_ARCH_FEAT_SM90_ALL).
 #pragma once
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace bie_cuda {
 
@@ -107,6 +110,59 @@ __device__ __forceinline__ void wgmma_b1_64x256x256(int (&d)[128], uint64_t a, u
                  "}\n"
                  : BIE_WGD128
                  : "l"(a), "l"(b), "r"(1));
+}
+
+// d += a . b over 64 x N x 16 16-bit floats (T: __nv_bfloat16 or __half; N 64 or 144), f32
+// accumulators, A from registers (this warp's 16 rows in the mma.sync m16n8k16 A fragment
+// layout), B in shared memory (K-major).
+#define BIE_WGF4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define BIE_WGF16(i) BIE_WGF4(i), BIE_WGF4(i + 4), BIE_WGF4(i + 8), BIE_WGF4(i + 12)
+#define BIE_WGF32 BIE_WGF16(0), BIE_WGF16(16)
+#define BIE_WGF72 \
+    BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48), BIE_WGF4(64), BIE_WGF4(68)
+#define BIE_WG_NAMES32                                                                           \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define BIE_WG_NAMES72 BIE_WG_NAMES64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+// The instruction for a shape, type, accumulator list and the operand numbers after it.
+#define BIE_WGMMA_F16(SHAPE, TY, NAMES, OUTS, A, DESC, PRED)                                 \
+    asm volatile("{\n"                                                                       \
+                 ".reg .pred p;\n"                                                           \
+                 "setp.ne.b32 p, " PRED ", 0;\n"                                             \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" NAMES "}, {" A \
+                 "}, " DESC ", p, 1, 1, 0;\n"                                                \
+                 "}\n"                                                                       \
+                 : OUTS                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)[4], uint64_t b) {
+    static_assert(N == 64 || N == 144, "instruction shapes written out");
+    constexpr bool half = std::is_same<T, __half>::value;
+    if constexpr (N == 64 && half)
+        BIE_WGMMA_F16("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32, %33, %34, %35", "%36",
+                      "%37");
+    else if constexpr (N == 64)
+        BIE_WGMMA_F16("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32, %33, %34, %35", "%36",
+                      "%37");
+    else if constexpr (half)
+        BIE_WGMMA_F16("m64n144k16", "f16", BIE_WG_NAMES72, BIE_WGF72, "%72, %73, %74, %75", "%76",
+                      "%77");
+    else
+        BIE_WGMMA_F16("m64n144k16", "bf16", BIE_WG_NAMES72, BIE_WGF72, "%72, %73, %74, %75", "%76",
+                      "%77");
+}
+#undef BIE_WGMMA_F16
+#undef BIE_WGF4
+#undef BIE_WGF16
+#undef BIE_WGF32
+#undef BIE_WGF72
+#undef BIE_WG_NAMES32
+#undef BIE_WG_NAMES72
+
+// Keeps the compiler from moving float accumulator accesses across the asynchronous wgmma.
+template <int N> __device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // By the tile width.

@@ -1,8 +1,10 @@
 // The host entry points of the kernels compiled for sm_90a alone (q4gemm_wgmma.cu,
-// bgemm_wgmma.cu, bgemm_tma.cu: Hopper's
-// warpgroup MMA), for the launchers that choose them. A build whose architectures do not
+// bgemm_wgmma.cu, bgemm_tma.cu, conv_dgrad_wgmma.cu, conv_wgrad_wgmma.cu: Hopper's warpgroup
+// MMA), for the launchers that choose them. A build whose architectures do not
 // include 90 lacks that file; wgmma_stubs.cu then answers that the device cannot run them.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -45,5 +47,28 @@ bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, c
 bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                               int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                               const Epilogue &ep);
+
+// Binary conv2d grad_x, halo form (conv_dgrad_wgmma.cu): the arguments of conv_backward_mma.cu's
+// dgrad_halo_mma (gt, wt, grad_x in the layer's 16-bit type: half selects f16, else bf16), and
+// rb 64-row blocks per warpgroup (tiles of 128 rb pixels); the shared memory of a block.
+struct DgradHaloArgs {
+    bool half;
+    int rb;
+    dim3 grid;
+    size_t smem;
+    const void *gt, *wt;
+    const uint32_t *mask, *signs;
+    const float *scales;
+    bie_conv_geom g;
+    int op, cp, tr;
+    void *grad_x;
+    float *part_sum, *part_dot;
+};
+size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op);
+bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);
+// Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
+// partial tiles (conv_backward_mma.cuh).
+bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
+                            int chunks_per_slice, int slices, float *part);
 
 }  // namespace bie_cuda

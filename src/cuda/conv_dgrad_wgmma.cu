@@ -1,0 +1,233 @@
+// grad_x of the binary conv2d backward, halo form (conv_backward_mma.cu's dgrad_halo_mma), on
+// Hopper's warpgroup MMA (sm_90a): the same tiles, steps and results, with the products as
+// wgmma.m64n64k16 (f32 accumulators) instead of mma.sync.m16n8k16.
+//
+// A block (two warpgroups) computes 128 RB input pixels (whole rows of the flattened [n h]
+// image rows, `tr` of them) x 64 input channels. Warpgroup wg owns tile rows 64 RB wg ..; its
+// warp wi gathers the A fragments of rows + 16 wi of each 64-row block from the halo with
+// ldmatrix (the zero row where a tap leaves the image), exactly as the mma.sync kernel does,
+// and the warpgroup issues one wgmma per 64-row block and k16 step with A from those
+// registers. B, the ±1 weight of the step's tap (64 channels x 64 output channels, 128 bytes a
+// row), is copied into 128-byte-swizzled shared memory that the wgmma reads through a matrix
+// descriptor: no B fragment loads at all, and four instructions per warp per k16 step fewer.
+//
+// The epilogue is the mma.sync kernel's (the clip mask, scale_w, grad_x in its dtype, the
+// tile's per-channel sums of the masked gradient and of its product with sign(x')) for the
+// wgmma accumulator layout: each warp holds 16 rows of every 64-row block and all 64 channels.
+// The channel sums are reduced over the 8 warps in a fixed order: the results do not vary from
+// run to run (their rounding differs from the mma.sync kernel's).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "conv_backward_mma.cuh"
+#include "cuda_common.cuh"
+#include "dtype.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+#include "wgmma_entry.cuh"
+
+namespace bie_cuda {
+
+namespace {
+
+constexpr int kBRow = kDgK * 2;        // bytes of a B row: 64 output channels of 16 bits
+constexpr int kBStage = kDgN * kBRow;  // one stage's weight tile (8 KB)
+static_assert(kBRow == 128, "one 128-byte swizzle row per channel and step");
+static_assert(kBStage % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
+
+template <typename T, int RB>
+__global__ void __launch_bounds__(256, 2)
+    dgrad_halo_wgmma(const T *__restrict__ gt, const T *__restrict__ wt,
+                     const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
+                     const float *__restrict__ scales, bie_conv_geom g64, int op, int cp, int tr,
+                     T *__restrict__ grad_x, float *__restrict__ part_sum,
+                     float *__restrict__ part_dot) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float red[2][8][kDgN];
+    typedef T Row[kDgPitch];
+    const unsigned bring = (smem_u32(smem) + 1023) & ~1023u;  // [kDgStages][kBStage]
+    Row *halo = reinterpret_cast<Row *>(smem + (bring - smem_u32(smem)) + kDgStages * kBStage);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3;
+    const int H = (int)g64.h, W = (int)g64.w, NH = (int)g64.n * H, k = (int)g64.k;
+    const int kk = k * k, p = (int)g64.p, d = (int)g64.d;
+    const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * kDgN;
+    Row *zero = halo + dgrad_halo_buffers(op) * hpix;
+    if (tid < 8) *reinterpret_cast<uint4 *>(&zero[0][tid * 8]) = make_uint4(0, 0, 0, 0);
+
+    // The A rows this lane addresses: tile row, column and image row of each 64-row block's
+    // pixel 64 RB wg + 64 rb + 16 wi + lane % 16.
+    int ltr[RB], lx[RB], ly[RB];
+    bool lok[RB];
+#pragma unroll
+    for (int rb = 0; rb < RB; rb++) {
+        const int m = wg * 64 * RB + rb * 64 + wi * 16 + (lane & 15), r = m / W, gy = gy0 + r;
+        ltr[rb] = r;
+        lx[rb] = m - r * W;
+        lok[rb] = r < tr && gy < NH;
+        ly[rb] = gy % H;
+    }
+    const int steps = op / kDgK * kk;
+    auto issue = [&](int step, int stage) {
+        const int oc = step / kk, t = step - oc * kk, o0 = oc * kDgK;
+        if (t == 0) {
+            Row *hb = halo + (oc & 1) * hpix;
+            const int gr0 = gy0 + p - (k - 1) * d;
+            for (int idx = tid; idx < hpix * 8; idx += 256) {
+                const int px = idx >> 3, c8 = idx & 7, hr = px / W, x = px - hr * W;
+                const int gr = gr0 + hr;
+                const bool ok = gr >= 0 && gr < NH;
+                cp_async16(smem_u32(&hb[px][c8 * 8]),
+                           gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
+            }
+        }
+        // The weight rows of channels c0 .. c0 + 63 at tap t, output channels o0 ..: 16-byte
+        // chunk q of row r at chunk q ^ (r % 8) (the 128-byte swizzle).
+        const int row = tid >> 2;
+        const T *src = wt + ((int64_t)t * cp + c0 + row) * op + o0;
+        const unsigned dst = bring + (unsigned)(stage * kBStage + row * kBRow);
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int q = (tid & 3) * 2 + c;
+            cp_async16(dst + (unsigned)((q ^ (row & 7)) << 4), src + q * 8, true);
+        }
+    };
+
+    float acc[RB][32];
+#pragma unroll
+    for (int rb = 0; rb < RB; rb++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[rb][i] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < kDgStages - 1; st++) {
+        if (st < steps) issue(st, st);
+        cp_async_commit();
+    }
+    for (int step = 0; step < steps; step++) {
+        cp_async_wait<kDgStages - 2>();
+        fence_proxy_async();  // this thread's weight copies visible to the wgmma
+        __syncthreads();      // everyone's copies of this step; the last step's wgmma done
+        const int next = step + kDgStages - 1;
+        if (next < steps) issue(next, next % kDgStages);
+        cp_async_commit();
+        const int stage = step % kDgStages, oc = step / kk, t = step - oc * kk, i = t / k;
+        const int j = t - i * k;
+        const Row *hb = halo + (oc & 1) * hpix;
+        unsigned aaddr[RB];
+#pragma unroll
+        for (int rb = 0; rb < RB; rb++) {
+            const int oy = ly[rb] + p - i * d, ox = lx[rb] + p - j * d;
+            const bool ok = lok[rb] && oy >= 0 && oy < H && ox >= 0 && ox < W;
+            aaddr[rb] = smem_u32(ok ? &hb[(ltr[rb] + (k - 1 - i) * d) * W + ox][0] : &zero[0][0]) +
+                        (lane >> 4) * 16;
+        }
+        const unsigned bst = bring + (unsigned)(stage * kBStage);
+        unsigned af[kDgK / 16][RB][4];
+#pragma unroll
+        for (int ks = 0; ks < kDgK / 16; ks++) {
+#pragma unroll
+            for (int rb = 0; rb < RB; rb++)
+                ldmatrix_x4(af[ks][rb], aaddr[rb] + ks * 16 * (int)sizeof(T));
+#pragma unroll
+            for (int rb = 0; rb < RB; rb++) fence_acc(acc[rb]);
+            wgmma_fence();
+#pragma unroll
+            for (int rb = 0; rb < RB; rb++)
+                wgmma_f16<T, 64>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int rb = 0; rb < RB; rb++) fence_acc(acc[rb]);
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: rows 64 RB wg + 64 rb + 16 wi + g (+ 8), channels 8 nj + 2 tq (+ 1).
+    const int gq = lane >> 2, tq = lane & 3;
+    const int C = (int)g64.c, HW = H * W, cw = (C + 31) / 32;
+    const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
+    const float sw = scales[1];
+    float csum[8][2] = {}, cdot[8][2] = {};
+#pragma unroll
+    for (int rb = 0; rb < RB; rb++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = wg * 64 * RB + rb * 64 + wi * 16 + gq + 8 * h;
+            if (r >= rows) continue;
+            const int qq = m0 + r, n = qq / HW, pix = qq - n * HW;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int word = (c0 >> 5) + half;
+                if (word >= cw) continue;
+                const uint32_t mw = mask[(int64_t)qq * cw + word],
+                               sg = signs[(int64_t)qq * cw + word];
+#pragma unroll
+                for (int nj = 4 * half; nj < 4 * half + 4; nj++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int b = (nj & 3) * 8 + 2 * tq + e, c = c0 + nj * 8 + 2 * tq + e;
+                        if (c >= C) continue;
+                        const float v = (mw >> b) & 1 ? acc[rb][4 * nj + 2 * h + e] * sw : 0.0f;
+                        if (grad_x) grad_x[((int64_t)n * C + c) * HW + pix] = from_f32<T>(v);
+                        csum[nj][e] += v;
+                        cdot[nj][e] += (sg >> b) & 1 ? v : -v;
+                    }
+            }
+        }
+#pragma unroll
+    for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+                csum[nj][e] += __shfl_xor_sync(0xffffffffu, csum[nj][e], off);
+                cdot[nj][e] += __shfl_xor_sync(0xffffffffu, cdot[nj][e], off);
+            }
+            if (gq == 0) {
+                red[0][warp][nj * 8 + 2 * tq + e] = csum[nj][e];
+                red[1][warp][nj * 8 + 2 * tq + e] = cdot[nj][e];
+            }
+        }
+    __syncthreads();
+    if (tid < kDgN && c0 + tid < C) {
+        float s = 0.0f, t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) s += red[0][w][tid], t += red[1][w][tid];
+        const int64_t at = (int64_t)blockIdx.x * C + c0 + tid;
+        part_sum[at] = s;
+        part_dot[at] = t;
+    }
+#else
+    (void)gt, (void)wt, (void)mask, (void)signs, (void)scales, (void)g64, (void)op, (void)cp,
+        (void)tr, (void)grad_x, (void)part_sum, (void)part_dot;
+#endif
+}
+
+template <typename T, int RB> bie_status launch(const DgradHaloArgs &a) {
+    auto fn = dgrad_halo_wgmma<T, RB>;
+    // Held to the launch: the shared memory depends on the shape (cuda_common.cuh).
+    std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
+    BIE_CUDA_TRY(
+        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)a.smem),
+              "cudaFuncSetAttribute (conv grad_x, wgmma)"));
+    fn<<<a.grid, 256, a.smem, current_stream>>>(
+        static_cast<const T *>(a.gt), static_cast<const T *>(a.wt), a.mask, a.signs, a.scales, a.g,
+        a.op, a.cp, a.tr, static_cast<T *>(a.grad_x), a.part_sum, a.part_dot);
+    return check(cudaGetLastError(), "conv grad_x (wgmma)");
+}
+
+}  // namespace
+
+size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op) {
+    return 1024 + (size_t)kDgStages * kBStage +
+           ((size_t)dgrad_halo_buffers(op) * (tr + (k - 1) * d) * w + 1) * kDgPitch * 2;
+}
+
+bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a) {
+    if (a.half) return a.rb == 2 ? launch<__half, 2>(a) : launch<__half, 1>(a);
+    return a.rb == 2 ? launch<__nv_bfloat16, 2>(a) : launch<__nv_bfloat16, 1>(a);
+}
+
+}  // namespace bie_cuda
