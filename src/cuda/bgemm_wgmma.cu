@@ -23,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
