@@ -23,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 
 #include "bgemm_wgmma.cuh"
 #include "cuda_common.cuh"

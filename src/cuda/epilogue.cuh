@@ -158,8 +158,9 @@ inline Epilogue make_epilogue(int out_type, void *out, int64_t n, float scale, c
     return e;
 }
 
-// The binary GEMMs (bgemm.cu, bgemm_wgmma.cu): popc(row) from its partial counts, and the
-// AND-form back-transform before the shared epilogue (one float multiply, as every backend).
+// The binary GEMMs: popc(row) from its partial counts (bgemm.cu, bgemm_wgmma.cu), and the
+// AND-form back-transform before the shared epilogue (bgemm.cu's kernels; one float multiply,
+// as every backend).
 __device__ __forceinline__ int row_popc(const int *p, int64_t row, int parts) {
     int s = 0;
     for (int i = 0; i < parts; i++) s += p[row * parts + i];
