@@ -235,15 +235,20 @@ const CudaKernel kernels[] = {
     {111, "cuda.mma_b1.bgemm_64x128_w2x2_k64_s3_b4", 64, 128, 64, 3,
      bgemm_b1<64, 128, 2, 2, 64, 3, 4>, 128},
     // Hopper's warpgroup mma (bgemm_wgmma.cu): 128 x 256 tiles, four 1024-bit stages.
+    {120, "cuda.wgmma_b1.bgemm_128x256_k128_s4", 128, 256, 128, 4, nullptr, 256},
     // The same with TMA loads, a producer warpgroup and two consumers (bgemm_tma.cu).
     {121, "cuda.wgmma_b1.bgemm_tma_128x256_k128_s3", 128, 256, 128, 3, nullptr, 384},
-    // (kWgmmaIndex: second to last.)
-    {120, "cuda.wgmma_b1.bgemm_128x256_k128_s4", 128, 256, 128, 4, nullptr, 256},
     {109, "cuda.mma_b1.stream_m16", 0, 0, 0, 0, bgemv_b1<kGemvWarps>, 32 * kGemvWarps},
 };
 constexpr int kNumKernels = sizeof kernels / sizeof kernels[0];
 constexpr int kStreamIndex = kNumKernels - 1;
-constexpr int kWgmmaIndex = kNumKernels - 2;
+
+// The table entry with this id (one of the table's: the code below names only those).
+const CudaKernel &kernel_with_id(int id) {
+    int i = 0;
+    while (i + 1 < kNumKernels && kernels[i].id != id) i++;
+    return kernels[i];
+}
 
 size_t smem_bytes(const CudaKernel &kern, int64_t ld) {
     if (kern.bm == 0) return (size_t)16 * (size_t)(ld + 16);
@@ -270,8 +275,11 @@ bool stride_ok(const CudaKernel &kern, int64_t ld) {
     return ld % (kern.bm == 0 ? 64 : kern.bkb) == 0;
 }
 
-// Whether the current device runs the kernel (the wgmma one: compute capability 9.0 only).
-bool runs_here(const CudaKernel &kern) { return kern.fn != nullptr || wgmma_usable(); }
+// Whether the current device runs the kernel (the wgmma ones: compute capability 9.0 only;
+// kernel 121 also needs the driver's tensor maps).
+bool runs_here(const CudaKernel &kern) {
+    return kern.fn != nullptr || (kern.id == 121 ? bgemm_tma_usable() : wgmma_usable());
+}
 
 const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
     if (m <= 16 && smem_bytes(kernels[kStreamIndex], ld) <= max_smem() &&
@@ -281,13 +289,15 @@ const CudaKernel *default_kernel(int64_t m, int64_t n, int64_t ld) {
     // Measured on the H100 (BENCHMARKS.md): 128x128 with 2x2 warps and 1024-bit stages is
     // fastest at 8192^3; rows that are not a multiple of 128 bytes (convolutions) take the
     // 64-byte stages.
-    // On Hopper the wgmma kernel (120) from 32 of its 128 x 256 tiles up: on the H200 1.2x
-    // kernel 101 at 256 x 4096 x 4096 (32 tiles), 2x at 1024 x 4096 x 4096 and 2048^3, 2.5x
-    // kernel 102 at 4096^3 (BENCHMARKS.md).
-    const CudaKernel &wg = kernels[kWgmmaIndex];
-    if (runs_here(wg) && stride_ok(wg, ld) &&
-        ((m + wg.bm - 1) / wg.bm) * ((n + wg.bn - 1) / wg.bn) >= 32)
-        return &wg;
+    // On Hopper the wgmma kernels from 32 of their 128 x 256 tiles up: on the H200 kernel 120
+    // ran 1.2x kernel 101 at 256 x 4096 x 4096 (32 tiles), 2x at 1024 x 4096 x 4096 and
+    // 2048^3, 2.5x kernel 102 at 4096^3; kernel 121 (TMA) 1.1x kernel 120 at 4096^3 and
+    // 8192^3 (BENCHMARKS.md). Kernel 120 where the driver makes no tensor maps.
+    const CudaKernel &tma = kernel_with_id(121), &wg = kernel_with_id(120);
+    if (stride_ok(wg, ld) && ((m + wg.bm - 1) / wg.bm) * ((n + wg.bn - 1) / wg.bn) >= 32) {
+        if (runs_here(tma)) return &tma;
+        if (runs_here(wg)) return &wg;
+    }
     if (m * n < (int64_t)4096 * 4096 || !stride_ok(kernels[2], ld)) return &kernels[1];
     return &kernels[2];
 }

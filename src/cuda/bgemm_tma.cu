@@ -185,6 +185,8 @@ bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, 
 
 size_t bgemm_tma_smem() { return kSmem; }
 
+bool bgemm_tma_usable() { return wgmma_usable() && encode_tiled() != nullptr; }
+
 bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                             int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                             const Epilogue &ep) {

@@ -25,13 +25,19 @@ bie_status require_device(void) {
 }
 
 int device_sms() {
+    static std::atomic<int> known[16];  // 0: not asked yet
     int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 132;  // an H100's
+    }
+    if (dev >= 0 && dev < 16 && (sms = known[dev].load(std::memory_order_relaxed)) > 0) return sms;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         sms < 1) {
         cudaGetLastError();
-        sms = 132;  // an H100's
+        return 132;  // not cached: a later call may succeed
     }
+    if (dev >= 0 && dev < 16) known[dev].store(sms, std::memory_order_relaxed);
     return sms;
 }
 

@@ -39,8 +39,10 @@ bie_status q4conv_wgmma_launch(int bn, int64_t rows, int64_t o, const ConvA &al,
 // device GEMM layout (ld a multiple of 128 bytes) with their popcounts, in 128 x 256 tiles;
 // the shared memory of a block.
 size_t bgemm_wgmma_smem();
-// Kernel 121 (bgemm_tma.cu): the same product with TMA loads and warp specialization.
+// Kernel 121 (bgemm_tma.cu): the same product with TMA loads and warp specialization; whether
+// the driver makes the tensor maps it reads (cached).
 size_t bgemm_tma_smem();
+bool bgemm_tma_usable();
 bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                             int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                             const Epilogue &ep);

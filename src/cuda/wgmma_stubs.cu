@@ -19,6 +19,7 @@ bie_status q4conv_wgmma_launch(int, int64_t, int64_t, const ConvA &, const uint8
 
 size_t bgemm_wgmma_smem() { return 0; }
 size_t bgemm_tma_smem() { return 0; }
+bool bgemm_tma_usable() { return false; }
 bie_status bgemm_tma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t,
                             const int *, int, const int *, int, const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda binary gemm: built without sm_90a code");
