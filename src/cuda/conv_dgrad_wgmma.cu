@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(256, 2)
         ly[rb] = gy % H;
     }
     const int steps = op / kDgK * kk;
-    auto issue = [&](int step, int stage) {
-        const int oc = step / kk, t = step - oc * kk, o0 = oc * kDgK;
+    // issue(oc, t, stage): the copies of step oc kk + t (output channels 64 oc .., tap t).
+    auto issue = [&](int oc, int t, int stage) {
+        const int o0 = oc * kDgK;
         if (t == 0) {
             Row *hb = halo + (oc & 1) * hpix;
             const int gr0 = gy0 + p - (k - 1) * d;
@@ -99,20 +100,27 @@ __global__ void __launch_bounds__(256, 2)
     for (int rb = 0; rb < RB; rb++)
 #pragma unroll
         for (int i = 0; i < 32; i++) acc[rb][i] = 0.0f;
+    // The steps' (output channel block, tap) counted up rather than divided out: the step
+    // being multiplied (oc, t = i k + j) and the one being copied (noc, nt).
+    int noc = 0, nt = 0;
+    auto advance = [&](int &o, int &t) {
+        if (++t == kk) t = 0, o++;
+    };
 #pragma unroll
     for (int st = 0; st < kDgStages - 1; st++) {
-        if (st < steps) issue(st, st);
+        if (st < steps) issue(noc, nt, st);
+        advance(noc, nt);
         cp_async_commit();
     }
+    int oc = 0, t = 0, i = 0, j = 0, stage = 0, nstage = kDgStages - 1;
     for (int step = 0; step < steps; step++) {
         cp_async_wait<kDgStages - 2>();
         fence_proxy_async();  // this thread's weight copies visible to the wgmma
         __syncthreads();      // everyone's copies of this step; the last step's wgmma done
-        const int next = step + kDgStages - 1;
-        if (next < steps) issue(next, next % kDgStages);
+        if (step + kDgStages - 1 < steps) issue(noc, nt, nstage);
+        advance(noc, nt);
+        if (++nstage == kDgStages) nstage = 0;
         cp_async_commit();
-        const int stage = step % kDgStages, oc = step / kk, t = step - oc * kk, i = t / k;
-        const int j = t - i * k;
         const Row *hb = halo + (oc & 1) * hpix;
         unsigned aaddr[RB];
 #pragma unroll
@@ -124,22 +132,27 @@ __global__ void __launch_bounds__(256, 2)
         }
         const unsigned bst = bring + (unsigned)(stage * kBStage);
         unsigned af[kDgK / 16][RB][4];
+        // Every k16 step's fragments first, then one fence and the four wgmma back to back.
 #pragma unroll
-        for (int ks = 0; ks < kDgK / 16; ks++) {
+        for (int ks = 0; ks < kDgK / 16; ks++)
 #pragma unroll
             for (int rb = 0; rb < RB; rb++)
                 ldmatrix_x4(af[ks][rb], aaddr[rb] + ks * 16 * (int)sizeof(T));
 #pragma unroll
-            for (int rb = 0; rb < RB; rb++) fence_acc(acc[rb]);
-            wgmma_fence();
+        for (int rb = 0; rb < RB; rb++) fence_acc(acc[rb]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kDgK / 16; ks++)
 #pragma unroll
             for (int rb = 0; rb < RB; rb++)
                 wgmma_f16<T, 64>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
-        }
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
         for (int rb = 0; rb < RB; rb++) fence_acc(acc[rb]);
+        if (++stage == kDgStages) stage = 0;
+        if (++j == k) j = 0, i++;
+        if (++t == kk) t = 0, i = 0, oc++;
     }
     cp_async_wait<0>();
 

@@ -58,8 +58,9 @@ __global__ void __launch_bounds__(256, 2)
     const int base0 = first * kBK, limit = min(R, (first + count) * kBK);
     const int steps = (count + 1) / 2;
 
-    // A: pixel ap of the step, 16-byte chunks 2 (tid % 4) and the next. B: pixel pair lane,
-    // taps warp and warp + 8 (< 9), all 32 channels of the word.
+    // A: pixel ap of the step, 16-byte chunks 2 (tid % 4) and the next. B: pixel pair lane;
+    // warp w expands the 32 channel rows of tap w, and rows 4 w .. 4 w + 3 of tap 8, so that
+    // every warp writes 36 rows.
     const int ap = tid >> 2, ac = (tid & 3) * 2;
     struct Words {
         uint32_t w[2][2];
@@ -85,9 +86,9 @@ __global__ void __launch_bounds__(256, 2)
                       ox = pix - oy * OW;
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int t = warp + 8 * u, i = t / 3, j = t - i * 3;
+                const int t = u ? kKK - 1 : warp, i = t / 3, j = t - i * 3;
                 const int iy = oy * s - p + i * d, ix = ox * s - p + j * d;
-                wd.in[u][e] = t < kKK && in && iy >= 0 && iy < H && ix >= 0 && ix < W;
+                wd.in[u][e] = in && iy >= 0 && iy < H && ix >= 0 && ix < W;
                 wd.w[u][e] =
                     wd.in[u][e] ? signs[((int64_t)(n * H + iy) * W + ix) * cw + cword] : 0u;
             }
@@ -95,23 +96,37 @@ __global__ void __launch_bounds__(256, 2)
     };
     // ±1 as the 16-bit pattern (the sign bit from the word's bit, inverted), 0 outside; the
     // 32-bit word of pixels 2 lane, 2 lane + 1 in row b 9 + t: 16-byte chunk lane / 4 of the
-    // row at chunk (lane / 4) ^ (row % 8).
+    // row at chunk (lane / 4) ^ (row % 8). The two pixels' inverted words are merged so that
+    // one shift brings channel b's two bits to bits 15 and 31: lo holds bits 0-15 of both
+    // (pixel 2 lane in the low half), hi bits 16-31.
     auto store_b = [&](int buf, const Words &wd) {
         const unsigned one = std::is_same<T, __half>::value ? 0x3c00u : 0x3f80u;
         unsigned char *bb = smem + (bbase - smem_u32(smem)) + buf * kBBuf;
+        // Channel b's bits: (lo << (15 - b)) for b < 16, (hi << (31 - b)) from 16 up.
+        auto put = [&](int b, int t, uint32_t bits, unsigned mag) {
+            const int row = b * kKK + t;
+            *reinterpret_cast<unsigned *>(bb + row * kBRowBytes +
+                                          ((((lane >> 2) ^ (row & 7))) << 4) + (lane & 3) * 4) =
+                (bits & 0x80008000u) | mag;
+        };
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            const int t = warp + 8 * u;
-            if (t >= kKK) continue;
             const unsigned mag = (wd.in[u][0] ? one : 0u) | (wd.in[u][1] ? one << 16 : 0u);
             const uint32_t n0 = wd.in[u][0] ? ~wd.w[u][0] : 0u;
             const uint32_t n1 = wd.in[u][1] ? ~wd.w[u][1] : 0u;
-#pragma unroll 8
-            for (int b = 0; b < 32; b++) {
-                const int row = b * kKK + t;
-                *reinterpret_cast<unsigned *>(bb + row * kBRowBytes +
-                                              ((((lane >> 2) ^ (row & 7))) << 4) + (lane & 3) * 4) =
-                    mag | (((n0 >> b) & 1u) << 15) | (((n1 >> b) & 1u) << 31);
+            const uint32_t lo = (n0 & 0xffffu) | (n1 << 16), hi = (n0 >> 16) | (n1 & 0xffff0000u);
+            if (u == 0) {
+#pragma unroll 4
+                for (int b = 0; b < 16; b++) {
+                    put(b, warp, lo << (15 - b), mag);
+                    put(b + 16, warp, hi << (15 - b), mag);
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int b = 4 * warp + q;
+                    put(b, kKK - 1, b < 16 ? lo << (15 - b) : hi << (31 - b), mag);
+                }
             }
         }
     };
@@ -159,17 +174,25 @@ __global__ void __launch_bounds__(256, 2)
     const int64_t ckk = (int64_t)C * kKK;
     const int c0 = cword * 32;
     float *out = part + (int64_t)blockIdx.z * O * ckk + (int64_t)c0 * kKK;
+    // Pairs of columns as one 8-byte store where the rows are 8-byte aligned (C even) and both
+    // columns are in range.
+    const bool pairs = C % 2 == 0;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int o = o0 + wi * 16 + gq + 8 * h;
         if (o >= O) continue;
 #pragma unroll
-        for (int nj = 0; nj < kHalf / 8; nj++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int j = wg * kHalf + nj * 8 + 2 * tq + e;
-                if (c0 + j / kKK < C) out[(int64_t)o * ckk + j] = acc[4 * nj + 2 * h + e];
+        for (int nj = 0; nj < kHalf / 8; nj++) {
+            const int j = wg * kHalf + nj * 8 + 2 * tq;
+            const float v0 = acc[4 * nj + 2 * h], v1 = acc[4 * nj + 2 * h + 1];
+            float *at = out + (int64_t)o * ckk + j;
+            if (pairs && c0 + (j + 1) / kKK < C) {
+                *reinterpret_cast<float2 *>(at) = make_float2(v0, v1);
+            } else {
+                if (c0 + j / kKK < C) at[0] = v0;
+                if (c0 + (j + 1) / kKK < C) at[1] = v1;
             }
+        }
     }
 #else
     (void)gt, (void)signs, (void)g64, (void)by_ohw, (void)by_ow, (void)op, (void)chunks_per_slice,
