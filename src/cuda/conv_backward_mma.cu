@@ -510,6 +510,13 @@ bool dgrad_wgmma_wanted() {
     static const bool on = !env_off("BIE_CUDA_DGRAD_WGMMA");
     return on;
 }
+int dgrad_wgmma_nb() {
+    static const int nb = [] {
+        const char *e = std::getenv("BIE_CUDA_DGRAD_NB");
+        return e != nullptr && std::strcmp(e, "64") == 0 ? 64 : 128;
+    }();
+    return nb;
+}
 bool wgrad_wgmma_wanted() {
     static const bool on = !env_off("BIE_CUDA_WGRAD_WGMMA");
     return on;
@@ -547,9 +554,13 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     }
     const bool use_halo = halo_mi != 0;
     // The halo kernel on wgmma (conv_dgrad_wgmma.cu) where the device runs it.
+    // With 128-pixel tiles it takes 128 input channels a block where they divide cp (each
+    // gathered fragment feeds twice the products), unless BIE_CUDA_DGRAD_NB=64.
+    const int halo_nb = halo_mi == 2 && cp % 128 == 0 && dgrad_wgmma_nb() == 128 ? 128 : 64;
     const bool halo_wgmma =
         use_halo && dgrad_wgmma_wanted() && wgmma_usable() &&
-        dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op) <= kHaloSmemMax;
+        dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb) <=
+            kHaloSmemMax;
     DgradPhases phases = {};
     phases.split = g.s > 1 && g.s * g.s <= kMaxPhases ? (int)g.s : 1;
     for (int ph = 0, sp = phases.split; ph < sp * sp; ph++) {
@@ -601,8 +612,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             const DgradHaloArgs w = {
                 std::is_same<T, __half>::value,
                 halo_mi / 2,
-                dim3((unsigned)tiles, (unsigned)(cp / kDgN)),
-                dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op),
+                halo_nb,
+                dim3((unsigned)tiles, (unsigned)(cp / halo_nb)),
+                dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb),
                 gt,
                 wt,
                 a.mask,

@@ -1,15 +1,16 @@
 // grad_x of the binary conv2d backward, halo form (conv_backward_mma.cu's dgrad_halo_mma), on
 // Hopper's warpgroup MMA (sm_90a): the same tiles, steps and results, with the products as
-// wgmma.m64n64k16 (f32 accumulators) instead of mma.sync.m16n8k16.
+// wgmma.m64n{64,128}k16 (f32 accumulators) instead of mma.sync.m16n8k16.
 //
 // A block (two warpgroups) computes 128 RB input pixels (whole rows of the flattened [n h]
-// image rows, `tr` of them) x 64 input channels. Warpgroup wg owns tile rows 64 RB wg ..; its
-// warp wi gathers the A fragments of rows + 16 wi of each 64-row block from the halo with
-// ldmatrix (the zero row where a tap leaves the image), exactly as the mma.sync kernel does,
-// and the warpgroup issues one wgmma per 64-row block and k16 step with A from those
-// registers. B, the ±1 weight of the step's tap (64 channels x 64 output channels, 128 bytes a
-// row), is copied into 128-byte-swizzled shared memory that the wgmma reads through a matrix
-// descriptor: no B fragment loads at all, and four instructions per warp per k16 step fewer.
+// image rows, `tr` of them) x NB input channels (64; 128 with RB = 1 where the padded channels
+// allow: each gathered fragment then feeds twice the products). Warpgroup wg owns tile rows
+// 64 RB wg ..; its warp wi gathers the A fragments of rows + 16 wi of each 64-row block from
+// the halo with ldmatrix (the zero row where a tap leaves the image), exactly as the mma.sync
+// kernel does, and the warpgroup issues one wgmma per 64-row block and k16 step with A from
+// those registers. B, the ±1 weight of the step's tap (NB channels x 64 output channels, 128
+// bytes a row), is copied into 128-byte-swizzled shared memory that the wgmma reads through a
+// matrix descriptor: no B fragment loads at all.
 //
 // The epilogue is the mma.sync kernel's (the clip mask, scale_w, grad_x in its dtype, the
 // tile's per-channel sums of the masked gradient and of its product with sign(x')) for the
@@ -31,12 +32,13 @@ namespace bie_cuda {
 
 namespace {
 
-constexpr int kBRow = kDgK * 2;        // bytes of a B row: 64 output channels of 16 bits
-constexpr int kBStage = kDgN * kBRow;  // one stage's weight tile (8 KB)
+constexpr int kBRow = kDgK * 2;  // bytes of a B row: 64 output channels of 16 bits
 static_assert(kBRow == 128, "one 128-byte swizzle row per channel and step");
-static_assert(kBStage % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
+// One stage's weight tile for NB input channels (8 or 16 KB; the swizzle's 1024-byte
+// alignment kept).
+__host__ __device__ constexpr int b_stage(int nb) { return nb * kBRow; }
 
-template <typename T, int RB>
+template <typename T, int RB, int NB>
 __global__ void __launch_bounds__(256, 2)
     dgrad_halo_wgmma(const T *__restrict__ gt, const T *__restrict__ wt,
                      const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
@@ -45,14 +47,16 @@ __global__ void __launch_bounds__(256, 2)
                      float *__restrict__ part_dot) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float red[2][8][kDgN];
+    static_assert(NB == 64 || NB == 128, "64 or 128 channels a block");
+    constexpr int kBStage = b_stage(NB);
+    __shared__ float red[2][8][NB];
     typedef T Row[kDgPitch];
     const unsigned bring = (smem_u32(smem) + 1023) & ~1023u;  // [kDgStages][kBStage]
     Row *halo = reinterpret_cast<Row *>(smem + (bring - smem_u32(smem)) + kDgStages * kBStage);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3;
     const int H = (int)g64.h, W = (int)g64.w, NH = (int)g64.n * H, k = (int)g64.k;
     const int kk = k * k, p = (int)g64.p, d = (int)g64.d;
-    const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * kDgN;
+    const int hpix = (tr + (k - 1) * d) * W, gy0 = blockIdx.x * tr, c0 = blockIdx.y * NB;
     Row *zero = halo + dgrad_halo_buffers(op) * hpix;
     if (tid < 8) *reinterpret_cast<uint4 *>(&zero[0][tid * 8]) = make_uint4(0, 0, 0, 0);
 
@@ -83,23 +87,25 @@ __global__ void __launch_bounds__(256, 2)
                            gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
             }
         }
-        // The weight rows of channels c0 .. c0 + 63 at tap t, output channels o0 ..: 16-byte
-        // chunk q of row r at chunk q ^ (r % 8) (the 128-byte swizzle).
-        const int row = tid >> 2;
-        const T *src = wt + ((int64_t)t * cp + c0 + row) * op + o0;
-        const unsigned dst = bring + (unsigned)(stage * kBStage + row * kBRow);
+        // The weight rows of channels c0 .. c0 + NB - 1 at tap t, output channels o0 ..:
+        // 16-byte chunk q of row r at chunk q ^ (r % 8) (the 128-byte swizzle).
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int q = (tid & 3) * 2 + c;
-            cp_async16(dst + (unsigned)((q ^ (row & 7)) << 4), src + q * 8, true);
+        for (int row = tid >> 2; row < NB; row += 64) {
+            const T *src = wt + ((int64_t)t * cp + c0 + row) * op + o0;
+            const unsigned dst = bring + (unsigned)(stage * kBStage + row * kBRow);
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int q = (tid & 3) * 2 + c;
+                cp_async16(dst + (unsigned)((q ^ (row & 7)) << 4), src + q * 8, true);
+            }
         }
     };
 
-    float acc[RB][32];
+    float acc[RB][NB / 2];
 #pragma unroll
     for (int rb = 0; rb < RB; rb++)
 #pragma unroll
-        for (int i = 0; i < 32; i++) acc[rb][i] = 0.0f;
+        for (int i = 0; i < NB / 2; i++) acc[rb][i] = 0.0f;
     // The steps' (output channel block, tap) counted up rather than divided out: the step
     // being multiplied (oc, t = i k + j) and the one being copied (noc, nt).
     int noc = 0, nt = 0;
@@ -145,7 +151,7 @@ __global__ void __launch_bounds__(256, 2)
         for (int ks = 0; ks < kDgK / 16; ks++)
 #pragma unroll
             for (int rb = 0; rb < RB; rb++)
-                wgmma_f16<T, 64>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
+                wgmma_f16<T, NB>(acc[rb], af[ks][rb], smem_desc(bst + 32 * ks, 16, 1024, 1));
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
@@ -161,49 +167,51 @@ __global__ void __launch_bounds__(256, 2)
     const int C = (int)g64.c, HW = H * W, cw = (C + 31) / 32;
     const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
     const float sw = scales[1];
-    float csum[8][2] = {}, cdot[8][2] = {};
+    // One 32-channel word at a time (its four 8-channel column groups), so that only its
+    // sums are live beside the accumulators.
 #pragma unroll
-    for (int rb = 0; rb < RB; rb++)
+    for (int half = 0; half < NB / 32; half++) {
+        const int word = (c0 >> 5) + half;
+        float csum[4][2] = {}, cdot[4][2] = {};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = wg * 64 * RB + rb * 64 + wi * 16 + gq + 8 * h;
-            if (r >= rows) continue;
-            const int qq = m0 + r, n = qq / HW, pix = qq - n * HW;
+        for (int rb = 0; rb < RB; rb++)
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int word = (c0 >> 5) + half;
-                if (word >= cw) continue;
+            for (int h = 0; h < 2; h++) {
+                const int r = wg * 64 * RB + rb * 64 + wi * 16 + gq + 8 * h;
+                if (r >= rows || word >= cw) continue;
+                const int qq = m0 + r, n = qq / HW, pix = qq - n * HW;
                 const uint32_t mw = mask[(int64_t)qq * cw + word],
                                sg = signs[(int64_t)qq * cw + word];
 #pragma unroll
-                for (int nj = 4 * half; nj < 4 * half + 4; nj++)
+                for (int q = 0; q < 4; q++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const int b = (nj & 3) * 8 + 2 * tq + e, c = c0 + nj * 8 + 2 * tq + e;
+                        const int nj = 4 * half + q, b = q * 8 + 2 * tq + e,
+                                  c = c0 + nj * 8 + 2 * tq + e;
                         if (c >= C) continue;
                         const float v = (mw >> b) & 1 ? acc[rb][4 * nj + 2 * h + e] * sw : 0.0f;
                         if (grad_x) grad_x[((int64_t)n * C + c) * HW + pix] = from_f32<T>(v);
-                        csum[nj][e] += v;
-                        cdot[nj][e] += (sg >> b) & 1 ? v : -v;
+                        csum[q][e] += v;
+                        cdot[q][e] += (sg >> b) & 1 ? v : -v;
                     }
             }
-        }
 #pragma unroll
-    for (int nj = 0; nj < 8; nj++)
+        for (int q = 0; q < 4; q++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
+            for (int e = 0; e < 2; e++) {
 #pragma unroll
-            for (int off = 4; off < 32; off <<= 1) {
-                csum[nj][e] += __shfl_xor_sync(0xffffffffu, csum[nj][e], off);
-                cdot[nj][e] += __shfl_xor_sync(0xffffffffu, cdot[nj][e], off);
+                for (int off = 4; off < 32; off <<= 1) {
+                    csum[q][e] += __shfl_xor_sync(0xffffffffu, csum[q][e], off);
+                    cdot[q][e] += __shfl_xor_sync(0xffffffffu, cdot[q][e], off);
+                }
+                if (gq == 0) {
+                    red[0][warp][half * 32 + q * 8 + 2 * tq + e] = csum[q][e];
+                    red[1][warp][half * 32 + q * 8 + 2 * tq + e] = cdot[q][e];
+                }
             }
-            if (gq == 0) {
-                red[0][warp][nj * 8 + 2 * tq + e] = csum[nj][e];
-                red[1][warp][nj * 8 + 2 * tq + e] = cdot[nj][e];
-            }
-        }
+    }
     __syncthreads();
-    if (tid < kDgN && c0 + tid < C) {
+    if (tid < NB && c0 + tid < C) {
         float s = 0.0f, t = 0.0f;
 #pragma unroll
         for (int w = 0; w < 8; w++) s += red[0][w][tid], t += red[1][w][tid];
@@ -217,8 +225,8 @@ __global__ void __launch_bounds__(256, 2)
 #endif
 }
 
-template <typename T, int RB> bie_status launch(const DgradHaloArgs &a) {
-    auto fn = dgrad_halo_wgmma<T, RB>;
+template <typename T, int RB, int NB> bie_status launch(const DgradHaloArgs &a) {
+    auto fn = dgrad_halo_wgmma<T, RB, NB>;
     // Held to the launch: the shared memory depends on the shape (cuda_common.cuh).
     std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
     BIE_CUDA_TRY(
@@ -231,16 +239,22 @@ template <typename T, int RB> bie_status launch(const DgradHaloArgs &a) {
     return check(cudaGetLastError(), "conv grad_x (wgmma)");
 }
 
+template <typename T> bie_status launch_typed(const DgradHaloArgs &a) {
+    if (a.rb == 2) return launch<T, 2, 64>(a);
+    return a.nb == 128 ? launch<T, 1, 128>(a) : launch<T, 1, 64>(a);
+}
+
 }  // namespace
 
-size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op) {
-    return 1024 + (size_t)kDgStages * kBStage +
+size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb) {
+    return 1024 + (size_t)kDgStages * b_stage(nb) +
            ((size_t)dgrad_halo_buffers(op) * (tr + (k - 1) * d) * w + 1) * kDgPitch * 2;
 }
 
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a) {
-    if (a.half) return a.rb == 2 ? launch<__half, 2>(a) : launch<__half, 1>(a);
-    return a.rb == 2 ? launch<__nv_bfloat16, 2>(a) : launch<__nv_bfloat16, 1>(a);
+    if (a.rb == 2 && a.nb != 64)
+        return bie_fail(BIE_ERR_INTERNAL, "conv grad_x (wgmma): 256-pixel tiles take 64 channels");
+    return a.half ? launch_typed<__half>(a) : launch_typed<__nv_bfloat16>(a);
 }
 
 }  // namespace bie_cuda

@@ -112,12 +112,13 @@ __device__ __forceinline__ void wgmma_b1_64x256x256(int (&d)[128], uint64_t a, u
                  : "l"(a), "l"(b), "r"(1));
 }
 
-// d += a . b over 64 x N x 16 16-bit floats (T: __nv_bfloat16 or __half; N 64 or 144), f32
+// d += a . b over 64 x N x 16 16-bit floats (T: __nv_bfloat16 or __half; N 64, 128 or 144), f32
 // accumulators, A from registers (this warp's 16 rows in the mma.sync m16n8k16 A fragment
 // layout), B in shared memory (K-major).
 #define BIE_WGF4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define BIE_WGF16(i) BIE_WGF4(i), BIE_WGF4(i + 4), BIE_WGF4(i + 8), BIE_WGF4(i + 12)
 #define BIE_WGF32 BIE_WGF16(0), BIE_WGF16(16)
+#define BIE_WGF64 BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48)
 #define BIE_WGF72 \
     BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48), BIE_WGF4(64), BIE_WGF4(68)
 #define BIE_WG_NAMES32                                                                           \
@@ -136,7 +137,7 @@ __device__ __forceinline__ void wgmma_b1_64x256x256(int (&d)[128], uint64_t a, u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)[4], uint64_t b) {
-    static_assert(N == 64 || N == 144, "instruction shapes written out");
+    static_assert(N == 64 || N == 128 || N == 144, "instruction shapes written out");
     constexpr bool half = std::is_same<T, __half>::value;
     if constexpr (N == 64 && half)
         BIE_WGMMA_F16("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32, %33, %34, %35", "%36",
@@ -144,6 +145,12 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
     else if constexpr (N == 64)
         BIE_WGMMA_F16("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32, %33, %34, %35", "%36",
                       "%37");
+    else if constexpr (N == 128 && half)
+        BIE_WGMMA_F16("m64n128k16", "f16", BIE_WG_NAMES64, BIE_WGF64, "%64, %65, %66, %67", "%68",
+                      "%69");
+    else if constexpr (N == 128)
+        BIE_WGMMA_F16("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64, %65, %66, %67", "%68",
+                      "%69");
     else if constexpr (half)
         BIE_WGMMA_F16("m64n144k16", "f16", BIE_WG_NAMES72, BIE_WGF72, "%72, %73, %74, %75", "%76",
                       "%77");
@@ -155,6 +162,7 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
 #undef BIE_WGF4
 #undef BIE_WGF16
 #undef BIE_WGF32
+#undef BIE_WGF64
 #undef BIE_WGF72
 #undef BIE_WG_NAMES32
 #undef BIE_WG_NAMES72

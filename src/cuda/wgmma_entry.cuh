@@ -51,11 +51,12 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
                               const Epilogue &ep);
 
 // Binary conv2d grad_x, halo form (conv_dgrad_wgmma.cu): the arguments of conv_backward_mma.cu's
-// dgrad_halo_mma (gt, wt, grad_x in the layer's 16-bit type: half selects f16, else bf16), and
-// rb 64-row blocks per warpgroup (tiles of 128 rb pixels); the shared memory of a block.
+// dgrad_halo_mma (gt, wt, grad_x in the layer's 16-bit type: half selects f16, else bf16), rb
+// 64-row blocks per warpgroup (tiles of 128 rb pixels) and nb input channels a block (64, or
+// 128 where rb is 1; grid.y = cp / nb); the shared memory of a block.
 struct DgradHaloArgs {
     bool half;
-    int rb;
+    int rb, nb;
     dim3 grid;
     size_t smem;
     const void *gt, *wt;
@@ -66,7 +67,7 @@ struct DgradHaloArgs {
     void *grad_x;
     float *part_sum, *part_dot;
 };
-size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op);
+size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);
 // Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
 // partial tiles (conv_backward_mma.cuh).

@@ -29,7 +29,7 @@ bie_status bgemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const 
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda binary gemm: built without sm_90a code");
 }
 
-size_t dgrad_halo_wgmma_smem(int, int, int, int, int) { return 0; }
+size_t dgrad_halo_wgmma_smem(int, int, int, int, int, int) { return 0; }
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (wgmma): built without sm_90a code");
 }

@@ -352,11 +352,19 @@ int main(int argc, char **argv) {
         {2, 16, 7, 7, 8, 1, 2, 0, 1},
         {2, 24, 11, 12, 40, 3, 3, 1, 1},
         {9, 64, 16, 16, 72, 3, 2, 1, 1},
+        /* the halo kernel on wgmma with 128 channels a block (channels padded to a multiple
+         * of 128): 100 and 200 channels leave part of the last block's words past C */
+        {3, 100, 10, 9, 70, 3, 1, 1, 1},
+        {2, 200, 8, 8, 72, 3, 1, 1, 1},
+        {2, 100, 6, 5, 40, 3, 1, 1, 1},
     };
-    const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
+    const int count_all = (int)(sizeof shapes / sizeof shapes[0]), count = small ? 4 : count_all;
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
-    if (small) check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
+    if (small) {
+        check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
+        check_shape(BIE_F16, shapes[count_all - 1], 0); /* 128 channels a grad_x block */
+    }
     for (int d = 0; d < 3; d++) {
         special_values(kDtypes[d], 128);
         special_values(kDtypes[d], 100);
