@@ -532,18 +532,26 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     // 256-pixel tiles (MI = 4), or 128 (MI = 2) where those would leave the device idle or
     // fill the launch's last wave clearly worse (128x28x28, N = 64: 400 blocks of 256 pixels
     // are 1.5 waves; 896 of 128 pixels, 3.4 waves, ran 14 % faster on an H200).
+    // On wgmma, where the padded channels are a multiple of 128, 128-pixel tiles of 128
+    // channels a block rather than 256-pixel tiles of 64 (the same accumulators per thread;
+    // each gathered fragment feeds twice the products), unless BIE_CUDA_DGRAD_NB=64.
+    const bool halo_shape = g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w;
+    const int halo_nb = halo_shape && dgrad_wgmma_wanted() && wgmma_usable() && cp % 128 == 0 &&
+                                dgrad_wgmma_nb() == 128
+                            ? 128
+                            : 64;
     int halo_mi = 0, halo_rows = 0;
     size_t halo_smem = 0;
     const int64_t slots = kHaloFillPerSm * sms;
-    if (g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w) {
+    if (halo_shape) {
         int64_t wider_blocks = 0;
         double wider_fill = 0;
-        for (int mi = dgrad_halo_widest(); mi >= 2; mi -= 2) {
+        for (int mi = halo_nb == 128 ? 2 : dgrad_halo_widest(); mi >= 2; mi -= 2) {
             const int rows = (int)(64 * mi / g.w);
             if (rows < 1) break;
             const size_t smem =
                 dgrad_halo_smem(rows, (int)g.k, (int)g.d, (int)g.w, (int)sizeof(T), op);
-            const int64_t blocks = (g.n * g.h + rows - 1) / rows * (cp / kDgN);
+            const int64_t blocks = (g.n * g.h + rows - 1) / rows * (cp / halo_nb);
             if (smem > kHaloSmemMax) continue;
             const double fill = wave_fill(blocks, slots);
             if (halo_mi != 0 && wider_blocks >= slots && fill <= wider_fill) break;
@@ -554,9 +562,6 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     }
     const bool use_halo = halo_mi != 0;
     // The halo kernel on wgmma (conv_dgrad_wgmma.cu) where the device runs it.
-    // With 128-pixel tiles it takes 128 input channels a block where they divide cp (each
-    // gathered fragment feeds twice the products), unless BIE_CUDA_DGRAD_NB=64.
-    const int halo_nb = halo_mi == 2 && cp % 128 == 0 && dgrad_wgmma_nb() == 128 ? 128 : 64;
     const bool halo_wgmma =
         use_halo && dgrad_wgmma_wanted() && wgmma_usable() &&
         dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb) <=
