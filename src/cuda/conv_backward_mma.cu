@@ -564,8 +564,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     // The halo kernel on wgmma (conv_dgrad_wgmma.cu) where the device runs it.
     const bool halo_wgmma =
         use_halo && dgrad_wgmma_wanted() && wgmma_usable() &&
-        dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb) <=
-            kHaloSmemMax;
+        dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb) <= kHaloSmemMax;
     DgradPhases phases = {};
     phases.split = g.s > 1 && g.s * g.s <= kMaxPhases ? (int)g.s : 1;
     for (int ph = 0, sp = phases.split; ph < sp * sp; ph++) {
