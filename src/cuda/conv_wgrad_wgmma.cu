@@ -17,6 +17,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "conv_backward_mma.cuh"
 #include "cuda_common.cuh"
 #include "mma.cuh"
@@ -31,19 +34,24 @@ constexpr int kKK = 9, kCols = 32 * kKK, kHalf = kCols / 2;  // columns: block, 
 constexpr int kPix = 2 * kBK;                                // output pixels per step
 constexpr int kBRowBytes = kPix * 2;                         // a B row: 64 pixels, 16 bits
 constexpr int kBBuf = kCols * kBRowBytes;                    // one B buffer (36 KB)
-constexpr int kAStage = kPix * kWgPitch * 2;                 // one A stage (bytes)
 static_assert(kBRowBytes == 128, "one 128-byte swizzle row per column and step");
 static_assert(kBBuf % 1024 == 0 && kHalf * kBRowBytes % 1024 == 0, "swizzle alignment");
-constexpr size_t kSmem = 1024 + 2 * (size_t)kBBuf + (size_t)kWgStages * kAStage;
+// MT 64-row tiles of output channels a block (64 MT of them): an A row's pitch (elements),
+// one A stage (bytes), the block's shared memory.
+__host__ __device__ constexpr int a_pitch(int mt) { return 64 * mt + 8; }
+constexpr size_t smem_bytes(int mt) {
+    return 1024 + 2 * (size_t)kBBuf + (size_t)kWgStages * kPix * a_pitch(mt) * 2;
+}
 
-template <typename T>
-__global__ void __launch_bounds__(256, 2)
+template <typename T, int MT>
+__global__ void __launch_bounds__(256, MT == 1 ? 2 : 1)
     wgrad_wgmma3(const T *__restrict__ gt, const uint32_t *__restrict__ signs, bie_conv_geom g64,
                  FastDiv by_ohw, FastDiv by_ow, int op, int chunks_per_slice,
                  float *__restrict__ part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(16) unsigned char smem[];
-    typedef T ARow[kWgPitch];
+    constexpr int kAPitch = a_pitch(MT);
+    typedef T ARow[kAPitch];
     const unsigned bbase = (smem_u32(smem) + 1023) & ~1023u;  // [2][kCols rows of 128 bytes]
     ARow *as = reinterpret_cast<ARow *>(smem + (bbase - smem_u32(smem)) + 2 * kBBuf);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3;
@@ -51,17 +59,18 @@ __global__ void __launch_bounds__(256, 2)
     const int OW = (int)g64.ow, OHW = (int)(g64.oh * g64.ow), cw = (C + 31) / 32;
     const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d;
     const int R = (int)(g64.n * OHW), chunks = (R + kBK - 1) / kBK;
-    const int o0 = blockIdx.x * kWgM, cword = blockIdx.y;
+    const int o0 = blockIdx.x * 64 * MT, cword = blockIdx.y;
     const int first = blockIdx.z * chunks_per_slice;
     const int count = min(chunks_per_slice, chunks - first);
     if (count <= 0) return;
     const int base0 = first * kBK, limit = min(R, (first + count) * kBK);
     const int steps = (count + 1) / 2;
 
-    // A: pixel ap of the step, 16-byte chunks 2 (tid % 4) and the next. B: pixel pair lane;
+    // A: pixel ap of the step, 16-byte chunks 2 MT (tid % 4) and the next 2 MT - 1. B: pixel
+    // pair lane;
     // warp w expands the 32 channel rows of tap w, and rows 4 w .. 4 w + 3 of tap 8, so that
     // every warp writes 36 rows.
-    const int ap = tid >> 2, ac = (tid & 3) * 2;
+    const int ap = tid >> 2, ac = (tid & 3) * 2 * MT;
     struct Words {
         uint32_t w[2][2];
         bool in[2][2];
@@ -71,7 +80,7 @@ __global__ void __launch_bounds__(256, 2)
             const int rr = base0 + step * kPix + ap;
             const bool ok = rr < limit;
 #pragma unroll
-            for (int c = 0; c < 2; c++)
+            for (int c = 0; c < 2 * MT; c++)
                 cp_async16(smem_u32(&as[(step % kWgStages) * kPix + ap][(ac + c) * 8]),
                            gt + (ok ? (int64_t)rr * op + o0 + (ac + c) * 8 : 0), ok);
         }
@@ -131,9 +140,11 @@ __global__ void __launch_bounds__(256, 2)
         }
     };
 
-    float acc[kHalf / 2];
+    float acc[MT][kHalf / 2];
 #pragma unroll
-    for (int i = 0; i < kHalf / 2; i++) acc[i] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < kHalf / 2; i++) acc[mt][i] = 0.0f;
     Words cur, nxt;
     load_words(0, cur);
     issue_a(0);
@@ -148,28 +159,34 @@ __global__ void __launch_bounds__(256, 2)
         issue_a(step + 2);
         load_words(step + 2, nxt);
         const unsigned bdesc = bbase + (unsigned)(buf * kBBuf + wg * kHalf * kBRowBytes);
-        unsigned af[kPix / 16][4];
+        unsigned af[MT][4];
 #pragma unroll
         for (int ks = 0; ks < kPix / 16; ks++) {
-            ldmatrix_x4_trans(af[ks],
-                              smem_u32(&as[stage * kPix + ks * 16 + (lane & 7) + ((lane >> 4) << 3)]
-                                          [wi * 16 + ((lane >> 3) & 1) * 8]));
-            fence_acc(acc);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4_trans(
+                    af[mt], smem_u32(&as[stage * kPix + ks * 16 + (lane & 7) + ((lane >> 4) << 3)]
+                                        [mt * 64 + wi * 16 + ((lane >> 3) & 1) * 8]));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) fence_acc(acc[mt]);
             wgmma_fence();
-            wgmma_f16<T, kHalf>(acc, af[ks], smem_desc(bdesc + 32 * ks, 16, 1024, 1));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                wgmma_f16<T, kHalf>(acc[mt], af[mt], smem_desc(bdesc + 32 * ks, 16, 1024, 1));
         }
         wgmma_commit();
         if (step + 1 < steps) store_b(buf ^ 1, cur);  // the other buffer: its reader is done
         cur = nxt;
         wgmma_wait<0>();
-        fence_acc(acc);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) fence_acc(acc[mt]);
         cp_async_wait<1>();
         fence_proxy_async();  // this thread's B stores visible to the next step's wgmma
         __syncthreads();
     }
     cp_async_wait<0>();
 
-    // Rows o0 + 16 wi + g (+ 8), columns 144 wg + 8 nj + 2 tq (+ 1).
+    // Rows o0 + 64 mt + 16 wi + g (+ 8), columns 144 wg + 8 nj + 2 tq (+ 1).
     const int gq = lane >> 2, tq = lane & 3;
     const int64_t ckk = (int64_t)C * kKK;
     const int c0 = cword * 32;
@@ -178,13 +195,13 @@ __global__ void __launch_bounds__(256, 2)
     // columns are in range.
     const bool pairs = C % 2 == 0;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int o = o0 + wi * 16 + gq + 8 * h;
+    for (int mh = 0; mh < 2 * MT; mh++) {
+        const int mt = mh >> 1, h = mh & 1, o = o0 + mt * 64 + wi * 16 + gq + 8 * h;
         if (o >= O) continue;
 #pragma unroll
         for (int nj = 0; nj < kHalf / 8; nj++) {
             const int j = wg * kHalf + nj * 8 + 2 * tq;
-            const float v0 = acc[4 * nj + 2 * h], v1 = acc[4 * nj + 2 * h + 1];
+            const float v0 = acc[mt][4 * nj + 2 * h], v1 = acc[mt][4 * nj + 2 * h + 1];
             float *at = out + (int64_t)o * ckk + j;
             if (pairs && c0 + (j + 1) / kKK < C) {
                 *reinterpret_cast<float2 *>(at) = make_float2(v0, v1);
@@ -200,20 +217,33 @@ __global__ void __launch_bounds__(256, 2)
 #endif
 }
 
-template <typename T>
+template <typename T, int MT>
 bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
                   int chunks_per_slice, int slices, float *part) {
-    const auto fn = wgrad_wgmma3<T>;
-    BIE_CUDA_TRY(
-        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-              "cudaFuncSetAttribute (conv grad_w, wgmma)"));
-    const dim3 grid((unsigned)((a.g.o + kWgM - 1) / kWgM), (unsigned)bie_cuda_conv_cw(&a.g),
+    const auto fn = wgrad_wgmma3<T, MT>;
+    constexpr size_t smem = smem_bytes(MT);
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute (conv grad_w, wgmma)"));
+    const dim3 grid((unsigned)((a.g.o + 64 * MT - 1) / (64 * MT)), (unsigned)bie_cuda_conv_cw(&a.g),
                     (unsigned)slices);
-    fn<<<grid, 256, kSmem, current_stream>>>(static_cast<const T *>(gt), a.signs, a.g,
-                                             FastDiv((int)(a.g.oh * a.g.ow)), FastDiv((int)a.g.ow),
-                                             op, chunks_per_slice, part);
+    fn<<<grid, 256, smem, current_stream>>>(static_cast<const T *>(gt), a.signs, a.g,
+                                            FastDiv((int)(a.g.oh * a.g.ow)), FastDiv((int)a.g.ow),
+                                            op, chunks_per_slice, part);
     return check(cudaGetLastError(), "conv grad_w (wgmma)");
+}
+
+// 128 output channels a block from 128 of them up (one block per SM; each expanded B row then
+// feeds twice the products), unless BIE_CUDA_WGRAD_M=64.
+template <typename T>
+bie_status launch_typed(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
+                        int chunks_per_slice, int slices, float *part) {
+    static const bool m64 = [] {
+        const char *e = std::getenv("BIE_CUDA_WGRAD_M");
+        return e != nullptr && std::strcmp(e, "64") == 0;
+    }();
+    return a.g.o >= 128 && !m64 ? launch<T, 2>(a, gt, op, chunks_per_slice, slices, part)
+                                : launch<T, 1>(a, gt, op, chunks_per_slice, slices, part);
 }
 
 }  // namespace
@@ -221,8 +251,9 @@ bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
                             int chunks_per_slice, int slices, float *part) {
     if (a.g.k != 3) return bie_fail(BIE_ERR_UNSUPPORTED, "conv grad_w (wgmma): 3 x 3 kernels only");
-    return a.dtype == BIE_F16 ? launch<__half>(a, gt, op, chunks_per_slice, slices, part)
-                              : launch<__nv_bfloat16>(a, gt, op, chunks_per_slice, slices, part);
+    return a.dtype == BIE_F16
+               ? launch_typed<__half>(a, gt, op, chunks_per_slice, slices, part)
+               : launch_typed<__nv_bfloat16>(a, gt, op, chunks_per_slice, slices, part);
 }
 
 }  // namespace bie_cuda

@@ -357,13 +357,16 @@ int main(int argc, char **argv) {
         {3, 100, 10, 9, 70, 3, 1, 1, 1},
         {2, 200, 8, 8, 72, 3, 1, 1, 1},
         {2, 100, 6, 5, 40, 3, 1, 1, 1},
+        /* grad_w on wgmma with 128 output channels a block: 130 leave the second 64 part empty */
+        {2, 40, 6, 7, 130, 3, 1, 1, 1},
     };
     const int count_all = (int)(sizeof shapes / sizeof shapes[0]), count = small ? 4 : count_all;
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
     if (small) {
         check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
-        check_shape(BIE_F16, shapes[count_all - 1], 0); /* 128 channels a grad_x block */
+        check_shape(BIE_F16, shapes[count_all - 2], 0); /* 128 channels a grad_x block */
+        check_shape(BIE_BF16, shapes[count_all - 1], 0); /* 128 output channels a grad_w block */
     }
     for (int d = 0; d < 3; d++) {
         special_values(kDtypes[d], 128);
