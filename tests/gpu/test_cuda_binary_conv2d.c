@@ -365,7 +365,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
     if (small) {
         check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
-        check_shape(BIE_F16, shapes[count_all - 2], 0); /* 128 channels a grad_x block */
+        check_shape(BIE_F16, shapes[count_all - 2], 0);  /* 128 channels a grad_x block */
         check_shape(BIE_BF16, shapes[count_all - 1], 0); /* 128 output channels a grad_w block */
     }
     for (int d = 0; d < 3; d++) {
