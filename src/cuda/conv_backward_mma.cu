@@ -234,11 +234,8 @@ template <typename T> constexpr size_t dgrad_smem() {
 // (phase + p - tap d) a multiple of s), so its blocks run over those taps alone instead of
 // multiplying zero rows for the others (3/4 of the products of a 3 x 3, stride-2 layer).
 // Phase ph = (ph / S, ph % S) owns the pixel tiles first[ph] .. first[ph + 1] - 1.
-constexpr int kMaxPhases = 16;
-struct DgradPhases {
-    int split;  // S
-    int first[kMaxPhases + 1];
-};
+constexpr int kMaxPhases = kDgradMaxPhases;
+using DgradPhases = DgradPhaseSplit;  // (wgmma_entry.cuh: the wgmma kernel takes it too)
 
 // grad_x: block (pixel tile, channel tile), 8 warps as 4 (pixels) x 2 (channels) of 32 x 32.
 // A tile's pixels are kDgM consecutive pixels of one phase, in (n, y, x) order. Each K step is
@@ -535,11 +532,12 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     // On wgmma, where the padded channels are a multiple of 128, 128-pixel tiles of 128
     // channels a block rather than 256-pixel tiles of 64 (the same accumulators per thread;
     // each gathered fragment feeds twice the products), unless BIE_CUDA_DGRAD_NB=64.
+    // The other layers' grad_x (dgrad_mma) on wgmma too (conv_dgrad_phase_wgmma.cu), with 128
+    // channels a block likewise.
     const bool halo_shape = g.s == 1 && g.k > 1 && g.oh == g.h && g.ow == g.w;
-    const int halo_nb = halo_shape && dgrad_wgmma_wanted() && wgmma_usable() && cp % 128 == 0 &&
-                                dgrad_wgmma_nb() == 128
-                            ? 128
-                            : 64;
+    const bool wg_dgrad = dgrad_wgmma_wanted() && wgmma_usable();
+    const int wg_nb = wg_dgrad && cp % 128 == 0 && dgrad_wgmma_nb() == 128 ? 128 : 64;
+    const int halo_nb = halo_shape ? wg_nb : 64;
     int halo_mi = 0, halo_rows = 0;
     size_t halo_smem = 0;
     const int64_t slots = kHaloFillPerSm * sms;
@@ -639,7 +637,26 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                        T, 2>)<<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, halo_smem, st>>>(
                 gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, halo_rows,
                 static_cast<T *>(a.grad_x), part_sum, part_dot);
-        else
+        else if (wg_dgrad) {
+            const DgradHaloArgs w = {std::is_same<T, __half>::value,
+                                     1,
+                                     wg_nb,
+                                     dim3((unsigned)tiles, (unsigned)(cp / wg_nb)),
+                                     dgrad_phase_wgmma_smem(wg_nb),
+                                     gt,
+                                     wt,
+                                     a.mask,
+                                     a.signs,
+                                     a.saved_scales,
+                                     g,
+                                     op,
+                                     cp,
+                                     0,
+                                     a.grad_x,
+                                     part_sum,
+                                     part_dot};
+            s = dgrad_phase_wgmma_launch(w, phases);
+        } else
             dgrad_mma<T>
                 <<<dim3((unsigned)tiles, (unsigned)(cp / kDgN)), 256, dgrad_smem<T>(), st>>>(
                     gt, wt, a.mask, a.signs, a.saved_scales, g, phases, op, cp,

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "conv_backward_mma.cuh"
+#include "conv_dgrad_wgmma.cuh"
 #include "cuda_common.cuh"
 #include "dtype.cuh"
 #include "mma.cuh"
@@ -162,63 +163,10 @@ __global__ void __launch_bounds__(256, 2)
     }
     cp_async_wait<0>();
 
-    // Epilogue: rows 64 RB wg + 64 rb + 16 wi + g (+ 8), channels 8 nj + 2 tq (+ 1).
-    const int gq = lane >> 2, tq = lane & 3;
-    const int C = (int)g64.c, HW = H * W, cw = (C + 31) / 32;
     const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
-    const float sw = scales[1];
-    // One 32-channel word at a time (its four 8-channel column groups), so that only its
-    // sums are live beside the accumulators.
-#pragma unroll
-    for (int half = 0; half < NB / 32; half++) {
-        const int word = (c0 >> 5) + half;
-        float csum[4][2] = {}, cdot[4][2] = {};
-#pragma unroll
-        for (int rb = 0; rb < RB; rb++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = wg * 64 * RB + rb * 64 + wi * 16 + gq + 8 * h;
-                if (r >= rows || word >= cw) continue;
-                const int qq = m0 + r, n = qq / HW, pix = qq - n * HW;
-                const uint32_t mw = mask[(int64_t)qq * cw + word],
-                               sg = signs[(int64_t)qq * cw + word];
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int nj = 4 * half + q, b = q * 8 + 2 * tq + e,
-                                  c = c0 + nj * 8 + 2 * tq + e;
-                        if (c >= C) continue;
-                        const float v = (mw >> b) & 1 ? acc[rb][4 * nj + 2 * h + e] * sw : 0.0f;
-                        if (grad_x) grad_x[((int64_t)n * C + c) * HW + pix] = from_f32<T>(v);
-                        csum[q][e] += v;
-                        cdot[q][e] += (sg >> b) & 1 ? v : -v;
-                    }
-            }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-#pragma unroll
-                for (int off = 4; off < 32; off <<= 1) {
-                    csum[q][e] += __shfl_xor_sync(0xffffffffu, csum[q][e], off);
-                    cdot[q][e] += __shfl_xor_sync(0xffffffffu, cdot[q][e], off);
-                }
-                if (gq == 0) {
-                    red[0][warp][half * 32 + q * 8 + 2 * tq + e] = csum[q][e];
-                    red[1][warp][half * 32 + q * 8 + 2 * tq + e] = cdot[q][e];
-                }
-            }
-    }
-    __syncthreads();
-    if (tid < NB && c0 + tid < C) {
-        float s = 0.0f, t = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 8; w++) s += red[0][w][tid], t += red[1][w][tid];
-        const int64_t at = (int64_t)blockIdx.x * C + c0 + tid;
-        part_sum[at] = s;
-        part_dot[at] = t;
-    }
+    wg_dgrad_epilogue<T, RB, NB>(
+        acc, [=](int r) { return r < rows ? m0 + r : -1; }, mask, signs, scales[1], (int)g64.c,
+        H * W, c0, grad_x, part_sum, part_dot, red);
 #else
     (void)gt, (void)wt, (void)mask, (void)signs, (void)scales, (void)g64, (void)op, (void)cp,
         (void)tr, (void)grad_x, (void)part_sum, (void)part_dot;

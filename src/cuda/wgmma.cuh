@@ -158,7 +158,31 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
         BIE_WGMMA_F16("m64n144k16", "bf16", BIE_WG_NAMES72, BIE_WGF72, "%72, %73, %74, %75", "%76",
                       "%77");
 }
+// The same with A in shared memory too (K-major, read through the descriptor a).
+#define BIE_WGMMA_F16_SS(SHAPE, TY, NAMES, OUTS, ADESC, BDESC, PRED)                            \
+    asm volatile("{\n"                                                                          \
+                 ".reg .pred p;\n"                                                              \
+                 "setp.ne.b32 p, " PRED ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" NAMES "}, " ADESC \
+                 ", " BDESC ", p, 1, 1, 0, 0;\n"                                                \
+                 "}\n"                                                                          \
+                 : OUTS                                                                         \
+                 : "l"(a), "l"(b), "r"(1))
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
+    static_assert(N == 64 || N == 128, "instruction shapes written out");
+    constexpr bool half = std::is_same<T, __half>::value;
+    if constexpr (N == 64 && half)
+        BIE_WGMMA_F16_SS("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
+    else if constexpr (N == 64)
+        BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
+    else if constexpr (half)
+        BIE_WGMMA_F16_SS("m64n128k16", "f16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
+    else
+        BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
+}
 #undef BIE_WGMMA_F16
+#undef BIE_WGMMA_F16_SS
 #undef BIE_WGF4
 #undef BIE_WGF16
 #undef BIE_WGF32

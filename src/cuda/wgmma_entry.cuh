@@ -69,6 +69,17 @@ struct DgradHaloArgs {
 };
 size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);
+// Binary conv2d grad_x of the other layers (strides, other output sizes;
+// conv_dgrad_phase_wgmma.cu): conv_backward_mma.cu's dgrad_mma with the products on wgmma, the
+// input pixels split by stride phase. The same arguments (rb and tr unused; nb 64 or 128), the
+// phase split, and the shared memory of a block.
+constexpr int kDgradMaxPhases = 16;
+struct DgradPhaseSplit {
+    int split;                       // S, the stride (1: one phase)
+    int first[kDgradMaxPhases + 1];  // phase ph owns pixel tiles first[ph] .. first[ph + 1] - 1
+};
+size_t dgrad_phase_wgmma_smem(int nb);
+bie_status dgrad_phase_wgmma_launch(const DgradHaloArgs &a, const DgradPhaseSplit &phases);
 // Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
 // partial tiles (conv_backward_mma.cuh).
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
