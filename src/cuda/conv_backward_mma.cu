@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backward_common.cuh"
@@ -256,55 +255,20 @@ __global__ void __launch_bounds__(256)
     Row *bs = reinterpret_cast<Row *>(smem + (size_t)kDgStages * kDgM * kDgPitch * sizeof(T));
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp & 3;
-    const int H = (int)g64.h, W = (int)g64.w, HW = H * W;
-    const int OH = (int)g64.oh, OW = (int)g64.ow, OHW = OH * OW, k = (int)g64.k;
-    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d, S = phases.split;
-    int ph = 0;
-    while (ph + 1 < S * S && (int)blockIdx.x >= phases.first[ph + 1]) ph++;
-    const int ry = ph / S, rx = ph - ry * S;
-    const int hr = (H - ry + S - 1) / S, wr = (W - rx + S - 1) / S, count = (int)g64.n * hr * wr;
-    const int m0 = (blockIdx.x - phases.first[ph]) * kDgM, c0 = blockIdx.y * kDgN;
-    // The flat input pixel of the phase's pixel l, none past the phase.
-    auto pixel_of = [=](int l) {
-        if (l >= count) return -1;
-        const int n = l / (hr * wr), rem = l - n * (hr * wr), a = rem / wr;
-        return n * HW + (ry + S * a) * W + rx + S * (rem - a * wr);
-    };
-    int ntaps = 0;
-    for (int t = 0; t < k * k; t++) {
-        const int i = t / k, j = t - i * k;
-        if (S == 1 ||
-            (((ry + p - i * d) % s + s) % s == 0 && ((rx + p - j * d) % s + s) % s == 0)) {
-            if (tid == 0) taps[ntaps] = t;
-            ntaps++;
-        }
-    }
+    const DgradPhaseTile pt = dgrad_phase_tile(g64, phases.split, phases.first, kDgM);
+    const int m0 = pt.m0, c0 = blockIdx.y * kDgN;
+    const int ntaps = dgrad_phase_taps(g64, pt, taps);
     __syncthreads();
 
-    // This thread's A row (one input pixel, half of its kDgK columns) and B row.
+    // This thread's A row (one input pixel, half of its 8 16-byte chunks) and B rows.
     const int am = tid >> 1, ach = (tid & 1) * 4;
-    const int q = pixel_of(m0 + am);
-    const bool qin = q >= 0;
-    int y = 0, x = 0, nbase = 0;
-    if (qin) {
-        const int n = q / HW, pix = q - n * HW;
-        y = pix / W;
-        x = pix - y * W;
-        nbase = n * OHW;
-    }
+    const DgradGather px(g64, pt.pixel_of(m0 + am));
     const int per_tap = op / kDgK, steps = ntaps * per_tap;
     auto issue = [&](int step, int stage) {
         const int tn = step / per_tap, o0 = (step - tn * per_tap) * kDgK, t = taps[tn];
-        const int i = t / k, j = t - i * k;
-        int ty = y + p - i * d, tx = x + p - j * d;
-        bool ok = qin && ty >= 0 && tx >= 0;
-        if (s > 1) {
-            ok = ok && ty % s == 0 && tx % s == 0;
-            ty /= s;
-            tx /= s;
-        }
-        ok = ok && ty < OH && tx < OW;
-        const T *src = gt + (ok ? ((int64_t)nbase + ty * OW + tx) * op + o0 : 0);
+        const int row = px.row(g64, t);
+        const bool ok = row >= 0;
+        const T *src = gt + (ok ? (int64_t)row * op + o0 : 0);
         Row &ar = as[stage * kDgM + am];
 #pragma unroll
         for (int c = 0; c < 4; c++)
@@ -328,7 +292,7 @@ __global__ void __launch_bounds__(256)
     });
 
     dgrad_epilogue<T, 2>(
-        acc, [=](int r) { return pixel_of(m0 + r); }, mask, signs, scales, g64, grad_x, part_sum,
+        acc, [=](int r) { return pt.pixel_of(m0 + r); }, mask, signs, scales, g64, grad_x, part_sum,
         part_dot);
 }
 
@@ -381,17 +345,8 @@ __global__ void __launch_bounds__(256, 2)
     const int steps = op / kDgK * kk;
     auto issue = [&](int step, int stage) {
         const int oc = step / kk, t = step - oc * kk, o0 = oc * kDgK;
-        if (t == 0) {
-            Row *hb = halo + (oc & 1) * hpix;
-            const int gr0 = gy0 + p - (k - 1) * d;
-            for (int idx = tid; idx < hpix * 8; idx += 256) {
-                const int px = idx >> 3, c8 = idx & 7, hr = px / W, x = px - hr * W;
-                const int gr = gr0 + hr;
-                const bool ok = gr >= 0 && gr < NH;
-                cp_async16(smem_u32(&hb[px][c8 * 8]),
-                           gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
-            }
-        }
+        if (t == 0)
+            dgrad_copy_halo<T>(halo + (oc & 1) * hpix, gt, gy0, p, k, d, W, NH, hpix, op, o0);
         dgrad_issue_weights<T>(bs + stage * kDgN, wt, t, cp, c0, op, o0);
     };
 
@@ -488,10 +443,7 @@ int wgrad_slices_per_sm() {
 // The halo grad_x kernel's widest tile: MI = 4 (256 pixels), or 2 where BIE_CUDA_DGRAD_MI=2
 // (to time one against the other).
 int dgrad_halo_widest() {
-    static const int mi = [] {
-        const char *e = std::getenv("BIE_CUDA_DGRAD_MI");
-        return e != nullptr && std::strcmp(e, "2") == 0 ? 2 : 4;
-    }();
+    static const int mi = env_is("BIE_CUDA_DGRAD_MI", "2") ? 2 : 4;
     return mi;
 }
 
@@ -499,23 +451,16 @@ int dgrad_halo_widest() {
 // where the device runs them, unless BIE_CUDA_DGRAD_WGMMA=0 / BIE_CUDA_WGRAD_WGMMA=0 asks for
 // the mma.sync kernels (to time one against the other, and to test both on Hopper). On an
 // H200 they took 10-15 % less time than mma.sync (BENCHMARKS.md).
-static bool env_off(const char *name) {
-    const char *e = std::getenv(name);
-    return e != nullptr && std::strcmp(e, "0") == 0;
-}
 bool dgrad_wgmma_wanted() {
-    static const bool on = !env_off("BIE_CUDA_DGRAD_WGMMA");
+    static const bool on = !env_is("BIE_CUDA_DGRAD_WGMMA", "0");
     return on;
 }
 int dgrad_wgmma_nb() {
-    static const int nb = [] {
-        const char *e = std::getenv("BIE_CUDA_DGRAD_NB");
-        return e != nullptr && std::strcmp(e, "64") == 0 ? 64 : 128;
-    }();
+    static const int nb = env_is("BIE_CUDA_DGRAD_NB", "64") ? 64 : 128;
     return nb;
 }
 bool wgrad_wgmma_wanted() {
-    static const bool on = !env_off("BIE_CUDA_WGRAD_WGMMA");
+    static const bool on = !env_is("BIE_CUDA_WGRAD_WGMMA", "0");
     return on;
 }
 

@@ -46,57 +46,22 @@ __global__ void __launch_bounds__(256, 2)
     __shared__ float red[2][8][NB];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;  // [kDgStages][kStage]
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int H = (int)g64.h, W = (int)g64.w, HW = H * W;
-    const int OH = (int)g64.oh, OW = (int)g64.ow, OHW = OH * OW, k = (int)g64.k;
-    const int s = (int)g64.s, p = (int)g64.p, d = (int)g64.d, S = phases.split;
-    int ph = 0;
-    while (ph + 1 < S * S && (int)blockIdx.x >= phases.first[ph + 1]) ph++;
-    const int ry = ph / S, rx = ph - ry * S;
-    const int hr = (H - ry + S - 1) / S, wr = (W - rx + S - 1) / S, count = (int)g64.n * hr * wr;
-    const int m0 = (blockIdx.x - phases.first[ph]) * kDgM, c0 = blockIdx.y * NB;
-    // The flat input pixel of the phase's pixel l, none past the phase.
-    auto pixel_of = [=](int l) {
-        if (l >= count) return -1;
-        const int n = l / (hr * wr), rem = l - n * (hr * wr), a = rem / wr;
-        return n * HW + (ry + S * a) * W + rx + S * (rem - a * wr);
-    };
-    int ntaps = 0;
-    for (int t = 0; t < k * k; t++) {
-        const int i = t / k, j = t - i * k;
-        if (S == 1 ||
-            (((ry + p - i * d) % s + s) % s == 0 && ((rx + p - j * d) % s + s) % s == 0)) {
-            if (tid == 0) taps[ntaps] = t;
-            ntaps++;
-        }
-    }
+    const DgradPhaseTile pt = dgrad_phase_tile(g64, phases.split, phases.first, kDgM);
+    const int m0 = pt.m0, c0 = blockIdx.y * NB;
+    const int ntaps = dgrad_phase_taps(g64, pt, taps);
     __syncthreads();
 
     // This thread's A row (one input pixel, half of its 8 16-byte chunks) and B rows.
     const int am = tid >> 1, ach = (tid & 1) * 4;
-    const int q = pixel_of(m0 + am);
-    const bool qin = q >= 0;
-    int y = 0, x = 0, nbase = 0;
-    if (qin) {
-        const int n = q / HW, pix = q - n * HW;
-        y = pix / W;
-        x = pix - y * W;
-        nbase = n * OHW;
-    }
+    const DgradGather px(g64, pt.pixel_of(m0 + am));
     const int per_tap = op / kDgK, steps = ntaps * per_tap;
     int itn = 0, ioc = 0;  // the tap (index into taps) and output-channel block copied next
     // The next step's copies into stage `stage`: 16-byte chunk c of row r at chunk c ^ (r % 8).
     auto issue = [&](int stage) {
         const int o0 = ioc * kDgK, t = taps[itn];
-        const int i = t / k, j = t - i * k;
-        int ty = y + p - i * d, tx = x + p - j * d;
-        bool ok = qin && ty >= 0 && tx >= 0;
-        if (s > 1) {
-            ok = ok && ty % s == 0 && tx % s == 0;
-            ty /= s;
-            tx /= s;
-        }
-        ok = ok && ty < OH && tx < OW;
-        const T *src = gt + (ok ? ((int64_t)nbase + ty * OW + tx) * op + o0 : 0);
+        const int row = px.row(g64, t);
+        const bool ok = row >= 0;
+        const T *src = gt + (ok ? (int64_t)row * op + o0 : 0);
         const unsigned sa = base + (unsigned)(stage * kStage + am * kRowBytes);
 #pragma unroll
         for (int c = 0; c < 4; c++)
@@ -144,8 +109,8 @@ __global__ void __launch_bounds__(256, 2)
     cp_async_wait<0>();
 
     wg_dgrad_epilogue<T, 1, NB>(
-        acc, [=](int r) { return pixel_of(m0 + r); }, mask, signs, scales[1], (int)g64.c, HW, c0,
-        grad_x, part_sum, part_dot, red);
+        acc, [=](int r) { return pt.pixel_of(m0 + r); }, mask, signs, scales[1], (int)g64.c, pt.HW,
+        c0, grad_x, part_sum, part_dot, red);
 #else
     (void)gt, (void)wt, (void)mask, (void)signs, (void)scales, (void)g64, (void)phases, (void)op,
         (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;

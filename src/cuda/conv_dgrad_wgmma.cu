@@ -77,19 +77,10 @@ __global__ void __launch_bounds__(256, 2)
     // issue(oc, t, stage): the copies of step oc kk + t (output channels 64 oc .., tap t).
     auto issue = [&](int oc, int t, int stage) {
         const int o0 = oc * kDgK;
-        if (t == 0) {
-            Row *hb = halo + (oc & 1) * hpix;
-            const int gr0 = gy0 + p - (k - 1) * d;
-            for (int idx = tid; idx < hpix * 8; idx += 256) {
-                const int px = idx >> 3, c8 = idx & 7, hr = px / W, x = px - hr * W;
-                const int gr = gr0 + hr;
-                const bool ok = gr >= 0 && gr < NH;
-                cp_async16(smem_u32(&hb[px][c8 * 8]),
-                           gt + (ok ? ((int64_t)gr * W + x) * op + o0 + c8 * 8 : 0), ok);
-            }
-        }
-        // The weight rows of channels c0 .. c0 + NB - 1 at tap t, output channels o0 ..:
-        // 16-byte chunk q of row r at chunk q ^ (r % 8) (the 128-byte swizzle).
+        if (t == 0)
+            dgrad_copy_halo<T>(halo + (oc & 1) * hpix, gt, gy0, p, k, d, W, NH, hpix, op, o0);
+            // The weight rows of channels c0 .. c0 + NB - 1 at tap t, output channels o0 ..:
+            // 16-byte chunk q of row r at chunk q ^ (r % 8) (the 128-byte swizzle).
 #pragma unroll
         for (int row = tid >> 2; row < NB; row += 64) {
             const T *src = wt + ((int64_t)t * cp + c0 + row) * op + o0;

@@ -17,9 +17,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "conv_backward_mma.cuh"
 #include "cuda_common.cuh"
 #include "mma.cuh"
@@ -238,10 +235,7 @@ bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
 template <typename T>
 bie_status launch_typed(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
                         int chunks_per_slice, int slices, float *part) {
-    static const bool m64 = [] {
-        const char *e = std::getenv("BIE_CUDA_WGRAD_M");
-        return e != nullptr && std::strcmp(e, "64") == 0;
-    }();
+    static const bool m64 = env_is("BIE_CUDA_WGRAD_M", "64");
     return a.g.o >= 128 && !m64 ? launch<T, 2>(a, gt, op, chunks_per_slice, slices, part)
                                 : launch<T, 1>(a, gt, op, chunks_per_slice, slices, part);
 }

@@ -23,6 +23,9 @@ bool is_device_pointer(const void *p);
 int device_cc();
 // The current device's SMs (an H100's 132 when it cannot be asked).
 int device_sms();
+// Whether environment variable `name` is set to exactly `value` (the kernel choices that
+// BIE_CUDA_* variables override, to time one against another).
+bool env_is(const char *name, const char *value);
 // A kernel's largest dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize) is
 // one setting per kernel for the whole process. Where a kernel's need differs between calls
 // (it depends on the shape), this lock is held from setting it to the launch, so that another

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "bie_cuda.h"
@@ -61,6 +62,11 @@ int device_cc() {
     const int cc = major * 10 + minor;
     if (dev >= 0 && dev < 16) known[dev].store(cc + 1, std::memory_order_relaxed);
     return cc;
+}
+
+bool env_is(const char *name, const char *value) {
+    const char *e = std::getenv(name);
+    return e != nullptr && std::strcmp(e, value) == 0;
 }
 
 std::mutex &smem_attribute_mutex() {
