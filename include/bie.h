@@ -352,6 +352,15 @@ BIE_API bie_status bie_layer_set_gemm_kernel(bie_layer *layer, int id);
 /* Training (true, the default) or inference mode (module.train() / module.eval()). */
 BIE_API bie_status bie_layer_set_training(bie_layer *layer, bool training);
 
+/* Conv kinds: whether the 4-D activations of later calls (forward's x and out, backward's
+ * grad_out and grad_x, set_activation's x and x_out) are NHWC in memory ("channels last", as PyTorch's
+ * torch.channels_last); their shapes stay [n, c, h, w]. A backward reads the layout of the
+ * forward it follows. Results are the same in both layouts (the binary forward bit for bit).
+ * Errors: linear kinds (BIE_ERR_INVALID_ARGUMENT); kinds and devices without NHWC kernels,
+ * today all but the binary conv2d on CUDA (BIE_ERR_UNSUPPORTED: transpose around the call). */
+BIE_API bie_status bie_layer_set_channels_last(bie_layer *layer, bool channels_last);
+BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *channels_last);
+
 /* The precision of a binary layer's two backward products (grad_x and grad_w). EXACT (the
  * default) is SPEC §2/§3: ±1 operands and grad_out as the layer's dtype holds it. FP8 is an
  * opt-in fast mode for the binary linear layer on CUDA devices with FP8 tensor cores

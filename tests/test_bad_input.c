@@ -482,6 +482,19 @@ static void test_setters(void) {
         CHECK(bie_layer_get_backward_mode(l, &mode) == BIE_OK && mode == BIE_BACKWARD_EXACT);
         CHECK(bie_layer_set_backward_mode(l, BIE_BACKWARD_EXACT) == BIE_OK);
     }
+    CASE("set_channels_last: a linear layer; a conv layer on the CPU (NCHW only)");
+    EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_channels_last(l, true));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_set_channels_last(NULL, true));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_get_channels_last(l, NULL));
+    {
+        bie_layer *conv = NULL;
+        bool on = true;
+        CHECK(bie_binary_conv2d_create(&conv, 4, 6, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) == BIE_OK);
+        EXPECT_L(conv, BIE_ERR_UNSUPPORTED, bie_layer_set_channels_last(conv, true));
+        CHECK(bie_layer_get_channels_last(conv, &on) == BIE_OK && !on);
+        CHECK(bie_layer_set_channels_last(conv, false) == BIE_OK);
+        bie_layer_free(conv);
+    }
     CASE("set_gemm_kernel(9999), (-2): unknown ids");
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, 9999));
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_set_gemm_kernel(l, -2));

@@ -53,7 +53,7 @@ typedef struct conv_case {
 } conv_case;
 
 static bie_conv_geom geom_of(const conv_case *cc) {
-    bie_conv_geom g = {cc->n, cc->c, cc->h, cc->w, cc->o, 0, 0, cc->k, cc->s, cc->p, cc->d};
+    bie_conv_geom g = {cc->n, cc->c, cc->h, cc->w, cc->o, 0, 0, cc->k, cc->s, cc->p, cc->d, 0};
     g.oh = (cc->h + 2 * cc->p - cc->d * (cc->k - 1) - 1) / cc->s + 1;
     g.ow = (cc->w + 2 * cc->p - cc->d * (cc->k - 1) - 1) / cc->s + 1;
     return g;

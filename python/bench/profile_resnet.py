@@ -40,6 +40,8 @@ def parse(argv=None):
     p.add_argument("--trace", default=None, help="write a Chrome trace to this file")
     p.add_argument("--sort", choices=("device", "cpu"), default="device",
                    help="order the table by device time (CUDA; default) or host time")
+    p.add_argument("--channels-last", action="store_true",
+                   help="activations in channels_last (NHWC) memory, as train_resnet.py's")
     p.add_argument("--groups", action="store_true",
                    help="also print the device time per step of kernel groups (CUDA)")
     return p.parse_args(argv)
@@ -83,7 +85,8 @@ def main(argv=None):
     device, dist = train_resnet.setup(args)  # the process group under torchrun
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
-    model, make_opt = train_resnet.build(args.side, device, dtype, args.width_div, False)
+    model, make_opt = train_resnet.build(args.side, device, dtype, args.width_div,
+                                         args.channels_last)
     if dist is not None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if cuda else None)
@@ -91,6 +94,8 @@ def main(argv=None):
     model.train()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, 3, 32, 32, generator=gen).to(device)
+    if args.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, train_resnet.CLASSES, (args.batch,), generator=gen).to(device)
     autocast = (torch.autocast(device.type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())

@@ -182,6 +182,8 @@ def build(side, device, dtype, width_div, channels_last, capturable=False):
 
         model = resnet18(conv, width_div).to(device)
         bie.prepare_bie_layers(model)  # before DDP and the optimizer: int8 binary weights
+        if channels_last:  # (bie's weights stay as they are; its layers follow the input)
+            model = model.to(memory_format=torch.channels_last)
         return model, lambda params: bie.SignFlip(params, float_lr=1e-3, capturable=capturable)
     model = resnet18(TorchBinaryConv2d, width_div).to(device)
     if channels_last:
@@ -259,11 +261,11 @@ def measure(side, mode, batch, args, device, dist):
     release(device)
     base_outside = outside_bytes(device)
     model, make_opt = build(side, device, dtype, args.width_div,
-                            args.channels_last and side == "torch", args.cuda_graph)
+                            args.channels_last, args.cuda_graph)
     gen = torch.Generator().manual_seed(1 + (dist.get_rank() if dist else 0))
     x = torch.randn(batch, 3, 32, 32, generator=gen).to(device)
     y = torch.randint(0, CLASSES, (batch,), generator=gen).to(device)
-    if args.channels_last and side == "torch":
+    if args.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     # (a CUDA graph needs autocast's weight cache off: a captured cast is replayed anyway)
     autocast = (torch.autocast(device.type, dtype=dtype, cache_enabled=not args.cuda_graph)
@@ -345,7 +347,7 @@ def parse(argv=None):
     parser.add_argument("--width-div", type=int, default=1,
                         help="divide the channel widths 64..512 by this (quick tests)")
     parser.add_argument("--channels-last", action="store_true",
-                        help="run the torch side in channels_last (bie's layers take NCHW)")
+                        help="both sides' activations in channels_last (NHWC) memory")
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU threads for torch and bie (0: their defaults)")
     parser.add_argument("--baseline", default=None,
@@ -454,8 +456,8 @@ def main(argv=None, out=None):
                     "global_batch": batch * world, "world_size": world, "device": str(device),
                     "device_name": describe(device), "dtype": args.dtype,
                     "width_div": args.width_div, "cuda_graph": args.cuda_graph,
-                    "channels_last": args.channels_last and
-                    side == "torch", "steps": args.steps, "warmup": args.warmup,
+                    "channels_last": args.channels_last, "steps": args.steps,
+                    "warmup": args.warmup,
                     "torch": torch.__version__, "ms_per_step": mean_s * 1e3,
                     "median_ms_per_step": median_s * 1e3, "images_per_s": batch / mean_s,
                     "median_host_ms_per_step_ranks": [r[3] * 1e3 for r in ranks],

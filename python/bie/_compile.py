@@ -94,7 +94,9 @@ def _register():
         module = _module(key)
         if not training:
             with torch.no_grad():
-                return module._layer_forward(x), torch.tensor(0, dtype=torch.int64)
+                # contiguous, as the fake below (a channels-last result is converted)
+                return (module._layer_forward(x).contiguous(),
+                        torch.tensor(0, dtype=torch.int64))
         token = next(_tokens)
         with torch.enable_grad():
             x_in = x.detach().requires_grad_(x.is_floating_point())
@@ -108,7 +110,7 @@ def _register():
             _runs.pop(pending.pop(0), None)
         pending.append(token)
         _runs[token] = (out, [t for _, t in want], [i for i, _ in want], key)
-        return out.detach(), torch.tensor(token, dtype=torch.int64)
+        return out.detach().contiguous(), torch.tensor(token, dtype=torch.int64)
 
     @_layer_call.register_fake
     def _(x, params, key, training):

@@ -192,6 +192,8 @@ class Layer:
         # Input and output features (linear) or channels (conv).
         self.in_features, self.out_features = int(desc.in_), int(desc.out)
         self.training = bool(desc.training)  # the C layer's flag, mirrored
+        self.channels_last = False  # the C layer's activation layout, mirrored
+        self._nhwc_kernels = None  # whether it has NHWC kernels (asked on first need)
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
@@ -248,19 +250,50 @@ class Layer:
         self._call(_lib.function("bie_layer_set_bits_binary_word"),
                    _lib.c_int(bits, "bits_binary_word"))
 
+    def runs_channels_last(self, x, packed=False):
+        """Whether the C layer takes x as it is in NHWC memory: a 4-D float input that is
+        channels-last contiguous (and not also contiguous) for a conv layer with NHWC
+        kernels. Sets the layer's layout to match; the caller passes x itself then, else
+        x.contiguous()."""
+        nhwc = (self.conv and not packed and x.dim() == 4 and x.is_floating_point()
+                and not x.is_contiguous()
+                and x.is_contiguous(memory_format=torch.channels_last))
+        if nhwc and self._nhwc_kernels is None:
+            try:
+                self._set_channels_last(True)
+                self._nhwc_kernels = True
+            except BieError:
+                self._nhwc_kernels = False
+        nhwc = nhwc and self._nhwc_kernels
+        if nhwc != self.channels_last:
+            self._set_channels_last(nhwc)
+        return nhwc
+
+    def input_view(self, x, packed=False):
+        """x as the C layer takes it (see runs_channels_last): itself, or contiguous."""
+        return x if self.runs_channels_last(x, packed) else x.contiguous()
+
+    def _set_channels_last(self, on):
+        self._call(_lib.function("bie_layer_set_channels_last"), bool(on))
+        self.channels_last = bool(on)
+
     def check_forward(self, x, packed=False):
         self._call(_lib.function("bie_layer_check_forward"),
                    ctypes.byref(describe(x, packed=packed, what="input")))
 
     def set_activation(self, x, out):
+        """x and out: as input_view gave x (the layer's layout set)."""
+        nhwc = self.channels_last
         self._call(_lib.function("bie_layer_set_activation"),
-                   ctypes.byref(describe(x, what="input")),
-                   ctypes.byref(describe(out, what="output")))
+                   ctypes.byref(describe(x, what="input", channels_last=nhwc)),
+                   ctypes.byref(describe(out, what="output", channels_last=nhwc)))
 
     def init_scale_a(self, x):
-        """If scale_a is 0, set it from x (set_activation without an output)."""
+        """If scale_a is 0, set it from x (set_activation without an output); x as
+        input_view gave it."""
         self._call(_lib.function("bie_layer_set_activation"),
-                   ctypes.byref(describe(x, what="input")), None)
+                   ctypes.byref(describe(x, what="input", channels_last=self.channels_last)),
+                   None)
 
     def select_gemm_kernel(self, x):
         self._call(_lib.function("bie_layer_select_gemm_kernel"),
@@ -389,24 +422,32 @@ class Layer:
         return tuple(x.shape[:-1]) + (self.out_features,)
 
     def forward(self, x, packed=False):
-        """Run the C forward on contiguous x; returns the output tensor."""
+        """Run the C forward on x as input_view gave it; returns the output tensor (channels
+        last where the layer runs so)."""
         out_dtype = x.dtype if x.is_floating_point() else torch.float32
-        out = torch.empty(self.output_shape(x), dtype=out_dtype, device=x.device)
-        xd = describe(x, packed=packed, what="input")
-        od = describe(out, what="output")
+        nhwc = self.channels_last
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
+        out = torch.empty(self.output_shape(x), dtype=out_dtype, device=x.device,
+                          memory_format=fmt)
+        xd = describe(x, packed=packed, what="input", channels_last=nhwc)
+        od = describe(out, what="output", channels_last=nhwc)
         if self.is_cuda:
             _lib.enter_stream(self.device)
         _lib.check(self._forward(self.handle, xd, od))
         return out
 
-    def backward(self, grad_out, x_shape, want_grad_x):
-        """Run the C backward; returns grad_x (or None when not wanted)."""
-        gd = describe(grad_out, what="grad_output")
+    def backward(self, grad_out, x_shape, want_grad_x, channels_last=False):
+        """Run the C backward; returns grad_x (or None when not wanted). channels_last: the
+        layout of the forward it follows (grad_out given in it, grad_x returned in it)."""
+        gd = describe(grad_out, what="grad_output", channels_last=channels_last)
         grad_x = None
         gx_ptr = None
         if want_grad_x:
-            grad_x = torch.empty(x_shape, dtype=grad_out.dtype, device=grad_out.device)
-            gx_ptr = ctypes.byref(describe(grad_x, what="grad_input"))
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            grad_x = torch.empty(x_shape, dtype=grad_out.dtype, device=grad_out.device,
+                                 memory_format=fmt)
+            gx_ptr = ctypes.byref(describe(grad_x, what="grad_input",
+                                           channels_last=channels_last))
         self._call(self._backward, ctypes.byref(gd), gx_ptr)
         return grad_x
 

@@ -169,8 +169,10 @@ def float_dtype(dtype):
     return code
 
 
-def describe(t, packed=False, what="tensor"):
-    """A bie_tensor describing the memory of the contiguous tensor ``t`` (no copy).
+def describe(t, packed=False, what="tensor", channels_last=False):
+    """A bie_tensor describing the memory of the contiguous tensor ``t`` (no copy); with
+    ``channels_last``, of the 4-D tensor ``t`` contiguous in torch.channels_last (NHWC
+    memory, for a layer set to channels last; the shape stays N, C, H, W).
 
     The caller keeps ``t`` alive while the descriptor is in use. Tensors bie cannot describe
     (rank 0 or above 4, a dtype bie does not know, non-contiguous) raise BieError.
@@ -183,7 +185,10 @@ def describe(t, packed=False, what="tensor"):
     ndim = t.dim()
     if ndim < 1 or ndim > MAX_DIMS:
         fail(ERR_SHAPE, f"{what} has rank {ndim}; bie tensors have rank 1..{MAX_DIMS}")
-    if not t.is_contiguous():
+    if channels_last:
+        if ndim != 4 or not t.is_contiguous(memory_format=torch.channels_last):
+            fail(ERR_SHAPE, f"{what} is not a channels-last contiguous 4-D tensor")
+    elif not t.is_contiguous():
         fail(ERR_SHAPE, f"{what} is not contiguous")
     d = Tensor()
     d.data = t.data_ptr()
@@ -416,6 +421,8 @@ _PROTOTYPES = {
     "bie_layer_set_gemm_kernel": ((_P, _I), _I),
     "bie_layer_set_backward_mode": ((_P, _I), _I),
     "bie_layer_get_backward_mode": ((_P, ctypes.POINTER(_I)), _I),
+    "bie_layer_set_channels_last": ((_P, ctypes.c_bool), _I),
+    "bie_layer_get_channels_last": ((_P, ctypes.POINTER(ctypes.c_bool)), _I),
     "bie_layer_set_training": ((_P, _B), _I),
     "bie_layer_forward": ((_P, _T, _T), _I),
     "bie_layer_backward": ((_P, _T, _T), _I),

@@ -70,7 +70,9 @@ def _forward(ctx, layer, x, weight, scale_a, bias_a, is_train):
     """The forward shared by every Function: run the C layer, remember what backward needs."""
     layer.set_training(bool(is_train))
     packed = layer.binary and not x.is_floating_point()
-    x_run = x.contiguous()  # a copy only for non-contiguous input
+    # a copy only for non-contiguous input (channels-last input runs as it is where the
+    # layer has NHWC kernels, and so do the output and the gradients)
+    x_run = layer.input_view(x, packed)
     if not layer.conv and x_run.dim() > _lib.MAX_DIMS:  # bie tensors have rank <= 4
         x_run = x_run.reshape(-1, x_run.shape[-1])
     sync = distributed.active()  # inside a DistributedDataParallel forward
@@ -81,6 +83,7 @@ def _forward(ctx, layer, x, weight, scale_a, bias_a, is_train):
     if layer.training:
         layer.changed()  # the previous training forward's state is gone now
     ctx.layer = layer
+    ctx.channels_last = layer.channels_last
     ctx.generation = layer.generation if training else None
     ctx.x_shape, ctx.run_shape, ctx.out_run_shape = x.shape, x_run.shape, out.shape
     ctx.weight = weight
@@ -115,6 +118,7 @@ def _restore_state(ctx):
              "each input so the lost forward can be run again)")
     x_run = ctx.saved_tensors[0]  # raises if a saved tensor was modified in place since
     layer.set_training(True)
+    layer.input_view(x_run)  # the layout of that forward
     layer.forward(x_run, False)
     layer.changed()
     ctx.generation = layer.generation
@@ -149,8 +153,11 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     if reduced:
         distributed.before_backward(layer)
     _restore_state(ctx)
-    g = _shaped(grad_out.contiguous(), ctx.out_run_shape)  # a copy only for expanded grads
-    grad_x = layer.backward(g, ctx.run_shape, ctx.needs_input_grad[0])
+    if ctx.channels_last:  # the gradient in the forward's layout (a copy only if not so)
+        g = grad_out.contiguous(memory_format=torch.channels_last)
+    else:
+        g = _shaped(grad_out.contiguous(), ctx.out_run_shape)  # a copy only for expanded grads
+    grad_x = layer.backward(g, ctx.run_shape, ctx.needs_input_grad[0], ctx.channels_last)
     grads = [None] * 11  # the longest argument list (conv Functions)
     if grad_x is not None:
         grads[0] = _shaped(grad_x, ctx.x_shape)

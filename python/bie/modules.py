@@ -318,8 +318,8 @@ class _BieLayerModule(nn.Module):
     def set_activation(self, x):
         """Initialise scale_a from x if it is 0 and return ``x + bias_a`` (computed by bie;
         not part of the autograd graph: forward applies bias_a itself)."""
-        x = x.detach().contiguous()
-        out = torch.empty_like(x)
+        x = self._layer.input_view(x.detach())
+        out = torch.empty_like(x)  # in x's layout
         self._layer.set_activation(x, out)
         return out
 
@@ -431,8 +431,8 @@ class _BieLayerModule(nn.Module):
     def _inference(self, x):
         layer = self._layer
         layer.set_training(False)
-        x = x.contiguous()  # a copy only for non-contiguous input
         packed = layer.binary and not x.is_floating_point()
+        x = layer.input_view(x, packed)  # a copy only for non-contiguous input
         sync = distributed.active()  # inside a DistributedDataParallel forward
         if sync is not None and not packed:
             distributed.agree_scale_a(layer, x if layer.conv or x.dim() <= _lib.MAX_DIMS

@@ -23,6 +23,7 @@ typedef struct bie_conv_geom {
     int64_t n, c, h, w; /* input */
     int64_t o, oh, ow;  /* output */
     int64_t k, s, p, d;
+    int64_t nhwc; /* 1: x, out, grad_out and grad_x are NHWC in memory (else NCHW) */
 } bie_conv_geom;
 
 static inline int bie_word_bits_ok(int w) { return w == 8 || w == 32 || w == 64; }

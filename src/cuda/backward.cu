@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// G [o][n oh ow] from grad_out [n][o][oh ow]: block (pixel block, channels).
+// G [o][n oh ow] from grad_out [n][o][oh ow] (or NHWC [n oh ow][o]): block (pixel block,
+// channels).
 template <typename T>
 __global__ void __launch_bounds__(256)
     conv_grad_rows(const T *grad_out, bie_conv_geom g64, T *dst) {
@@ -410,7 +411,8 @@ __global__ void __launch_bounds__(256)
     if (r >= rows) return;
     const int n = r / plane, pix = r - n * plane;
     for (int o = blockIdx.y; o < O; o += gridDim.y)
-        dst[(int64_t)o * rows + r] = grad_out[((int64_t)n * O + o) * plane + pix];
+        dst[(int64_t)o * rows + r] =
+            grad_out[g64.nhwc ? (int64_t)r * O + o : ((int64_t)n * O + o) * plane + pix];
 }
 
 // The clip bit of an element from the NHWC mask words (conv_col2im_mask).

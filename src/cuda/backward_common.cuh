@@ -61,7 +61,7 @@ bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, b
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);
 bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a);
 
-// grad_x [n, c, h, w] = sum over the taps that read each input pixel of cols [c k k][n oh ow]
+// grad_x [n, c, h, w] (NHWC in memory where g64.nhwc) = sum over the taps that read each input pixel of cols [c k k][n oh ow]
 // (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's
 // flat NCHW index): one thread per element, block (pixel block, planes); also kept in f32 (g)
 // for the reductions. 32-bit index math (the layers check the extents); UNIT: stride 1, where
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(256)
         }
         const int64_t at = (int64_t)nc * hw + pix;
         if (!mask(n, c, pix, at)) v = 0.0f;
-        if (grad_x) grad_x[at] = from_f32<T>(v);
+        if (grad_x) grad_x[g64.nhwc ? ((int64_t)n * hw + pix) * C + c : at] = from_f32<T>(v);
         g[at] = v;
     }
 }

@@ -124,6 +124,43 @@ void launch_pack_input(const T *x, const bie_conv_geom *g, int64_t cw, const flo
             x, *g, wc, pg, bias, scale_a, scale_w, saved_scales, signs, mask);
 }
 
+// NHWC input: a warp per (pixel, sign word) cell, lane l = channel 32 word + l, so that a
+// warp's load is one contiguous run of 32 elements and its two ballots are the cell's sign
+// and mask words. The same float arithmetic as pack_input.
+template <typename T, bool TRAIN>
+__global__ void __launch_bounds__(256)
+    pack_input_nhwc(const T *__restrict__ x, bie_conv_geom g64, const float *__restrict__ bias,
+                    const float *scale_a, const float *scale_w, float *saved_scales,
+                    uint32_t *signs, uint32_t *mask) {
+    pdl_trigger();  // the GEMM that reads these words may launch now
+    if (saved_scales && blockIdx.x == 0 && threadIdx.x == 0) {
+        saved_scales[0] = *scale_a;
+        saved_scales[1] = *scale_w;
+    }
+    const int C = (int)g64.c, cw = (C + 31) / 32, lane = (int)threadIdx.x & 31;
+    const int64_t cells = g64.n * g64.h * g64.w * cw;
+    const float sa = TRAIN ? *scale_a : 1.0f;
+    for (int64_t cell = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; cell < cells;
+         cell += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const int64_t pix = cell / cw;
+        const int c = (int)(cell - pix * cw) * 32 + lane;
+        bool s = false, m = false;
+        if (c < C) {
+            const float v = to_f32(x[pix * C + c]) + bias[c];
+            s = v >= 0.0f;
+            if (TRAIN) {
+                const float q = v / sa;
+                m = q >= -1.0f && q <= 1.0f;
+            }
+        }
+        const uint32_t sb = __ballot_sync(0xffffffffu, s), mb = __ballot_sync(0xffffffffu, m);
+        if (lane == 0) {
+            signs[cell] = sb;
+            if (TRAIN) mask[cell] = mb;
+        }
+    }
+}
+
 // Pixels per lane: the widest aligned run of at most 8 bytes, narrowed while the grid would
 // have too few warps (small inputs gain more from lanes than from wider loads).
 template <typename T>
@@ -131,6 +168,16 @@ void pack_input_any(const void *xv, const bie_conv_geom *g, const float *bias, c
                     const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
     const T *x = static_cast<const T *>(xv);
     const int64_t hw = g->h * g->w, nhw = g->n * hw, cw = bie_cuda_conv_cw(g);
+    if (g->nhwc) {
+        const unsigned blocks = blocks_for(nhw * cw * 32, 256);
+        if (mask)
+            pack_input_nhwc<T, true><<<blocks, 256, 0, current_stream>>>(
+                x, *g, bias, scale_a, scale_w, saved_scales, signs, mask);
+        else
+            pack_input_nhwc<T, false><<<blocks, 256, 0, current_stream>>>(
+                x, *g, bias, scale_a, scale_w, saved_scales, signs, mask);
+        return;
+    }
     int vp = 1;
     while (vp * 2 * sizeof(T) <= 8 && hw % (vp * 2) == 0 &&
            (uintptr_t)x % (vp * 2 * sizeof(T)) == 0)
@@ -460,7 +507,17 @@ __global__ void __launch_bounds__(2 * BN, 1)
         __syncthreads();
         if (t + (int)gridDim.x < tiles)
             row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
-        // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane.
+        // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane; NHWC:
+        // 32 neighbouring channels of one pixel.
+        if (ep.conv.nhwc) {
+            for (int rl = tid >> 5; rl < kConvBM && t * kConvBM + rl < rows; rl += THREADS / 32) {
+                const int64_t first = (int64_t)(t * kConvBM + rl) * O + n0;
+                for (int cl = tid & 31; cl < cols; cl += 32)
+                    store_out(ep.out, first + cl, (float)sC[cl * kConvCS + rl] * scale,
+                              ep.out_type);
+            }
+            continue;
+        }
         const int row = t * kConvBM + pr;
         if (row < rows) {
             const int per = pairs ? kConvBM / 2 : kConvBM, cstep = THREADS / per, cl0 = tid / per;

@@ -53,6 +53,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// NHWC grad_out [n oh ow][O] -> rows of op channels (0 for o >= O): grid-stride, one element
+// a thread.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    pad_pixel_rows(const T *__restrict__ g, int64_t rows, int O, int op, T *__restrict__ gt) {
+    const T zero = from_f32<T>(0.0f);
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < rows * op;
+         i += (int64_t)gridDim.x * 256) {
+        const int64_t r = i / op;
+        const int o = (int)(i - r * op);
+        gt[i] = o < O ? g[r * O + o] : zero;
+    }
+}
+
 // grad_out [n][o][oh ow] -> pixel-major [n oh ow][op] (0 for o >= O), so that a pixel's
 // gradient row is contiguous: the GEMMs gather whole 16-byte rows of 8 channels. Block: 32
 // pixels x 32 channels of one image through shared memory; blockIdx.x = image x pixel tiles.
@@ -141,7 +155,9 @@ __device__ __forceinline__ void dgrad_epilogue(
                     const int b = ni * 8 + 2 * tq + e, c = c0 + wn * 32 + b;
                     if (c >= C) continue;
                     const float v = (mw >> b) & 1 ? acc[mi][ni][2 * h + e] * sw : 0.0f;
-                    if (grad_x) grad_x[((int64_t)n * C + c) * HW + pix] = from_f32<T>(v);
+                    if (grad_x)
+                        grad_x[g64.nhwc ? (int64_t)qq * C + c : ((int64_t)n * C + c) * HW + pix] =
+                            from_f32<T>(v);
                     csum[ni][e] += v;
                     cdot[ni][e] += (sg >> b) & 1 ? v : -v;
                 }
@@ -527,12 +543,17 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const int64_t per_slice = (chunks + slices - 1) / slices;
     slices = (chunks + per_slice - 1) / per_slice;
 
+    // NHWC grad_out is already pixel-major: used in place where its rows are op channels.
+    const bool gt_in_place =
+        g.nhwc && op == g.o && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0;
     Workspace<6> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)kk * cp * op * sizeof(T), (size_t)(g.n * ohw * op) * sizeof(T),
+    BIE_CUDA_TRY(ws.alloc({(size_t)kk * cp * op * sizeof(T),
+                           gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
                            (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
                            (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes()},
                           "cudaMallocAsync (conv backward workspace)"));
-    T *wt = ws.at<T>(0), *gt = ws.at<T>(1);
+    T *wt = ws.at<T>(0);
+    T *gt = gt_in_place ? const_cast<T *>(static_cast<const T *>(a.grad_out)) : ws.at<T>(1);
     float *part_sum = ws.at<float>(2), *part_dot = part_sum + tiles * g.c;
     double *dots = ws.at<double>(3);
     float *wpart = ws.at<float>(4);
@@ -547,7 +568,12 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     if (s == BIE_OK) {
         dgrad_weight<T><<<blocks_for((int64_t)kk * cp * op), 256, 0, st>>>(
             reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
-        if (ohw % 8 == 0 && op % 64 == 0 && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0)
+        if (g.nhwc) {
+            if (!gt_in_place)
+                pad_pixel_rows<T><<<blocks_for(g.n * ohw * op), 256, 0, st>>>(
+                    static_cast<const T *>(a.grad_out), g.n * ohw, (int)g.o, op, gt);
+        } else if (ohw % 8 == 0 && op % 64 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0)
             to_pixel_major_x8<T>
                 <<<dim3((unsigned)(g.n * ((ohw + 63) / 64)), (unsigned)(op / 64)), 256, 0, st>>>(
                     static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(256, 2)
 
     wg_dgrad_epilogue<T, 1, NB>(
         acc, [=](int r) { return pt.pixel_of(m0 + r); }, mask, signs, scales[1], (int)g64.c, pt.HW,
-        c0, grad_x, part_sum, part_dot, red);
+        g64.nhwc != 0, c0, grad_x, part_sum, part_dot, red);
 #else
     (void)gt, (void)wt, (void)mask, (void)signs, (void)scales, (void)g64, (void)phases, (void)op,
         (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(256, 2)
     const int m0 = gy0 * W, rows = min(tr * W, NH * W - m0);
     wg_dgrad_epilogue<T, RB, NB>(
         acc, [=](int r) { return r < rows ? m0 + r : -1; }, mask, signs, scales[1], (int)g64.c,
-        H * W, c0, grad_x, part_sum, part_dot, red);
+        H * W, g64.nhwc != 0, c0, grad_x, part_sum, part_dot, red);
 #else
     (void)gt, (void)wt, (void)mask, (void)signs, (void)scales, (void)g64, (void)op, (void)cp,
         (void)tr, (void)grad_x, (void)part_sum, (void)part_dot;

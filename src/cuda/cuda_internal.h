@@ -54,13 +54,15 @@ bie_status bie_cuda_add_bias_planes(bie_dtype dtype, const void *x, int64_t n, i
 bie_status bie_cuda_abs_sum(bie_dtype dtype, const void *x, int64_t n, double *result);
 
 /* Where a GEMM's [m, n] result goes when it is a convolution's output: row r is pixel
- * r % plane of image r / plane, column c is output channel c, stored NCHW; when corr is not
- * NULL, the integer dot of a pixel of class pix_class[pixel] gets corr[class * n + c] added
- * first (class 0: nothing; the binary convolution's zero-padding correction). */
+ * r % plane of image r / plane, column c is output channel c, stored NCHW (or NHWC: the
+ * GEMM's own row-major layout); when corr is not NULL, the integer dot of a pixel of class
+ * pix_class[pixel] gets corr[class * n + c] added first (class 0: nothing; the binary
+ * convolution's zero-padding correction). */
 typedef struct bie_cuda_conv_out {
     int64_t plane;        /* output pixels per image (OH * OW) */
     const int *pix_class; /* [plane] */
     const int *corr;      /* [classes, n] */
+    int nhwc;             /* 1: NHWC output */
 } bie_cuda_conv_out;
 
 /* out[m, n] (f32/bf16/f16) = (float)dot * scale (pa has parts_a counts per row, pb

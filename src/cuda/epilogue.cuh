@@ -38,7 +38,7 @@ struct OutRow {
 // out_type and out as above; n output columns. The scale is scale_a * scale_w read on the
 // device (layers, whose scales live in device memory) or a constant. A convolution
 // (conv.plane > 0) maps row r to image r / plane, pixel r % plane, and column c to channel c:
-// out[(image * n + c) * plane + pixel]; with conv.corr, dot += corr[class(pixel) * n + c]
+// out[(image * n + c) * plane + pixel] (NHWC: out[r * n + c]); with conv.corr, dot += corr[class(pixel) * n + c]
 // first (the binary kernels' zero-padding correction).
 struct Epilogue {
     int out_type;
@@ -54,18 +54,23 @@ struct Epilogue {
     __device__ __forceinline__ OutRow row(int64_t r) const {
         if (conv.plane == 0) return {r * n, 0};
         const int64_t img = r / conv.plane, pix = r - img * conv.plane;
-        return {img * n * conv.plane + pix, conv.corr ? conv.pix_class[pix] : 0};
+        const int cls = conv.corr ? conv.pix_class[pix] : 0;
+        return {conv.nhwc ? r * n : img * n * conv.plane + pix, cls};
+    }
+    // Elements between neighbouring columns of a row.
+    __device__ __forceinline__ int64_t col_step() const {
+        return conv.plane && !conv.nhwc ? conv.plane : 1;
     }
     __device__ __forceinline__ void store(const OutRow &r, int64_t col, long long dot,
                                           float s) const {
         if (r.cls) dot += conv.corr[(int64_t)r.cls * n + col];
-        store_out(out, r.base + col * (conv.plane ? conv.plane : 1), (float)dot * s, out_type);
+        store_out(out, r.base + col * col_step(), (float)dot * s, out_type);
     }
     // Columns col and col + 1 (< n) of one row: a single vector store when they are adjacent
     // and aligned in memory (row-major output), else two stores; the same values either way.
     __device__ __forceinline__ void store2(const OutRow &r, int64_t col, long long d0, long long d1,
                                            float s) const {
-        if (conv.plane == 0) {
+        if (conv.plane == 0 || (conv.nhwc && r.cls == 0)) {
             const int64_t i = r.base + col;
             const float v0 = (float)d0 * s, v1 = (float)d1 * s;
             if (out_type == kOutF32) {
@@ -154,7 +159,7 @@ inline Epilogue make_epilogue(int out_type, void *out, int64_t n, float scale, c
     e.scale_value = scale;
     e.scale_a = scale_a;
     e.scale_w = scale_w;
-    e.conv = conv ? *conv : bie_cuda_conv_out{0, nullptr, nullptr};
+    e.conv = conv ? *conv : bie_cuda_conv_out{0, nullptr, nullptr, 0};
     return e;
 }
 

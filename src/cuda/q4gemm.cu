@@ -560,7 +560,7 @@ bie_status bie_cuda_q4conv_implicit(int variant, const uint8_t *codes, const bie
         g->n * g->h * g->w * cb > INT_MAX * (int64_t)64)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: problem too large", who);
     const size_t smem = conv_smem(kern);
-    const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
+    const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL, 0};
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, &conv);
     const ConvA al = {codes,
                       (int)cb,

@@ -195,7 +195,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t words) {
 static bie_status finish_forward(bie_layer *l, const bie_conv_geom *g, bool keep) {
     CU(l)->g = *g;
     if (keep) {
-        bie_conv_geom sg = {g->n, g->c, g->h, g->w, g->o, g->oh, g->ow, g->k, g->s, g->p, g->d};
+        bie_conv_geom sg = {g->n, g->c, g->h, g->w, g->o, g->oh, g->ow, g->k, g->s, g->p, g->d,
+                            g->nhwc};
         l->saved_geom = sg;
         l->has_saved = true;
     }
@@ -206,7 +207,8 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
     struct bie_bc_cuda *c = CU(l);
     BIE_TRY(bie_layer_check_forward(l, x));
-    const bie_conv_geom g = bie_layer_conv_geom(l, x);
+    bie_conv_geom g = bie_layer_conv_geom(l, x);
+    g.nhwc = l->channels_last;
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     const bool has_weight = c->d.w_i8 || c->d.w_f32;
@@ -232,11 +234,11 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
     }
     c->corr_valid = true;
-    const bie_cuda_conv_out conv = {plane, pix_class, c->corr};
+    const bie_cuda_conv_out conv = {plane, pix_class, c->corr, (int)g.nhwc};
     const int classes = c->ny * c->nx;
     /* Inference with the default kernel: the pack fused into the GEMM where it applies (the
      * training forward keeps the sign and mask words for the backward). */
-    if (!keep && l->kernel_id < 0) {
+    if (!keep && l->kernel_id < 0 && !g.nhwc) {
         bool ran = false;
         BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->d.ld, c->wpopc,
                                     classes, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
@@ -321,4 +323,5 @@ const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .release = release,
     .forward = forward,
     .backward = backward,
+    .channels_last = true,
 };

@@ -62,7 +62,8 @@ bie_conv_geom bie_conv_geometry(const bie_tensor *x, int64_t out_c, int64_t k, i
                        k,
                        s,
                        p,
-                       d};
+                       d,
+                       0};
     return g;
 }
 

@@ -408,6 +408,28 @@ bie_status bie_layer_set_backward_mode(bie_layer *l, bie_backward_mode mode) {
     return BIE_OK;
 }
 
+bie_status bie_layer_set_channels_last(bie_layer *l, bool channels_last) {
+    static const char *who = "set_channels_last";
+    CHECK_LAYER(l);
+    if (!l->kind->conv)
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s_%s: only conv layers have channels", l->kind->name,
+                        who);
+    if (channels_last && !l->ops->channels_last)
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s_%s: NHWC activations exist for the binary conv2d on CUDA only",
+                        l->kind->name, who);
+    l->channels_last = channels_last;
+    return BIE_OK;
+}
+
+bie_status bie_layer_get_channels_last(const bie_layer *l, bool *channels_last) {
+    CHECK_LAYER(l);
+    if (channels_last == NULL)
+        return bie_fail(BIE_ERR_NULL_POINTER, "get_channels_last: NULL channels_last");
+    *channels_last = l->channels_last;
+    return BIE_OK;
+}
+
 bie_status bie_layer_get_backward_mode(const bie_layer *l, bie_backward_mode *mode) {
     CHECK_LAYER(l);
     if (mode == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "get_backward_mode: NULL mode");

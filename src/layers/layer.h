@@ -47,6 +47,7 @@ struct bie_layer {
     bool training;
     int kernel_id;     /* -1: default per shape */
     int backward_mode; /* bie_backward_mode */
+    bool channels_last; /* conv activations NHWC in memory (bie_layer_set_channels_last) */
 
     bie_binary_weight w; /* binary kinds: [out, fan_in] (on CUDA: host staging only) */
     bie_q4_weight qw;    /* 4-bit kinds: [out, fan_in] (on CUDA: host staging only) */
@@ -121,6 +122,7 @@ struct bie_layer_ops {
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
     /* Whether the layer can run a non-exact backward mode (NULL: EXACT only). */
     bie_status (*check_backward_mode)(const bie_layer *l, int mode, const char *who);
+    bool channels_last; /* forward and backward take NHWC activations (conv kinds) */
 };
 
 /* The ops tables of each kind on each device. */

@@ -20,7 +20,7 @@ bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char
 static bie_status activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;
-    if (l->kind->conv)
+    if (l->kind->conv && !l->channels_last) /* NHWC: rows of channels, as a linear layer's */
         return bie_cuda_add_bias_planes(l->dtype, x->data, x->shape[0], l->in,
                                         x->shape[2] * x->shape[3], dev(l)->bias_a, x_out->data);
     return bie_cuda_add_bias(l->dtype, x->data, bie_tensor_numel(x) / l->in, l->in, dev(l)->bias_a,

@@ -174,7 +174,7 @@ static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uin
     BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE,
                             "im2col workspace"));
     bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->d.ld, cols);
-    const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL};
+    const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL, 0};
     if (st == BIE_OK)
         st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols,
                                     wcodes, c->d.ld, 0.0f, c->d.scalars + BIE_CBW_SCALE_A,
@@ -215,7 +215,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
                      : forward_im2col(l, &g, wcodes, cols_bytes, out));
     if (keep) {
         c->g = g;
-        bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d};
+        bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d, 0};
         l->saved_geom = sg;
         l->has_saved = true;
     }

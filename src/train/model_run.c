@@ -52,7 +52,7 @@ static bie_conv_geom geom_of(const bie_train_layer *l) {
     const bie_layer_info *c = &l->info;
     bie_conv_geom g = {l->in_shape[0], l->in_shape[1],  l->in_shape[2],  l->in_shape[3],
                        c->out,         l->out_shape[2], l->out_shape[3], c->kernel_size,
-                       c->stride,      c->padding,      c->dilation};
+                       c->stride,      c->padding,      c->dilation,     0};
     return g;
 }
 

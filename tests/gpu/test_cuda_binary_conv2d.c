@@ -20,10 +20,52 @@ typedef struct pair {
     bie_dtype dt;
     geo g;
     int64_t oh, ow;
+    int nhwc; /* the GPU layer's activations are NHWC (channels last) */
 } pair;
 
+/* [n][c][hw] -> [n][hw][c] (back = 0) or the reverse, host floats. */
+static void nhwc_order(const float *src, float *dst, int64_t n, int64_t c, int64_t hw, int back) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t q = 0; q < hw; q++) {
+                const int64_t a = (i * c + ch) * hw + q, b = (i * hw + q) * c + ch;
+                if (back)
+                    dst[a] = src[b];
+                else
+                    dst[b] = src[a];
+            }
+}
+
+/* A device tensor [n, c, h, w] of dtype dt holding x (host NCHW), NHWC in memory if nhwc. */
+static bie_tensor upload4(bie_dtype dt, const float *x, int64_t n, int64_t c, int64_t h, int64_t w,
+                          int nhwc) {
+    const int64_t count = n * c * h * w;
+    float *t = NULL;
+    if (nhwc) {
+        t = tu_alloc((size_t)count * 4);
+        nhwc_order(x, t, n, c, h * w, 0);
+    }
+    bie_tensor d = upload_as(dt, t ? t : x, n * c * h, w);
+    reshape4(&d, n, c, h, w);
+    free(t);
+    return d;
+}
+
+/* Host NCHW floats of a device tensor [n, c, h, w] (NHWC in memory if nhwc). */
+static void download4(const bie_tensor *d, float *out, int nhwc) {
+    const int64_t count = d->shape[0] * d->shape[1] * d->shape[2] * d->shape[3];
+    if (!nhwc) {
+        download_as(d, out);
+        return;
+    }
+    float *t = tu_alloc((size_t)count * 4);
+    download_as(d, t);
+    nhwc_order(t, out, d->shape[0], d->shape[1], d->shape[2] * d->shape[3], 1);
+    free(t);
+}
+
 static pair make_pair(bie_dtype dt, geo g, uint64_t seed) {
-    pair p = {NULL, NULL, dt, g, 0, 0};
+    pair p = {NULL, NULL, dt, g, 0, 0, 0};
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     CHECK_OK(
         bie_binary_conv2d_create(&p.cpu, g.c, g.o, g.k, g.s, g.p, g.d, bie_cpu(), BIE_F32, true));
@@ -61,14 +103,41 @@ static void free_pair(pair *p) {
     bie_layer_free(p->gpu);
 }
 
+/* The NHWC forward against the CPU's NCHW one, bit for bit. */
+static int forward_nhwc_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
+                                const char *what) {
+    const geo *g = &p->g;
+    const int64_t count = g->n * g->o * p->oh * p->ow;
+    bie_tensor gout = device_empty(p->dt, g->n * g->o * p->oh, p->ow);
+    reshape4(&gout, g->n, g->o, p->oh, p->ow);
+    poison_device(&gout);
+    float *cout = tu_alloc((size_t)count * 4), *got = tu_alloc((size_t)count * 4);
+    tu_poison(cout, count);
+    bie_tensor ch = tu_view(cout, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
+    bie_status st = bie_layer_forward(p->gpu, gx, &gout);
+    CHECK(st == BIE_OK);
+    if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
+    CHECK_OK(bie_layer_forward(p->cpu, cx, &ch));
+    download4(&gout, got, 1);
+    for (int64_t i = 0; i < count; i++) cout[i] = round_to(p->dt, cout[i]);
+    const int same = compare_exact(what, got, cout, count);
+    CHECK(same);
+    bie_tensor_free(&gout);
+    free(cout);
+    free(got);
+    return same;
+}
+
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, const char *what) {
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
-    if (!forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what))
+    if (!(p->nhwc ? forward_nhwc_matches(p, gx, cx, what)
+                  : forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what)))
         fprintf(stderr,
-                "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d)\n",
+                "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d%s)\n",
                 bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h,
-                (long long)g->w, (long long)g->o, g->k, g->s, g->p, g->d, tu_layer_kernel(p->gpu));
+                (long long)g->w, (long long)g->o, g->k, g->s, g->p, g->d, tu_layer_kernel(p->gpu),
+                p->nhwc ? ", NHWC" : "");
 }
 
 static void backward_matches(pair *p) {
@@ -77,8 +146,7 @@ static void backward_matches(pair *p) {
     const int64_t nw = g->o * g->c * g->k * g->k;
     float *go = tu_alloc((size_t)ng * 4);
     fill_input(go, ng);
-    bie_tensor gg = upload_as(p->dt, go, g->n * g->o * p->oh, p->ow);
-    reshape4(&gg, g->n, g->o, p->oh, p->ow);
+    bie_tensor gg = upload4(p->dt, go, g->n, g->o, p->oh, p->ow, p->nhwc);
     bie_tensor cg = tu_view(go, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
     bie_tensor ggx = device_empty(p->dt, g->n * g->c * g->h, g->w);
     reshape4(&ggx, g->n, g->c, g->h, g->w);
@@ -90,7 +158,7 @@ static void backward_matches(pair *p) {
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
     const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
-    download_as(&ggx, got);
+    download4(&ggx, got, p->nhwc);
     CHECK(compare_close("grad_x", got, cgx, nx, tol));
     bie_tensor a, b;
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
@@ -120,13 +188,15 @@ static void backward_matches(pair *p) {
     free(got);
 }
 
-static void check_shape(bie_dtype dt, geo g, int all_kernels) {
+/* nhwc: the GPU layer runs on channels-last activations (the CPU's stay NCHW). */
+static void check_shape(bie_dtype dt, geo g, int all_kernels, int nhwc) {
     pair p = make_pair(dt, g, 77 + (uint64_t)(g.n * 131 + g.c * 17 + g.o * 3 + g.k));
+    p.nhwc = nhwc;
+    CHECK_OK(bie_layer_set_channels_last(p.gpu, nhwc != 0));
     const int64_t nx = g.n * g.c * g.h * g.w;
     float *x = tu_alloc((size_t)nx * 4);
     fill_input(x, nx);
-    bie_tensor gx = upload_as(dt, x, g.n * g.c * g.h, g.w);
-    reshape4(&gx, g.n, g.c, g.h, g.w);
+    bie_tensor gx = upload4(dt, x, g.n, g.c, g.h, g.w, nhwc);
     bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, g.c, g.h, g.w);
 
     CHECK_OK(bie_layer_set_activation(p.gpu, &gx, NULL));
@@ -178,7 +248,7 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
     /* The fused kernel (ceil(C / 32) % 4 == 0) under other plans: every channel width, bands
      * of 32 and 96 pixels (starting mid-row, running on into the next image), of two output
      * rows and of 2048 pixels (several images). The plans that fit run; some must. */
-    if ((g.c + 31) / 32 % 4 == 0) {
+    if ((g.c + 31) / 32 % 4 == 0 && !nhwc) { /* (NCHW input only) */
         const int bns[] = {64, 128, 256}, bps[] = {32, 96, 2 * (int)p.ow, 2048};
         int ran = 0;
         for (int i = 0; i < 3; i++)
@@ -362,11 +432,22 @@ int main(int argc, char **argv) {
     };
     const int count_all = (int)(sizeof shapes / sizeof shapes[0]), count = small ? 4 : count_all;
     for (int d = 0; d < 3; d++)
-        for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1);
+        for (int i = 0; i < count; i++) check_shape(kDtypes[d], shapes[i], d == 0 && i % 3 == 1, 0);
+    /* Channels last: every shape in bfloat16 (every third with every kernel), every third in
+     * float32 (the cuBLAS backward) and float16. */
+    for (int i = 0; i < count; i++) {
+        check_shape(BIE_BF16, shapes[i], i % 3 == 2, 1);
+        if (i % 3 == 0) {
+            check_shape(BIE_F32, shapes[i], 0, 1);
+            check_shape(BIE_F16, shapes[i], 0, 1);
+        }
+    }
     if (small) {
-        check_shape(BIE_BF16, shapes[8], 0); /* one shape of the fused kernel, every plan */
-        check_shape(BIE_F16, shapes[count_all - 2], 0);  /* 128 channels a grad_x block */
-        check_shape(BIE_BF16, shapes[count_all - 1], 0); /* 128 output channels a grad_w block */
+        check_shape(BIE_BF16, shapes[8], 0, 0); /* one shape of the fused kernel, every plan */
+        check_shape(BIE_F16, shapes[count_all - 2], 0, 0);  /* 128 channels a grad_x block */
+        check_shape(BIE_BF16, shapes[count_all - 1], 0, 0); /* 128 output channels a grad_w block */
+        check_shape(BIE_BF16, shapes[count_all - 2], 0, 1); /* the same, channels last */
+        check_shape(BIE_F16, shapes[9], 0, 1);              /* 256 channels: grad_out in place */
     }
     for (int d = 0; d < 3; d++) {
         special_values(kDtypes[d], 128);

@@ -21,7 +21,7 @@ typedef struct conv_case {
 } conv_case;
 
 static void check_conv(conv_case cc, int with_bias, int with_dx, int with_db) {
-    bie_conv_geom g = {cc.n, cc.c, cc.h, cc.w, cc.o, 0, 0, cc.k, cc.s, cc.p, cc.d};
+    bie_conv_geom g = {cc.n, cc.c, cc.h, cc.w, cc.o, 0, 0, cc.k, cc.s, cc.p, cc.d, 0};
     g.oh = (cc.h + 2 * cc.p - (int64_t)cc.d * (cc.k - 1) - 1) / cc.s + 1;
     g.ow = (cc.w + 2 * cc.p - (int64_t)cc.d * (cc.k - 1) - 1) / cc.s + 1;
     const int64_t nx = g.n * g.c * g.h * g.w, nw = g.o * g.c * g.k * g.k,

@@ -326,7 +326,7 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
         for (int variant = 0; variant < 4; variant++) {
             const int bf16 = variant & 1, conv = variant >> 1;
             if (conv && m % 3) continue;
-            bie_cuda_conv_out co = {m / 3, NULL, NULL};
+            bie_cuda_conv_out co = {m / 3, NULL, NULL, 0};
             const int64_t plane = m / 3;
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < n; j++) {
@@ -382,7 +382,7 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
  * device runs, on NHWC codes and tap-ordered weight codes (random nibbles, code 0 past C),
  * against integer dot products on the host: out = (float)dot * (scale_a * scale_w), exactly. */
 static void check_conv_variants(int64_t n, int64_t c, int64_t hw, int64_t o) {
-    const bie_conv_geom g = {n, c, hw, hw, o, hw, hw, 3, 1, 1, 1};
+    const bie_conv_geom g = {n, c, hw, hw, o, hw, hw, 3, 1, 1, 1, 0};
     const int64_t cb = bie_cuda_q4_conv_cb(c), ld = 9 * cb, rows = n * hw * hw;
     uint8_t *codes = tu_alloc((size_t)(n * hw * hw * cb)), *taps = tu_alloc((size_t)(o * ld));
     int8_t *ac = tu_alloc((size_t)(n * hw * hw * c)), *wc = tu_alloc((size_t)(o * 9 * c));
