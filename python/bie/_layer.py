@@ -278,8 +278,11 @@ class Layer:
         self.channels_last = bool(on)
 
     def check_forward(self, x, packed=False):
+        """x: contiguous, or channels-last contiguous (the check reads its shape only)."""
+        nhwc = (not packed and x.dim() == 4 and not x.is_contiguous()
+                and x.is_contiguous(memory_format=torch.channels_last))
         self._call(_lib.function("bie_layer_check_forward"),
-                   ctypes.byref(describe(x, packed=packed, what="input")))
+                   ctypes.byref(describe(x, packed=packed, what="input", channels_last=nhwc)))
 
     def set_activation(self, x, out):
         """x and out: as input_view gave x (the layer's layout set)."""

@@ -12,11 +12,13 @@ CUDA = torch.cuda.is_available() and bie.cuda_built() and _lib.lib().bie_cuda_de
 
 
 def _pair(cls, args, device, dtype, seed):
-    """Two modules with the same parameters."""
-    torch.manual_seed(seed)
-    a = cls(*args, device=device, dtype=dtype) if device == "cuda" else cls(*args)
-    b = cls(*args, device=device, dtype=dtype) if device == "cuda" else cls(*args)
-    b.set_weight_data(a.weight.detach().clone())
+    """Two modules with the same parameters (the same seed for their initialisation)."""
+    made = []
+    for _ in range(2):
+        torch.manual_seed(seed)
+        made.append(cls(*args, device=device, dtype=dtype) if device == "cuda" else cls(*args))
+    a, b = made
+    assert torch.equal(a.weight, b.weight)
     with torch.no_grad():
         if getattr(a, "bias_a", None) is not None:
             a.bias_a.uniform_(-0.3, 0.3)
