@@ -161,6 +161,70 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// NHWC input whose channels are a multiple of 32 (x 16-byte aligned): lane = 8 consecutive
+// elements (one or two 16-byte loads), so that four neighbouring lanes hold one sign word's
+// channels and a warp loads 32 x 8 contiguous elements. Chunk q (of 8 elements) is channels
+// 8 (q % (C / 8)) .. + 7 of its pixel, and four chunks 4 w .. 4 w + 3 are word w of the NHWC
+// words. The same float arithmetic as pack_input. 32-bit chunk indices (the launcher checks).
+template <typename T, bool TRAIN>
+__global__ void __launch_bounds__(256)
+    pack_input_nhwc8(const T *__restrict__ x, unsigned chunks, unsigned per_pixel,
+                     const float *__restrict__ bias, const float *scale_a, const float *scale_w,
+                     float *saved_scales, uint32_t *signs, uint32_t *mask) {
+    pdl_trigger();  // the GEMM that reads these words may launch now
+    if (saved_scales && blockIdx.x == 0 && threadIdx.x == 0) {
+        saved_scales[0] = *scale_a;
+        saved_scales[1] = *scale_w;
+    }
+    const int lane = (int)threadIdx.x & 31, sh = 8 * (lane & 3);
+    const float sa = TRAIN ? *scale_a : 1.0f;
+    const unsigned warps = gridDim.x * (blockDim.x / 32);
+    for (unsigned qb = (blockIdx.x * blockDim.x + threadIdx.x) / 32 * 32; qb < chunks;
+         qb += warps * 32) {
+        const unsigned q = qb + lane;
+        uint32_t sb = 0, mb = 0;
+        if (q < chunks) {
+            const unsigned c0 = q % per_pixel * 8;
+            float v[8];
+            if constexpr (sizeof(T) == 2) {
+                const uint4 raw = reinterpret_cast<const uint4 *>(x)[q];
+                const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = run_elem<T>(w, j);
+            } else {
+                const float4 a = reinterpret_cast<const float4 *>(x)[2 * q],
+                             b = reinterpret_cast<const float4 *>(x)[2 * q + 1];
+                v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+                v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+            }
+            const float4 b0 = *reinterpret_cast<const float4 *>(bias + c0),
+                         b1 = *reinterpret_cast<const float4 *>(bias + c0 + 4);
+            const float bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float e = v[j] + bb[j];
+                sb |= (uint32_t)(e >= 0.0f) << j;
+                if (TRAIN) {
+                    const float r = e / sa;
+                    mb |= (uint32_t)(r >= -1.0f && r <= 1.0f) << j;
+                }
+            }
+        }
+        sb <<= sh;
+        mb <<= sh;
+        sb |= __shfl_xor_sync(0xffffffffu, sb, 1);
+        sb |= __shfl_xor_sync(0xffffffffu, sb, 2);
+        if (TRAIN) {
+            mb |= __shfl_xor_sync(0xffffffffu, mb, 1);
+            mb |= __shfl_xor_sync(0xffffffffu, mb, 2);
+        }
+        if ((lane & 3) == 0 && q < chunks) {
+            signs[q >> 2] = sb;
+            if (TRAIN) mask[q >> 2] = mb;
+        }
+    }
+}
+
 // Pixels per lane: the widest aligned run of at most 8 bytes, narrowed while the grid would
 // have too few warps (small inputs gain more from lanes than from wider loads).
 template <typename T>
@@ -168,6 +232,20 @@ void pack_input_any(const void *xv, const bie_conv_geom *g, const float *bias, c
                     const float *scale_w, float *saved_scales, uint32_t *signs, uint32_t *mask) {
     const T *x = static_cast<const T *>(xv);
     const int64_t hw = g->h * g->w, nhw = g->n * hw, cw = bie_cuda_conv_cw(g);
+    const int64_t chunks = nhw * g->c / 8;
+    if (g->nhwc && g->c % 32 == 0 && chunks < ((int64_t)1 << 31) && (uintptr_t)x % 16 == 0 &&
+        (uintptr_t)bias % 16 == 0) {
+        const unsigned blocks = blocks_for(chunks, 256);
+        if (mask)
+            pack_input_nhwc8<T, true><<<blocks, 256, 0, current_stream>>>(
+                x, (unsigned)chunks, (unsigned)(g->c / 8), bias, scale_a, scale_w, saved_scales,
+                signs, mask);
+        else
+            pack_input_nhwc8<T, false><<<blocks, 256, 0, current_stream>>>(
+                x, (unsigned)chunks, (unsigned)(g->c / 8), bias, scale_a, scale_w, saved_scales,
+                signs, mask);
+        return;
+    }
     if (g->nhwc) {
         const unsigned blocks = blocks_for(nhw * cw * 32, 256);
         if (mask)
@@ -509,12 +587,17 @@ __global__ void __launch_bounds__(2 * BN, 1)
             row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
         // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane; NHWC:
         // 32 neighbouring channels of one pixel.
-        if (ep.conv.nhwc) {
+        if (ep.conv.nhwc) {  // channel pairs: 64 neighbouring channels a warp
             for (int rl = tid >> 5; rl < kConvBM && t * kConvBM + rl < rows; rl += THREADS / 32) {
                 const int64_t first = (int64_t)(t * kConvBM + rl) * O + n0;
-                for (int cl = tid & 31; cl < cols; cl += 32)
-                    store_out(ep.out, first + cl, (float)sC[cl * kConvCS + rl] * scale,
-                              ep.out_type);
+                for (int cl = 2 * (tid & 31); cl < cols; cl += 64) {
+                    const float v0 = (float)sC[cl * kConvCS + rl] * scale;
+                    if (cl + 1 < cols)
+                        store_out2(ep.out, first + cl, v0,
+                                   (float)sC[(cl + 1) * kConvCS + rl] * scale, ep.out_type);
+                    else
+                        store_out(ep.out, first + cl, v0, ep.out_type);
+                }
             }
             continue;
         }

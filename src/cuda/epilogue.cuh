@@ -28,6 +28,22 @@ __device__ __forceinline__ void store_out(void *out, int64_t i, float v, int typ
         static_cast<__half *>(out)[i] = __float2half(v);
 }
 
+// out[i], out[i + 1] = v0, v1 as one store where out + i is aligned to two elements, else two.
+__device__ __forceinline__ void store_out2(void *out, int64_t i, float v0, float v1, int type) {
+    const int elem = type == kOutF32 ? 4 : 2;
+    if ((reinterpret_cast<uintptr_t>(out) + (uintptr_t)i * elem) % (2 * elem) != 0) {
+        store_out(out, i, v0, type);
+        store_out(out, i + 1, v1, type);
+    } else if (type == kOutF32) {
+        *reinterpret_cast<float2 *>(static_cast<float *>(out) + i) = make_float2(v0, v1);
+    } else if (type == kOutBF16) {
+        *reinterpret_cast<__nv_bfloat162 *>(static_cast<__nv_bfloat16 *>(out) + i) =
+            __floats2bfloat162_rn(v0, v1);
+    } else {
+        *reinterpret_cast<__half2 *>(static_cast<__half *>(out) + i) = __floats2half2_rn(v0, v1);
+    }
+}
+
 // Where one output row goes: its first element's index, the step between columns, and the
 // padding class of a convolution pixel (0: no correction).
 struct OutRow {
@@ -70,25 +86,13 @@ struct Epilogue {
     // and aligned in memory (row-major output), else two stores; the same values either way.
     __device__ __forceinline__ void store2(const OutRow &r, int64_t col, long long d0, long long d1,
                                            float s) const {
-        if (conv.plane == 0 || (conv.nhwc && r.cls == 0)) {
-            const int64_t i = r.base + col;
-            const float v0 = (float)d0 * s, v1 = (float)d1 * s;
-            if (out_type == kOutF32) {
-                float *p = static_cast<float *>(out) + i;
-                if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-                    *reinterpret_cast<float2 *>(p) = make_float2(v0, v1);
-                    return;
-                }
-            } else {
-                uint16_t *p = static_cast<uint16_t *>(out) + i;
-                if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
-                    if (out_type == kOutBF16)
-                        *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v0, v1);
-                    else
-                        *reinterpret_cast<__half2 *>(p) = __floats2half2_rn(v0, v1);
-                    return;
-                }
+        if (conv.plane == 0 || conv.nhwc) {
+            if (r.cls) {
+                d0 += conv.corr[(int64_t)r.cls * n + col];
+                d1 += conv.corr[(int64_t)r.cls * n + col + 1];
             }
+            store_out2(out, r.base + col, (float)d0 * s, (float)d1 * s, out_type);
+            return;
         }
         store(r, col, d0, s);
         store(r, col + 1, d1, s);
