@@ -353,9 +353,9 @@ BIE_API bie_status bie_layer_set_gemm_kernel(bie_layer *layer, int id);
 BIE_API bie_status bie_layer_set_training(bie_layer *layer, bool training);
 
 /* Conv kinds: whether the 4-D activations of later calls (forward's x and out, backward's
- * grad_out and grad_x, set_activation's x and x_out) are NHWC in memory ("channels last", as PyTorch's
- * torch.channels_last); their shapes stay [n, c, h, w]. A backward reads the layout of the
- * forward it follows. Results are the same in both layouts (the binary forward bit for bit).
+ * grad_out and grad_x, set_activation's x and x_out) are NHWC in memory ("channels last", as
+ * PyTorch's torch.channels_last); their shapes stay [n, c, h, w]. A backward reads the layout of
+ * the forward it follows. Results are the same in both layouts (the binary forward bit for bit).
  * Errors: linear kinds (BIE_ERR_INVALID_ARGUMENT); kinds and devices without NHWC kernels,
  * today all but the binary conv2d on CUDA (BIE_ERR_UNSUPPORTED: transpose around the call). */
 BIE_API bie_status bie_layer_set_channels_last(bie_layer *layer, bool channels_last);

@@ -489,7 +489,8 @@ static void test_setters(void) {
     {
         bie_layer *conv = NULL;
         bool on = true;
-        CHECK(bie_binary_conv2d_create(&conv, 4, 6, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) == BIE_OK);
+        CHECK(bie_binary_conv2d_create(&conv, 4, 6, 3, 1, 1, 1, bie_cpu(), BIE_F32, true) ==
+              BIE_OK);
         EXPECT_L(conv, BIE_ERR_UNSUPPORTED, bie_layer_set_channels_last(conv, true));
         CHECK(bie_layer_get_channels_last(conv, &on) == BIE_OK && !on);
         CHECK(bie_layer_set_channels_last(conv, false) == BIE_OK);

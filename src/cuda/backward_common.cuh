@@ -61,13 +61,13 @@ bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, b
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);
 bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a);
 
-// grad_x [n, c, h, w] (NHWC in memory where g64.nhwc) = sum over the taps that read each input pixel of cols [c k k][n oh ow]
-// (tap order, as the CPU's col2im), times the clip bit mask(n, c, pix, at) (at: the element's
-// flat NCHW index): one thread per element, block (pixel block, planes); also kept in f32 (g)
-// for the reductions. 32-bit index math (the layers check the extents); UNIT: stride 1, where
-// a tap's output position needs no division. KF: the kernel size when fixed at compile time
-// (0: read from the shape); fixed, the tap loops unroll and every tap's load is in flight at
-// once (the sum keeps its order).
+// grad_x [n, c, h, w] (NHWC in memory where g64.nhwc) = sum over the taps that read each input
+// pixel of cols [c k k][n oh ow] (tap order, as the CPU's col2im), times the clip bit mask(n, c,
+// pix, at) (at: the element's flat NCHW index): one thread per element, block (pixel block,
+// planes); also kept in f32 (g) for the reductions. 32-bit index math (the layers check the
+// extents); UNIT: stride 1, where a tap's output position needs no division. KF: the kernel size
+// when fixed at compile time (0: read from the shape); fixed, the tap loops unroll and every tap's
+// load is in flight at once (the sum keeps its order).
 template <typename T, bool UNIT, int KF, class Mask>
 __global__ void __launch_bounds__(256)
     conv_col2im_mask(const float *cols, Mask mask, bie_conv_geom g64, T *grad_x, float *g) {

@@ -547,11 +547,11 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const bool gt_in_place =
         g.nhwc && op == g.o && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0;
     Workspace<6> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)kk * cp * op * sizeof(T),
-                           gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
-                           (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
-                           (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes()},
-                          "cudaMallocAsync (conv backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc(
+        {(size_t)kk * cp * op * sizeof(T), gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
+         (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
+         (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes()},
+        "cudaMallocAsync (conv backward workspace)"));
     T *wt = ws.at<T>(0);
     T *gt = gt_in_place ? const_cast<T *>(static_cast<const T *>(a.grad_out)) : ws.at<T>(1);
     float *part_sum = ws.at<float>(2), *part_dot = part_sum + tiles * g.c;

@@ -13,16 +13,17 @@ namespace {
 // The epilogue of a block of two warpgroups, each with RB 64-row blocks of NB channels:
 // tile rows 64 RB wg + 64 rb + 16 wi + g (+ 8), channels c0 + 8 nj + 2 tq (+ 1). pixel_of(r)
 // is tile row r's flat input pixel (n HW + y W + x), or -1 past the tile. The clip mask,
-// scale_w (sw), grad_x in its dtype (NCHW, or NHWC where nhwc), and the tile's per-channel sums of the masked
-// gradient and of its product with sign(x') into part_sum / part_dot [blockIdx.x][C], reduced
-// over the 8 warps in a fixed order (red: the block's shared scratch). One 32-channel word at
-// a time (its four 8-channel column groups), so that only its sums are live beside the
+// scale_w (sw), grad_x in its dtype (NCHW, or NHWC where nhwc), and the tile's per-channel sums of
+// the masked gradient and of its product with sign(x') into part_sum / part_dot [blockIdx.x][C],
+// reduced over the 8 warps in a fixed order (red: the block's shared scratch). One 32-channel word
+// at a time (its four 8-channel column groups), so that only its sums are live beside the
 // accumulators.
 template <typename T, int RB, int NB, class PixelOf>
 __device__ __forceinline__ void wg_dgrad_epilogue(
     const float (&acc)[RB][NB / 2], PixelOf pixel_of, const uint32_t *__restrict__ mask,
-    const uint32_t *__restrict__ signs, float sw, int C, int HW, bool nhwc, int c0, T *__restrict__ grad_x,
-    float *__restrict__ part_sum, float *__restrict__ part_dot, float (&red)[2][8][NB]) {
+    const uint32_t *__restrict__ signs, float sw, int C, int HW, bool nhwc, int c0,
+    T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot,
+    float (&red)[2][8][NB]) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wi = warp & 3;
     const int gq = lane >> 2, tq = lane & 3, cw = (C + 31) / 32;
 #pragma unroll

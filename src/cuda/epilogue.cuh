@@ -54,8 +54,8 @@ struct OutRow {
 // out_type and out as above; n output columns. The scale is scale_a * scale_w read on the
 // device (layers, whose scales live in device memory) or a constant. A convolution
 // (conv.plane > 0) maps row r to image r / plane, pixel r % plane, and column c to channel c:
-// out[(image * n + c) * plane + pixel] (NHWC: out[r * n + c]); with conv.corr, dot += corr[class(pixel) * n + c]
-// first (the binary kernels' zero-padding correction).
+// out[(image * n + c) * plane + pixel] (NHWC: out[r * n + c]); with conv.corr, dot +=
+// corr[class(pixel) * n + c] first (the binary kernels' zero-padding correction).
 struct Epilogue {
     int out_type;
     void *out;

@@ -195,8 +195,8 @@ static bie_status reserve_activations(bie_layer *l, int64_t words) {
 static bie_status finish_forward(bie_layer *l, const bie_conv_geom *g, bool keep) {
     CU(l)->g = *g;
     if (keep) {
-        bie_conv_geom sg = {g->n, g->c, g->h, g->w, g->o, g->oh, g->ow, g->k, g->s, g->p, g->d,
-                            g->nhwc};
+        bie_conv_geom sg = {g->n,  g->c, g->h, g->w, g->o, g->oh,
+                            g->ow, g->k, g->s, g->p, g->d, g->nhwc};
         l->saved_geom = sg;
         l->has_saved = true;
     }

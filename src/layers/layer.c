@@ -412,8 +412,8 @@ bie_status bie_layer_set_channels_last(bie_layer *l, bool channels_last) {
     static const char *who = "set_channels_last";
     CHECK_LAYER(l);
     if (!l->kind->conv)
-        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s_%s: only conv layers have channels", l->kind->name,
-                        who);
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "%s_%s: only conv layers have channels",
+                        l->kind->name, who);
     if (channels_last && !l->ops->channels_last)
         return bie_fail(BIE_ERR_UNSUPPORTED,
                         "%s_%s: NHWC activations exist for the binary conv2d on CUDA only",

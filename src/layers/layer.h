@@ -45,8 +45,8 @@ struct bie_layer {
     bie_dtype dtype;
     bool symmetric; /* binary kinds (SPEC §2) */
     bool training;
-    int kernel_id;     /* -1: default per shape */
-    int backward_mode; /* bie_backward_mode */
+    int kernel_id;      /* -1: default per shape */
+    int backward_mode;  /* bie_backward_mode */
     bool channels_last; /* conv activations NHWC in memory (bie_layer_set_channels_last) */
 
     bie_binary_weight w; /* binary kinds: [out, fan_in] (on CUDA: host staging only) */
