@@ -10,16 +10,23 @@ One JSON line per (shape, layout): median microseconds of ``--steps`` steps each
 events around every step, after ``--warmup`` steps), and ``ratio`` = PyTorch time / bie time
 (above 1: bie faster). Both sides get the same bf16 input and output gradient; the step
 includes each side's own work on them (bie: sign packing, clip mask, int8 gradient; PyTorch:
-its convolution kernels and any layout copies)."""
+its convolution kernels and any layout copies). Eager steps include the host's time where it
+exceeds the device's; ``--cuda-graph`` times each side's step captured in a CUDA graph (the
+device's time only)."""
 
 import argparse
 import json
 import statistics
 import sys
 
+import pathlib
+
 import torch
 
 import bie
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from train_resnet import captured  # noqa: E402  (the same graph capture as the ResNet bench)
 
 SHAPES = (  # (batch, in_c, out_c, size, stride)
     (1024, 64, 64, 32, 1),
@@ -60,6 +67,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="time each side's step captured in a CUDA graph (no host time)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("conv_layers: no CUDA device", file=sys.stderr)
@@ -79,11 +88,14 @@ def main(argv=None):
             fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
             xl, gl = x.contiguous(memory_format=fmt), g.contiguous(memory_format=fmt)
             ref = ref.to(memory_format=fmt)
-            ours_us = median_us(layer_step(ours, xl, gl), args.steps, args.warmup)
-            torch_us = median_us(layer_step(ref, xl, gl), args.steps, args.warmup)
+            steps = [layer_step(ours, xl, gl), layer_step(ref, xl, gl)]
+            if args.cuda_graph:
+                steps = [captured(s, torch.device(dev)) for s in steps]
+            ours_us, torch_us = (median_us(s, args.steps, args.warmup) for s in steps)
             print(json.dumps({
                 "bench": "conv_layers", "batch": n, "in_c": ci, "out_c": co, "size": hw,
-                "stride": s, "layout": layout, "bie_us": round(ours_us, 1),
+                "stride": s, "layout": layout, "cuda_graph": args.cuda_graph,
+                "bie_us": round(ours_us, 1),
                 "torch_bf16_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3),
                 "device_name": torch.cuda.get_device_name(), "torch": torch.__version__}),
                 flush=True)
