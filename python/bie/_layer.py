@@ -194,6 +194,8 @@ class Layer:
         self.training = bool(desc.training)  # the C layer's flag, mirrored
         self.channels_last = False  # the C layer's activation layout, mirrored
         self._nhwc_kernels = None  # whether it has NHWC kernels (asked on first need)
+        self._out_shapes = {}  # conv: input shape -> output shape (checked once per shape)
+        self._grad_views = {}  # CUDA: gradient -> (its buffer, a tensor over it)
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
@@ -405,7 +407,14 @@ class Layer:
             return None
         _lib.check(status)
         if d.device.type == _lib.DEVICE_CUDA:
-            return _lib.wrap(d, self).clone()
+            # The tensor over the layer's gradient buffer is made again only when the buffer
+            # changed; it holds no reference to the layer (the layer holds it).
+            key = (d.data, d.dtype, tuple(d.shape[:d.ndim]))
+            view = self._grad_views.get(which)
+            if view is None or view[0] != key:
+                view = (key, _lib.wrap(d, None))
+                self._grad_views[which] = view
+            return view[1].clone()
         out = torch.empty(d.shape[:d.ndim], dtype=_lib.torch_dtype(d.dtype))
         ctypes.memmove(out.data_ptr(), d.data, out.numel() * out.element_size())
         return out
@@ -413,15 +422,21 @@ class Layer:
     # -------------------------------------------------------------- forward / backward
 
     def output_shape(self, x):
-        """Shape of the forward's output for input x (checked by the library for convs)."""
+        """Shape of the forward's output for input x (checked by the library for convs, once
+        per input shape: the forward checks every call again)."""
         if self.conv:
+            known = self._out_shapes.get(tuple(x.shape))
+            if known is not None:
+                return known
             self.check_forward(x)
             in_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*x.shape)
             out_ndim = ctypes.c_int()
             out_shape = (ctypes.c_int64 * _lib.MAX_DIMS)()
             self._call(_lib.function("bie_layer_output_shape"), x.dim(), in_shape,
                        ctypes.byref(out_ndim), out_shape)
-            return tuple(out_shape[:out_ndim.value])
+            shape = tuple(out_shape[:out_ndim.value])
+            self._out_shapes[tuple(x.shape)] = shape
+            return shape
         return tuple(x.shape[:-1]) + (self.out_features,)
 
     def forward(self, x, packed=False):

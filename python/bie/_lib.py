@@ -468,7 +468,15 @@ def function(name):
 # ------------------------------------------------------------------ CUDA streams
 
 
+# torch's current stream as a raw handle without making a Stream object (several
+# microseconds a call), where this torch has the function (its C++ extensions use it).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def enter_stream(device):
     """Make bie launch on torch's current stream of ``device`` (a CUDA torch.device)."""
-    stream = torch.cuda.current_stream(device)
-    check(lib().bie_cuda_set_stream(ctypes.c_void_p(stream.cuda_stream)))
+    if _raw_stream is not None and device.index is not None:
+        handle = _raw_stream(device.index)
+    else:
+        handle = torch.cuda.current_stream(device).cuda_stream
+    check(lib().bie_cuda_set_stream(ctypes.c_void_p(handle)))
