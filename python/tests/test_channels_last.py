@@ -119,3 +119,18 @@ def test_layer_refuses_channels_last_where_it_has_no_nhwc_kernels():
         conv._layer._set_channels_last(True)
     x = torch.randn(2, 4, 5, 5).contiguous(memory_format=torch.channels_last)
     assert conv(x).is_contiguous()  # converted, NCHW out
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_set_activation_takes_channels_last_input(device):
+    """set_activation (scale_a from the input, x + bias_a returned) on channels-last input
+    gives the NCHW result's values (in the input's layout where the layer has NHWC kernels)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = _pair(bie.BinaryConv2dCutlass, (16, 8, 3, 1, 1), device, dtype, 9)
+    x = torch.randn(2, 16, 5, 6, device=device, dtype=dtype)
+    ya = a.set_activation(x)
+    yb = b.set_activation(x.contiguous(memory_format=torch.channels_last))
+    assert torch.equal(yb, ya)
+    assert torch.equal(b.scale_a, a.scale_a)
+    if device == "cuda":
+        assert yb.is_contiguous(memory_format=torch.channels_last)
