@@ -104,6 +104,13 @@ _int8_grads = {}
 _warned_accumulation = False
 
 
+def channels_last_input(x, packed=False):
+    """Whether x is a 4-D float tensor in torch.channels_last memory (and not also
+    contiguous, as tensors with one channel or one pixel are)."""
+    return (not packed and x.dim() == 4 and x.is_floating_point() and not x.is_contiguous()
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
 def held_float_grad(weight, layer):
     """Before a backward of ``layer`` into the int8 binary weight ``weight``: when
     ``weight.grad`` is still the gradient bie set last, unchanged (no ``zero_grad`` since:
@@ -257,9 +264,7 @@ class Layer:
         channels-last contiguous (and not also contiguous) for a conv layer with NHWC
         kernels. Sets the layer's layout to match; the caller passes x itself then, else
         x.contiguous()."""
-        nhwc = (self.conv and not packed and x.dim() == 4 and x.is_floating_point()
-                and not x.is_contiguous()
-                and x.is_contiguous(memory_format=torch.channels_last))
+        nhwc = self.conv and channels_last_input(x, packed)
         if nhwc and self._nhwc_kernels is None:
             try:
                 self._set_channels_last(True)
@@ -274,6 +279,13 @@ class Layer:
     def input_view(self, x, packed=False):
         """x as the C layer takes it (see runs_channels_last): itself, or contiguous."""
         return x if self.runs_channels_last(x, packed) else x.contiguous()
+
+    def output_view(self, out, x, packed=False):
+        """The forward's output ``out`` for the input ``x`` in x's memory format, as torch's
+        conv2d returns it: channels-last also where the layer ran on an NCHW copy."""
+        if self.conv and not self.channels_last and channels_last_input(x, packed):
+            return out.contiguous(memory_format=torch.channels_last)
+        return out
 
     def _set_channels_last(self, on):
         self._call(_lib.function("bie_layer_set_channels_last"), bool(on))

@@ -78,7 +78,7 @@ def _forward(ctx, layer, x, weight, scale_a, bias_a, is_train):
     sync = distributed.active()  # inside a DistributedDataParallel forward
     if sync is not None and not packed:
         distributed.agree_scale_a(layer, x_run, sync)
-    out = layer.forward(x_run, packed)
+    out = layer.output_view(layer.forward(x_run, packed), x, packed)
     training = bool(is_train) and not packed
     if layer.training:
         layer.changed()  # the previous training forward's state is gone now

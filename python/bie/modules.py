@@ -432,7 +432,7 @@ class _BieLayerModule(nn.Module):
         layer = self._layer
         layer.set_training(False)
         packed = layer.binary and not x.is_floating_point()
-        x = layer.input_view(x, packed)  # a copy only for non-contiguous input
+        x_in, x = x, layer.input_view(x, packed)  # a copy only for non-contiguous input
         sync = distributed.active()  # inside a DistributedDataParallel forward
         if sync is not None and not packed:
             distributed.agree_scale_a(layer, x if layer.conv or x.dim() <= _lib.MAX_DIMS
@@ -440,7 +440,7 @@ class _BieLayerModule(nn.Module):
         if not layer.conv and x.dim() > _lib.MAX_DIMS:  # bie tensors have rank <= 4
             return layer.forward(x.reshape(-1, x.shape[-1]), packed).reshape(
                 tuple(x.shape[:-1]) + (layer.out_features,))
-        return layer.forward(x, packed)
+        return layer.output_view(layer.forward(x, packed), x_in, packed)
 
 
 class _BinaryMixin:

@@ -1,6 +1,7 @@
 """Channels-last (NHWC) tensors through bie's conv modules: the same results as contiguous
-(NCHW) input. On CUDA the binary conv runs NHWC kernels, so its output and its input
-gradient stay channels last; elsewhere the module converts and returns NCHW."""
+(NCHW) input, and channels-last output as torch's conv2d gives. On CUDA the binary conv runs
+NHWC kernels, so its output and its input gradient are channels last without copies;
+elsewhere the module runs on an NCHW copy and converts the output back."""
 
 import pytest
 import torch
@@ -75,6 +76,8 @@ def test_binary_conv_channels_last_matches_nchw(args, shape, device, dtype):
     # back to NCHW input through the same module: the layout follows the input
     y2 = nhwc(x)
     assert y2.is_contiguous() and torch.equal(y2, y_ref)
+    if device != "cuda":  # NCHW kernels: channels-last in, channels-last out all the same
+        assert y.is_contiguous(memory_format=torch.channels_last)
     # inference
     nchw.eval()
     nhwc.eval()
@@ -117,8 +120,10 @@ def test_layer_refuses_channels_last_where_it_has_no_nhwc_kernels():
     conv = bie.BinaryConv2dCutlass(4, 4, 3, padding=1)  # the CPU: NCHW kernels only
     with pytest.raises(bie.BieError):
         conv._layer._set_channels_last(True)
-    x = torch.randn(2, 4, 5, 5).contiguous(memory_format=torch.channels_last)
-    assert conv(x).is_contiguous()  # converted, NCHW out
+    x = torch.randn(2, 4, 5, 5)
+    y = conv(x.contiguous(memory_format=torch.channels_last))  # run on an NCHW copy
+    assert y.is_contiguous(memory_format=torch.channels_last)  # as torch's conv2d returns it
+    assert torch.equal(y, conv(x))
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
