@@ -57,6 +57,15 @@ def test_one_process(bench, monkeypatch):
     assert _check(out.getvalue().splitlines(), 1) == records
 
 
+def test_channels_last_runs_both_sides_so(bench, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = io.StringIO()
+    records = bench.main(TINY + ["--channels-last"], out)
+    _check(out.getvalue().splitlines(), 1)
+    sides = [r for r in records if "side" in r and "scaling" not in r]
+    assert sides and all(r["channels_last"] for r in sides)
+
+
 def test_networks_are_the_same_shape(bench):
     """Both sides: 16 binary 3 x 3 convolutions, the same float layers, 10 logits."""
     models = {side: bench.build(side, torch.device("cpu"), torch.float32, 8, False)[0]
