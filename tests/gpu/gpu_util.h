@@ -148,12 +148,27 @@ static inline void fill_input(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(tu_next() % 511) - 255) / 64.0f;
 }
 
+/* [n][c][hw] -> [n][hw][c] (back = 0) or the reverse, host floats. */
+static inline void nhwc_order(const float *src, float *dst, int64_t n, int64_t c, int64_t hw,
+                              int back) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t q = 0; q < hw; q++) {
+                const int64_t a = (i * c + ch) * hw + q, b = (i * hw + q) * c + ch;
+                if (back)
+                    dst[a] = src[b];
+                else
+                    dst[b] = src[a];
+            }
+}
+
 /* The GPU layer's forward (into a poisoned device output of dtype dt) against the CPU
  * layer's float32 forward (into a poisoned host output) rounded to dt, bit for bit. The
- * output has ndim (2 or 4) dimensions `shape`. Returns whether they match. */
-static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shape, bie_layer *gpu,
-                                     bie_layer *cpu, const bie_tensor *gx, const bie_tensor *cx,
-                                     const char *what) {
+ * output has ndim (2 or 4) dimensions `shape`; nhwc: the GPU's 4-D output is NHWC in memory
+ * (the CPU's NCHW). Returns whether they match. */
+static inline int forward_matches_layout(bie_dtype dt, int ndim, const int64_t *shape,
+                                         bie_layer *gpu, bie_layer *cpu, const bie_tensor *gx,
+                                         const bie_tensor *cx, const char *what, int nhwc) {
     int64_t count = 1;
     for (int d = 0; d < ndim; d++) count *= shape[d];
     bie_tensor gout = device_empty(dt, count / shape[ndim - 1], shape[ndim - 1]);
@@ -169,6 +184,12 @@ static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shap
     if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
     CHECK_OK(bie_layer_forward(cpu, cx, &ch));
     download_as(&gout, got);
+    if (nhwc && ndim == 4) { /* to NCHW */
+        float *t = tu_alloc((size_t)count * 4);
+        nhwc_order(got, t, shape[0], shape[1], shape[2] * shape[3], 1);
+        memcpy(got, t, (size_t)count * 4);
+        free(t);
+    }
     for (int64_t i = 0; i < count; i++) cout[i] = round_to(dt, cout[i]);
     const int same = compare_exact(what, got, cout, count);
     CHECK(same);
@@ -176,6 +197,12 @@ static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shap
     free(cout);
     free(got);
     return same;
+}
+
+static inline int forward_matches_as(bie_dtype dt, int ndim, const int64_t *shape, bie_layer *gpu,
+                                     bie_layer *cpu, const bie_tensor *gx, const bie_tensor *cx,
+                                     const char *what) {
+    return forward_matches_layout(dt, ndim, shape, gpu, cpu, gx, cx, what, 0);
 }
 
 /* |got - ref| <= tol * max|ref| + 1e-6 everywhere. */

@@ -23,19 +23,6 @@ typedef struct pair {
     int nhwc; /* the GPU layer's activations are NHWC (channels last) */
 } pair;
 
-/* [n][c][hw] -> [n][hw][c] (back = 0) or the reverse, host floats. */
-static void nhwc_order(const float *src, float *dst, int64_t n, int64_t c, int64_t hw, int back) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t ch = 0; ch < c; ch++)
-            for (int64_t q = 0; q < hw; q++) {
-                const int64_t a = (i * c + ch) * hw + q, b = (i * hw + q) * c + ch;
-                if (back)
-                    dst[a] = src[b];
-                else
-                    dst[b] = src[a];
-            }
-}
-
 /* A device tensor [n, c, h, w] of dtype dt holding x (host NCHW), NHWC in memory if nhwc. */
 static bie_tensor upload4(bie_dtype dt, const float *x, int64_t n, int64_t c, int64_t h, int64_t w,
                           int nhwc) {
@@ -103,36 +90,10 @@ static void free_pair(pair *p) {
     bie_layer_free(p->gpu);
 }
 
-/* The NHWC forward against the CPU's NCHW one, bit for bit. */
-static int forward_nhwc_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
-                                const char *what) {
-    const geo *g = &p->g;
-    const int64_t count = g->n * g->o * p->oh * p->ow;
-    bie_tensor gout = device_empty(p->dt, g->n * g->o * p->oh, p->ow);
-    reshape4(&gout, g->n, g->o, p->oh, p->ow);
-    poison_device(&gout);
-    float *cout = tu_alloc((size_t)count * 4), *got = tu_alloc((size_t)count * 4);
-    tu_poison(cout, count);
-    bie_tensor ch = tu_view(cout, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
-    bie_status st = bie_layer_forward(p->gpu, gx, &gout);
-    CHECK(st == BIE_OK);
-    if (st != BIE_OK) fprintf(stderr, "  %s: %s\n", what, bie_last_error());
-    CHECK_OK(bie_layer_forward(p->cpu, cx, &ch));
-    download4(&gout, got, 1);
-    for (int64_t i = 0; i < count; i++) cout[i] = round_to(p->dt, cout[i]);
-    const int same = compare_exact(what, got, cout, count);
-    CHECK(same);
-    bie_tensor_free(&gout);
-    free(cout);
-    free(got);
-    return same;
-}
-
 static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx, const char *what) {
     const geo *g = &p->g;
     const int64_t shape[4] = {g->n, g->o, p->oh, p->ow};
-    if (!(p->nhwc ? forward_nhwc_matches(p, gx, cx, what)
-                  : forward_matches_as(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what)))
+    if (!forward_matches_layout(p->dt, 4, shape, p->gpu, p->cpu, gx, cx, what, p->nhwc))
         fprintf(stderr,
                 "  (dtype %s n=%lld c=%lld %lldx%lld o=%lld k=%d s=%d p=%d d=%d kernel %d%s)\n",
                 bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->h,
