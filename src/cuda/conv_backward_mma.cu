@@ -475,6 +475,12 @@ int dgrad_wgmma_nb() {
     static const int nb = env_is("BIE_CUDA_DGRAD_NB", "64") ? 64 : 128;
     return nb;
 }
+// grad_x of stride-1 channels-last layers through the TMA kernel (conv_dgrad_tma.cu) where it
+// takes the layer, unless BIE_CUDA_DGRAD_TMA=0 (to time it against the halo kernel).
+bool dgrad_tma_wanted() {
+    static const bool on = !env_is("BIE_CUDA_DGRAD_TMA", "0");
+    return on;
+}
 bool wgrad_wgmma_wanted() {
     static const bool on = !env_is("BIE_CUDA_WGRAD_WGMMA", "0");
     return on;
@@ -524,14 +530,17 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     const bool halo_wgmma =
         use_halo && dgrad_wgmma_wanted() && wgmma_usable() &&
         dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb) <= kHaloSmemMax;
+    DgradTmaTiles tma_tiles = {};
+    const bool dgrad_tma = wg_dgrad && dgrad_tma_wanted() && dgrad_tma_tiles(g, &tma_tiles);
     DgradPhases phases = {};
     phases.split = g.s > 1 && g.s * g.s <= kMaxPhases ? (int)g.s : 1;
     for (int ph = 0, sp = phases.split; ph < sp * sp; ph++) {
         const int64_t hr = (g.h - ph / sp + sp - 1) / sp, wr = (g.w - ph % sp + sp - 1) / sp;
         phases.first[ph + 1] = phases.first[ph] + (int)((g.n * hr * wr + kDgM - 1) / kDgM);
     }
-    const int64_t tiles = use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows
-                                   : phases.first[phases.split * phases.split];
+    const int64_t tiles = dgrad_tma  ? tma_tiles.tiles
+                          : use_halo ? (g.n * g.h + halo_rows - 1) / halo_rows
+                                     : phases.first[phases.split * phases.split];
     const int64_t ckk = g.c * kk;
     const int64_t ohw = g.oh * g.ow, chunks = (g.n * ohw + kBK - 1) / kBK;
     const int64_t xy = ((g.o + kWgM - 1) / kWgM) * bie_cuda_conv_cw(&g);
@@ -581,7 +590,26 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             to_pixel_major<T>
                 <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
                     static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
-        if (halo_wgmma) {
+        if (dgrad_tma) {
+            const DgradHaloArgs w = {std::is_same<T, __half>::value,
+                                     1,
+                                     64,
+                                     dim3(),
+                                     0,
+                                     gt,
+                                     wt,
+                                     a.mask,
+                                     a.signs,
+                                     a.saved_scales,
+                                     g,
+                                     op,
+                                     cp,
+                                     0,
+                                     a.grad_x,
+                                     part_sum,
+                                     part_dot};
+            s = dgrad_tma_launch(w, tma_tiles);
+        } else if (halo_wgmma) {
             const DgradHaloArgs w = {
                 std::is_same<T, __half>::value,
                 halo_mi / 2,

@@ -55,6 +55,16 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map
         "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
         : "memory");
 }
+// A 4D box of the tensor map at (x, y, z, w) (signed: a box reaching outside the tensor gets
+// zeros there) into shared memory at dst; its bytes complete on barrier bar.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap *map, int x, int y,
+                                            int z, int w, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(bar)
+        : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -73,5 +83,11 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 // the wgmma descriptors read); rows past the end arrive as zeros. False where the driver
 // cannot make it.
 bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows);
+// A 4D tensor map of an NHWC-like tensor [n][h][w] of rows of `ld` bytes (16-byte aligned, ld a
+// multiple of 16), read in boxes of 128 bytes x bw x bh x bn (each at most 256) into
+// 128-byte-swizzled shared memory, one 128-byte row per pixel; parts of a box outside the tensor
+// arrive as zeros. False where the driver cannot make it.
+bool tma_map_nhwc(CUtensorMap *map, const void *base, int64_t n, int64_t h, int64_t w, int64_t ld,
+                  int bw, int bh, int bn);
 
 }  // namespace bie_cuda

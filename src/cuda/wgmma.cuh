@@ -119,6 +119,9 @@ __device__ __forceinline__ void wgmma_b1_64x256x256(int (&d)[128], uint64_t a, u
 #define BIE_WGF16(i) BIE_WGF4(i), BIE_WGF4(i + 4), BIE_WGF4(i + 8), BIE_WGF4(i + 12)
 #define BIE_WGF32 BIE_WGF16(0), BIE_WGF16(16)
 #define BIE_WGF64 BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48)
+#define BIE_WGF128                                                                           \
+    BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48), BIE_WGF16(64), BIE_WGF16(80), \
+        BIE_WGF16(96), BIE_WGF16(112)
 #define BIE_WGF72 \
     BIE_WGF16(0), BIE_WGF16(16), BIE_WGF16(32), BIE_WGF16(48), BIE_WGF4(64), BIE_WGF4(68)
 #define BIE_WG_NAMES32                                                                           \
@@ -170,15 +173,19 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
                  : "l"(a), "l"(b), "r"(1))
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
-    static_assert(N == 64 || N == 128, "instruction shapes written out");
+    static_assert(N == 64 || N == 128 || N == 256, "instruction shapes written out");
     constexpr bool half = std::is_same<T, __half>::value;
-    if constexpr (N == 64 && half)
+    if constexpr (N == 256 && half)
+        BIE_WGMMA_F16_SS("m64n256k16", "f16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130");
+    else if constexpr (N == 256)
+        BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130");
+    else if constexpr (N == 64 && half)
         BIE_WGMMA_F16_SS("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
     else if constexpr (N == 64)
         BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
     else if constexpr (half)
         BIE_WGMMA_F16_SS("m64n128k16", "f16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
-    else
+    else if constexpr (N == 128)
         BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
 }
 #undef BIE_WGMMA_F16
@@ -187,6 +194,7 @@ __device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint
 #undef BIE_WGF16
 #undef BIE_WGF32
 #undef BIE_WGF64
+#undef BIE_WGF128
 #undef BIE_WGF72
 #undef BIE_WG_NAMES32
 #undef BIE_WG_NAMES72

@@ -80,6 +80,16 @@ struct DgradPhaseSplit {
 };
 size_t dgrad_phase_wgmma_smem(int nb);
 bie_status dgrad_phase_wgmma_launch(const DgradHaloArgs &a, const DgradPhaseSplit &phases);
+// Binary conv2d grad_x of stride-1 channels-last layers whose output is the input's size, with
+// TMA loads (conv_dgrad_tma.cu): the halo kernel's arguments (rb, nb, grid, smem and tr unused)
+// and the tiles: tr image rows of nimg images a tile, tpi tiles an image, `tiles` in all.
+// dgrad_tma_tiles says whether the kernel takes the layer on this device, and its tiles.
+struct DgradTmaTiles {
+    int tr, nimg, tpi;
+    int64_t tiles;
+};
+bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl);
+bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl);
 // Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
 // partial tiles (conv_backward_mma.cuh).
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,

@@ -37,6 +37,10 @@ size_t dgrad_phase_wgmma_smem(int) { return 0; }
 bie_status dgrad_phase_wgmma_launch(const DgradHaloArgs &, const DgradPhaseSplit &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (wgmma): built without sm_90a code");
 }
+bool dgrad_tma_tiles(const bie_conv_geom &, DgradTmaTiles *) { return false; }
+bie_status dgrad_tma_launch(const DgradHaloArgs &, const DgradTmaTiles &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (TMA): built without sm_90a code");
+}
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &, const void *, int, int, int,
                             float *) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (wgmma): built without sm_90a code");

@@ -1,0 +1,245 @@
+// grad_x of the binary conv2d backward for stride-1 channels-last layers (output the size of
+// the input) on Hopper (sm_90a), with the operands brought by the tensor memory accelerator:
+// the same products and results as the halo kernel (conv_dgrad_wgmma.cu), with the roles of
+// the operands swapped so that the wide side of each wgmma is the pixels.
+//
+// A warpgroup computes 64 input channels x 256 input pixels (a box of whole image rows, or of
+// whole images where they are small) as wgmma.m64n256k16: A is the ±1 weight of the step's
+// tap (64 input channels x 64 output channels, 128 bytes a row), B the pixel-major gradient
+// rows that the tap maps the tile's pixels to. For stride 1 those rows form the tile's own box
+// shifted by (p - i d, p - j d), so each K step (a tap and 64 output channels) is one 4D bulk
+// tensor copy of the NHWC gradient at a shifted origin, which also writes the zeros where the
+// box leaves the image: no gather, no halo, no padding in shared memory. A producer warp issues
+// the copies into a ring of stages (full / empty barriers, as kernel 121); one or two consumer
+// warpgroups (64 channels each, sharing the gradient tile) read both operands through
+// descriptors.
+//
+// The tile's clip mask and sign words are copied (cp.async) while the products run. The
+// epilogue applies the clip mask and scale_w, stages the tile's grad_x through shared
+// memory (NHWC rows written 16 bytes at a time), and writes the tile's per-channel sums of the
+// masked gradient and of its product with sign(x'), each summed in a fixed order.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "conv_backward_mma.cuh"
+#include "conv_common.cuh"
+#include "cuda_common.cuh"
+#include "dtype.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+#include "wgmma_entry.cuh"
+
+namespace bie_cuda {
+
+namespace {
+
+constexpr int kPix = 256;            // pixels of a tile: the wgmma's N
+constexpr int kRow = 128;            // a shared row: 64 16-bit channels
+constexpr int kBTile = kPix * kRow;  // the gradient tile of a stage (32 KB)
+constexpr int kATile = 64 * kRow;    // a weight tile: 64 x 64 (8 KB)
+static_assert(kDgK * 2 == kRow, "64 output channels a step");
+// NC consumer warpgroups (64 input channels each) and S stages: a stage's bytes, the block's
+// dynamic shared memory (the ring, then the full and empty barriers).
+__host__ __device__ constexpr int stage_bytes(int nc) { return kBTile + nc * kATile; }
+constexpr size_t smem_bytes(int nc, int s) { return 1024 + (size_t)s * stage_bytes(nc) + 16 * s; }
+static_assert(kBTile % 1024 == 0 && kATile % 1024 == 0, "the swizzle's alignment");
+
+template <typename T, int NC, int S>
+__global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
+    dgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_w,
+              const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
+              const float *__restrict__ scales, bie_conv_geom g64, DgradTmaTiles tl, int op, int cp,
+              T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int kStage = stage_bytes(NC);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int qpix[kPix];  // the flat input pixel of each tile pixel, -1 past the tensor
+    // Each consumer's clip mask and sign words (its two 32-channel words) of the tile's pixels,
+    // copied while the products run.
+    __shared__ uint32_t words[NC][2][kPix][2];
+    const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
+    unsigned char *gbase = smem + (base - smem_u32(smem));  // the same address, generic
+    const unsigned full0 = base + (unsigned)(S * kStage), empty0 = full0 + 8 * S;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int C = (int)g64.c, H = (int)g64.h, W = (int)g64.w, N = (int)g64.n;
+    const int k = (int)g64.k, kk = k * k, p = (int)g64.p, d = (int)g64.d;
+    const int n0 = (int)blockIdx.x / tl.tpi * tl.nimg, y0 = ((int)blockIdx.x % tl.tpi) * tl.tr;
+    const int steps = op / kDgK * kk;
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full0 + 8 * s, 1);    // the producer's arrival (and the copies' bytes)
+            mbar_init(empty0 + 8 * s, NC);  // one arrival per consumer warpgroup
+        }
+        mbar_init_fence();
+    }
+    for (int r = tid; r < kPix; r += blockDim.x) {
+        const int per_img = tl.tr * W, n = n0 + r / per_img, rem = r % per_img;
+        const int y = y0 + rem / W, x = rem % W;
+        qpix[r] = r < per_img * tl.nimg && y < H && n < N ? (n * H + y) * W + x : -1;
+    }
+    __syncthreads();
+
+    if (wg == NC) {  // the producer warp
+        if (tid == 128 * NC) {
+            tma_prefetch_map(&map_g);
+            tma_prefetch_map(&map_w);
+            const unsigned bytes = (unsigned)(kRow * W * tl.tr * tl.nimg + NC * kATile);
+            for (int step = 0, oc = 0, t = 0; step < steps; step++) {
+                const int s = step % S, i = t / k, j = t - i * k;
+                mbar_wait(empty0 + 8 * s, ((unsigned)(step / S) & 1u) ^ 1u);  // readers done
+                const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
+                mbar_arrive_expect_tx(full, bytes);
+                tma_load_4d(dst, &map_g, oc * kRow, p - j * d, y0 + p - i * d, n0, full);
+                for (int c = 0; c < NC; c++)
+                    tma_load_2d(dst + kBTile + c * kATile, &map_w, oc * kRow,
+                                t * cp + (int)blockIdx.y * 64 * NC + 64 * c, full);
+                if (++t == kk) t = 0, oc++;
+            }
+        }
+        return;
+    }
+
+    // A consumer: input channels c0 .. c0 + 63.
+    const int wt = tid & 127, lane = tid & 31, wi = wt >> 5, gq = lane >> 2, tq = lane & 3;
+    const int c0 = ((int)blockIdx.y * NC + wg) * 64, cw = (C + 31) / 32;
+#pragma unroll
+    for (int it = 0; it < 2 * kPix * 2 / 128; it++) {
+        const int idx = wt + 128 * it, a = idx / (2 * kPix), r = (idx >> 1) % kPix, u = idx & 1;
+        const int q = qpix[r], w = c0 / 32 + u;
+        const bool ok = q >= 0 && w < cw;
+        cp_async_n(smem_u32(&words[wg][a][r][u]),
+                   (a ? signs : mask) + (ok ? (int64_t)q * cw + w : 0), 4, ok);
+    }
+    cp_async_commit();
+    float acc[kPix / 2];
+#pragma unroll
+    for (int x = 0; x < kPix / 2; x++) acc[x] = 0.0f;
+    for (int step = 0; step < steps; step++) {
+        const int s = step % S;
+        mbar_wait(full0 + 8 * s, (unsigned)(step / S) & 1u);
+        const unsigned stage = base + (unsigned)(s * kStage);
+        const unsigned a_tile = stage + (unsigned)(kBTile + wg * kATile);
+        fence_acc(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kDgK / 16; ks++)
+            wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
+                                  smem_desc(stage + 32 * ks, 16, 1024, 1));
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(acc);
+        if (step > 0 && wt == 0) mbar_arrive(empty0 + 8 * ((step - 1) % S));
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    cp_async_wait<0>();
+    // Every consumer past its last product: the ring becomes the staging area.
+    asm volatile("bar.sync 1, %0;\n" ::"r"(128 * NC) : "memory");
+
+    // Rows (channels) c0 + 16 wi + g + 8 h, columns (tile pixels) 8 nj + 2 tq + e.
+    const float sw = scales[1];
+    unsigned char *stg = gbase + wg * kBTile;  // [kPix rows of 128 bytes], 16-byte chunks swizzled
+    float csum[2] = {0.0f, 0.0f}, cdot[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nj = 0; nj < kPix / 8; nj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = nj * 8 + 2 * tq + e;
+            const uint32_t mw = words[wg][0][r][wi >> 1], sg = words[wg][1][r][wi >> 1];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int cl = 16 * wi + gq + 8 * h, b = cl & 31;
+                const float v = (mw >> b) & 1 ? acc[4 * nj + 2 * h + e] * sw : 0.0f;
+                csum[h] += v;
+                cdot[h] += (sg >> b) & 1 ? v : -v;
+                *reinterpret_cast<T *>(stg + r * kRow + ((((cl >> 3) ^ (r & 7))) << 4) +
+                                       (cl & 7) * 2) = from_f32<T>(v);
+            }
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            csum[h] += __shfl_xor_sync(0xffffffffu, csum[h], off);
+            cdot[h] += __shfl_xor_sync(0xffffffffu, cdot[h], off);
+        }
+        const int c = c0 + 16 * wi + gq + 8 * h;
+        if (tq == 0 && c < C) {
+            const int64_t at = (int64_t)blockIdx.x * C + c;
+            part_sum[at] = csum[h];
+            part_dot[at] = cdot[h];
+        }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // its staging written
+    const bool vec = C % 8 == 0 && reinterpret_cast<uintptr_t>(grad_x) % 16 == 0;
+#pragma unroll 4
+    for (int it = 0; it < kPix * 8 / 128; it++) {
+        const int idx = wt + 128 * it, r = idx >> 3, ch = idx & 7, q = qpix[r], c = c0 + ch * 8;
+        if (q < 0 || c >= C) continue;
+        const uint4 v = *reinterpret_cast<const uint4 *>(stg + r * kRow + ((ch ^ (r & 7)) << 4));
+        T *dst = grad_x + (int64_t)q * C + c;
+        if (vec) {
+            *reinterpret_cast<uint4 *>(dst) = v;
+        } else {
+            const T *e = reinterpret_cast<const T *>(&v);
+            for (int u = 0; u < 8 && c + u < C; u++) dst[u] = e[u];
+        }
+    }
+#else
+    (void)map_g, (void)map_w, (void)mask, (void)signs, (void)scales, (void)g64, (void)tl, (void)op,
+        (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;
+#endif
+}
+
+template <typename T, int NC, int S>
+bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
+    static const char *who = "conv grad_x (wgmma, TMA)";
+    const bie_conv_geom &g = a.g;
+    CUtensorMap map_g, map_w;
+    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.h, g.w, (int64_t)a.op * 2, (int)g.w, tl.tr, tl.nimg) ||
+        !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
+    const auto fn = dgrad_tma<T, NC, S>;
+    constexpr size_t smem = smem_bytes(NC, S);
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       who));
+    fn<<<dim3((unsigned)tl.tiles, (unsigned)(a.cp / (64 * NC))), 128 * NC + 32, smem,
+         current_stream>>>(map_g, map_w, a.mask, a.signs, a.scales, g, tl, a.op, a.cp,
+                           static_cast<T *>(a.grad_x), a.part_sum, a.part_dot);
+    return check(cudaGetLastError(), who);
+}
+
+template <typename T> bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
+    // 64 channels: two blocks of two stages per SM (one block of four took 27 % longer, H100).
+    return a.cp % 128 == 0 ? launch<T, 2, 4>(a, tl) : launch<T, 1, 2>(a, tl);
+}
+
+}  // namespace
+
+bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
+    if (!bgemm_tma_usable() || !g.nhwc || g.s != 1 || g.oh != g.h || g.ow != g.w || g.w > kPix ||
+        g.n * g.h * g.w > INT32_MAX)
+        return false;
+    const int H = (int)g.h, W = (int)g.w, rows = kPix / W;
+    if (rows >= H) {  // whole images
+        tl->tr = H, tl->tpi = 1;
+        tl->nimg = (int)std::min<int64_t>(kPix / (H * W), g.n);
+        tl->tiles = (g.n + tl->nimg - 1) / tl->nimg;
+    } else {  // bands of rows, as even as they can be
+        tl->tpi = (H + rows - 1) / rows, tl->tr = (H + tl->tpi - 1) / tl->tpi, tl->nimg = 1;
+        tl->tiles = g.n * tl->tpi;
+    }
+    return tl->tiles <= INT32_MAX;
+}
+
+bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
+    return a.half ? launch_typed<__half>(a, tl) : launch_typed<__nv_bfloat16>(a, tl);
+}
+
+}  // namespace bie_cuda
