@@ -475,8 +475,8 @@ int dgrad_wgmma_nb() {
     static const int nb = env_is("BIE_CUDA_DGRAD_NB", "64") ? 64 : 128;
     return nb;
 }
-// grad_x of stride-1 channels-last layers through the TMA kernel (conv_dgrad_tma.cu) where it
-// takes the layer, unless BIE_CUDA_DGRAD_TMA=0 (to time it against the halo kernel).
+// grad_x of channels-last layers through the TMA kernel (conv_dgrad_tma.cu) where it takes
+// the layer, unless BIE_CUDA_DGRAD_TMA=0 (to time it against the halo kernel).
 bool dgrad_tma_wanted() {
     static const bool on = !env_is("BIE_CUDA_DGRAD_TMA", "0");
     return on;

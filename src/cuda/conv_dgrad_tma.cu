@@ -1,18 +1,20 @@
-// grad_x of the binary conv2d backward for stride-1 channels-last layers (output the size of
-// the input) on Hopper (sm_90a), with the operands brought by the tensor memory accelerator:
-// the same products and results as the halo kernel (conv_dgrad_wgmma.cu), with the roles of
-// the operands swapped so that the wide side of each wgmma is the pixels.
+// grad_x of the binary conv2d backward for channels-last layers on Hopper (sm_90a), with the
+// operands brought by the tensor memory accelerator: the products and results of the halo and
+// stride-phase kernels (conv_dgrad_wgmma.cu, conv_dgrad_phase_wgmma.cu), with the roles of the
+// operands swapped so that the wide side of each wgmma is the pixels.
 //
-// A warpgroup computes 64 input channels x 256 input pixels (a box of whole image rows, or of
-// whole images where they are small) as wgmma.m64n256k16: A is the ±1 weight of the step's
-// tap (64 input channels x 64 output channels, 128 bytes a row), B the pixel-major gradient
-// rows that the tap maps the tile's pixels to. For stride 1 those rows form the tile's own box
-// shifted by (p - i d, p - j d), so each K step (a tap and 64 output channels) is one 4D bulk
-// tensor copy of the NHWC gradient at a shifted origin, which also writes the zeros where the
-// box leaves the image: no gather, no halo, no padding in shared memory. A producer warp issues
-// the copies into a ring of stages (full / empty barriers, as kernel 121); one or two consumer
-// warpgroups (64 channels each, sharing the gradient tile) read both operands through
-// descriptors.
+// The input pixels are split by stride phase (y mod s, x mod s), as in the phase kernels; a
+// phase's pixels form an image of their own, tiled in boxes of whole rows (or of whole images
+// where they are small). A warpgroup computes 64 input channels x 256 pixels of a box as
+// wgmma.m64n256k16: A is the ±1 weight of the step's tap (64 input channels x 64 output
+// channels, 128 bytes a row), B the pixel-major gradient rows that the tap maps the box's
+// pixels to. Tap (i, j) maps phase pixel (yy, xx) to gradient pixel (yy + (ry + p - i d) / s,
+// xx + (rx + p - j d) / s) where it reaches the phase at all: the box itself, shifted. So each
+// K step (a tap and 64 output channels) is one 4D bulk tensor copy of the NHWC gradient at a
+// shifted origin, which also writes the zeros where the box leaves the image: no gather, no
+// halo, no padding in shared memory. A producer warp issues the copies into a ring of stages
+// (full / empty barriers, as kernel 121); one or two consumer warpgroups (64 channels each,
+// sharing the gradient tile) read both operands through descriptors.
 //
 // The tile's clip mask and sign words are copied (cp.async) while the products run. The
 // epilogue applies the clip mask and scale_w, stages the tile's grad_x through shared
@@ -68,8 +70,20 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
     const int tid = threadIdx.x, wg = tid >> 7;
     const int C = (int)g64.c, H = (int)g64.h, W = (int)g64.w, N = (int)g64.n;
     const int k = (int)g64.k, kk = k * k, p = (int)g64.p, d = (int)g64.d;
-    const int n0 = (int)blockIdx.x / tl.tpi * tl.nimg, y0 = ((int)blockIdx.x % tl.tpi) * tl.tr;
-    const int steps = op / kDgK * kk;
+    // The block's stride phase (ry, rx) and tile: pixels (S yy + ry, S xx + rx) of the phase's
+    // rows yy0 .. of images n0 ..; xx runs over the whole phase row (bw pixels at most).
+    const int ST = tl.st, ph = (int)blockIdx.x / tl.tpp, tile = (int)blockIdx.x - ph * tl.tpp;
+    const int ry = ph / ST, rx = ph - ry * ST, hr = (H - ry + ST - 1) / ST,
+              wr = (W - rx + ST - 1) / ST;
+    const int n0 = tile / tl.tpi * tl.nimg, yy0 = (tile % tl.tpi) * tl.tr;
+    // The taps that reach the phase: (ry + p - i d) and (rx + p - j d) multiples of the stride.
+    auto reaches = [&](int t) {
+        const int i = t / k, j = t - i * k;
+        return (ry + p - i * d) % ST == 0 && (rx + p - j * d) % ST == 0;
+    };
+    int ntaps = 0;
+    for (int t = 0; t < kk; t++) ntaps += reaches(t);
+    const int steps = op / kDgK * ntaps;
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full0 + 8 * s, 1);    // the producer's arrival (and the copies' bytes)
@@ -78,9 +92,11 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
         mbar_init_fence();
     }
     for (int r = tid; r < kPix; r += blockDim.x) {
-        const int per_img = tl.tr * W, n = n0 + r / per_img, rem = r % per_img;
-        const int y = y0 + rem / W, x = rem % W;
-        qpix[r] = r < per_img * tl.nimg && y < H && n < N ? (n * H + y) * W + x : -1;
+        const int per_img = tl.tr * tl.bw, n = n0 + r / per_img, rem = r % per_img;
+        const int yy = yy0 + rem / tl.bw, xx = rem % tl.bw;
+        qpix[r] = r < per_img * tl.nimg && yy < hr && xx < wr && n < N
+                      ? (n * H + ST * yy + ry) * W + ST * xx + rx
+                      : -1;
     }
     __syncthreads();
 
@@ -88,13 +104,18 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
         if (tid == 128 * NC) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_w);
-            const unsigned bytes = (unsigned)(kRow * W * tl.tr * tl.nimg + NC * kATile);
+            const unsigned bytes = (unsigned)(kRow * tl.bw * tl.tr * tl.nimg + NC * kATile);
+            // Tap (i, j) maps phase pixel (yy, xx) to gradient pixel (yy + (ry + p - i d) / S,
+            // xx + (rx + p - j d) / S): the tile's box, shifted.
             for (int step = 0, oc = 0, t = 0; step < steps; step++) {
+                while (!reaches(t))
+                    if (++t == kk) t = 0, oc++;
                 const int s = step % S, i = t / k, j = t - i * k;
                 mbar_wait(empty0 + 8 * s, ((unsigned)(step / S) & 1u) ^ 1u);  // readers done
                 const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
                 mbar_arrive_expect_tx(full, bytes);
-                tma_load_4d(dst, &map_g, oc * kRow, p - j * d, y0 + p - i * d, n0, full);
+                tma_load_4d(dst, &map_g, oc * kRow, (rx + p - j * d) / ST,
+                            yy0 + (ry + p - i * d) / ST, n0, full);
                 for (int c = 0; c < NC; c++)
                     tma_load_2d(dst + kBTile + c * kATile, &map_w, oc * kRow,
                                 t * cp + (int)blockIdx.y * 64 * NC + 64 * c, full);
@@ -201,7 +222,7 @@ bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     static const char *who = "conv grad_x (wgmma, TMA)";
     const bie_conv_geom &g = a.g;
     CUtensorMap map_g, map_w;
-    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.h, g.w, (int64_t)a.op * 2, (int)g.w, tl.tr, tl.nimg) ||
+    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, tl.tr, tl.nimg) ||
         !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     const auto fn = dgrad_tma<T, NC, S>;
@@ -223,18 +244,25 @@ template <typename T> bie_status launch_typed(const DgradHaloArgs &a, const Dgra
 }  // namespace
 
 bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
-    if (!bgemm_tma_usable() || !g.nhwc || g.s != 1 || g.oh != g.h || g.ow != g.w || g.w > kPix ||
-        g.n * g.h * g.w > INT32_MAX)
+    if (!bgemm_tma_usable() || !g.nhwc || g.s > kDgradMaxStride || g.n * g.h * g.w > INT32_MAX ||
+        g.n * g.oh * g.ow > INT32_MAX)
         return false;
-    const int H = (int)g.h, W = (int)g.w, rows = kPix / W;
-    if (rows >= H) {  // whole images
-        tl->tr = H, tl->tpi = 1;
-        tl->nimg = (int)std::min<int64_t>(kPix / (H * W), g.n);
-        tl->tiles = (g.n + tl->nimg - 1) / tl->nimg;
+    // Each phase's pixels as an image of hm x wm at most.
+    const int st = (int)g.s, hm = (int)((g.h + st - 1) / st), wm = (int)((g.w + st - 1) / st);
+    if (wm > kPix) return false;
+    tl->st = st, tl->bw = wm;
+    const int rows = kPix / wm;
+    int64_t per_phase;
+    if (rows >= hm) {  // whole images
+        tl->tr = hm, tl->tpi = 1;
+        tl->nimg = (int)std::min<int64_t>(kPix / (hm * wm), g.n);
+        per_phase = (g.n + tl->nimg - 1) / tl->nimg;
     } else {  // bands of rows, as even as they can be
-        tl->tpi = (H + rows - 1) / rows, tl->tr = (H + tl->tpi - 1) / tl->tpi, tl->nimg = 1;
-        tl->tiles = g.n * tl->tpi;
+        tl->tpi = (hm + rows - 1) / rows, tl->tr = (hm + tl->tpi - 1) / tl->tpi, tl->nimg = 1;
+        per_phase = g.n * tl->tpi;
     }
+    tl->tiles = per_phase * st * st;
+    tl->tpp = (int)per_phase;
     return tl->tiles <= INT32_MAX;
 }
 

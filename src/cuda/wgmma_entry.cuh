@@ -80,12 +80,14 @@ struct DgradPhaseSplit {
 };
 size_t dgrad_phase_wgmma_smem(int nb);
 bie_status dgrad_phase_wgmma_launch(const DgradHaloArgs &a, const DgradPhaseSplit &phases);
-// Binary conv2d grad_x of stride-1 channels-last layers whose output is the input's size, with
-// TMA loads (conv_dgrad_tma.cu): the halo kernel's arguments (rb, nb, grid, smem and tr unused)
-// and the tiles: tr image rows of nimg images a tile, tpi tiles an image, `tiles` in all.
-// dgrad_tma_tiles says whether the kernel takes the layer on this device, and its tiles.
+// Binary conv2d grad_x of channels-last layers with TMA loads (conv_dgrad_tma.cu): the halo
+// kernel's arguments (rb, nb, grid, smem and tr unused) and the tiles: the input pixels split
+// by stride phase (st x st phases, tpp tiles each), a phase's pixels in tiles of tr rows of bw
+// pixels of nimg images (tpi tiles an image), `tiles` in all. dgrad_tma_tiles says whether the
+// kernel takes the layer on this device (strides up to kDgradMaxStride), and its tiles.
+constexpr int kDgradMaxStride = 4;
 struct DgradTmaTiles {
-    int tr, nimg, tpi;
+    int st, bw, tr, nimg, tpi, tpp;
     int64_t tiles;
 };
 bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl);
