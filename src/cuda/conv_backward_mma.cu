@@ -481,6 +481,12 @@ bool dgrad_tma_wanted() {
     static const bool on = !env_is("BIE_CUDA_DGRAD_TMA", "0");
     return on;
 }
+// grad_w of stride-1 3 x 3 layers through the TMA kernel (conv_wgrad_tma.cu), unless
+// BIE_CUDA_WGRAD_TMA=0 (to time it against conv_wgrad_wgmma.cu).
+bool wgrad_tma_wanted() {
+    static const bool on = !env_is("BIE_CUDA_WGRAD_TMA", "0");
+    return on;
+}
 bool wgrad_wgmma_wanted() {
     static const bool on = !env_is("BIE_CUDA_WGRAD_WGMMA", "0");
     return on;
@@ -551,15 +557,22 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
         1, std::min<int64_t>(slices, ((int64_t)64 << 20) / (4 * std::max<int64_t>(1, g.o * ckk))));
     const int64_t per_slice = (chunks + slices - 1) / slices;
     slices = (chunks + per_slice - 1) / per_slice;
+    // grad_w of stride-1 3 x 3 layers through the TMA kernel (one block per SM), with its own
+    // K slices.
+    WgradTmaTiles wgrad_tiles = {};
+    const bool wgrad_tma = g.k == 3 && wgrad_wgmma_wanted() && wgrad_tma_wanted() &&
+                           wgmma_usable() && wgrad_tma_plan(g, sms, &wgrad_tiles);
+    if (wgrad_tma) slices = wgrad_tiles.slices;
 
     // NHWC grad_out is already pixel-major: used in place where its rows are op channels.
     const bool gt_in_place =
         g.nhwc && op == g.o && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0;
-    Workspace<6> ws;
+    Workspace<7> ws;
     BIE_CUDA_TRY(ws.alloc(
         {(size_t)kk * cp * op * sizeof(T), gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
          (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
-         (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes()},
+         (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes(),
+         wgrad_tma ? wgrad_tma_xs_bytes(g) : 0},
         "cudaMallocAsync (conv backward workspace)"));
     T *wt = ws.at<T>(0);
     T *gt = gt_in_place ? const_cast<T *>(static_cast<const T *>(a.grad_out)) : ws.at<T>(1);
@@ -666,7 +679,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                                                           a.grad_bias, dots);
         sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
                  a.grad_scale_a);
-        s = g.k == 3 && wgrad_wgmma_wanted() && wgmma_usable()
+        s = wgrad_tma ? wgrad_tma_launch(a, gt, op, ws.at<void>(6), wgrad_tiles, wpart)
+            : g.k == 3 && wgrad_wgmma_wanted() && wgmma_usable()
                 ? conv_wgrad_wgmma(a, gt, op, (int)per_slice, (int)slices, wpart)
                 : conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
     }

@@ -188,6 +188,29 @@ __device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint
     else if constexpr (N == 128)
         BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
 }
+// d += a . b over 64 x 64 x 16 with both operands MN-major in shared memory (A: K rows of the
+// 64 M values, B: K rows of the 64 N values; the wgmma transposes them as it reads).
+template <typename T>
+__device__ __forceinline__ void wgmma_f16_ss_mn64(float (&d)[32], uint64_t a, uint64_t b) {
+    if constexpr (std::is_same<T, __half>::value)
+        asm volatile("{\n"
+                     ".reg .pred p;\n"
+                     "setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" BIE_WG_NAMES32
+                     "}, %32, %33, p, 1, 1, 1, 1;\n"
+                     "}\n"
+                     : BIE_WGF32
+                     : "l"(a), "l"(b), "r"(1));
+    else
+        asm volatile("{\n"
+                     ".reg .pred p;\n"
+                     "setp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" BIE_WG_NAMES32
+                     "}, %32, %33, p, 1, 1, 1, 1;\n"
+                     "}\n"
+                     : BIE_WGF32
+                     : "l"(a), "l"(b), "r"(1));
+}
 #undef BIE_WGMMA_F16
 #undef BIE_WGMMA_F16_SS
 #undef BIE_WGF4

@@ -92,6 +92,19 @@ struct DgradTmaTiles {
 };
 bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl);
 bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl);
+// Binary conv2d grad_w of stride-1 3 x 3 layers with TMA loads (conv_wgrad_tma.cu): K steps of
+// 64 output pixels (tr rows of bw pixels of nimg images; xt x ty steps an image group, `tiles`
+// in all) in `slices` slices of per_slice steps. wgrad_tma_plan says whether the kernel takes
+// the layer on this device and plans about blocks_wanted blocks; the launch expands the signs
+// into xs (wgrad_tma_xs_bytes) and writes conv_wgrad_mma's partial tiles.
+struct WgradTmaTiles {
+    int bw, tr, nimg, xt, ty, per_slice, slices;
+    int64_t tiles;
+};
+bool wgrad_tma_plan(const bie_conv_geom &g, int64_t blocks_wanted, WgradTmaTiles *tl);
+size_t wgrad_tma_xs_bytes(const bie_conv_geom &g);
+bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
+                            const WgradTmaTiles &tl, float *part);
 // Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
 // partial tiles (conv_backward_mma.cuh).
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,

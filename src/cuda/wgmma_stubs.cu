@@ -41,6 +41,12 @@ bool dgrad_tma_tiles(const bie_conv_geom &, DgradTmaTiles *) { return false; }
 bie_status dgrad_tma_launch(const DgradHaloArgs &, const DgradTmaTiles &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (TMA): built without sm_90a code");
 }
+bool wgrad_tma_plan(const bie_conv_geom &, int64_t, WgradTmaTiles *) { return false; }
+size_t wgrad_tma_xs_bytes(const bie_conv_geom &) { return 0; }
+bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &, const void *, int, void *,
+                            const WgradTmaTiles &, float *) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (TMA): built without sm_90a code");
+}
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &, const void *, int, int, int,
                             float *) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (wgmma): built without sm_90a code");
