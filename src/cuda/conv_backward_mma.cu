@@ -603,44 +603,30 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             to_pixel_major<T>
                 <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
                     static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
+        // The wgmma kernels' arguments; each kernel's tiling set below.
+        DgradHaloArgs w = {std::is_same<T, __half>::value,
+                           1,
+                           64,
+                           dim3(),
+                           0,
+                           gt,
+                           wt,
+                           a.mask,
+                           a.signs,
+                           a.saved_scales,
+                           g,
+                           op,
+                           cp,
+                           0,
+                           a.grad_x,
+                           part_sum,
+                           part_dot};
         if (dgrad_tma) {
-            const DgradHaloArgs w = {std::is_same<T, __half>::value,
-                                     1,
-                                     64,
-                                     dim3(),
-                                     0,
-                                     gt,
-                                     wt,
-                                     a.mask,
-                                     a.signs,
-                                     a.saved_scales,
-                                     g,
-                                     op,
-                                     cp,
-                                     0,
-                                     a.grad_x,
-                                     part_sum,
-                                     part_dot};
             s = dgrad_tma_launch(w, tma_tiles);
         } else if (halo_wgmma) {
-            const DgradHaloArgs w = {
-                std::is_same<T, __half>::value,
-                halo_mi / 2,
-                halo_nb,
-                dim3((unsigned)tiles, (unsigned)(cp / halo_nb)),
-                dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb),
-                gt,
-                wt,
-                a.mask,
-                a.signs,
-                a.saved_scales,
-                g,
-                op,
-                cp,
-                halo_rows,
-                a.grad_x,
-                part_sum,
-                part_dot};
+            w.rb = halo_mi / 2, w.nb = halo_nb, w.tr = halo_rows;
+            w.grid = dim3((unsigned)tiles, (unsigned)(cp / halo_nb));
+            w.smem = dgrad_halo_wgmma_smem(halo_rows, (int)g.k, (int)g.d, (int)g.w, op, halo_nb);
             s = dgrad_halo_wgmma_launch(w);
         } else if (use_halo)
             (halo_mi == 4
@@ -650,23 +636,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                 gt, wt, a.mask, a.signs, a.saved_scales, g, op, cp, halo_rows,
                 static_cast<T *>(a.grad_x), part_sum, part_dot);
         else if (wg_dgrad) {
-            const DgradHaloArgs w = {std::is_same<T, __half>::value,
-                                     1,
-                                     wg_nb,
-                                     dim3((unsigned)tiles, (unsigned)(cp / wg_nb)),
-                                     dgrad_phase_wgmma_smem(wg_nb),
-                                     gt,
-                                     wt,
-                                     a.mask,
-                                     a.signs,
-                                     a.saved_scales,
-                                     g,
-                                     op,
-                                     cp,
-                                     0,
-                                     a.grad_x,
-                                     part_sum,
-                                     part_dot};
+            w.nb = wg_nb, w.grid = dim3((unsigned)tiles, (unsigned)(cp / wg_nb));
+            w.smem = dgrad_phase_wgmma_smem(wg_nb);
             s = dgrad_phase_wgmma_launch(w, phases);
         } else
             dgrad_mma<T>
