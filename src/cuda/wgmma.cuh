@@ -161,13 +161,14 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const unsigned (&a)
         BIE_WGMMA_F16("m64n144k16", "bf16", BIE_WG_NAMES72, BIE_WGF72, "%72, %73, %74, %75", "%76",
                       "%77");
 }
-// The same with A in shared memory too (K-major, read through the descriptor a).
-#define BIE_WGMMA_F16_SS(SHAPE, TY, NAMES, OUTS, ADESC, BDESC, PRED)                            \
+// The same with A in shared memory too, read through the descriptor a; TRANS "0, 0": both
+// operands K-major, "1, 1": both MN-major (the wgmma transposes them as it reads).
+#define BIE_WGMMA_F16_SS(SHAPE, TY, NAMES, OUTS, ADESC, BDESC, PRED, TRANS)                     \
     asm volatile("{\n"                                                                          \
                  ".reg .pred p;\n"                                                              \
                  "setp.ne.b32 p, " PRED ", 0;\n"                                                \
                  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" NAMES "}, " ADESC \
-                 ", " BDESC ", p, 1, 1, 0, 0;\n"                                                \
+                 ", " BDESC ", p, 1, 1, " TRANS ";\n"                                           \
                  "}\n"                                                                          \
                  : OUTS                                                                         \
                  : "l"(a), "l"(b), "r"(1))
@@ -176,40 +177,34 @@ __device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint
     static_assert(N == 64 || N == 128 || N == 256, "instruction shapes written out");
     constexpr bool half = std::is_same<T, __half>::value;
     if constexpr (N == 256 && half)
-        BIE_WGMMA_F16_SS("m64n256k16", "f16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130");
+        BIE_WGMMA_F16_SS("m64n256k16", "f16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "0, 0");
     else if constexpr (N == 256)
-        BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130");
+        BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "0, 0");
     else if constexpr (N == 64 && half)
-        BIE_WGMMA_F16_SS("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
+        BIE_WGMMA_F16_SS("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34",
+                         "0, 0");
     else if constexpr (N == 64)
-        BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34");
+        BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34",
+                         "0, 0");
     else if constexpr (half)
-        BIE_WGMMA_F16_SS("m64n128k16", "f16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
+        BIE_WGMMA_F16_SS("m64n128k16", "f16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66",
+                         "0, 0");
     else if constexpr (N == 128)
-        BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66");
+        BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66",
+                         "0, 0");
 }
 // d += a . b over 64 x 64 x 16 with both operands MN-major in shared memory (A: K rows of the
-// 64 M values, B: K rows of the 64 N values; the wgmma transposes them as it reads).
+// 64 M values, B: K rows of the 64 N values).
 template <typename T>
 __device__ __forceinline__ void wgmma_f16_ss_mn64(float (&d)[32], uint64_t a, uint64_t b) {
     if constexpr (std::is_same<T, __half>::value)
-        asm volatile("{\n"
-                     ".reg .pred p;\n"
-                     "setp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" BIE_WG_NAMES32
-                     "}, %32, %33, p, 1, 1, 1, 1;\n"
-                     "}\n"
-                     : BIE_WGF32
-                     : "l"(a), "l"(b), "r"(1));
+        BIE_WGMMA_F16_SS("m64n64k16", "f16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34",
+                         "1, 1");
     else
-        asm volatile("{\n"
-                     ".reg .pred p;\n"
-                     "setp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" BIE_WG_NAMES32
-                     "}, %32, %33, p, 1, 1, 1, 1;\n"
-                     "}\n"
-                     : BIE_WGF32
-                     : "l"(a), "l"(b), "r"(1));
+        BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34",
+                         "1, 1");
 }
 #undef BIE_WGMMA_F16
 #undef BIE_WGMMA_F16_SS
