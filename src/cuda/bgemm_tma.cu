@@ -171,32 +171,37 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 }  // namespace
 
-bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows) {
+namespace {
+
+// A tensor map of bytes (rank dims, the innermost first) read in 128-byte-swizzled boxes, parts
+// outside the tensor zero-filled.
+bool encode_swizzled(CUtensorMap *map, const void *base, cuuint32_t rank, const cuuint64_t *dims,
+                     const cuuint64_t *strides, const cuuint32_t *box) {
     const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-    if (fn == nullptr || rows < 1 || ld % 16 != 0) return false;
+    const cuuint32_t unit[4] = {1, 1, 1, 1};
+    return fn != nullptr && fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void *>(base),
+                               dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows) {
+    if (rows < 1 || ld % 16 != 0) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)ld, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)ld};
-    const cuuint32_t box[2] = {128, (cuuint32_t)box_rows}, unit[2] = {1, 1};
-    return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box,
-              unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
+    return encode_swizzled(map, base, 2, dims, strides, box);
 }
 
 bool tma_map_nhwc(CUtensorMap *map, const void *base, int64_t n, int64_t h, int64_t w, int64_t ld,
                   int bw, int bh, int bn) {
-    const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-    if (fn == nullptr || n < 1 || h < 1 || w < 1 || ld % 16 != 0 || bw > 256 || bh > 256 ||
-        bn > 256)
-        return false;
+    if (n < 1 || h < 1 || w < 1 || ld % 16 != 0 || bw > 256 || bh > 256 || bn > 256) return false;
     const cuuint64_t dims[4] = {(cuuint64_t)ld, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
     const cuuint64_t strides[3] = {(cuuint64_t)ld, (cuuint64_t)(ld * w), (cuuint64_t)(ld * w * h)};
-    const cuuint32_t box[4] = {128, (cuuint32_t)bw, (cuuint32_t)bh, (cuuint32_t)bn},
-                     unit[4] = {1, 1, 1, 1};
-    return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void *>(base), dims, strides, box,
-              unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    const cuuint32_t box[4] = {128, (cuuint32_t)bw, (cuuint32_t)bh, (cuuint32_t)bn};
+    return encode_swizzled(map, base, 4, dims, strides, box);
 }
 
 size_t bgemm_tma_smem() { return kSmem; }
