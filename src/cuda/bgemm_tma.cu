@@ -176,9 +176,11 @@ namespace {
 // A tensor map of bytes (rank dims, the innermost first) read in 128-byte-swizzled boxes, parts
 // outside the tensor zero-filled.
 bool encode_swizzled(CUtensorMap *map, const void *base, cuuint32_t rank, const cuuint64_t *dims,
-                     const cuuint64_t *strides, const cuuint32_t *box) {
+                     const cuuint64_t *strides, const cuuint32_t *box,
+                     const cuuint32_t *unit = nullptr) {
     const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
-    const cuuint32_t unit[4] = {1, 1, 1, 1};
+    const cuuint32_t ones[4] = {1, 1, 1, 1};
+    if (unit == nullptr) unit = ones;
     return fn != nullptr && fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void *>(base),
                                dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -196,12 +198,17 @@ bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, 
 }
 
 bool tma_map_nhwc(CUtensorMap *map, const void *base, int64_t n, int64_t h, int64_t w, int64_t ld,
-                  int bw, int bh, int bn) {
-    if (n < 1 || h < 1 || w < 1 || ld % 16 != 0 || bw > 256 || bh > 256 || bn > 256) return false;
+                  int bw, int bh, int bn, int step) {
+    if (n < 1 || h < 1 || w < 1 || ld % 16 != 0 || step < 1 || step > 8 || bw * step > 256 ||
+        bh * step > 256 || bn > 256)
+        return false;
     const cuuint64_t dims[4] = {(cuuint64_t)ld, (cuuint64_t)w, (cuuint64_t)h, (cuuint64_t)n};
     const cuuint64_t strides[3] = {(cuuint64_t)ld, (cuuint64_t)(ld * w), (cuuint64_t)(ld * w * h)};
-    const cuuint32_t box[4] = {128, (cuuint32_t)bw, (cuuint32_t)bh, (cuuint32_t)bn};
-    return encode_swizzled(map, base, 4, dims, strides, box);
+    // A box traverses bw x bh pixels `step` apart: boxDim counts the elements it spans.
+    const cuuint32_t box[4] = {128, (cuuint32_t)(bw * step), (cuuint32_t)(bh * step),
+                               (cuuint32_t)bn},
+                     unit[4] = {1, (cuuint32_t)step, (cuuint32_t)step, 1};
+    return encode_swizzled(map, base, 4, dims, strides, box, unit);
 }
 
 size_t bgemm_tma_smem() { return kSmem; }

@@ -481,7 +481,7 @@ bool dgrad_tma_wanted() {
     static const bool on = !env_is("BIE_CUDA_DGRAD_TMA", "0");
     return on;
 }
-// grad_w of stride-1 3 x 3 layers through the TMA kernel (conv_wgrad_tma.cu), unless
+// grad_w of 3 x 3 layers of stride 1 or 2 through the TMA kernel (conv_wgrad_tma.cu), unless
 // BIE_CUDA_WGRAD_TMA=0 (to time it against conv_wgrad_wgmma.cu).
 bool wgrad_tma_wanted() {
     static const bool on = !env_is("BIE_CUDA_WGRAD_TMA", "0");
@@ -557,8 +557,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
         1, std::min<int64_t>(slices, ((int64_t)64 << 20) / (4 * std::max<int64_t>(1, g.o * ckk))));
     const int64_t per_slice = (chunks + slices - 1) / slices;
     slices = (chunks + per_slice - 1) / per_slice;
-    // grad_w of stride-1 3 x 3 layers through the TMA kernel (one block per SM), with its own
-    // K slices.
+    // grad_w of 3 x 3 layers of stride 1 or 2 through the TMA kernel (one block per SM), with its
+    // own K slices.
     WgradTmaTiles wgrad_tiles = {};
     const bool wgrad_tma = g.k == 3 && wgrad_wgmma_wanted() && wgrad_tma_wanted() &&
                            wgmma_usable() && wgrad_tma_plan(g, sms, &wgrad_tiles);

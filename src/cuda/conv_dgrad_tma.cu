@@ -16,6 +16,14 @@
 // (full / empty barriers, as kernel 121); one or two consumer warpgroups (64 channels each,
 // sharing the gradient tile) read both operands through descriptors.
 //
+// Stride-1 layers whose rows tile well take the halo form instead: per 64 output channels, one
+// copy brings the gradient rows a tile's taps reach (with zero columns on both sides, so a row
+// is W + (k - 1) d pixels), the tile's pixels are numbered over that padded width, and each
+// tap's B operand is a view into those rows from the tap's offset on. The gradient then crosses
+// from L2 once per 64 output channels instead of once per tap; the padded columns' products are
+// wasted (6 % at 32-pixel rows), so the form is taken only where its tiles hold at least 7/8 of
+// the per-tap tiles' pixels.
+//
 // The tile's clip mask and sign words are copied (cp.async) while the products run. The
 // epilogue applies the clip mask and scale_w, stages the tile's grad_x through shared
 // memory (NHWC rows written 16 bytes at a time), and writes the tile's per-channel sums of the
@@ -44,6 +52,7 @@ constexpr int kPix = 256;            // pixels of a tile: the wgmma's N
 constexpr int kRow = 128;            // a shared row: 64 16-bit channels
 constexpr int kBTile = kPix * kRow;  // the gradient tile of a stage (32 KB)
 constexpr int kATile = 64 * kRow;    // a weight tile: 64 x 64 (8 KB)
+constexpr int kHaloMaxRows = 1024;   // the halo form's gradient rows (128 KB)
 static_assert(kDgK * 2 == kRow, "64 output channels a step");
 // NC consumer warpgroups (64 input channels each) and S stages: a stage's bytes, the block's
 // dynamic shared memory (the ring, then the full and empty barriers).
@@ -51,14 +60,25 @@ __host__ __device__ constexpr int stage_bytes(int nc) { return kBTile + nc * kAT
 constexpr size_t smem_bytes(int nc, int s) { return 1024 + (size_t)s * stage_bytes(nc) + 16 * s; }
 static_assert(kBTile % 1024 == 0 && kATile % 1024 == 0, "the swizzle's alignment");
 
-template <typename T, int NC, int S>
-__global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
+// The halo form's dynamic shared memory: S stages of NC weight tiles, the halo (hr rows of 128
+// bytes), the stage barriers and the halo's two.
+constexpr size_t halo_smem_bytes(int nc, int s, int hr) {
+    return 1024 + (size_t)s * nc * kATile + (size_t)hr * kRow + 16 * s + 16;
+}
+
+// HALO: stride-1 layers with each output-channel block's gradient rows copied once as a halo
+// (the tile's rows and the taps' reach, with the zero columns on both sides: bw = W + (k - 1) d
+// pixels a row), the tile's pixels numbered over that padded width, and each tap's B operand
+// the halo from row (k - 1 - i) d bw + (k - 1 - j) d on (a descriptor may start at any 128-byte
+// row of the swizzled region). A stage then holds only the weight tiles.
+template <typename T, int NC, int S, bool HALO>
+__global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2 : 1)
     dgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_w,
               const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
               const float *__restrict__ scales, bie_conv_geom g64, DgradTmaTiles tl, int op, int cp,
               T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int kStage = stage_bytes(NC);
+    constexpr int kStage = HALO ? NC * kATile : stage_bytes(NC);
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int qpix[kPix];  // the flat input pixel of each tile pixel, -1 past the tensor
     // Each consumer's clip mask and sign words (its two 32-channel words) of the tile's pixels,
@@ -66,7 +86,9 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
     __shared__ uint32_t words[NC][2][kPix][2];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     unsigned char *gbase = smem + (base - smem_u32(smem));  // the same address, generic
-    const unsigned full0 = base + (unsigned)(S * kStage), empty0 = full0 + 8 * S;
+    const unsigned hbase = base + (unsigned)(S * kStage);   // the halo (HALO)
+    const unsigned full0 = hbase + (unsigned)(HALO ? tl.hr * kRow : 0), empty0 = full0 + 8 * S;
+    const unsigned halo_full = empty0 + 8 * S, halo_empty = halo_full + 8;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int C = (int)g64.c, H = (int)g64.h, W = (int)g64.w, N = (int)g64.n;
     const int k = (int)g64.k, kk = k * k, p = (int)g64.p, d = (int)g64.d;
@@ -89,9 +111,14 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
             mbar_init(full0 + 8 * s, 1);    // the producer's arrival (and the copies' bytes)
             mbar_init(empty0 + 8 * s, NC);  // one arrival per consumer warpgroup
         }
+        if (HALO) mbar_init(halo_full, 1), mbar_init(halo_empty, NC);
         mbar_init_fence();
     }
-    for (int r = tid; r < kPix; r += blockDim.x) {
+    for (int r = tid; r < kPix && HALO; r += blockDim.x) {  // over the padded width
+        const int y = yy0 + r / tl.bw, x = r % tl.bw;
+        qpix[r] = r < tl.tr * tl.bw && x < W && y < H && n0 < N ? (n0 * H + y) * W + x : -1;
+    }
+    for (int r = tid; r < kPix && !HALO; r += blockDim.x) {
         const int per_img = tl.tr * tl.bw, n = n0 + r / per_img, rem = r % per_img;
         const int yy = yy0 + rem / tl.bw, xx = rem % tl.bw;
         qpix[r] = r < per_img * tl.nimg && yy < hr && xx < wr && n < N
@@ -104,6 +131,26 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
         if (tid == 128 * NC) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_w);
+            if (HALO) {
+                const int reach = (k - 1) * d;
+                const unsigned hbytes = (unsigned)(kRow * tl.bw * (tl.tr + reach));
+                for (int oc = 0, step = 0; oc < op / kDgK; oc++) {
+                    mbar_wait(halo_empty, ((unsigned)oc & 1u) ^ 1u);  // the last block's readers
+                    mbar_arrive_expect_tx(halo_full, hbytes);
+                    tma_load_4d(hbase, &map_g, oc * kRow, p - reach, yy0 + p - reach, n0,
+                                halo_full);
+                    for (int t = 0; t < kk; t++, step++) {
+                        const int s = step % S;
+                        mbar_wait(empty0 + 8 * s, ((unsigned)(step / S) & 1u) ^ 1u);
+                        const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
+                        mbar_arrive_expect_tx(full, kStage);
+                        for (int c = 0; c < NC; c++)
+                            tma_load_2d(dst + c * kATile, &map_w, oc * kRow,
+                                        t * cp + (int)blockIdx.y * 64 * NC + 64 * c, full);
+                    }
+                }
+                return;
+            }
             const unsigned bytes = (unsigned)(kRow * tl.bw * tl.tr * tl.nimg + NC * kATile);
             // Tap (i, j) maps phase pixel (yy, xx) to gradient pixel (yy + (ry + p - i d) / S,
             // xx + (rx + p - j d) / S): the tile's box, shifted.
@@ -140,7 +187,33 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
     float acc[kPix / 2];
 #pragma unroll
     for (int x = 0; x < kPix / 2; x++) acc[x] = 0.0f;
-    for (int step = 0; step < steps; step++) {
+    for (int oc = 0, step = 0; HALO && oc < op / kDgK; oc++) {
+        mbar_wait(halo_full, (unsigned)oc & 1u);
+        for (int t = 0; t < kk; t++, step++) {
+            const int s = step % S, i = t / k, j = t - i * k;
+            mbar_wait(full0 + 8 * s, (unsigned)(step / S) & 1u);
+            const unsigned a_tile = base + (unsigned)(s * kStage + wg * kATile);
+            const unsigned b_view =
+                hbase + (unsigned)(((k - 1 - i) * d * tl.bw + (k - 1 - j) * d) * kRow);
+            fence_acc(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < kDgK / 16; ks++)
+                wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
+                                      smem_desc(b_view + 32 * ks, 16, 1024, 1));
+            wgmma_commit();
+            if (t > 0) {
+                wgmma_wait<1>();
+                fence_acc(acc);
+                if (wt == 0) mbar_arrive(empty0 + 8 * ((step - 1) % S));
+            }
+        }
+        // The block's last products done before the halo is given back.
+        wgmma_wait<0>();
+        fence_acc(acc);
+        if (wt == 0) mbar_arrive(empty0 + 8 * ((step - 1) % S)), mbar_arrive(halo_empty);
+    }
+    for (int step = 0; !HALO && step < steps; step++) {
         const int s = step % S;
         mbar_wait(full0 + 8 * s, (unsigned)(step / S) & 1u);
         const unsigned stage = base + (unsigned)(s * kStage);
@@ -217,16 +290,17 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && S == 2 ? 2 : 1)
 #endif
 }
 
-template <typename T, int NC, int S>
+template <typename T, int NC, int S, bool HALO>
 bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     static const char *who = "conv grad_x (wgmma, TMA)";
     const bie_conv_geom &g = a.g;
+    const int box_rows = HALO ? tl.tr + (int)((g.k - 1) * g.d) : tl.tr;
     CUtensorMap map_g, map_w;
-    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, tl.tr, tl.nimg) ||
+    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, box_rows, tl.nimg) ||
         !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    const auto fn = dgrad_tma<T, NC, S>;
-    constexpr size_t smem = smem_bytes(NC, S);
+    const auto fn = dgrad_tma<T, NC, S, HALO>;
+    const size_t smem = HALO ? halo_smem_bytes(NC, S, tl.hr) : smem_bytes(NC, S);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        who));
@@ -238,7 +312,9 @@ bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
 
 template <typename T> bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     // 64 channels: two blocks of two stages per SM (one block of four took 27 % longer, H100).
-    return a.cp % 128 == 0 ? launch<T, 2, 4>(a, tl) : launch<T, 1, 2>(a, tl);
+    if (tl.halo)
+        return a.cp % 128 == 0 ? launch<T, 2, 4, true>(a, tl) : launch<T, 1, 4, true>(a, tl);
+    return a.cp % 128 == 0 ? launch<T, 2, 4, false>(a, tl) : launch<T, 1, 2, false>(a, tl);
 }
 
 }  // namespace
@@ -250,7 +326,7 @@ bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
     // Each phase's pixels as an image of hm x wm at most.
     const int st = (int)g.s, hm = (int)((g.h + st - 1) / st), wm = (int)((g.w + st - 1) / st);
     if (wm > kPix) return false;
-    tl->st = st, tl->bw = wm;
+    tl->st = st, tl->bw = wm, tl->halo = 0, tl->hr = 0;
     const int rows = kPix / wm;
     int64_t per_phase;
     if (rows >= hm) {  // whole images
@@ -263,6 +339,25 @@ bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
     }
     tl->tiles = per_phase * st * st;
     tl->tpp = (int)per_phase;
+    // Stride 1: the halo form where its tiles (rows padded by the kernel's reach) hold at least
+    // 7/8 of the pixels of these (32-pixel rows: 224 of 256 pixels against 256; 16-pixel rows
+    // would hold 128), unless BIE_CUDA_DGRAD_HALO=0.
+    static const bool halo_wanted = !env_is("BIE_CUDA_DGRAD_HALO", "0");
+    const int reach = (int)((g.k - 1) * g.d), wp = (int)g.w + reach;
+    if (halo_wanted && st == 1 && wp <= kPix && kPix / wp + reach <= 256) {
+        const int hrows = kPix / wp, tpi = (int)((g.h + hrows - 1) / hrows);
+        const int tr = (int)((g.h + tpi - 1) / tpi);
+        if ((int64_t)tr * g.w * 8 >= (int64_t)tl->tr * wm * tl->nimg * 7) {
+            // The halo's rows: the box, and what the last tap's view reads past it.
+            const int need = std::max((tr + reach) * wp, reach * wp + reach + kPix);
+            // (At most 128 KB of halo: wide, far-reaching kernels keep the per-tap form.)
+            if (need <= kHaloMaxRows) {
+                tl->halo = 1, tl->bw = wp, tl->nimg = 1, tl->tpi = tpi, tl->tr = tr;
+                tl->hr = (need + 7) / 8 * 8;
+                tl->tiles = g.n * tpi, tl->tpp = (int)tl->tiles;
+            }
+        }
+    }
     return tl->tiles <= INT32_MAX;
 }
 

@@ -1,13 +1,14 @@
-// grad_w of the binary conv2d backward for stride-1 3 x 3 layers on Hopper (sm_90a), with the
-// operands brought by the tensor memory accelerator: conv_wgrad_wgmma.cu's product (grad_w
-// [o c t] = sum over output pixels of grad_out[o] times sign(x') at the pixel's tap t input,
-// 0 in the padding; partial tiles per K slice) as an implicit GEMM over two NHWC images.
+// grad_w of the binary conv2d backward for 3 x 3 layers of stride 1 or 2 on Hopper (sm_90a), with
+// the operands brought by the tensor memory accelerator: conv_wgrad_wgmma.cu's product (grad_w [o c
+// t] = sum over output pixels of grad_out[o] times sign(x') at the pixel's tap t input, 0 in the
+// padding; partial tiles per K slice) as an implicit GEMM over two NHWC images.
 //
 // The saved sign words are first expanded into a ±1 image xs [n h w][cx] of the layer's 16-bit
 // type (cx: the channels rounded up to 64, zeros past C). A K step is a box of 32 output pixels
 // (whole rows of bw pixels, bw a power of two; of several images where they are small): one 4D
 // bulk tensor copy of the pixel-major gradient (64 output channels a row) and, for each of the
-// nine taps, one of xs at the box's origin shifted by the tap (64 input channels a row). The
+// nine taps, one of xs at the box's origin shifted by the tap (64 input channels a row; for
+// stride 2 the xs box takes every second pixel, the tensor map's traversal stride). The
 // copies write zeros wherever a box leaves its image, which is the padding for xs and makes
 // the pixels past the output contribute nothing. Both operands are MN-major (a pixel's 64
 // channels contiguous), which the wgmma transposes as it reads them.
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char *gbase = smem + (base - smem_u32(smem));  // the same address, generic
     const unsigned full0 = base + (unsigned)(kStages * kStage), empty0 = full0 + 8 * kStages;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int C = (int)g64.c, O = (int)g64.o, p = (int)g64.p, d = (int)g64.d;
+    const int C = (int)g64.c, O = (int)g64.o, p = (int)g64.p, d = (int)g64.d, st = (int)g64.s;
     const int o0 = (int)blockIdx.x * 64, c0 = (int)blockIdx.y * 64;
     const int64_t first = (int64_t)blockIdx.z * tl.per_slice;
     const int steps = (int)min((int64_t)tl.per_slice, tl.tiles - first);
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_load_4d(dst, &map_g, o0 * 2, ox0, oy0, n0, full);
                 for (int t = 0; t < kTaps; t++)
                     tma_load_4d(dst + (unsigned)((1 + t) * kTile), &map_x, c0 * 2,
-                                ox0 - p + (t % 3) * d, oy0 - p + (t / 3) * d, n0, full);
+                                ox0 * st - p + (t % 3) * d, oy0 * st - p + (t / 3) * d, n0, full);
             }
         }
         return;
@@ -198,7 +199,7 @@ bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
             a.signs, (int)chunks, FastDiv(per), per, (int)g.c, cx, static_cast<T *>(xs));
     CUtensorMap map_g, map_x;
     if (!tma_map_nhwc(&map_g, gt, g.n, g.oh, g.ow, (int64_t)op * 2, tl.bw, tl.tr, tl.nimg) ||
-        !tma_map_nhwc(&map_x, xs, g.n, g.h, g.w, (int64_t)cx * 2, tl.bw, tl.tr, tl.nimg))
+        !tma_map_nhwc(&map_x, xs, g.n, g.h, g.w, (int64_t)cx * 2, tl.bw, tl.tr, tl.nimg, (int)g.s))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     const auto fn = wgrad_tma<T>;
     BIE_CUDA_TRY(
@@ -220,7 +221,7 @@ int pow2_at_least(int64_t v) {
 
 bool wgrad_tma_plan(const bie_conv_geom &g, int64_t blocks_wanted, WgradTmaTiles *tl) {
     const int64_t cx = (g.c + 63) / 64 * 64;
-    if (!bgemm_tma_usable() || g.k != 3 || g.s != 1 || g.n * g.h * g.w * (cx / 8) > INT32_MAX ||
+    if (!bgemm_tma_usable() || g.k != 3 || g.s > 2 || g.n * g.h * g.w * (cx / 8) > INT32_MAX ||
         g.n * g.oh * g.ow > INT32_MAX)
         return false;
     tl->bw = std::min(kP, pow2_at_least(g.ow));

@@ -84,10 +84,11 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 // cannot make it.
 bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows);
 // A 4D tensor map of an NHWC-like tensor [n][h][w] of rows of `ld` bytes (16-byte aligned, ld a
-// multiple of 16), read in boxes of 128 bytes x bw x bh x bn (each at most 256) into
-// 128-byte-swizzled shared memory, one 128-byte row per pixel; parts of a box outside the tensor
-// arrive as zeros. False where the driver cannot make it.
+// multiple of 16), read in boxes of 128 bytes x bw x bh x bn pixels (taking every step-th pixel
+// along w and h: a box spans bw step x bh step, each at most 256) into 128-byte-swizzled
+// shared memory, one 128-byte row per pixel; parts of a box outside the tensor arrive as zeros.
+// False where the driver cannot make it.
 bool tma_map_nhwc(CUtensorMap *map, const void *base, int64_t n, int64_t h, int64_t w, int64_t ld,
-                  int bw, int bh, int bn);
+                  int bw, int bh, int bn, int step = 1);
 
 }  // namespace bie_cuda

@@ -88,12 +88,13 @@ bie_status dgrad_phase_wgmma_launch(const DgradHaloArgs &a, const DgradPhaseSpli
 constexpr int kDgradMaxStride = 4;
 struct DgradTmaTiles {
     int st, bw, tr, nimg, tpi, tpp;
+    int halo, hr;  // the halo form (stride 1): bw is the padded row, hr the halo's rows
     int64_t tiles;
 };
 bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl);
 bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl);
-// Binary conv2d grad_w of stride-1 3 x 3 layers with TMA loads (conv_wgrad_tma.cu): K steps of
-// 64 output pixels (tr rows of bw pixels of nimg images; xt x ty steps an image group, `tiles`
+// Binary conv2d grad_w of 3 x 3 layers of stride 1 or 2 with TMA loads (conv_wgrad_tma.cu): K steps
+// of 64 output pixels (tr rows of bw pixels of nimg images; xt x ty steps an image group, `tiles`
 // in all) in `slices` slices of per_slice steps. wgrad_tma_plan says whether the kernel takes
 // the layer on this device and plans about blocks_wanted blocks; the launch expands the signs
 // into xs (wgrad_tma_xs_bytes) and writes conv_wgrad_mma's partial tiles.

@@ -430,6 +430,12 @@ int main(int argc, char **argv) {
         {3, 100, 10, 9, 70, 3, 1, 1, 1},
         {2, 200, 8, 8, 72, 3, 1, 1, 1},
         {2, 100, 6, 5, 40, 3, 1, 1, 1},
+        /* channels last, stride 1: grad_x in the halo form (one gradient box per 64 output
+         * channels, each tap a view into it) with dilation 2 and a last band of 9 of 10 rows,
+         * a 5 x 5 kernel, no padding (the output smaller than the input) */
+        {3, 130, 19, 20, 100, 3, 1, 2, 2},
+        {2, 64, 16, 28, 70, 5, 1, 2, 1},
+        {2, 40, 20, 30, 64, 3, 1, 0, 1},
         /* grad_w on wgmma with 128 output channels a block: 130 leave the second 64 part empty */
         {2, 40, 6, 7, 130, 3, 1, 1, 1},
     };
