@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(256)
         uint32_t sb[VP], mb[VP];
 #pragma unroll
         for (int j = 0; j < VP; j++) sb[j] = mb[j] = 0;
-        const float sa = TRAIN ? *scale_a : 1.0f;
+        const float bound = TRAIN ? clip_bound(*scale_a) : 1.0f;
 #pragma unroll
         for (int c = 0; c < 32; c++) {
             const float b = __shfl_sync(0xffffffffu, lane_bias, c);
@@ -84,10 +84,7 @@ __global__ void __launch_bounds__(256)
             for (int j = 0; j < VP; j++) {
                 const float v = run_elem<T>(run[c].w, j) + b;
                 sb[j] |= (uint32_t)(v >= 0.0f) << c;
-                if (TRAIN) {  // the divisions only in training
-                    const float q = v / sa;
-                    mb[j] |= (uint32_t)(q >= -1.0f && q <= 1.0f) << c;
-                }
+                if (TRAIN) mb[j] |= (uint32_t)(fabsf(v) <= bound) << c;
             }
         }
 #pragma unroll
@@ -139,7 +136,7 @@ __global__ void __launch_bounds__(256)
     }
     const int C = (int)g64.c, cw = (C + 31) / 32, lane = (int)threadIdx.x & 31;
     const int64_t cells = g64.n * g64.h * g64.w * cw;
-    const float sa = TRAIN ? *scale_a : 1.0f;
+    const float bound = TRAIN ? clip_bound(*scale_a) : 1.0f;
     for (int64_t cell = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; cell < cells;
          cell += ((int64_t)gridDim.x * blockDim.x) >> 5) {
         const int64_t pix = cell / cw;
@@ -148,10 +145,7 @@ __global__ void __launch_bounds__(256)
         if (c < C) {
             const float v = to_f32(x[pix * C + c]) + bias[c];
             s = v >= 0.0f;
-            if (TRAIN) {
-                const float q = v / sa;
-                m = q >= -1.0f && q <= 1.0f;
-            }
+            if (TRAIN) m = fabsf(v) <= bound;
         }
         const uint32_t sb = __ballot_sync(0xffffffffu, s), mb = __ballot_sync(0xffffffffu, m);
         if (lane == 0) {
@@ -177,7 +171,7 @@ __global__ void __launch_bounds__(256)
         saved_scales[1] = *scale_w;
     }
     const int lane = (int)threadIdx.x & 31, sh = 8 * (lane & 3);
-    const float sa = TRAIN ? *scale_a : 1.0f;
+    const float bound = TRAIN ? clip_bound(*scale_a) : 1.0f;
     const unsigned warps = gridDim.x * (blockDim.x / 32);
     for (unsigned qb = (blockIdx.x * blockDim.x + threadIdx.x) / 32 * 32; qb < chunks;
          qb += warps * 32) {
@@ -204,10 +198,7 @@ __global__ void __launch_bounds__(256)
             for (int j = 0; j < 8; j++) {
                 const float e = v[j] + bb[j];
                 sb |= (uint32_t)(e >= 0.0f) << j;
-                if (TRAIN) {
-                    const float r = e / sa;
-                    mb |= (uint32_t)(r >= -1.0f && r <= 1.0f) << j;
-                }
+                if (TRAIN) mb |= (uint32_t)(fabsf(e) <= bound) << j;
             }
         }
         sb <<= sh;
@@ -396,7 +387,7 @@ constexpr int kConvBM = 32;
 // are both free of bank conflicts.
 constexpr int kConvCS = kConvBM + 4;
 struct ConvSmem {
-    size_t b, a, c, corr, pcol, pa, ycls, xcls, rcls, rbase, total;
+    size_t b, a, c, corr, pa, ycls, xcls, rcls, rbase, total;
     __host__ __device__ ConvSmem(int bn, int ldr, int classes, int oh, int ow) {
         const size_t stride = (size_t)ldr + 16;
         b = 0;
@@ -404,8 +395,7 @@ struct ConvSmem {
         c = a + 2 * kConvBM * stride;
         rbase = c + (size_t)bn * kConvCS * sizeof(int);  // 8-byte aligned
         corr = rbase + 2 * kConvBM * sizeof(long long);
-        pcol = corr + (size_t)classes * bn * sizeof(int);
-        pa = pcol + (size_t)bn * sizeof(int);
+        pa = corr + (size_t)classes * bn * sizeof(int);
         rcls = pa + kConvBM * sizeof(int);
         ycls = rcls + 2 * kConvBM * sizeof(int);
         xcls = ycls + (size_t)oh * sizeof(int);
@@ -413,13 +403,15 @@ struct ConvSmem {
     }
 };
 
-// UNIT: sign words per cp.async (4 when cw % 4 == 0, else 1). PAIRS: each thread stores two
-// neighbouring pixels of a channel at once (even planes, output aligned to two elements).
+// UNIT: sign words per cp.async (4 when cw % 4 == 0, 2 when cw % 2 == 0, else 1). PAIRS: each
+// thread stores two neighbouring pixels of a channel at once (even planes, output aligned to two
+// elements).
 template <int BN, int UNIT>
 __global__ void __launch_bounds__(2 * BN, 1)
     bconv_implicit(const uint32_t *__restrict__ signs, bie_conv_geom g64,
                    const uint8_t *__restrict__ wbits, int64_t ld, const int *__restrict__ wpopc,
-                   int ldr, int classes, int tiles, bool pairs, Epilogue ep) {
+                   int ldr, int classes, int tiles, bool pairs, FastDiv by_plane, FastDiv by_ow,
+                   FastDiv by_k, Epilogue ep) {
     constexpr int THREADS = 2 * BN, WARPS_N = BN / 32, NT = 4, TPR = THREADS / kConvBM;
     extern __shared__ __align__(16) uint8_t smem[];
     const int oh = (int)g64.oh, ow = (int)g64.ow;
@@ -428,8 +420,7 @@ __global__ void __launch_bounds__(2 * BN, 1)
     uint8_t *sB = smem + lay.b, *sA = smem + lay.a;
     int *sC = reinterpret_cast<int *>(smem + lay.c),
         *sCorr = reinterpret_cast<int *>(smem + lay.corr);
-    int *sPcol = reinterpret_cast<int *>(smem + lay.pcol),
-        *sPa = reinterpret_cast<int *>(smem + lay.pa);
+    int *sPa = reinterpret_cast<int *>(smem + lay.pa);
     int *sYcls = reinterpret_cast<int *>(smem + lay.ycls),
         *sXcls = reinterpret_cast<int *>(smem + lay.xcls);
     int *sRowCls = reinterpret_cast<int *>(smem + lay.rcls);
@@ -454,14 +445,6 @@ __global__ void __launch_bounds__(2 * BN, 1)
                        wbits + (int64_t)(ok ? n0 + r : 0) * ld + c * 16, 16, ok);
         }
     }
-    // The weight columns' popcounts (a column per thread, THREADS = 2 BN), kept in a register
-    // until the first gather is under way.
-    int own_pcol = 0;
-    if (tid < BN && n0 + tid < O) {
-        const int parts = (int)((ld + 1023) / 1024);
-        for (int part = 0; part < parts; part++)
-            own_pcol += wpopc[(int64_t)(n0 + tid) * parts + part];
-    }
     // Zero tails of the pixel rows of both buffers (the gathers never write them).
     for (int i = tid; i < 2 * kConvBM * ((ldr - used) / 4); i += THREADS) {
         const int per = (ldr - used) / 4, r = i / per, q = i - r * per;
@@ -476,14 +459,14 @@ __global__ void __launch_bounds__(2 * BN, 1)
         int n = 0, y0 = 0, x0 = 0;
         const bool row_ok = row < rows;
         if (row_ok) {
-            n = row / plane;
-            const int pix = row - n * plane, oy = pix / ow;
+            n = by_plane.div(row);
+            const int pix = row - n * plane, oy = by_ow.div(pix);
             y0 = oy * (int)g64.s - (int)g64.p;
             x0 = (pix - oy * ow) * (int)g64.s - (int)g64.p;
         }
         const uint32_t *img = signs + (int64_t)n * h * w * cw;
         for (int tap = gpart; tap < kk; tap += TPR) {
-            const int ti = tap / k, iy = y0 + ti * dil, ix = x0 + (tap - ti * k) * dil;
+            const int ti = by_k.div(tap), iy = y0 + ti * dil, ix = x0 + (tap - ti * k) * dil;
             const bool ok = row_ok && iy >= 0 && iy < h && ix >= 0 && ix < w;
             const uint32_t *src = ok ? img + (iy * w + ix) * cw : signs;
             const unsigned d = dst + tap * cw * 4;
@@ -494,8 +477,8 @@ __global__ void __launch_bounds__(2 * BN, 1)
     // Tile t's rows' padding classes and output offsets, into buffer buf (a thread per row).
     auto row_info = [&](int t, int buf) {
         if (tid >= kConvBM) return;
-        const int row = min(t * kConvBM + tid, rows - 1), n = row / plane, pix = row - n * plane,
-                  oy = pix / ow;
+        const int row = min(t * kConvBM + tid, rows - 1), n = by_plane.div(row),
+                  pix = row - n * plane, oy = by_ow.div(pix);
         sRowCls[buf * kConvBM + tid] = sYcls[oy] + sXcls[pix - oy * ow];
         sRowBase[buf * kConvBM + tid] = (long long)n * O * plane + pix;
     };
@@ -505,11 +488,24 @@ __global__ void __launch_bounds__(2 * BN, 1)
     pdl_wait();
     if ((int)blockIdx.x < tiles) gather(blockIdx.x, 0);
     cp_async_commit();
-    // While the first tile's rows arrive: the corrections, the class tables, the popcounts.
+    // While the first tile's rows arrive: the class tables, and per class and column the
+    // padding correction less twice the column's popcount (the AND form's column term).
+    const int parts = (int)((ld + 1023) / 1024);
     for (int i = tid; i < classes * BN; i += THREADS) {
         const int cls = i / BN, col = n0 + i - cls * BN;
-        sCorr[i] = ep.conv.corr && col < O ? ep.conv.corr[(int64_t)cls * O + col] : 0;
+        int v = 0;
+        if (col < O) {
+            v = ep.conv.corr ? ep.conv.corr[(int64_t)cls * O + col] : 0;
+            for (int part = 0; part < parts; part++) v -= 2 * wpopc[(int64_t)col * parts + part];
+        }
+        sCorr[i] = v;
     }
+    const bool nhwc = ep.conv.nhwc != 0;
+    // NHWC rows whose every four-channel group starts aligned for one vector store.
+    const bool vec4 =
+        O % 4 == 0 && reinterpret_cast<uintptr_t>(ep.out) % (ep.out_type == kOutF32 ? 16 : 8) == 0;
+    constexpr int LDN = BN + 8;  // NHWC: the tile of dot products pixel-major, LDN ints a row
+    static_assert(kConvBM * LDN <= BN * kConvCS, "the NHWC tile fits the channel-major one");
     // A pixel's class is (row class) * nx + (column class): class(oy, ox) = class(oy, 0) +
     // class(0, ox) - class(0, 0), from two small tables instead of a load per pixel.
     for (int i = tid; i < oh + ow; i += THREADS) {
@@ -519,7 +515,6 @@ __global__ void __launch_bounds__(2 * BN, 1)
         else
             sXcls[i - oh] = pc ? pc[i - oh] - pc[0] : 0;
     }
-    if (tid < BN) sPcol[tid] = own_pcol;
     __syncthreads();  // the class tables
     row_info(blockIdx.x, 0);
 
@@ -570,13 +565,17 @@ __global__ void __launch_bounds__(2 * BN, 1)
             const int rowterm = K - 2 * sPa[rl];
             const int *corr = sCorr + sRowCls[buf * kConvBM + rl] * BN;
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int cl = wn * 32 + j * 8 + 2 * t4 + e;
-                    sC[cl * kConvCS + rl] =
-                        rowterm - 2 * sPcol[cl] + 4 * acc[j][hh * 2 + e] + corr[cl];
+            for (int j = 0; j < NT; j++) {
+                const int cl = wn * 32 + j * 8 + 2 * t4;
+                const int v0 = rowterm + 4 * acc[j][hh * 2] + corr[cl],
+                          v1 = rowterm + 4 * acc[j][hh * 2 + 1] + corr[cl + 1];
+                if (nhwc) {  // (8-byte stores: the two half-warps each cover the 32 banks)
+                    *reinterpret_cast<int2 *>(sC + rl * LDN + cl) = make_int2(v0, v1);
+                } else {
+                    sC[cl * kConvCS + rl] = v0;
+                    sC[(cl + 1) * kConvCS + rl] = v1;
                 }
+            }
         }
         // Output offsets of the rows this thread stores (read before the next gather may
         // overwrite them).
@@ -586,18 +585,15 @@ __global__ void __launch_bounds__(2 * BN, 1)
         if (t + (int)gridDim.x < tiles)
             row_info(t + gridDim.x, buf ^ 1);  // read after the next barrier
         // Stores: a warp writes 32 (or 2 x 32) neighbouring pixels of one channel plane; NHWC:
-        // 32 neighbouring channels of one pixel.
-        if (ep.conv.nhwc) {  // channel pairs: 64 neighbouring channels a warp
-            for (int rl = tid >> 5; rl < kConvBM && t * kConvBM + rl < rows; rl += THREADS / 32) {
-                const int64_t first = (int64_t)(t * kConvBM + rl) * O + n0;
-                for (int cl = 2 * (tid & 31); cl < cols; cl += 64) {
-                    const float v0 = (float)sC[cl * kConvCS + rl] * scale;
-                    if (cl + 1 < cols)
-                        store_out2(ep.out, first + cl, v0,
-                                   (float)sC[(cl + 1) * kConvCS + rl] * scale, ep.out_type);
-                    else
-                        store_out(ep.out, first + cl, v0, ep.out_type);
-                }
+        // four neighbouring channels a thread, BN / 4 threads a pixel.
+        if (nhwc) {
+            for (int i = tid; i < kConvBM * (BN / 4); i += THREADS) {
+                const int rl = i / (BN / 4), cl = 4 * (i % (BN / 4));
+                if (t * kConvBM + rl >= rows || cl >= cols) continue;
+                const int4 d = *reinterpret_cast<const int4 *>(sC + rl * LDN + cl);
+                store_out4(ep.out, (int64_t)(t * kConvBM + rl) * O + n0 + cl, (float)d.x * scale,
+                           (float)d.y * scale, (float)d.z * scale, (float)d.w * scale,
+                           min(4, cols - cl), vec4, ep.out_type);
             }
             continue;
         }
@@ -714,8 +710,12 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
     const Epilogue ep = make_epilogue(which, out, g->o, 0.0f, scale_a, scale_w, conv);
     const size_t smem = ConvSmem(bn, (int)ldr, classes, (int)g->oh, (int)g->ow).total;
     const bool wide = cw % 4 == 0;
-    auto fn = bn == 128 ? (wide ? bconv_implicit<128, 4> : bconv_implicit<128, 1>)
-                        : (wide ? bconv_implicit<64, 4> : bconv_implicit<64, 1>);
+    auto fn = bn == 128 ? (wide          ? bconv_implicit<128, 4>
+                           : cw % 2 == 0 ? bconv_implicit<128, 2>
+                                         : bconv_implicit<128, 1>)
+                        : (wide          ? bconv_implicit<64, 4>
+                           : cw % 2 == 0 ? bconv_implicit<64, 2>
+                                         : bconv_implicit<64, 1>);
     const bool pairs = conv_pairs_ok(g->oh * g->ow, out, which);
     // Held to the launch: the shared memory depends on the geometry.
     std::lock_guard<std::mutex> smem_lock(smem_attribute_mutex());
@@ -738,9 +738,11 @@ bie_status bie_cuda_conv_implicit(const uint32_t *signs, const bie_conv_geom *g,
     const int64_t per_block = (tiles + blocks - 1) / blocks;
     blocks = (tiles + per_block - 1) / per_block;
     const dim3 grid((unsigned)blocks, (unsigned)groups);
-    BIE_CUDA_TRY(check(launch_after(fn, grid, dim3(2 * bn), smem, signs, *g, wbits, ld, wpopc,
-                                    (int)ldr, classes, (int)tiles, pairs, ep),
-                       "cuda conv implicit gemm"));
+    BIE_CUDA_TRY(
+        check(launch_after(fn, grid, dim3(2 * bn), smem, signs, *g, wbits, ld, wpopc, (int)ldr,
+                           classes, (int)tiles, pairs, FastDiv((int)(g->oh * g->ow)),
+                           FastDiv((int)g->ow), FastDiv((int)g->k), ep),
+              "cuda conv implicit gemm"));
     return check(cudaGetLastError(), "cuda conv implicit gemm");
 }
 

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "conv_common.cuh"
 #include "cuda_internal.h"
 #include "mma.cuh"
 
@@ -30,20 +31,6 @@ constexpr size_t kHaloSmemMax = 200 * 1024;  // the halo kernel's shared memory,
 // op spans several kDgK chunks.
 __host__ __device__ constexpr int dgrad_halo_buffers(int op) { return op > kDgK ? 2 : 1; }
 constexpr int kSlicesPerSm = 2;  // grad_w blocks per SM to aim for (4: slower)
-
-// Division of non-negative ints below 2^31 by a divisor fixed per launch, as a multiply-high
-// and a shift (the magic number from the host): the per-step pixel index math of wgrad_mma.
-struct FastDiv {
-    unsigned m, l;
-    explicit FastDiv(int d) {
-        l = 0;
-        while ((1ull << l) < (unsigned long long)d) l++;
-        m = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)d)) / (unsigned)d + 1);
-    }
-    __device__ __forceinline__ int div(int n) const {
-        return (int)((__umulhi((unsigned)n, m) + (unsigned)n) >> l);
-    }
-};
 
 // The halo grad_x kernels' halo (dgrad_halo_mma, dgrad_halo_wgmma): the pixel-major gradient
 // rows of the tile's image rows gy0 + p - (k - 1) d .. (hpix pixels of W, zeros outside the

@@ -11,6 +11,20 @@
 
 namespace bie_cuda {
 
+// Division of non-negative ints below 2^31 by a divisor fixed per launch, as a multiply-high
+// and a shift (the magic number from the host): the per-step pixel index math of wgrad_mma.
+struct FastDiv {
+    unsigned m, l;
+    explicit FastDiv(int d) {
+        l = 0;
+        while ((1ull << l) < (unsigned long long)d) l++;
+        m = (unsigned)(((1ull << 32) * ((1ull << l) - (unsigned long long)d)) / (unsigned)d + 1);
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return (int)((__umulhi((unsigned)n, m) + (unsigned)n) >> l);
+    }
+};
+
 // Raw bits of VP consecutive elements of type T (2 or 4 bytes) as 32-bit words, read with one
 // aligned load of sizeof(T) * VP bytes (2, 4 or 8).
 template <int BYTES> struct RawRun;

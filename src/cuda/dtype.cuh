@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -13,6 +14,17 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(int8_t v) { return (float)v; }
+
+// The training pack's clip test -1 <= fl(v / sa) <= 1 (SPEC: the CPU's float division) as
+// |v| <= clip_bound(sa), without the division. fl(v / sa) is monotone in v, fl(|sa| / |sa|) = 1,
+// and the next float above |sa| gives a quotient above 1 + 2^-24 (|sa|'s spacing is more than
+// 2^-24 |sa|), which rounds above 1: so for a finite nonzero sa the test is |v| <= |sa|. A zero
+// sa passes nothing (every quotient is infinite or NaN), an infinite one every finite v, a NaN
+// one nothing (the comparison with NaN is false).
+__device__ __forceinline__ float clip_bound(float sa) {
+    const float a = fabsf(sa);
+    return a == 0.0f ? -1.0f : a == INFINITY ? FLT_MAX : a;
+}
 
 // Rounded to nearest even for the 16-bit types.
 template <typename T> __device__ __forceinline__ T from_f32(float v);

@@ -44,6 +44,30 @@ __device__ __forceinline__ void store_out2(void *out, int64_t i, float v0, float
     }
 }
 
+// out[i .. i + n - 1] = v0 .. v3 (n <= 4): one vector store where n is 4 and the caller says
+// out + i is aligned to four elements, else one store an element.
+__device__ __forceinline__ void store_out4(void *out, int64_t i, float v0, float v1, float v2,
+                                           float v3, int n, bool aligned, int type) {
+    if (n != 4 || !aligned) {
+        const float v[4] = {v0, v1, v2, v3};
+        for (int e = 0; e < n; e++) store_out(out, i + e, v[e], type);
+    } else if (type == kOutF32) {
+        *reinterpret_cast<float4 *>(static_cast<float *>(out) + i) = make_float4(v0, v1, v2, v3);
+    } else if (type == kOutBF16) {
+        const __nv_bfloat162 a = __floats2bfloat162_rn(v0, v1), b = __floats2bfloat162_rn(v2, v3);
+        uint2 u;
+        u.x = *reinterpret_cast<const uint32_t *>(&a);
+        u.y = *reinterpret_cast<const uint32_t *>(&b);
+        *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(out) + i) = u;
+    } else {
+        const __half2 a = __floats2half2_rn(v0, v1), b = __floats2half2_rn(v2, v3);
+        uint2 u;
+        u.x = *reinterpret_cast<const uint32_t *>(&a);
+        u.y = *reinterpret_cast<const uint32_t *>(&b);
+        *reinterpret_cast<uint2 *>(static_cast<__half *>(out) + i) = u;
+    }
+}
+
 // Where one output row goes: its first element's index, the step between columns, and the
 // padding class of a convolution pixel (0: no correction).
 struct OutRow {

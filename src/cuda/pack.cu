@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(256)
     const int64_t words = ld / 4, w0 = (int64_t)blockIdx.y * kRowSlice;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const T *xr = x + row * k;
-    const float sa = (ACT && mask) ? *scale_a : 1.0f;
+    const float bound = (ACT && mask) ? clip_bound(*scale_a) : 1.0f;
     float v[PER_WARP];
     bool valid[PER_WARP];
 #pragma unroll
@@ -65,8 +65,7 @@ __global__ void __launch_bounds__(256)
         if (w >= words) break;  // uniform across the warp
         unsigned sb = __ballot_sync(0xffffffffu, valid[i] && v[i] >= 0.0f);
         if (ACT && mask) {
-            float q = v[i] / sa;
-            unsigned mb = __ballot_sync(0xffffffffu, valid[i] && q >= -1.0f && q <= 1.0f);
+            unsigned mb = __ballot_sync(0xffffffffu, valid[i] && fabsf(v[i]) <= bound);
             if (lane == 0) mask[row * words + w] = mb;
         }
         if (lane == 0) {
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(256)
     const int per = 256 / rb, lr = (int)threadIdx.x / per, t = (int)threadIdx.x % per;
     const int64_t row = (int64_t)blockIdx.x * rb + lr;
     const int64_t b0 = (int64_t)blockIdx.y * 1024, slice = min((int64_t)1024, ld - b0);
-    const float sa = (ACT && mask) ? *scale_a : 1.0f;
+    const float bound = (ACT && mask) ? clip_bound(*scale_a) : 1.0f;
     int count = 0;
     if (row < rows) {
         uint8_t *sbytes = reinterpret_cast<uint8_t *>(bits) + row * ld + b0;
@@ -120,10 +119,7 @@ __global__ void __launch_bounds__(256)
             for (int e = 0; e < 8; e++) {
                 const bool valid = e < left;
                 sb |= (unsigned)(valid && v[e] >= 0.0f) << e;
-                if (ACT && mask) {
-                    const float q = v[e] / sa;
-                    mb |= (unsigned)(valid && q >= -1.0f && q <= 1.0f) << e;
-                }
+                if (ACT && mask) mb |= (unsigned)(valid && fabsf(v[e]) <= bound) << e;
             }
             sbytes[byte] = (uint8_t)sb;
             if (ACT && mask) mbytes[byte] = (uint8_t)mb;
