@@ -18,6 +18,14 @@
 // consumer warpgroups, one per kernel row i, multiply the gradient tile by the tiles of taps
 // 3 i .. 3 i + 2 (wgmma.m64n64k16, three accumulator sets each). The partial tile is staged
 // through the ring's shared memory in grad_w's [o][c 9 + t] order and written as whole rows.
+//
+// Stride-1 layers take the halo form where it wastes little: a K step is tr whole output rows
+// over the padded width wp = OW + 2 d (the gradient box's columns past OW arrive as zeros), so
+// that one xs box of tr + 2 d rows of wp pixels (from column -p) holds every tap's operand: tap
+// (i, j) is the view from row i d wp + j d on (a descriptor may start at any 128-byte row of a
+// swizzled region). Two copies a step instead of ten, about a quarter of the bytes. The K extent
+// is rounded up to 16 rows; the ring is zeroed once, so the rows no copy writes (the gradient
+// tile's tail, the xs rows past the box) stay zero and add nothing.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,8 +56,16 @@ constexpr int kConsumers = 3;                // warpgroups, one per kernel row
 constexpr int kThreads = 128 * kConsumers + 32;
 constexpr int kCols = 64 * kTaps;  // a staged row: 64 channels x 9 taps (floats)
 constexpr int kStgPitch = kCols + 4;
+constexpr size_t kStaging = (size_t)64 * kStgPitch * 4;  // the partial tile, staged
 constexpr size_t kSmem = 1024 + (size_t)kStages * kStage + 16 * kStages;
-static_assert((size_t)64 * kStgPitch * 4 <= (size_t)kStages * kStage, "staging fits the ring");
+static_assert(kStaging <= (size_t)kStages * kStage, "staging fits the ring");
+constexpr int kHaloStageMax = 48 * 1024;  // the halo form's stage: gradient and xs tiles
+// The dynamic shared memory of a launch: the ring (or the staging, if larger) and its barriers.
+size_t wgrad_smem(const WgradTmaTiles &tl) {
+    if (!tl.halo) return kSmem;
+    const size_t ring = (size_t)kStages * (tl.gr + tl.xr) * kRow;
+    return 1024 + std::max(ring, kStaging) + 16 * kStages;
+}
 
 // xs [pixels][cx] from the saved sign words [pixels][cw]: +1 where the bit is set, -1 where not,
 // 0 past C. One thread per 8 channels of a pixel (16 bytes).
@@ -74,7 +90,7 @@ __global__ void expand_signs(const uint32_t *__restrict__ signs, int chunks, Fas
     }
 }
 
-template <typename T>
+template <typename T, bool HALO>
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_x,
               bie_conv_geom g64, WgradTmaTiles tl, float *__restrict__ part) {
@@ -82,7 +98,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     extern __shared__ __align__(16) unsigned char smem[];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     unsigned char *gbase = smem + (base - smem_u32(smem));  // the same address, generic
-    const unsigned full0 = base + (unsigned)(kStages * kStage), empty0 = full0 + 8 * kStages;
+    const int stage_bytes = HALO ? (tl.gr + tl.xr) * kRow : kStage;
+    const unsigned ring =
+        (unsigned)(HALO ? max((size_t)kStages * stage_bytes, kStaging) : (size_t)kStages * kStage);
+    const unsigned full0 = base + ring, empty0 = full0 + 8 * kStages;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int C = (int)g64.c, O = (int)g64.o, p = (int)g64.p, d = (int)g64.d, st = (int)g64.s;
     const int o0 = (int)blockIdx.x * 64, c0 = (int)blockIdx.y * 64;
@@ -95,10 +114,30 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_init_fence();
     }
+    if (HALO) {  // the rows no copy writes read as zeros
+        for (unsigned i = (unsigned)tid * 16; i < kStages * (unsigned)stage_bytes;
+             i += kThreads * 16)
+            *reinterpret_cast<uint4 *>(gbase + i) = make_uint4(0, 0, 0, 0);
+        fence_proxy_async();  // before the copies and the wgmma reads
+    }
     __syncthreads();
 
     if (wg == kConsumers) {  // the producer warp
-        if (tid == 128 * kConsumers) {
+        if (tid == 128 * kConsumers && HALO) {
+            tma_prefetch_map(&map_g);
+            tma_prefetch_map(&map_x);
+            const unsigned bytes = (unsigned)(kRow * tl.bw * (2 * tl.tr + 2 * d));
+            for (int step = 0; step < steps; step++) {
+                const int64_t kt = first + step;
+                const int n0 = (int)(kt / tl.ty), oy0 = (int)(kt % tl.ty) * tl.tr;
+                const int s = step % kStages;
+                mbar_wait(empty0 + 8 * s, ((unsigned)(step / kStages) & 1u) ^ 1u);
+                const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * stage_bytes);
+                mbar_arrive_expect_tx(full, bytes);
+                tma_load_4d(dst, &map_g, o0 * 2, 0, oy0, n0, full);
+                tma_load_4d(dst + (unsigned)(tl.gr * kRow), &map_x, c0 * 2, -p, oy0 - p, n0, full);
+            }
+        } else if (tid == 128 * kConsumers) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_x);
             const int per_img = tl.xt * tl.ty;
@@ -131,12 +170,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int step = 0; step < steps; step++) {
         const int s = step % kStages;
         mbar_wait(full0 + 8 * s, (unsigned)(step / kStages) & 1u);
-        const unsigned stage = base + (unsigned)(s * kStage);
+        const unsigned stage = base + (unsigned)(s * stage_bytes);
 #pragma unroll
         for (int u = 0; u < 3; u++) fence_acc(acc[u]);
         wgmma_fence();
+        if (HALO) {  // tap (wg, u): the xs view from row wg d wp + u d
+            const unsigned xv = stage + (unsigned)((tl.gr + wg * d * tl.bw) * kRow);
+            for (int ks = 0; ks < tl.gr / 16; ks++)
 #pragma unroll
-        for (int ks = 0; ks < kP / 16; ks++)
+                for (int u = 0; u < 3; u++)
+                    wgmma_f16_ss_mn64<T>(
+                        acc[u], smem_desc(stage + 2048 * ks, 1024, 1024, 1),
+                        smem_desc(xv + (unsigned)((u * d + 16 * ks) * kRow), 1024, 1024, 1));
+        }
+#pragma unroll
+        for (int ks = 0; ks < (HALO ? 0 : kP / 16); ks++)
 #pragma unroll
             for (int u = 0; u < 3; u++)
                 wgmma_f16_ss_mn64<T>(
@@ -187,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T>
+template <typename T, bool HALO>
 bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
                   const WgradTmaTiles &tl, float *part) {
     static const char *who = "conv grad_w (wgmma, TMA)";
@@ -198,16 +246,17 @@ bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op,
         <<<(unsigned)std::min<int64_t>((chunks + 255) / 256, 65535), 256, 0, current_stream>>>(
             a.signs, (int)chunks, FastDiv(per), per, (int)g.c, cx, static_cast<T *>(xs));
     CUtensorMap map_g, map_x;
+    const int xrows = HALO ? tl.tr + 2 * (int)g.d : tl.tr;  // the halo: the taps' reach
     if (!tma_map_nhwc(&map_g, gt, g.n, g.oh, g.ow, (int64_t)op * 2, tl.bw, tl.tr, tl.nimg) ||
-        !tma_map_nhwc(&map_x, xs, g.n, g.h, g.w, (int64_t)cx * 2, tl.bw, tl.tr, tl.nimg, (int)g.s))
+        !tma_map_nhwc(&map_x, xs, g.n, g.h, g.w, (int64_t)cx * 2, tl.bw, xrows, tl.nimg, (int)g.s))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    const auto fn = wgrad_tma<T>;
-    BIE_CUDA_TRY(
-        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-              who));
+    const auto fn = wgrad_tma<T, HALO>;
+    const size_t smem = wgrad_smem(tl);
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       who));
     fn<<<dim3((unsigned)((g.o + 63) / 64), (unsigned)(cx / 64), (unsigned)tl.slices), kThreads,
-         kSmem, current_stream>>>(map_g, map_x, g, tl, part);
+         smem, current_stream>>>(map_g, map_x, g, tl, part);
     return check(cudaGetLastError(), who);
 }
 
@@ -230,6 +279,22 @@ bool wgrad_tma_plan(const bie_conv_geom &g, int64_t blocks_wanted, WgradTmaTiles
     tl->xt = (int)((g.ow + tl->bw - 1) / tl->bw);
     tl->ty = (int)((g.oh + tl->tr - 1) / tl->tr);
     tl->tiles = (g.n + tl->nimg - 1) / tl->nimg * tl->xt * tl->ty;
+    tl->halo = tl->gr = tl->xr = 0;
+    // Stride 1: the halo form, with the most rows a step whose stage fits kHaloStageMax and
+    // whose K rows are at least 3/4 output pixels (unless BIE_CUDA_WGRAD_HALO=0; small images
+    // keep the per-tap form, whose steps span several images).
+    static const bool halo_wanted = !env_is("BIE_CUDA_WGRAD_HALO", "0");
+    const int wp = (int)(g.ow + 2 * g.d), reach = (int)(2 * g.d);
+    for (int r = (int)std::min<int64_t>(g.oh, 256 - reach);
+         halo_wanted && g.s == 1 && wp <= 256 && r >= 1; r--) {
+        const int gr = (r * wp + 15) / 16 * 16, xr = (gr + reach * wp + reach + 7) / 8 * 8;
+        if ((gr + xr) * kRow > kHaloStageMax) continue;
+        if ((int64_t)r * g.ow * 4 < (int64_t)gr * 3) continue;
+        tl->halo = 1, tl->gr = gr, tl->xr = xr, tl->bw = wp, tl->tr = r, tl->nimg = 1, tl->xt = 1;
+        tl->ty = (int)((g.oh + r - 1) / r);
+        tl->tiles = g.n * tl->ty;
+        break;
+    }
     const int64_t xy = (g.o + 63) / 64 * (cx / 64);
     int64_t slices = std::max<int64_t>(1, std::min<int64_t>(tl->tiles, blocks_wanted / xy));
     // Partial tiles of 64 MiB at most.
@@ -246,8 +311,11 @@ size_t wgrad_tma_xs_bytes(const bie_conv_geom &g) {
 
 bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
                             const WgradTmaTiles &tl, float *part) {
-    return a.dtype == BIE_F16 ? launch<__half>(a, gt, op, xs, tl, part)
-                              : launch<__nv_bfloat16>(a, gt, op, xs, tl, part);
+    if (tl.halo)
+        return a.dtype == BIE_F16 ? launch<__half, true>(a, gt, op, xs, tl, part)
+                                  : launch<__nv_bfloat16, true>(a, gt, op, xs, tl, part);
+    return a.dtype == BIE_F16 ? launch<__half, false>(a, gt, op, xs, tl, part)
+                              : launch<__nv_bfloat16, false>(a, gt, op, xs, tl, part);
 }
 
 }  // namespace bie_cuda

@@ -100,6 +100,7 @@ bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl);
 // into xs (wgrad_tma_xs_bytes) and writes conv_wgrad_mma's partial tiles.
 struct WgradTmaTiles {
     int bw, tr, nimg, xt, ty, per_slice, slices;
+    int halo, gr, xr;  // the halo form (stride 1): bw the padded row, gr / xr the tiles' rows
     int64_t tiles;
 };
 bool wgrad_tma_plan(const bie_conv_geom &g, int64_t blocks_wanted, WgradTmaTiles *tl);
