@@ -60,6 +60,20 @@ __host__ __device__ constexpr int stage_bytes(int nc) { return kBTile + nc * kAT
 constexpr size_t smem_bytes(int nc, int s) { return 1024 + (size_t)s * stage_bytes(nc) + 16 * s; }
 static_assert(kBTile % 1024 == 0 && kATile % 1024 == 0, "the swizzle's alignment");
 
+// One K step's products (a tap, 64 output channels): the weight tile at a_tile times the
+// gradient rows from b_rows on, committed as one wgmma group.
+template <typename T>
+__device__ __forceinline__ void step_products(float (&acc)[kPix / 2], unsigned a_tile,
+                                              unsigned b_rows) {
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDgK / 16; ks++)
+        wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
+                              smem_desc(b_rows + 32 * ks, 16, 1024, 1));
+    wgmma_commit();
+}
+
 // The halo form's dynamic shared memory: S stages of NC weight tiles, the halo (hr rows of 128
 // bytes), the stage barriers and the halo's two.
 constexpr size_t halo_smem_bytes(int nc, int s, int hr) {
@@ -195,13 +209,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
             const unsigned a_tile = base + (unsigned)(s * kStage + wg * kATile);
             const unsigned b_view =
                 hbase + (unsigned)(((k - 1 - i) * d * tl.bw + (k - 1 - j) * d) * kRow);
-            fence_acc(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < kDgK / 16; ks++)
-                wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
-                                      smem_desc(b_view + 32 * ks, 16, 1024, 1));
-            wgmma_commit();
+            step_products<T>(acc, a_tile, b_view);
             if (t > 0) {
                 wgmma_wait<1>();
                 fence_acc(acc);
@@ -218,13 +226,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
         mbar_wait(full0 + 8 * s, (unsigned)(step / S) & 1u);
         const unsigned stage = base + (unsigned)(s * kStage);
         const unsigned a_tile = stage + (unsigned)(kBTile + wg * kATile);
-        fence_acc(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kDgK / 16; ks++)
-            wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
-                                  smem_desc(stage + 32 * ks, 16, 1024, 1));
-        wgmma_commit();
+        step_products<T>(acc, a_tile, stage);
         wgmma_wait<1>();
         fence_acc(acc);
         if (step > 0 && wt == 0) mbar_arrive(empty0 + 8 * ((step - 1) % S));
