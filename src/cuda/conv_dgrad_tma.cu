@@ -62,6 +62,7 @@ static_assert(kBTile % 1024 == 0 && kATile % 1024 == 0, "the swizzle's alignment
 
 // One K step's products (a tap, 64 output channels): the weight tile at a_tile times the
 // gradient rows from b_rows on, committed as one wgmma group.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <typename T>
 __device__ __forceinline__ void step_products(float (&acc)[kPix / 2], unsigned a_tile,
                                               unsigned b_rows) {
@@ -73,6 +74,7 @@ __device__ __forceinline__ void step_products(float (&acc)[kPix / 2], unsigned a
                               smem_desc(b_rows + 32 * ks, 16, 1024, 1));
     wgmma_commit();
 }
+#endif
 
 // The halo form's dynamic shared memory: S stages of NC weight tiles, the halo (hr rows of 128
 // bytes), the stage barriers and the halo's two.
