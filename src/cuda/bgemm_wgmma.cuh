@@ -39,21 +39,7 @@ __device__ __forceinline__ void store_rows4(const Epilogue &ep, const int *stg, 
                     f1 = (float)(base + cb[1] + 4 * v.y) * scale,
                     f2 = (float)(base + cb[2] + 4 * v.z) * scale,
                     f3 = (float)(base + cb[3] + 4 * v.w) * scale;
-        const int64_t i = (int64_t)(row0 + r) * ep.n + col;
-        if (T == kOutF32) {
-            *reinterpret_cast<float4 *>(static_cast<float *>(ep.out) + i) =
-                make_float4(f0, f1, f2, f3);
-        } else if (T == kOutBF16) {
-            __nv_bfloat162 lo = __floats2bfloat162_rn(f0, f1), hi = __floats2bfloat162_rn(f2, f3);
-            uint2 u;
-            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
-            *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(ep.out) + i) = u;
-        } else {
-            __half2 lo = __floats2half2_rn(f0, f1), hi = __floats2half2_rn(f2, f3);
-            uint2 u;
-            u.x = *reinterpret_cast<unsigned *>(&lo), u.y = *reinterpret_cast<unsigned *>(&hi);
-            *reinterpret_cast<uint2 *>(static_cast<__half *>(ep.out) + i) = u;
-        }
+        store_out4(ep.out, (int64_t)(row0 + r) * ep.n + col, f0, f1, f2, f3, 4, true, T);
     }
 }
 

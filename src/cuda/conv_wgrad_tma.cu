@@ -123,36 +123,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (wg == kConsumers) {  // the producer warp
-        if (tid == 128 * kConsumers && HALO) {
+        if (tid == 128 * kConsumers) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_x);
-            const unsigned bytes = (unsigned)(kRow * tl.bw * (2 * tl.tr + 2 * d));
-            for (int step = 0; step < steps; step++) {
-                const int64_t kt = first + step;
-                const int n0 = (int)(kt / tl.ty), oy0 = (int)(kt % tl.ty) * tl.tr;
-                const int s = step % kStages;
-                mbar_wait(empty0 + 8 * s, ((unsigned)(step / kStages) & 1u) ^ 1u);
-                const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * stage_bytes);
-                mbar_arrive_expect_tx(full, bytes);
-                tma_load_4d(dst, &map_g, o0 * 2, 0, oy0, n0, full);
-                tma_load_4d(dst + (unsigned)(tl.gr * kRow), &map_x, c0 * 2, -p, oy0 - p, n0, full);
-            }
-        } else if (tid == 128 * kConsumers) {
-            tma_prefetch_map(&map_g);
-            tma_prefetch_map(&map_x);
+            // (The halo form's steps are whole rows of one image: xt = nimg = 1.)
             const int per_img = tl.xt * tl.ty;
+            const unsigned bytes =
+                HALO ? (unsigned)(kRow * tl.bw * (2 * tl.tr + 2 * d)) : (unsigned)kStage;
             for (int step = 0; step < steps; step++) {
                 const int64_t kt = first + step;
                 const int n0 = (int)(kt / per_img) * tl.nimg, rem = (int)(kt % per_img);
                 const int oy0 = rem / tl.xt * tl.tr, ox0 = rem % tl.xt * tl.bw;
                 const int s = step % kStages;
                 mbar_wait(empty0 + 8 * s, ((unsigned)(step / kStages) & 1u) ^ 1u);
-                const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
-                mbar_arrive_expect_tx(full, kStage);
+                const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * stage_bytes);
+                mbar_arrive_expect_tx(full, bytes);
                 tma_load_4d(dst, &map_g, o0 * 2, ox0, oy0, n0, full);
-                for (int t = 0; t < kTaps; t++)
-                    tma_load_4d(dst + (unsigned)((1 + t) * kTile), &map_x, c0 * 2,
-                                ox0 * st - p + (t % 3) * d, oy0 * st - p + (t / 3) * d, n0, full);
+                if (HALO)  // one box of the rows every tap reaches
+                    tma_load_4d(dst + (unsigned)(tl.gr * kRow), &map_x, c0 * 2, -p, oy0 - p, n0,
+                                full);
+                else
+                    for (int t = 0; t < kTaps; t++)
+                        tma_load_4d(dst + (unsigned)((1 + t) * kTile), &map_x, c0 * 2,
+                                    ox0 * st - p + (t % 3) * d, oy0 * st - p + (t / 3) * d, n0,
+                                    full);
             }
         }
         return;

@@ -44,6 +44,15 @@ __device__ __forceinline__ void store_out2(void *out, int64_t i, float v0, float
     }
 }
 
+// Two pairs of 16-bit elements (bfloat162 / half2) as one 8-byte store at 16-bit element i.
+template <typename P>
+__device__ __forceinline__ void store_pairs(void *out, int64_t i, const P &lo, const P &hi) {
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t *>(&lo);
+    u.y = *reinterpret_cast<const uint32_t *>(&hi);
+    *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(out) + i) = u;
+}
+
 // out[i .. i + n - 1] = v0 .. v3 (n <= 4): one vector store where n is 4 and the caller says
 // out + i is aligned to four elements, else one store an element.
 __device__ __forceinline__ void store_out4(void *out, int64_t i, float v0, float v1, float v2,
@@ -54,17 +63,9 @@ __device__ __forceinline__ void store_out4(void *out, int64_t i, float v0, float
     } else if (type == kOutF32) {
         *reinterpret_cast<float4 *>(static_cast<float *>(out) + i) = make_float4(v0, v1, v2, v3);
     } else if (type == kOutBF16) {
-        const __nv_bfloat162 a = __floats2bfloat162_rn(v0, v1), b = __floats2bfloat162_rn(v2, v3);
-        uint2 u;
-        u.x = *reinterpret_cast<const uint32_t *>(&a);
-        u.y = *reinterpret_cast<const uint32_t *>(&b);
-        *reinterpret_cast<uint2 *>(static_cast<__nv_bfloat16 *>(out) + i) = u;
+        store_pairs(out, i, __floats2bfloat162_rn(v0, v1), __floats2bfloat162_rn(v2, v3));
     } else {
-        const __half2 a = __floats2half2_rn(v0, v1), b = __floats2half2_rn(v2, v3);
-        uint2 u;
-        u.x = *reinterpret_cast<const uint32_t *>(&a);
-        u.y = *reinterpret_cast<const uint32_t *>(&b);
-        *reinterpret_cast<uint2 *>(static_cast<__half *>(out) + i) = u;
+        store_pairs(out, i, __floats2half2_rn(v0, v1), __floats2half2_rn(v2, v3));
     }
 }
 
