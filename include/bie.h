@@ -393,6 +393,50 @@ BIE_API bie_status bie_layer_backward(bie_layer *layer, const bie_tensor *grad_o
  * BIAS_A, SCALE_A. Errors: no backward yet, no such gradient. */
 BIE_API bie_status bie_layer_grad(bie_layer *layer, bie_param which, bie_tensor *view);
 
+/* ------------------------------------- 7. batch norm, residual add and PReLU, fused */
+
+/* The unit that follows a binary convolution in residual binary networks, in one pass over
+ * the activations each way (plus one reduction pass):
+ *     out = prelu(gamma (y - mean) rstd + beta + res),   prelu(z) = z > 0 ? z : slope z.
+ * y, res, out (and the gradients below): rank 2..4, dim 1 the channels, [outer][C][inner]
+ * in memory (NCHW: outer N, inner H W; [N][C]: inner 1). A channels-last NHWC tensor is
+ * passed as the rank-3 view [N H W][C][1]. All the same shape and dtype: F32 on the CPU,
+ * F32 / BF16 / F16 on CUDA; the arithmetic is float32 and each output is rounded once.
+ * Per channel, F32 on the same device: gamma, beta, slope ([C], or [1] for one slope shared
+ * by every channel), running_mean, running_var, save_mean, save_rstd ([C]). */
+typedef struct bie_bn_act_params {
+    const bie_tensor *gamma;                /* NULL: 1 */
+    const bie_tensor *beta;                 /* NULL: 0 */
+    const bie_tensor *slope;                /* NULL: no activation (out = z) */
+    bie_tensor *running_mean, *running_var; /* NULL: not tracked (then training only) */
+    float eps;                              /* > 0, finite */
+    float momentum; /* 0..1: running = (1 - momentum) running + momentum batch */
+    bool training;  /* batch statistics (and running updates) or the running ones */
+} bie_bn_act_params;
+
+/* forward. Training: mean and biased variance of each channel over its outer x inner
+ * elements (at least 2), running_mean / running_var updated with the mean and the unbiased
+ * variance; inference: the running statistics. save_mean / save_rstd receive the mean and
+ * 1 / sqrt(var + eps) used, for the backward. res may be NULL (no residual). out may be y or
+ * res (element by element). Errors: shapes, dtypes, devices, NULL required arguments, eps or
+ * momentum out of range, fewer than 2 elements a channel in training, running statistics
+ * NULL in inference; nothing is written then. */
+BIE_API bie_status bie_bn_act_forward(const bie_bn_act_params *p, const bie_tensor *y,
+                                      const bie_tensor *res, bie_tensor *save_mean,
+                                      bie_tensor *save_rstd, bie_tensor *out);
+
+/* backward of the forward above (the same p, y, res and its save_mean / save_rstd): from
+ * grad_out, grad_y and the optional grad_res (= the gradient of z), grad_gamma, grad_beta
+ * and grad_slope (shaped like their parameters; each may be NULL: not wanted). With
+ * p->training the statistics' terms are included, as in training. grad_y may be grad_out.
+ * Errors: as the forward's. */
+BIE_API bie_status bie_bn_act_backward(const bie_bn_act_params *p, const bie_tensor *grad_out,
+                                       const bie_tensor *y, const bie_tensor *res,
+                                       const bie_tensor *save_mean, const bie_tensor *save_rstd,
+                                       bie_tensor *grad_y, bie_tensor *grad_res,
+                                       bie_tensor *grad_gamma, bie_tensor *grad_beta,
+                                       bie_tensor *grad_slope);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,13 +12,17 @@ only) + float 1 x 1 conv + BN; the head is a global average pool and a float lin
 
 - ``bie``: the binary convolutions are ``bie.BinaryConv2dCutlass`` (int8 weights after
   ``bie.prepare_bie_layers``, learnable ``scale_a`` and ``bias_a``; on CUDA in the run's dtype),
-  trained with ``bie.SignFlip`` (sign flips for the int8 weights, Adam for the float
-  parameters, ``float_lr`` 1e-3).
+  and the batch norm + residual add + PReLU after each of them (and the stem's batch norm +
+  PReLU) is one ``bie.BatchNormAct`` (one bie call each way; float32 statistics and
+  parameters, activations in the run's dtype on CUDA); the shortcuts' batch norms stay
+  ``nn.BatchNorm2d``. Trained with ``bie.SignFlip`` (sign flips for the int8 weights, Adam for
+  the float parameters, ``float_lr`` 1e-3).
 - ``torch``: the same network whose binary convolution is ``F.conv2d`` of ``sign(x)`` (a
   straight-through estimator: the gradient passes where ``|x| <= 1``) and of ``sign(w) *
   mean|w|`` per output channel (a float32 latent weight, the same estimator), trained with
   ``torch.optim.Adam`` (lr 1e-3). No ``bias_a`` / ``scale_a``: slightly less work than bie's
-  layer does; the binarized weight is recomputed at every forward, in inference too.
+  layer does; the binarized weight is recomputed at every forward, in inference too. Batch
+  norm, the residual add and PReLU are torch's ``nn.BatchNorm2d``, ``+`` and ``F.prelu``.
 
 ``--dtype bf16`` runs both under ``torch.autocast(bfloat16)`` (float parameters stay float32;
 bie's layers compute in bfloat16 on CUDA, in float32 on the CPU, where bie has only float32
@@ -132,37 +136,57 @@ class PReLU(nn.PReLU):
         return F.prelu(x, self.weight.to(x.dtype))
 
 
+def shortcut(in_c, out_c, stride):
+    """A unit's shortcut: identity, or (avg-pool 2 where stride 2) + float 1 x 1 conv + BN
+    where the shape changes."""
+    if stride == 1 and in_c == out_c:
+        return nn.Identity()
+    pool = [nn.AvgPool2d(2)] if stride != 1 else []
+    return nn.Sequential(*pool, nn.Conv2d(in_c, out_c, 1, bias=False), nn.BatchNorm2d(out_c))
+
+
 class Unit(nn.Module):
-    """PReLU(BN(binary_conv3x3(x)) + shortcut(x)); the shortcut: identity, or (avg-pool 2 where
-    stride 2) + float 1 x 1 conv + BN where the shape changes."""
+    """PReLU(BN(binary_conv3x3(x)) + shortcut(x)) in torch's modules (the torch side)."""
 
     def __init__(self, conv, in_c, out_c, stride):
         super().__init__()
         self.conv = conv(in_c, out_c, 3, stride, 1)
         self.bn = nn.BatchNorm2d(out_c)
-        self.shortcut = nn.Identity()
-        if stride != 1 or in_c != out_c:
-            pool = [nn.AvgPool2d(2)] if stride != 1 else []
-            self.shortcut = nn.Sequential(*pool, nn.Conv2d(in_c, out_c, 1, bias=False),
-                                          nn.BatchNorm2d(out_c))
+        self.shortcut = shortcut(in_c, out_c, stride)
         self.act = PReLU(out_c)
 
     def forward(self, x):
         return self.act(self.bn(self.conv(x)) + self.shortcut(x))
 
 
-def resnet18(conv, width_div=1):
+class FusedUnit(nn.Module):
+    """The same unit with BN, the residual add and PReLU as one bie.BatchNormAct (bie's
+    side): ``bn(conv(x), res=shortcut(x))``."""
+
+    def __init__(self, conv, in_c, out_c, stride):
+        super().__init__()
+        self.conv = conv(in_c, out_c, 3, stride, 1)
+        self.bn = bie.BatchNormAct(out_c)  # weight, bias (BN's), slope (PReLU's)
+        self.shortcut = shortcut(in_c, out_c, stride)
+
+    def forward(self, x):
+        return self.bn(self.conv(x), self.shortcut(x))
+
+
+def resnet18(conv, width_div=1, fused=False):
     """The binary ResNet-18 with ``conv(in_c, out_c, kernel_size, stride, padding)`` as its
-    binary convolution; channel widths divided by ``width_div``."""
+    binary convolution; channel widths divided by ``width_div``. ``fused``: batch norm
+    (+ residual add) + PReLU of the stem and of every unit as one bie.BatchNormAct."""
     widths = [max(1, w // width_div) for w in WIDTHS]
-    layers = [nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]),
-              PReLU(widths[0])]
+    layers = [nn.Conv2d(3, widths[0], 3, padding=1, bias=False)]
+    layers += ([bie.BatchNormAct(widths[0])] if fused
+               else [nn.BatchNorm2d(widths[0]), PReLU(widths[0])])
     in_c = widths[0]
     for stage, out_c in enumerate(widths):
         for block in range(2):
             for unit in range(2):  # a basic block: 2 binary units, each with its shortcut
                 stride = 2 if stage > 0 and block == 0 and unit == 0 else 1
-                layers.append(Unit(conv, in_c, out_c, stride))
+                layers.append((FusedUnit if fused else Unit)(conv, in_c, out_c, stride))
                 in_c = out_c
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(in_c, CLASSES)]
     return nn.Sequential(*layers)
@@ -180,7 +204,7 @@ def build(side, device, dtype, width_div, channels_last, capturable=False):
             return bie.BinaryConv2dCutlass(in_c, out_c, k, stride=stride, padding=padding,
                                            device=device, dtype=layer_dtype)
 
-        model = resnet18(conv, width_div).to(device)
+        model = resnet18(conv, width_div, fused=True).to(device)
         bie.prepare_bie_layers(model)  # before DDP and the optimizer: int8 binary weights
         if channels_last:  # (bie's weights stay as they are; its layers follow the input)
             model = model.to(memory_format=torch.channels_last)

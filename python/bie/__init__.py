@@ -14,6 +14,7 @@ from .functional import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutla
 from .modules import (BinaryConv2dBase, BinaryConv2dCutlass, BinaryLinearBase,
                       BinaryLinearCutlass, Q4Conv2dCutlass, Q4LinearCutlass, RPReLU,
                       float_parameters, prepare_bie_layers)
+from .norm import BatchNormAct, batch_norm_act
 from .optim import GradScaler, SignFlip
 from .runtime import (cuda_built, kernels, set_num_threads, get_num_threads, version,
                       cpu_kernel_set)
@@ -25,5 +26,5 @@ __all__ = [
     "BinaryLinearBase", "BinaryLinearCutlass", "BinaryConv2dBase", "BinaryConv2dCutlass",
     "Q4LinearCutlass", "Q4Conv2dCutlass", "prepare_bie_layers", "float_parameters", "SignFlip",
     "GradScaler",
-    "RPReLU", "export", "load",
+    "RPReLU", "BatchNormAct", "batch_norm_act", "export", "load",
 ]

@@ -376,6 +376,27 @@ class LayerDesc(ctypes.Structure):
 
 _LD = ctypes.POINTER(LayerDesc)
 
+
+class BnActParams(ctypes.Structure):
+    """ctypes mirror of ``bie_bn_act_params`` (bie.h): the per-channel tensors and settings of
+    ``bie_bn_act_forward`` / ``bie_bn_act_backward`` (batch norm, residual add and PReLU). A
+    NULL pointer (None) is an absent tensor: gamma 1, beta 0, no activation, running
+    statistics not tracked."""
+
+    _fields_ = [
+        ("gamma", _T),
+        ("beta", _T),
+        ("slope", _T),
+        ("running_mean", _T),
+        ("running_var", _T),
+        ("eps", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("training", ctypes.c_bool),
+    ]
+
+
+_BNP = ctypes.POINTER(BnActParams)
+
 # Every C function the package calls: name -> (argtypes, restype). Status functions return int.
 _PROTOTYPES = {
     "bie_status_name": ((_I,), ctypes.c_char_p),
@@ -427,6 +448,12 @@ _PROTOTYPES = {
     "bie_layer_forward": ((_P, _T, _T), _I),
     "bie_layer_backward": ((_P, _T, _T), _I),
     "bie_layer_grad": ((_P, _I, _T), _I),
+    # batch norm, residual add and PReLU, fused:
+    # forward(p, y, res, save_mean, save_rstd, out),
+    # backward(p, grad_out, y, res, save_mean, save_rstd, grad_y, grad_res, grad_gamma,
+    #          grad_beta, grad_slope).
+    "bie_bn_act_forward": ((_BNP, _T, _T, _T, _T, _T), _I),
+    "bie_bn_act_backward": ((_BNP, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T), _I),
 }
 
 

@@ -4,6 +4,7 @@
 
 #include "../core/internal.h"
 #include "bie_cuda.h"
+#include "cuda_internal.h"
 
 static bie_status not_built(const char *who) {
     return bie_fail(BIE_ERR_UNSUPPORTED,
@@ -55,4 +56,19 @@ bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, cons
     (void)kernel_id, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
     (void)scale, (void)out;
     return not_built("bie_cuda_q4_gemm");
+}
+
+bie_status bie_cuda_bn_act_forward(const bie_cuda_bn_act *a, const void *y, const void *res,
+                                   float *save_mean, float *save_rstd, void *out) {
+    (void)a, (void)y, (void)res, (void)save_mean, (void)save_rstd, (void)out;
+    return not_built("bie_bn_act_forward");
+}
+
+bie_status bie_cuda_bn_act_backward(const bie_cuda_bn_act *a, const void *grad_out, const void *y,
+                                    const void *res, const float *save_mean, const float *save_rstd,
+                                    void *grad_y, void *grad_res, float *grad_gamma,
+                                    float *grad_beta, float *grad_slope) {
+    (void)a, (void)grad_out, (void)y, (void)res, (void)save_mean, (void)save_rstd, (void)grad_y;
+    (void)grad_res, (void)grad_gamma, (void)grad_beta, (void)grad_slope;
+    return not_built("bie_bn_act_backward");
 }

@@ -283,6 +283,26 @@ typedef struct bie_cuda_q4conv_backward_args {
 } bie_cuda_q4conv_backward_args;
 bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward_args *args);
 
+/* ---- Batch norm, residual add and PReLU fused (bie.h §7; checked by layers/bn_act.c).
+ * y, res, out, grad_*: [outer][c][inner] of dtype; every other pointer float32 [c] (slope [1]
+ * when slope_shared); NULL where bie_bn_act_params allows it. */
+typedef struct bie_cuda_bn_act {
+    int device;
+    bie_dtype dtype;
+    int64_t outer, c, inner;
+    const float *gamma, *beta, *slope;
+    bool slope_shared;
+    float *running_mean, *running_var;
+    float eps, momentum;
+    bool training;
+} bie_cuda_bn_act;
+bie_status bie_cuda_bn_act_forward(const bie_cuda_bn_act *a, const void *y, const void *res,
+                                   float *save_mean, float *save_rstd, void *out);
+bie_status bie_cuda_bn_act_backward(const bie_cuda_bn_act *a, const void *grad_out, const void *y,
+                                    const void *res, const float *save_mean, const float *save_rstd,
+                                    void *grad_y, void *grad_res, float *grad_gamma,
+                                    float *grad_beta, float *grad_slope);
+
 #ifdef __cplusplus
 }
 #endif
