@@ -6,19 +6,18 @@ topological order, each reading earlier nodes or the input (-1): tensors ``"<nod
 and ``__metadata__`` entries ``format`` ("bie-model"), ``format_version`` ("1"),
 ``architecture`` (JSON: one object per node with its type, hyper-parameters and, where it does
 not read the node before it, ``inputs``), ``input_shape``, ``classes`` and ``packed``.
-:func:`export` traces a module with ``torch.fx`` and maps every operation to one node;
-:func:`load` builds a ``torch.fx.GraphModule`` of bie modules and torch layers from a file.
-Files are read and written with the standard library.
+:func:`export` traces a module with ``torch.fx`` and maps every operation to one node (a
+:class:`bie.BatchNormAct` to its batch norm, add and PReLU nodes); :func:`load` builds a
+``torch.fx.GraphModule`` of bie modules and torch layers from a file. Files are read and
+written with the standard library (``bie._safetensors``).
 """
 
-import ctypes
 import functools
 import json
 import math
 import operator
 import os
 import struct
-import sys
 import warnings
 
 import torch
@@ -29,19 +28,21 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from . import _lib
 from ._lib import fail
+from ._safetensors import _ERR_IO, _tensor_bytes, read_safetensors, write_safetensors
 from .modules import (BinaryConv2dBase, BinaryLinearBase, Q4Conv2dCutlass, Q4LinearCutlass,
                       RPReLU, _BieLayerModule)
+from .norm import BatchNormAct
 
 FORMAT, FORMAT_VERSION = "bie-model", "1"
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                          "Shirt", "Sneaker", "Bag", "Ankle boot")
 MAX_INPUTS = 8  # BIE_MODEL_MAX_INPUTS: inputs of one add or concat node
-_ERR_IO = 11  # BIE_ERR_IO
 
 _LOWBIT_CLASSES = {"binary_linear": BinaryLinearBase, "binary_conv2d": BinaryConv2dBase,
                    "q4_linear": Q4LinearCutlass, "q4_conv2d": Q4Conv2dCutlass}
 _BINARY_TYPES = ("binary_linear", "binary_conv2d")
 _CONV_TYPES = ("binary_conv2d", "q4_conv2d")
+_WORD_ST = {torch.uint8: "U8", torch.int32: "U32", torch.int64: "U64"}  # packed words
 
 
 class _GlobalAvgPool(nn.Module):
@@ -49,88 +50,6 @@ class _GlobalAvgPool(nn.Module):
 
     def forward(self, x):
         return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-
-
-# ---------------------------------------------------------------------- safetensors
-
-# safetensors dtype -> (torch dtype holding the same bytes, element size)
-_ST_DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "F16": (torch.float16, 2),
-              "BF16": (torch.bfloat16, 2), "I8": (torch.int8, 1), "U8": (torch.uint8, 1),
-              "I16": (torch.int16, 2), "I32": (torch.int32, 4), "U32": (torch.int32, 4),
-              "I64": (torch.int64, 8), "U64": (torch.int64, 8)}
-_WORD_ST = {torch.uint8: "U8", torch.int32: "U32", torch.int64: "U64"}  # packed words
-
-
-def _tensor_bytes(t):
-    t = t.detach().cpu().contiguous()
-    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
-
-
-def write_safetensors(path, tensors, metadata):
-    """Write ``tensors`` (a list of (name, safetensors dtype, tensor)) and ``metadata`` (str ->
-    str) as ``bie``'s writer does: tensors with larger elements first (then in the given
-    order), the compact JSON header padded with spaces to a multiple of 8 bytes, written to
-    ``path.partial`` and renamed into place."""
-    if sys.byteorder != "little":
-        fail(_lib.ERR_UNSUPPORTED, "bie.export: safetensors files are little-endian; this "
-             "host is not")
-    order = sorted(range(len(tensors)), key=lambda i: (-_ST_DTYPES[tensors[i][1]][1], i))
-    header = {"__metadata__": dict(metadata)} if metadata else {}
-    blobs, offset = [], 0
-    for i in order:
-        name, dtype, t = tensors[i]
-        data = _tensor_bytes(t)
-        header[name] = {"dtype": dtype, "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    partial = os.fspath(path) + ".partial"
-    try:
-        with open(partial, "wb") as f:
-            f.write(len(text).to_bytes(8, "little"))
-            f.write(text)
-            for data in blobs:
-                f.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise
-
-
-def read_safetensors(path):
-    """(tensors: name -> (safetensors dtype, torch tensor), metadata: dict) of a file; U32 /
-    U64 tensors come as int32 / int64 tensors holding the same bytes."""
-    with open(path, "rb") as f:
-        data = f.read()
-    where, n = os.fspath(path), int.from_bytes(data[:8], "little")
-    try:
-        if len(data) < 8 or not 2 <= n <= len(data) - 8:
-            raise ValueError(f"a header of {n} bytes in a file of {len(data)} (truncated?)")
-        header = json.loads(data[8:8 + n].decode())
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
-        fail(_ERR_IO, f"{where}: not a safetensors file: {e}")
-    metadata = header.pop("__metadata__", {}) or {}
-    body = memoryview(data)[8 + n:]
-    tensors = {}
-    for name, entry in header.items():
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            torch_dtype, size = _ST_DTYPES[dtype]
-        except (KeyError, TypeError, ValueError):
-            fail(_ERR_IO, f"{where}: tensor '{name}': bad entry or unsupported dtype {entry!r}")
-        numel = math.prod(shape)
-        if not 0 <= begin <= end <= len(body) or end - begin != numel * size:
-            fail(_ERR_IO, f"{where}: tensor '{name}': data_offsets {[begin, end]} do not fit "
-                 f"{dtype} {shape} in {len(body)} bytes of data")
-        t = torch.frombuffer(bytearray(body[begin:end]), dtype=torch_dtype) if numel else \
-            torch.empty(0, dtype=torch_dtype)
-        tensors[name] = (dtype, t.reshape(shape))
-    return tensors, metadata
 
 
 # ---------------------------------------------------------------------- numbers, JSON
@@ -170,9 +89,9 @@ def _json(v):
 # ---------------------------------------------------------------------- export
 
 
-class _Tracer(torch.fx.Tracer):  # bie's modules and RPReLU are leaves
+class _Tracer(torch.fx.Tracer):  # bie's modules, RPReLU and BatchNormAct are leaves
     def is_leaf_module(self, m, qualname):
-        return isinstance(m, (_BieLayerModule, RPReLU, _GlobalAvgPool)) or \
+        return isinstance(m, (_BieLayerModule, RPReLU, BatchNormAct, _GlobalAvgPool)) or \
             super().is_leaf_module(m, qualname)
 
 
@@ -365,6 +284,8 @@ class _Exporter:
 
     def call_module(self, node, mod):
         what = f"{_module_name(mod)} '{node.target}'"
+        if type(mod) is BatchNormAct:
+            return self.batchnorm_act(node, mod, what)
         if len(node.args) != 1 or node.kwargs:
             fail(_lib.ERR_UNSUPPORTED, f"{self.where(node, what)}: called with "
                  f"{len(node.args)} arguments; bie layers take one tensor")
@@ -427,12 +348,15 @@ class _Exporter:
                   "padding": _pair(padding, "padding", where), "dilation": d}
         return self.simple(node, "conv2d", x, fields, mod, ("weight", "bias"))
 
-    def batchnorm(self, node, mod, x, what):
+    def batchnorm(self, node, mod, x, what, two_d=None):
+        """A batchnorm2d (rank 4) or batchnorm1d (rank 2) node of ``mod``'s eval mode; two_d
+        None: as mod's class says (nn.BatchNorm2d or 1d), else the rank of x picks."""
         where = self.where(node, what)
         if not mod.track_running_stats or mod.running_mean is None:
             fail(_lib.ERR_UNSUPPORTED, f"{where}: track_running_stats=False normalises with the "
                  "batch's statistics in eval mode; bie's batch norm uses running statistics")
-        two_d = type(mod) is nn.BatchNorm2d
+        if two_d is None:
+            two_d = type(mod) is nn.BatchNorm2d
         self.check_rank(node, 0, (4,) if two_d else (2,), what)
         c = mod.num_features
         weight = mod.weight if mod.affine else torch.ones(c)
@@ -444,6 +368,37 @@ class _Exporter:
                   ("running_mean", "F32", mod.running_mean),
                   ("running_var", "F32", mod.running_var)]
         return self.add(node, entry, [self.tensor_input(node, x)], params)
+
+    def batchnorm_act(self, node, mod, what):
+        """bie.BatchNormAct ``prelu(bn(y) + res, slope)`` in eval mode as the nodes its parts
+        are: batchnorm2d ([N, C, H, W]) or batchnorm1d ([N, C]), then add (bn first, as the
+        module adds: bie sums left to right) when res is given, then prelu (``slope``: C
+        values or the one shared by every channel) when the module has one."""
+        args, kw = node.args, dict(node.kwargs)
+        y = args[0] if args else kw.pop("y", None)
+        res = args[1] if len(args) > 1 else kw.pop("res", None)
+        if len(args) > 2 or kw or y is None:
+            fail(_lib.ERR_UNSUPPORTED, f"{self.where(node, what)}: called with arguments "
+                 f"{list(args)} {kw or ''}; BatchNormAct takes y and res")
+        self.tensor_input(node, y)
+        shape = self.shape(y)
+        if shape is None or len(shape) not in (2, 4):
+            fail(_lib.ERR_UNSUPPORTED, f"{self.where(node, what)}: y has shape "
+                 f"{list(shape) if shape else shape}; bie's batch norm takes [N, C] "
+                 "(batchnorm1d) or [N, C, H, W] (batchnorm2d)")
+        index = self.batchnorm(node, mod, y, what, two_d=len(shape) == 4)
+        if res is not None:
+            r = self.tensor_input(node, res)
+            if self.shape(res) != shape:
+                fail(_lib.ERR_UNSUPPORTED, f"{self.where(node, what)}: res has shape "
+                     f"{list(self.shape(res) or ())}, y {list(shape)}; bie's add takes equal "
+                     "shapes")
+            index = self.add(node, {"type": "add"}, [index, r])
+        if mod.slope is not None:
+            slope = mod.slope.reshape(-1)
+            index = self.add(node, {"type": "prelu", "in": slope.numel()}, [index],
+                             [("weight", "F32", slope)])
+        return index
 
     def pool(self, node, mod, x, what):
         where = self.where(node, what)
@@ -605,12 +560,14 @@ def export(module, example_input, path, classes=None):
     the file's ``input_shape``). Mapped: bie's BinaryLinear*, BinaryConv2d*, Q4Linear*,
     Q4Conv2d*; ``nn.Conv2d`` (groups 1, square, zero padding), ``nn.Linear``,
     ``nn.BatchNorm1d`` / ``2d`` (running statistics), ``nn.ReLU`` / ``F.relu``, ``nn.PReLU``,
-    :class:`RPReLU`, ``nn.MaxPool2d`` / ``nn.AvgPool2d`` (square, no padding, floor mode),
-    global average pooling (``nn.AdaptiveAvgPool2d(1)`` / ``F.adaptive_avg_pool2d(x, 1)`` then a
-    flatten, or ``x.mean((2, 3))``), flattening (``torch.flatten(x, 1)``, ``nn.Flatten()``,
-    ``x.view(x.size(0), -1)``), ``a + b`` / ``torch.add`` of one shape, ``torch.cat(.., 1)``;
-    ``nn.Identity`` and dropout vanish. Anything else raises :class:`BieError` naming the
-    operation and the graph node.
+    :class:`RPReLU`, :class:`bie.BatchNormAct` (on ``[N, C]`` or ``[N, C, H, W]``: the nodes of
+    its parts, a batchnorm1d / 2d, an add of its output and ``res`` when given, a prelu of
+    ``slope``'s 1 or C values unless ``prelu=False``), ``nn.MaxPool2d`` / ``nn.AvgPool2d``
+    (square, no padding, floor mode), global average pooling (``nn.AdaptiveAvgPool2d(1)`` /
+    ``F.adaptive_avg_pool2d(x, 1)`` then a flatten, or ``x.mean((2, 3))``), flattening
+    (``torch.flatten(x, 1)``, ``nn.Flatten()``, ``x.view(x.size(0), -1)``), ``a + b`` /
+    ``torch.add`` of one shape, ``torch.cat(.., 1)``; ``nn.Identity`` and dropout vanish.
+    Anything else raises :class:`BieError` naming the operation and the graph node.
 
     The file holds what eval mode computes: batch-norm running statistics, binary weights as
     int8 (a layer never prepared, or with an installed packed weight, as the ±1 signs it uses),
@@ -735,7 +692,9 @@ def load(path):
     ``torch.fx.GraphModule`` in eval mode: bie modules for the binary and 4-bit layers, torch
     layers (and :class:`RPReLU`) for the rest, submodules named by node index (so its
     ``state_dict`` names are the file's: ``"3.weight"``, ...), the file's parameter values.
-    Its forward gives what the exported module gave in eval mode. Attributes
+    Its forward gives what the exported module gave in eval mode (a :class:`bie.BatchNormAct`
+    comes back as the nodes it was exported as: ``nn.BatchNorm2d`` / ``1d``, ``+`` and
+    ``nn.PReLU``, the same function to float rounding, as the fused call rounds once). Attributes
     ``input_shape`` (per example), ``classes`` and ``packed`` say what the file says."""
     tensors, meta = read_safetensors(path)
     where = os.fspath(path)

@@ -167,6 +167,48 @@ class Mixed(nn.Module):
         return self.q4fc(torch.cat((torch.add(h, h), g), 1))
 
 
+class NormAct(nn.Module):
+    """bie.BatchNormAct in each form: after a binary conv stem (per-channel slope, no res), in
+    two residual units (one shared slope with res positional; prelu=False with res as a
+    keyword) and on [N, C] after a linear layer (a batchnorm1d)."""
+
+    def __init__(self, c=6):
+        super().__init__()
+        self.stem = bie.BinaryConv2dBase(1, c, 3, stride=2, padding=1)
+        self.norm0 = bie.BatchNormAct(c)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.norm1 = bie.BatchNormAct(c, prelu_parameters=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.norm2 = bie.BatchNormAct(c, prelu=False)
+        self.fc1 = nn.Linear(c, 16)
+        self.norm3 = bie.BatchNormAct(16)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.norm0(self.stem(x))
+        x = self.norm1(self.conv1(x), x)
+        x = self.norm2(self.conv2(x), res=x)
+        return self.fc2(self.norm3(self.fc1(x.mean((2, 3)))))
+
+
+def _norm_act_model(seed):
+    """NormAct after a few training steps, with random affine parameters, slopes (some
+    negative) and running statistics, in eval mode."""
+    torch.manual_seed(seed)
+    model = _train(NormAct())
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, bie.BatchNormAct):
+                c = m.num_features
+                m.weight.copy_(torch.randn(c) * 0.5 + 1)
+                m.bias.copy_(torch.randn(c) * 0.3)
+                m.running_mean.add_(torch.randn(c) * 0.2)
+                m.running_var.mul_(torch.rand(c) + 0.5)
+                if m.slope is not None:
+                    m.slope.copy_(torch.rand(m.slope.shape) - 0.5)
+    return model
+
+
 @pytest.fixture(scope="module")
 def residual(tmp_path_factory):
     torch.manual_seed(7)
@@ -248,6 +290,48 @@ def test_other_layers_round_trip(tmp_path):
     loaded = bie.load(tmp_path / "mixed.safetensors")
     with torch.no_grad():
         assert torch.equal(loaded(x), want)
+
+
+def test_batch_norm_act_exports_as_batch_norm_add_prelu(tmp_path):
+    """bie.BatchNormAct (prelu(bn(y) + res, slope)) becomes a batchnorm2d / 1d node, an add of
+    the batch norm's output and res (in that order) when res is given and a prelu of the
+    slope's C or 1 values when it has one; bie.load rebuilds nn.BatchNorm2d / 1d + add +
+    nn.PReLU, which computes the same to float rounding (the fused call rounds once)."""
+    model = _norm_act_model(13)
+    x = torch.randn(8, 1, 28, 28)
+    with torch.no_grad():
+        want = model(x)
+    path = tmp_path / "norm_act.safetensors"
+    arch = bie.export(model, torch.randn(2, 1, 28, 28), path)
+    assert [e["type"] for e in arch] == [
+        "binary_conv2d", "batchnorm2d", "prelu",  # norm0
+        "conv2d", "batchnorm2d", "add", "prelu",  # norm1(conv1(x), x)
+        "conv2d", "batchnorm2d", "add",  # norm2(conv2(x), res=x)
+        "global_avgpool", "linear", "batchnorm1d", "prelu", "linear"]  # norm3 on [N, 16]
+    assert arch[5]["inputs"] == [4, 2] and arch[9]["inputs"] == [8, 6]
+    assert [e["in"] for e in arch if e["type"] == "prelu"] == [6, 1, 16]
+    assert arch[1]["eps"] == pytest.approx(1e-5) and arch[1]["momentum"] == pytest.approx(0.1)
+    tensors, _ = read_safetensors(path)
+    for index, norm in ((1, model.norm0), (4, model.norm1), (8, model.norm2), (12, model.norm3)):
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            assert torch.equal(tensors[f"{index}.{name}"][1], getattr(norm, name)), (index, name)
+    for index, norm in ((2, model.norm0), (6, model.norm1), (13, model.norm3)):
+        assert torch.equal(tensors[f"{index}.weight"][1], norm.slope)
+    assert not model.training and not model.norm0.training
+    loaded = bie.load(path)
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in loaded.modules()) == 3
+    assert [m.num_parameters for m in loaded.modules() if isinstance(m, nn.PReLU)] == [6, 1, 16]
+    with torch.no_grad():
+        got = loaded(x)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    # The loaded module exports to the same file contents.
+    again = tmp_path / "again.safetensors"
+    bie.export(loaded, torch.randn(1, 1, 28, 28), again)
+    assert _architecture(again) == _architecture(path)
+    tensors2, _ = read_safetensors(again)
+    assert tensors2.keys() == tensors.keys()
+    for name, (dtype, t) in tensors.items():
+        assert tensors2[name][0] == dtype and torch.equal(tensors2[name][1], t), name
 
 
 @pytest.mark.parametrize("kind", ["unprepared", "inference_only"])
@@ -376,6 +460,17 @@ def test_bie_command_runs_the_other_layers(cli, tmp_path):
     torch.manual_seed(11)
     model = _train(Mixed())
     path = tmp_path / "mixed.safetensors"
+    bie.export(model, torch.randn(2, 1, 28, 28), path)
+    with torch.no_grad():
+        want = model(_test_images(200))
+    got = _logits(cli, path, 200)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    assert (got.argmax(1) == want.argmax(1)).float().mean() >= 0.99
+
+
+def test_bie_command_runs_batch_norm_act(cli, tmp_path):
+    model = _norm_act_model(17)
+    path = tmp_path / "norm_act.safetensors"
     bie.export(model, torch.randn(2, 1, 28, 28), path)
     with torch.no_grad():
         want = model(_test_images(200))

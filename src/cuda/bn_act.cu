@@ -103,17 +103,17 @@ __global__ void __launch_bounds__(kThreads)
     const Pack<T, V> p0 = reinterpret_cast<const Pack<T, V> *>(y)[m.j];
 #pragma unroll
     for (int k = 0; k < V; k++) sh[k] = to_f32(p0.e[k]);
-    if (m.live)
-        for (int64_t r = (int64_t)blockIdx.x * m.rpi + m.rl; r < rows;
-             r += (int64_t)gridDim.x * m.rpi) {
-            const Pack<T, V> p = reinterpret_cast<const Pack<T, V> *>(y + r * c)[m.j];
+#pragma unroll 4
+    for (int64_t r = m.live ? (int64_t)blockIdx.x * m.rpi + m.rl : rows; r < rows;
+         r += (int64_t)gridDim.x * m.rpi) {
+        const Pack<T, V> p = reinterpret_cast<const Pack<T, V> *>(y + r * c)[m.j];
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const float d = to_f32(p.e[k]) - sh[k];
-                acc[0][k] += d;
-                acc[1][k] = fmaf(d, d, acc[1][k]);
-            }
+        for (int k = 0; k < V; k++) {
+            const float d = to_f32(p.e[k]) - sh[k];
+            acc[0][k] += d;
+            acc[1][k] = fmaf(d, d, acc[1][k]);
         }
+    }
     rows_reduce<2, V>(m, acc, c, part);
 }
 
@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t ch = (int64_t)m.j * V + k;
         a[k] = coef[ch].x, b[k] = coef[ch].y, s[k] = pr.slope_at(ch);
     }
+#pragma unroll 4
     for (int64_t r = (int64_t)blockIdx.x * m.rpi + m.rl; r < rows;
          r += (int64_t)gridDim.x * m.rpi) {
         const int64_t at = r * c / V + m.j;
@@ -159,24 +160,25 @@ __global__ void __launch_bounds__(kThreads)
         pr.map(ch, t[k].mean, t[k].rstd, t[k].a, t[k].b);
     }
     float acc[3][V] = {};
-    if (m.live)
-        for (int64_t r = (int64_t)blockIdx.x * m.rpi + m.rl; r < rows;
-             r += (int64_t)gridDim.x * m.rpi) {
-            const int64_t at = r * c / V + m.j;
-            const Pack<T, V> pg = reinterpret_cast<const Pack<T, V> *>(g)[at];
-            const Pack<T, V> py = reinterpret_cast<const Pack<T, V> *>(y)[at];
-            Pack<T, V> pq{};
-            if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
+    // (rows past the last lane: none for the threads past the block's lanes)
+#pragma unroll 4
+    for (int64_t r = m.live ? (int64_t)blockIdx.x * m.rpi + m.rl : rows; r < rows;
+         r += (int64_t)gridDim.x * m.rpi) {
+        const int64_t at = r * c / V + m.j;
+        const Pack<T, V> pg = reinterpret_cast<const Pack<T, V> *>(g)[at];
+        const Pack<T, V> py = reinterpret_cast<const Pack<T, V> *>(y)[at];
+        Pack<T, V> pq{};
+        if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
-                float z;
-                const float dz = t[k].dz(yv, res ? to_f32(pq.e[k]) : 0.0f, gv, z);
-                acc[0][k] += dz;
-                acc[1][k] = fmaf(dz, (yv - t[k].mean) * t[k].rstd, acc[1][k]);
-                if (!(z > 0.0f)) acc[2][k] = fmaf(z, gv, acc[2][k]);
-            }
+        for (int k = 0; k < V; k++) {
+            const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
+            float z;
+            const float dz = t[k].dz(yv, res ? to_f32(pq.e[k]) : 0.0f, gv, z);
+            acc[0][k] += dz;
+            acc[1][k] = fmaf(dz, (yv - t[k].mean) * t[k].rstd, acc[1][k]);
+            if (!(z > 0.0f)) acc[2][k] = fmaf(z, gv, acc[2][k]);
         }
+    }
     rows_reduce<3, V>(m, acc, c, part);
 }
 
@@ -190,6 +192,7 @@ __global__ void __launch_bounds__(kThreads)
     BwdCoef k_[V];
 #pragma unroll
     for (int k = 0; k < V; k++) k_[k] = cf[(int64_t)m.j * V + k];
+#pragma unroll 4
     for (int64_t r = (int64_t)blockIdx.x * m.rpi + m.rl; r < rows;
          r += (int64_t)gridDim.x * m.rpi) {
         const int64_t at = r * c / V + m.j;
@@ -241,6 +244,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t ch = blockIdx.y; ch < c; ch += gridDim.y) {
         const float sh = to_f32(y[ch * inner]);
         float acc[2] = {0.0f, 0.0f};
+#pragma unroll 4
         for (int64_t v = (int64_t)blockIdx.x * kThreads + threadIdx.x; v < nvec;
              v += (int64_t)gridDim.x * kThreads) {
             const int64_t o = v / ipv;
@@ -268,6 +272,7 @@ __global__ void __launch_bounds__(kThreads)
         t.mean = mean[ch], t.rstd = rstd[ch], t.s = pr.slope_at(ch), t.act = pr.slope != nullptr;
         pr.map(ch, t.mean, t.rstd, t.a, t.b);
         float acc[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll 4
         for (int64_t v = (int64_t)blockIdx.x * kThreads + threadIdx.x; v < nvec;
              v += (int64_t)gridDim.x * kThreads) {
             const int64_t o = v / ipv, at = (o * c + ch) * ipv + v - o * ipv;
@@ -294,6 +299,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     planes_apply(const T *__restrict__ y, const T *__restrict__ res, T *out, int64_t nvec,
                  int64_t c, int64_t ipv, const float2 *__restrict__ coef, Params pr) {
+#pragma unroll 4
     for (int64_t v = thread_index(); v < nvec; v += thread_stride()) {
         const int64_t ch = v / ipv % c;
         const float a = coef[ch].x, b = coef[ch].y, s = pr.slope_at(ch);
@@ -314,6 +320,7 @@ __global__ void __launch_bounds__(kThreads)
     planes_bwd_apply(const T *__restrict__ g, const T *__restrict__ y, const T *__restrict__ res,
                      T *grad_y, T *grad_res, int64_t nvec, int64_t c, int64_t ipv,
                      const BwdCoef *__restrict__ cf, bool act) {
+#pragma unroll 4
     for (int64_t v = thread_index(); v < nvec; v += thread_stride()) {
         const BwdCoef q = cf[v / ipv % c];
         const Pack<T, V> pg = reinterpret_cast<const Pack<T, V> *>(g)[v];
