@@ -456,27 +456,23 @@ def test_bie_command_predicts_what_torch_does(residual, cli, tmp_path):
         assert torch.equal(loaded(x), model(x))
 
 
-def test_bie_command_runs_the_other_layers(cli, tmp_path):
-    torch.manual_seed(11)
-    model = _train(Mixed())
-    path = tmp_path / "mixed.safetensors"
+def _check_command_runs(model, cli, path):
+    """The exported model through `bie predict --logits` against the module on 200 images."""
     bie.export(model, torch.randn(2, 1, 28, 28), path)
     with torch.no_grad():
         want = model(_test_images(200))
     got = _logits(cli, path, 200)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     assert (got.argmax(1) == want.argmax(1)).float().mean() >= 0.99
+
+
+def test_bie_command_runs_the_other_layers(cli, tmp_path):
+    torch.manual_seed(11)
+    _check_command_runs(_train(Mixed()), cli, tmp_path / "mixed.safetensors")
 
 
 def test_bie_command_runs_batch_norm_act(cli, tmp_path):
-    model = _norm_act_model(17)
-    path = tmp_path / "norm_act.safetensors"
-    bie.export(model, torch.randn(2, 1, 28, 28), path)
-    with torch.no_grad():
-        want = model(_test_images(200))
-    got = _logits(cli, path, 200)
-    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
-    assert (got.argmax(1) == want.argmax(1)).float().mean() >= 0.99
+    _check_command_runs(_norm_act_model(17), cli, tmp_path / "norm_act.safetensors")
 
 
 @pytest.mark.parametrize("preset", [["--model", "resnet", "--width", "4", "--depth", "1"],

@@ -447,18 +447,29 @@ struct Geom {
     bool rows;  // inner = 1
 };
 
+// The reductions' grids: rows: (splits, gy) blocks over nv vectors a row; planes: (splits,
+// gy_planes) blocks, a channel per block row.
+struct Grid {
+    int64_t nv, gy, gy_planes, splits;
+    Grid(const Geom &g, int v) {
+        nv = g.rows ? g.c / v : 0;
+        gy = g.rows ? (nv + kThreads - 1) / kThreads : 0;
+        gy_planes = std::min<int64_t>(g.c, 65535);
+        splits = g.rows
+                     ? row_blocks(g.outer, nv, gy, 4)
+                     : std::max<int64_t>(
+                           1, std::min<int64_t>({(g.count / v + kThreads * 4 - 1) / (kThreads * 4),
+                                                 4 * device_sms() / gy_planes + 1, 1024}));
+    }
+};
+
 template <typename T, int V>
 bie_status forward_t(const bie_cuda_bn_act &a, const Geom &g, const T *y, const T *res,
                      float *save_mean, float *save_rstd, T *out) {
     static const char *who = "bie_bn_act_forward (cuda)";
     const Params pr{a.gamma, a.beta, a.slope, a.slope_shared, a.c};
-    const int64_t nv = g.rows ? g.c / V : 0, gy = g.rows ? (nv + kThreads - 1) / kThreads : 0;
-    const int64_t gy_planes = std::min<int64_t>(g.c, 65535);
-    const int64_t splits =
-        g.rows ? row_blocks(g.outer, nv, gy, 4)
-               : std::max<int64_t>(
-                     1, std::min<int64_t>({(g.count / V + kThreads * 4 - 1) / (kThreads * 4),
-                                           4 * device_sms() / gy_planes + 1, 1024}));
+    const Grid gr(g, V);
+    const int64_t nv = gr.nv, gy = gr.gy, gy_planes = gr.gy_planes, splits = gr.splits;
     Scratch scratch;
     const size_t part_bytes = a.training ? (size_t)splits * g.c * sizeof(float4) : 0;
     BIE_CUDA_TRY(scratch.get(part_bytes + (size_t)g.c * sizeof(float2), who));
@@ -498,13 +509,8 @@ bie_status backward_t(const bie_cuda_bn_act &a, const Geom &g, const T *gout, co
                       T *grad_res, float *grad_gamma, float *grad_beta, float *grad_slope) {
     static const char *who = "bie_bn_act_backward (cuda)";
     const Params pr{a.gamma, a.beta, a.slope, a.slope_shared, a.c};
-    const int64_t nv = g.rows ? g.c / V : 0, gy = g.rows ? (nv + kThreads - 1) / kThreads : 0;
-    const int64_t gy_planes = std::min<int64_t>(g.c, 65535);
-    const int64_t splits =
-        g.rows ? row_blocks(g.outer, nv, gy, 4)
-               : std::max<int64_t>(
-                     1, std::min<int64_t>({(g.count / V + kThreads * 4 - 1) / (kThreads * 4),
-                                           4 * device_sms() / gy_planes + 1, 1024}));
+    const Grid gr(g, V);
+    const int64_t nv = gr.nv, gy = gr.gy, gy_planes = gr.gy_planes, splits = gr.splits;
     Scratch scratch;
     const size_t part_bytes = (size_t)splits * g.c * sizeof(float4);
     const size_t cf_bytes = (size_t)g.c * sizeof(BwdCoef);

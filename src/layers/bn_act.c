@@ -94,8 +94,12 @@ static bie_status check_vec(const bie_tensor *t, const bie_tensor *y, int64_t c,
     return BIE_OK;
 }
 
+/* p's tensors and values, and the saved statistics. */
 static bie_status check_params(const bie_bn_act_params *p, const bie_tensor *y, const bn_geom *g,
+                               const bie_tensor *save_mean, const bie_tensor *save_rstd,
                                const char *who) {
+    BIE_TRY(check_vec(save_mean, y, g->c, false, "save_mean", who));
+    BIE_TRY(check_vec(save_rstd, y, g->c, false, "save_rstd", who));
     BIE_TRY(check_vec(p->gamma, y, g->c, false, "gamma", who));
     BIE_TRY(check_vec(p->beta, y, g->c, false, "beta", who));
     BIE_TRY(check_vec(p->slope, y, g->c, true, "slope", who));
@@ -253,9 +257,7 @@ bie_status bie_bn_act_forward(const bie_bn_act_params *p, const bie_tensor *y,
     BIE_TRY(check_main(y, who, &g));
     BIE_TRY(check_like(res, y, "res", who));
     BIE_TRY(check_like(out, y, "out", who));
-    BIE_TRY(check_params(p, y, &g, who));
-    BIE_TRY(check_vec(save_mean, y, g.c, false, "save_mean", who));
-    BIE_TRY(check_vec(save_rstd, y, g.c, false, "save_rstd", who));
+    BIE_TRY(check_params(p, y, &g, save_mean, save_rstd, who));
     if (g.cuda) {
         const bie_cuda_bn_act a = cuda_args(p, y, &g);
         return bie_cuda_bn_act_forward(&a, y->data, res ? res->data : NULL, save_mean->data,
@@ -284,9 +286,7 @@ bie_status bie_bn_act_backward(const bie_bn_act_params *p, const bie_tensor *gra
     BIE_TRY(check_like(res, y, "res", who));
     BIE_TRY(check_like(grad_y, y, "grad_y", who));
     BIE_TRY(check_like(grad_res, y, "grad_res", who));
-    BIE_TRY(check_params(p, y, &g, who));
-    BIE_TRY(check_vec(save_mean, y, g.c, false, "save_mean", who));
-    BIE_TRY(check_vec(save_rstd, y, g.c, false, "save_rstd", who));
+    BIE_TRY(check_params(p, y, &g, save_mean, save_rstd, who));
     BIE_TRY(check_vec(grad_gamma, y, g.c, false, "grad_gamma", who));
     BIE_TRY(check_vec(grad_beta, y, g.c, false, "grad_beta", who));
     if (grad_slope != NULL && p->slope == NULL)
