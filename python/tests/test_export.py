@@ -105,6 +105,17 @@ def _architecture(path):
     return read_safetensors(path)[1]["architecture"]
 
 
+def _check_exports_again(loaded, path, tensors):
+    """bie.load's module exported again: the architecture and tensors of ``path``."""
+    again = path.with_name("again.safetensors")
+    bie.export(loaded, torch.randn(1, 1, 28, 28), again)
+    assert _architecture(again) == _architecture(path)
+    tensors2, _ = read_safetensors(again)
+    assert tensors2.keys() == tensors.keys()
+    for name, (dtype, t) in tensors.items():
+        assert tensors2[name][0] == dtype and torch.equal(tensors2[name][1], t), name
+
+
 # ---------------------------------------------------------------------- models
 
 
@@ -254,13 +265,7 @@ def test_residual_network_round_trips_bit_for_bit(residual):
         assert torch.equal(state[name], t), name
     assert tensors["3.weight"][0] == "I8" and tensors["3.weight"][1].abs().max() <= 127
     # Exporting the loaded module writes the same architecture and tensors.
-    again = path.with_name("again.safetensors")
-    bie.export(loaded, torch.randn(1, 1, 28, 28), again)
-    assert _architecture(again) == _architecture(path)
-    tensors2, _ = read_safetensors(again)
-    assert tensors2.keys() == tensors.keys()
-    for name, (dtype, t) in tensors.items():
-        assert tensors2[name][0] == dtype and torch.equal(tensors2[name][1], t), name
+    _check_exports_again(loaded, path, tensors)
 
 
 def test_export_restores_training_flags(residual, tmp_path):
@@ -325,13 +330,7 @@ def test_batch_norm_act_exports_as_batch_norm_add_prelu(tmp_path):
         got = loaded(x)
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     # The loaded module exports to the same file contents.
-    again = tmp_path / "again.safetensors"
-    bie.export(loaded, torch.randn(1, 1, 28, 28), again)
-    assert _architecture(again) == _architecture(path)
-    tensors2, _ = read_safetensors(again)
-    assert tensors2.keys() == tensors.keys()
-    for name, (dtype, t) in tensors.items():
-        assert tensors2[name][0] == dtype and torch.equal(tensors2[name][1], t), name
+    _check_exports_again(loaded, path, tensors)
 
 
 @pytest.mark.parametrize("kind", ["unprepared", "inference_only"])
