@@ -43,7 +43,7 @@ struct Params {
     __device__ float slope_at(int64_t ch) const {
         return slope == nullptr ? 1.0f : slope[slope_shared ? 0 : ch];
     }
-    // The channel's map z = fma(y, a, b) + r, as layers/bn_act.c.
+    // The channel's map z = fma(y, a, b) + r, the same in the forward and the backward.
     __device__ void map(int64_t ch, float mean, float rstd, float &a, float &b) const {
         a = (gamma ? gamma[ch] : 1.0f) * rstd;
         b = fmaf(-mean, a, beta ? beta[ch] : 0.0f);

@@ -1,9 +1,9 @@
 /* Batch norm, residual add and PReLU fused (bie.h §7): the argument checks both devices share,
- * the CPU's float32 kernels, and the hand-off to the CUDA ones (cuda/bn_act.cu).
+ * then the CPU's kernels (bn_act_cpu.c) or the CUDA ones (cuda/bn_act.cu).
  *
- * Both devices compute a channel's affine map the same way from the float32 statistics:
- * a = gamma rstd, b = fma(-mean, a, beta), z = fma(y, a, b) + res, so the backward recomputes
- * the forward's z bit for bit on the same device. The CPU sums in double, in order. */
+ * Each device computes a channel's affine map z = a y + b + res (a = gamma rstd, b = beta -
+ * mean a, from the float32 statistics) the same way in its forward and its backward, so the
+ * backward recomputes the forward's z bit for bit on that device. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "../core/internal.h"
 #include "../cuda/cuda_internal.h"
 #include "bie_cuda.h"
+#include "bn_act_cpu.h"
 
 typedef struct bn_geom {
     int64_t outer, c, inner, count; /* count: elements a channel, outer inner */
@@ -143,105 +144,6 @@ static bie_cuda_bn_act cuda_args(const bie_bn_act_params *p, const bie_tensor *y
     return a;
 }
 
-/* ---------------------------------------------------------------- CPU kernels */
-
-static float vec_at(const bie_tensor *t, int64_t c, float absent) {
-    if (t == NULL) return absent;
-    const float *v = t->data;
-    return t->shape[0] == 1 ? v[0] : v[c];
-}
-
-/* The channel's map z = fma(y, a, b) + r (see the top). */
-static void channel_map(const bie_bn_act_params *p, int64_t c, float mean, float rstd, float *a,
-                        float *b) {
-    *a = vec_at(p->gamma, c, 1.0f) * rstd;
-    *b = fmaf(-mean, *a, vec_at(p->beta, c, 0.0f));
-}
-
-static void cpu_forward(const bie_bn_act_params *p, const bn_geom *g, const float *y,
-                        const float *res, float *save_mean, float *save_rstd, float *out) {
-    float *rm = p->running_mean ? p->running_mean->data : NULL;
-    float *rv = p->running_var ? p->running_var->data : NULL;
-    const int64_t C = g->c, inner = g->inner;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; c++) {
-        float mean, rstd;
-        if (p->training) {
-            double s = 0.0, q = 0.0;
-            for (int64_t o = 0; o < g->outer; o++)
-                for (int64_t i = 0; i < inner; i++) s += y[(o * C + c) * inner + i];
-            const double m = s / (double)g->count;
-            for (int64_t o = 0; o < g->outer; o++)
-                for (int64_t i = 0; i < inner; i++) {
-                    const double d = y[(o * C + c) * inner + i] - m;
-                    q += d * d;
-                }
-            const double var = q / (double)g->count;
-            mean = (float)m;
-            rstd = (float)(1.0 / sqrt(var + (double)p->eps));
-            if (rm) {
-                const double mo = p->momentum;
-                rm[c] = (float)((1.0 - mo) * rm[c] + mo * m);
-                rv[c] = (float)((1.0 - mo) * rv[c] + mo * (q / (double)(g->count - 1)));
-            }
-        } else {
-            mean = rm[c];
-            rstd = (float)(1.0 / sqrt((double)rv[c] + (double)p->eps));
-        }
-        save_mean[c] = mean;
-        save_rstd[c] = rstd;
-        float a, b;
-        channel_map(p, c, mean, rstd, &a, &b);
-        const float s = vec_at(p->slope, c, 1.0f);
-        for (int64_t o = 0; o < g->outer; o++)
-            for (int64_t i = 0; i < inner; i++) {
-                const int64_t at = (o * C + c) * inner + i;
-                const float z = fmaf(y[at], a, b) + (res ? res[at] : 0.0f);
-                out[at] = z > 0.0f || p->slope == NULL ? z : s * z;
-            }
-    }
-}
-
-static void cpu_backward(const bie_bn_act_params *p, const bn_geom *g, const float *gout,
-                         const float *y, const float *res, const float *save_mean,
-                         const float *save_rstd, float *grad_y, float *grad_res, float *grad_gamma,
-                         float *grad_beta, double *slope_sums) {
-    const int64_t C = g->c, inner = g->inner;
-    const double n = (double)g->count;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; c++) {
-        const float mean = save_mean[c], rstd = save_rstd[c];
-        float a, b;
-        channel_map(p, c, mean, rstd, &a, &b);
-        const float s = vec_at(p->slope, c, 1.0f);
-        double sdz = 0.0, sdzx = 0.0, ss = 0.0;
-        for (int64_t o = 0; o < g->outer; o++)
-            for (int64_t i = 0; i < inner; i++) {
-                const int64_t at = (o * C + c) * inner + i;
-                const float z = fmaf(y[at], a, b) + (res ? res[at] : 0.0f);
-                const bool pos = z > 0.0f || p->slope == NULL;
-                const double dz = pos ? gout[at] : (double)s * gout[at];
-                if (!pos) ss += (double)z * gout[at];
-                sdz += dz;
-                sdzx += dz * (((double)y[at] - mean) * rstd);
-            }
-        if (grad_gamma) grad_gamma[c] = (float)sdzx;
-        if (grad_beta) grad_beta[c] = (float)sdz;
-        slope_sums[c] = ss;
-        const double k1 = (double)vec_at(p->gamma, c, 1.0f) * rstd;
-        const double mb = p->training ? sdz / n : 0.0, mx = p->training ? sdzx / n : 0.0;
-        for (int64_t o = 0; o < g->outer; o++)
-            for (int64_t i = 0; i < inner; i++) {
-                const int64_t at = (o * C + c) * inner + i;
-                const float z = fmaf(y[at], a, b) + (res ? res[at] : 0.0f);
-                const float dz = z > 0.0f || p->slope == NULL ? gout[at] : s * gout[at];
-                const double xhat = ((double)y[at] - mean) * rstd;
-                if (grad_res) grad_res[at] = dz;
-                grad_y[at] = (float)(k1 * ((double)dz - mb - xhat * mx));
-            }
-    }
-}
-
 /* ---------------------------------------------------------------- entry points */
 
 bie_status bie_bn_act_forward(const bie_bn_act_params *p, const bie_tensor *y,
@@ -263,9 +165,8 @@ bie_status bie_bn_act_forward(const bie_bn_act_params *p, const bie_tensor *y,
         return bie_cuda_bn_act_forward(&a, y->data, res ? res->data : NULL, save_mean->data,
                                        save_rstd->data, out->data);
     }
-    cpu_forward(p, &g, y->data, res ? res->data : NULL, save_mean->data, save_rstd->data,
-                out->data);
-    return BIE_OK;
+    return bie_bn_act_cpu_forward(p, g.outer, g.c, g.inner, y->data, res ? res->data : NULL,
+                                  save_mean->data, save_rstd->data, out->data);
 }
 
 bie_status bie_bn_act_backward(const bie_bn_act_params *p, const bie_tensor *grad_out,
@@ -303,21 +204,9 @@ bie_status bie_bn_act_backward(const bie_bn_act_params *p, const bie_tensor *gra
             grad_y->data, grad_res ? grad_res->data : NULL, grad_gamma ? grad_gamma->data : NULL,
             grad_beta ? grad_beta->data : NULL, grad_slope ? grad_slope->data : NULL);
     }
-    double *sums = malloc((size_t)g.c * sizeof *sums);
-    if (sums == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: %lld sums", who, (long long)g.c);
-    cpu_backward(p, &g, grad_out->data, y->data, res ? res->data : NULL, save_mean->data,
-                 save_rstd->data, grad_y->data, grad_res ? grad_res->data : NULL,
-                 grad_gamma ? grad_gamma->data : NULL, grad_beta ? grad_beta->data : NULL, sums);
-    if (grad_slope != NULL) {
-        float *gs = grad_slope->data;
-        if (grad_slope->shape[0] == 1) {
-            double t = 0.0;
-            for (int64_t c = 0; c < g.c; c++) t += sums[c];
-            gs[0] = (float)t;
-        } else {
-            for (int64_t c = 0; c < g.c; c++) gs[c] = (float)sums[c];
-        }
-    }
-    free(sums);
-    return BIE_OK;
+    return bie_bn_act_cpu_backward(
+        p, g.outer, g.c, g.inner, grad_out->data, y->data, res ? res->data : NULL, save_mean->data,
+        save_rstd->data, grad_y->data, grad_res ? grad_res->data : NULL,
+        grad_gamma ? grad_gamma->data : NULL, grad_beta ? grad_beta->data : NULL,
+        grad_slope ? grad_slope->data : NULL);
 }
