@@ -10,12 +10,17 @@ One JSON line per (shape, layout, with or without the residual): median microsec
 ``--steps`` training steps each side, each captured in a CUDA graph (device time only), the
 ratio PyTorch / bie (above 1: bie faster), and the bytes each side's step must move at least
 (bie's: y read twice, res read and out written once forward; grad_out, y and res read twice,
-grad_y and grad_res written once backward) as an achieved bandwidth."""
+grad_y and grad_res written once backward) as an achieved bandwidth.
+
+``--device cpu`` times the same steps on the CPU in float32 (``time.perf_counter`` around
+each step, batch 32, the threads torch and bie are given: ``--threads``)."""
 
 import argparse
 import json
 import pathlib
+import statistics
 import sys
+import time
 
 import torch
 from torch import nn
@@ -55,17 +60,36 @@ def step_of(module, y, res, g):
     return step
 
 
+def cpu_median_us(step, steps, warmup):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    cpu = args.device == "cpu"
+    if not cpu and not torch.cuda.is_available():
         print("bn_act: no CUDA device", file=sys.stderr)
         return 0
-    torch.backends.cudnn.benchmark = True
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    for n, c, hw in SHAPES:
+    if cpu:
+        torch.set_num_threads(args.threads)
+        bie.set_num_threads(args.threads)
+        dev, dt, shapes = torch.device("cpu"), torch.float32, [(32, c, s) for _, c, s in SHAPES]
+    else:
+        torch.backends.cudnn.benchmark = True
+        dev, dt, shapes = torch.device("cuda"), torch.bfloat16, SHAPES
+    for n, c, hw in shapes:
         torch.manual_seed(0)
         y = torch.randn(n, c, hw, hw, device=dev, dtype=dt) * 2 + 0.5
         r = torch.randn_like(y)
@@ -77,17 +101,22 @@ def main(argv=None):
                 ours = bie.BatchNormAct(c).to(dev)
                 ref = TorchUnit(c).to(dev)
                 res = rl if with_res else None
-                steps = [captured(step_of(m, yl, res, gl), dev) for m in (ours, ref)]
-                ours_us, torch_us = (median_us(s, args.steps, args.warmup) for s in steps)
+                steps = [step_of(m, yl, res, gl) for m in (ours, ref)]
+                if cpu:
+                    ours_us, torch_us = (cpu_median_us(s, args.steps, args.warmup)
+                                         for s in steps)
+                else:
+                    steps = [captured(s, dev) for s in steps]
+                    ours_us, torch_us = (median_us(s, args.steps, args.warmup) for s in steps)
                 moved = y.numel() * y.element_size() * ((4 if with_res else 3) +
                                                         (8 if with_res else 5))
                 print(json.dumps({
-                    "bench": "bn_act", "batch": n, "c": c, "size": hw, "layout": layout,
-                    "residual": with_res, "bie_us": round(ours_us, 1),
+                    "bench": "bn_act", "device": args.device, "batch": n, "c": c, "size": hw,
+                    "layout": layout, "residual": with_res, "bie_us": round(ours_us, 1),
                     "torch_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3),
                     "bie_min_bytes": moved, "bie_gb_per_s": round(moved / ours_us / 1e3, 1),
-                    "device_name": torch.cuda.get_device_name(), "torch": torch.__version__}),
-                    flush=True)
+                    "device_name": "cpu" if cpu else torch.cuda.get_device_name(),
+                    "torch": torch.__version__}), flush=True)
     return 0
 
 

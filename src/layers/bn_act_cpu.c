@@ -64,112 +64,114 @@ typedef struct {
     bn_consts k;
 } bn_sums;
 
-static inline void stat_terms(float y, float shift, double *t0, double *t1) {
-    const double d = (double)y - shift;
-    *t0 += d, *t1 += d * d;
-}
+/* Rows [r0, r1) of the rows layout into acc[3][C]: each row's terms added to the float sums
+ * fa[3][C] (a loop over the row's channels, vectorized), which go into acc every kRowFlush
+ * rows. */
+enum { kRowFlush = 64 };
 
-static inline void grad_terms(float y, float r, float g, float a, float b, float s, float mean,
-                              float rstd, double *t0, double *t1, double *t2) {
-    const float z = y * a + b + r, sg = s * g; /* both sides of each select, computed */
-    const double zg = (double)z * g;
-    const bool pos = z > 0.0f;
-    const float dz = pos ? g : sg;
-    *t0 += dz;
-    *t1 += (double)dz * (((double)y - mean) * rstd);
-    *t2 += pos ? 0.0 : zg;
-}
-
-/* Rows [r0, r1) of the rows layout into acc[3][C]. */
-static void rows_block(const bn_sums *s, int64_t r0, int64_t r1, int64_t C, double *acc) {
+static void rows_block(const bn_sums *s, int64_t r0, int64_t r1, int64_t C, double *acc,
+                       float *restrict fa) {
     const float *restrict y = s->y, *restrict res = s->res, *restrict g = s->g;
-    double *restrict a0 = acc, *restrict a1 = acc + C, *restrict a2 = acc + 2 * C;
+    float *restrict f0 = fa, *restrict f1 = fa + C, *restrict f2 = fa + 2 * C;
+    memset(fa, 0, 3 * (size_t)C * sizeof *fa);
     for (int64_t r = r0; r < r1; r++) {
         const float *restrict yr = y + r * C;
         if (s->n == 2) {
-            for (int64_t c = 0; c < C; c++) stat_terms(yr[c], s->shift[c], &a0[c], &a1[c]);
-            continue;
+            const float *restrict sh = s->shift;
+            for (int64_t c = 0; c < C; c++) {
+                const float d = yr[c] - sh[c];
+                f0[c] += d, f1[c] += d * d;
+            }
+        } else {
+            const float *restrict gr = g + r * C, *restrict rr = res ? res + r * C : s->zeros;
+            const float *restrict a = s->k.a, *restrict b = s->k.b, *restrict sl = s->k.s;
+            const float *restrict m = s->mean, *restrict rs = s->rstd;
+            for (int64_t c = 0; c < C; c++) {
+                const float z = yr[c] * a[c] + b[c] + rr[c], sg = sl[c] * gr[c], zg = z * gr[c];
+                const bool pos = z > 0.0f;
+                const float dz = pos ? gr[c] : sg;
+                f0[c] += dz, f1[c] += dz * ((yr[c] - m[c]) * rs[c]), f2[c] += pos ? 0.0f : zg;
+            }
         }
-        const float *restrict gr = g + r * C, *restrict rr = res ? res + r * C : s->zeros;
-        for (int64_t c = 0; c < C; c++)
-            grad_terms(yr[c], rr[c], gr[c], s->k.a[c], s->k.b[c], s->k.s[c], s->mean[c], s->rstd[c],
-                       &a0[c], &a1[c], &a2[c]);
+        if ((r - r0) % kRowFlush == kRowFlush - 1 || r + 1 == r1)
+            for (int64_t j = 0; j < 3 * C; j++) acc[j] += fa[j], fa[j] = 0.0f;
     }
 }
 
 static bie_status sums_rows(const bn_sums *s, int64_t rows, int64_t C, double *out) {
     const int64_t br = block_rows(rows), blocks = (rows + br - 1) / br;
     double *part = calloc((size_t)(blocks ? blocks : 1) * 3 * (size_t)C, sizeof *part);
-    if (part == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "bie_bn_act (cpu): sums");
+    float *fpart = malloc((size_t)(blocks ? blocks : 1) * 3 * (size_t)C * sizeof *fpart);
+    if (part == NULL || fpart == NULL) {
+        free(part), free(fpart);
+        return bie_fail(BIE_ERR_OUT_OF_MEMORY, "bie_bn_act (cpu): sums");
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t bl = 0; bl < blocks; bl++)
-        rows_block(s, bl * br, (bl + 1) * br < rows ? (bl + 1) * br : rows, C, part + bl * 3 * C);
+        rows_block(s, bl * br, (bl + 1) * br < rows ? (bl + 1) * br : rows, C, part + bl * 3 * C,
+                   fpart + bl * 3 * C);
     memset(out, 0, (size_t)s->n * (size_t)C * sizeof *out);
     for (int64_t bl = 0; bl < blocks; bl++)
         for (int64_t j = 0; j < s->n * C; j++) out[j] += part[bl * 3 * C + j];
-    free(part);
+    free(part), free(fpart);
     return BIE_OK;
 }
 
-/* One plane (n elements of channel c from at) into the lanes t[3][kLanes] by position. */
-/* A plane's terms in float, kLanes lanes by position, each run of kFlush elements then added
- * to the double lanes t: float arithmetic vectorizes twice as wide, and no float sum takes
- * more than kFlush / kLanes terms. */
+/* Planes: a channel's terms in float, summed in kLanes lanes by position within each run of
+ * at most kFlush elements; the lanes are added to double sums whenever they hold kFlush terms
+ * or more (float arithmetic vectorizes twice as wide, and no float sum takes many more than
+ * 2 kFlush / kLanes terms). */
 enum { kFlush = 512 };
 
-static inline void stat_f(float y, float shift, float *t0, float *t1) {
-    const float d = y - shift;
-    *t0 += d, *t1 += d * d;
-}
-
-static inline void grad_f(float y, float r, float g, float a, float b, float s, float mean,
-                          float rstd, float *t0, float *t1, float *t2) {
-    const float z = y * a + b + r, sg = s * g, zg = z * g;
-    const bool pos = z > 0.0f;
-    const float dz = pos ? g : sg;
-    *t0 += dz, *t1 += dz * ((y - mean) * rstd), *t2 += pos ? 0.0f : zg;
-}
-
-static void plane_sums(const bn_sums *s, int64_t c, int64_t at, int64_t n, double t[3][kLanes]) {
+/* n <= kFlush elements of channel c from at into the float lanes f (element i: lane
+ * i % kLanes): the terms first (a map loop, vectorized), then their lane sums. */
+static void run_sums(const bn_sums *s, int64_t c, int64_t at, int64_t n,
+                     float (*restrict f)[kLanes]) {
     const float *restrict y = s->y + at, *restrict g = s->g ? s->g + at : NULL;
     const float *restrict r = s->res ? s->res + at : s->zeros;
-    const float sh = s->shift ? s->shift[c] : 0.0f;
-    const float a = s->k.a ? s->k.a[c] : 0.0f, b = s->k.a ? s->k.b[c] : 0.0f;
-    const float sl = s->k.a ? s->k.s[c] : 0.0f, m = s->mean ? s->mean[c] : 0.0f;
-    const float rs = s->rstd ? s->rstd[c] : 0.0f;
-    for (int64_t i0 = 0; i0 < n; i0 += kFlush) {
-        const int64_t i1 = i0 + kFlush < n ? i0 + kFlush : n;
-        const int64_t whole = i0 + (i1 - i0) / kLanes * kLanes; /* i0: a multiple of kLanes */
-        float f[3][kLanes] = {{0.0f}};
-        if (s->n == 2) {
-            for (int64_t i = i0; i < whole; i += kLanes)
-                for (int l = 0; l < kLanes; l++) stat_f(y[i + l], sh, &f[0][l], &f[1][l]);
-            for (int64_t i = whole; i < i1; i++)
-                stat_f(y[i], sh, &f[0][i - whole], &f[1][i - whole]);
-        } else {
-            for (int64_t i = i0; i < whole; i += kLanes)
-                for (int l = 0; l < kLanes; l++)
-                    grad_f(y[i + l], r[i + l], g[i + l], a, b, sl, m, rs, &f[0][l], &f[1][l],
-                           &f[2][l]);
-            for (int64_t i = whole; i < i1; i++)
-                grad_f(y[i], r[i], g[i], a, b, sl, m, rs, &f[0][i - whole], &f[1][i - whole],
-                       &f[2][i - whole]);
+    float t[3][kFlush];
+    if (s->n == 2) {
+        const float sh = s->shift[c];
+        for (int64_t i = 0; i < n; i++) {
+            const float d = y[i] - sh;
+            t[0][i] = d, t[1][i] = d * d, t[2][i] = 0.0f;
         }
-        for (int j = 0; j < 3; j++)
-            for (int l = 0; l < kLanes; l++) t[j][l] += f[j][l];
+    } else {
+        const float a = s->k.a[c], b = s->k.b[c], sl = s->k.s[c], m = s->mean[c];
+        const float rs = s->rstd[c];
+        for (int64_t i = 0; i < n; i++) {
+            const float z = y[i] * a + b + r[i], sg = sl * g[i], zg = z * g[i];
+            const bool pos = z > 0.0f;
+            const float dz = pos ? g[i] : sg;
+            t[0][i] = dz, t[1][i] = dz * ((y[i] - m) * rs), t[2][i] = pos ? 0.0f : zg;
+        }
     }
+    const int64_t whole = n / kLanes * kLanes;
+    for (int j = 0; j < 3; j++) {
+        for (int64_t i = 0; i < whole; i += kLanes)
+            for (int l = 0; l < kLanes; l++) f[j][l] += t[j][i + l];
+        for (int64_t i = whole; i < n; i++) f[j][i - whole] += t[j][i];
+    }
+}
+
+static void flush(float f[3][kLanes], double t[3]) {
+    for (int j = 0; j < 3; j++)
+        for (int l = 0; l < kLanes; l++) t[j] += f[j][l], f[j][l] = 0.0f;
 }
 
 static void sums_planes(const bn_sums *s, int64_t outer, int64_t C, int64_t inner, double *out) {
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < C; c++) {
         double tot[3] = {0.0, 0.0, 0.0};
-        for (int64_t o = 0; o < outer; o++) {
-            double lane[3][kLanes] = {{0.0}};
-            plane_sums(s, c, (o * C + c) * inner, inner, lane);
-            for (int j = 0; j < 3; j++)
-                for (int l = 0; l < kLanes; l++) tot[j] += lane[j][l];
-        }
+        float f[3][kLanes] = {{0.0f}};
+        int64_t held = 0; /* terms in f */
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t i0 = 0; i0 < inner; i0 += kFlush) {
+                const int64_t n = inner - i0 < kFlush ? inner - i0 : kFlush;
+                run_sums(s, c, (o * C + c) * inner + i0, n, f);
+                if ((held += n) >= kFlush) flush(f, tot), held = 0;
+            }
+        flush(f, tot);
         for (int j = 0; j < s->n; j++) out[j * C + c] = tot[j];
     }
 }
