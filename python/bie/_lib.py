@@ -169,10 +169,11 @@ def float_dtype(dtype):
     return code
 
 
-def describe(t, packed=False, what="tensor", channels_last=False):
+def describe(t, packed=False, what="tensor", channels_last=False, shape=None):
     """A bie_tensor describing the memory of the contiguous tensor ``t`` (no copy); with
     ``channels_last``, of the 4-D tensor ``t`` contiguous in torch.channels_last (NHWC
-    memory, for a layer set to channels last; the shape stays N, C, H, W).
+    memory, for a layer set to channels last; the shape stays N, C, H, W, unless ``shape``
+    gives the extents in which bie reads that memory, e.g. ``[N*H*W, C, 1]``).
 
     The caller keeps ``t`` alive while the descriptor is in use. Tensors bie cannot describe
     (rank 0 or above 4, a dtype bie does not know, non-contiguous) raise BieError.
@@ -190,11 +191,12 @@ def describe(t, packed=False, what="tensor", channels_last=False):
             fail(ERR_SHAPE, f"{what} is not a channels-last contiguous 4-D tensor")
     elif not t.is_contiguous():
         fail(ERR_SHAPE, f"{what} is not contiguous")
+    shape = t.shape if shape is None else shape
     d = Tensor()
     d.data = t.data_ptr()
     d.dtype = dtype
-    d.ndim = ndim
-    for i, extent in enumerate(t.shape):
+    d.ndim = len(shape)
+    for i, extent in enumerate(shape):
         d.shape[i] = extent
     if t.is_cuda:
         d.device.type = DEVICE_CUDA

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import _compile, _lib
-from ._lib import BnActParams, Tensor, describe, fail
+from ._lib import BnActParams, describe, fail
 
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _F32 = torch.float32
@@ -48,36 +48,13 @@ def _nhwc(t):
             and t.is_contiguous(memory_format=torch.channels_last))
 
 
-_CODES = {torch.float32: _lib.F32, torch.bfloat16: _lib.BF16, torch.float16: _lib.F16}
-
-
-def _desc(t, what, shape=None):
-    """A bie_tensor over t's memory, read with ``shape`` (default t's). The callers pass
-    float32 / bfloat16 / float16 tensors dense in the layout they describe (contiguous, or
-    channels-last as [N*H*W, C, 1]); anything else goes through describe() for its error."""
-    code = _CODES.get(t.dtype)
-    if code is None or (shape is None and not t.is_contiguous()):
-        return describe(t, what=what)
-    d = Tensor()
-    d.data = t.data_ptr()
-    d.dtype = code
-    shape = t.shape if shape is None else shape
-    d.ndim = len(shape)
-    for i, extent in enumerate(shape):
-        d.shape[i] = extent
-    if t.is_cuda:
-        d.device.type = _lib.DEVICE_CUDA
-        d.device.index = t.device.index
-    return d
-
-
 def _act_desc(t, nhwc, what):
     """The descriptor of an activation tensor: itself (contiguous), or for channels-last
     memory the [N*H*W, C, 1] reading of it that bie takes (no copy)."""
     if nhwc:
         n, c, h, w = t.shape
-        return _desc(t, what, (n * h * w, c, 1))
-    return _desc(t, what)
+        return describe(t, what=what, channels_last=True, shape=(n * h * w, c, 1))
+    return describe(t, what=what)
 
 
 def _ref(desc):
@@ -92,7 +69,7 @@ def _params(weight, bias, slope, running_mean, running_var, training, momentum, 
     for field, t in (("gamma", weight), ("beta", bias), ("slope", slope),
                      ("running_mean", running_mean), ("running_var", running_var)):
         if t is not None:
-            d = _desc(t, field)
+            d = describe(t, what=field)
             keep.append(d)
             setattr(p, field, ctypes.pointer(d))
     p.eps = eps
@@ -119,7 +96,7 @@ def _run_forward(y, res, weight, bias, slope, running_mean, running_var, trainin
     yd = _act_desc(y, nhwc, "y")
     rd = None if res is None else _act_desc(res, nhwc, "res")
     od = _act_desc(out, nhwc, "out")
-    md, sd = _desc(save_mean, "save_mean"), _desc(save_rstd, "save_rstd")
+    md, sd = describe(save_mean, what="save_mean"), describe(save_rstd, what="save_rstd")
     fn = _lib.function("bie_bn_act_forward")
     _enter(y)
     _lib.check(fn(ctypes.byref(p), ctypes.byref(yd), _ref(rd), ctypes.byref(md),
@@ -147,9 +124,9 @@ def _run_backward(grad_out, y, res, weight, bias, slope, running_mean, running_v
     rd = None if res is None else _act_desc(res, nhwc, "res")
     gyd = _act_desc(grad_y, nhwc, "grad_y")
     grd = None if grads[1] is None else _act_desc(grads[1], nhwc, "grad_res")
-    pds = [None if g is None else _desc(g, what)
+    pds = [None if g is None else describe(g, what=what)
            for g, what in zip(grads[2:], ("grad_weight", "grad_bias", "grad_slope"))]
-    md, sd = _desc(save_mean, "save_mean"), _desc(save_rstd, "save_rstd")
+    md, sd = describe(save_mean, what="save_mean"), describe(save_rstd, what="save_rstd")
     fn = _lib.function("bie_bn_act_backward")
     _enter(y)
     _lib.check(fn(ctypes.byref(p), ctypes.byref(gd), ctypes.byref(yd), _ref(rd),

@@ -31,9 +31,34 @@ namespace {
 
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T e[V]; };
 
+// out = prelu(fma(y, a, b) + r) (act: with a slope; without, out = z).
+__device__ __forceinline__ float act_out(float y, float r, float a, float b, float s, bool act) {
+    const float z = fmaf(y, a, b) + r;
+    return z > 0.0f || !act ? z : s * z;
+}
+
 // Per-channel constants of the backward's elementwise pass.
 struct BwdCoef {
     float a, b, s, k1, c2, mean, c3, pad;
+    // grad_res (= dz) and grad_y of one element.
+    __device__ void grads(float y, float r, float g, bool act, float &dz, float &gy) const {
+        const float z = fmaf(y, a, b) + r;
+        dz = z > 0.0f || !act ? g : s * g;
+        gy = fmaf(k1, dz, fmaf(c2, y - mean, c3));
+    }
+};
+
+// The three backward sums' terms of one element: dz, dz xhat and, where z <= 0, z g.
+struct BwdTerm {
+    float a, b, s, mean, rstd;
+    bool act;
+    __device__ void add(float y, float r, float g, float &s0, float &s1, float &s2) const {
+        const float z = fmaf(y, a, b) + r;
+        const float dz = z > 0.0f || !act ? g : s * g;
+        s0 += dz;
+        s1 = fmaf(dz, (y - mean) * rstd, s1);
+        if (!(z > 0.0f)) s2 = fmaf(z, g, s2);
+    }
 };
 
 struct Params {
@@ -48,15 +73,12 @@ struct Params {
         a = (gamma ? gamma[ch] : 1.0f) * rstd;
         b = fmaf(-mean, a, beta ? beta[ch] : 0.0f);
     }
-};
-
-// dz and the three backward sums' terms of one element.
-struct BwdTerm {
-    float a, b, s, mean, rstd;
-    bool act;
-    __device__ float dz(float y, float r, float g, float &z) const {
-        z = fmaf(y, a, b) + r;
-        return z > 0.0f || !act ? g : s * g;
+    // The backward sums' constants of channel ch.
+    __device__ BwdTerm term(int64_t ch, const float *mean, const float *rstd) const {
+        BwdTerm t;
+        t.mean = mean[ch], t.rstd = rstd[ch], t.s = slope_at(ch), t.act = slope != nullptr;
+        map(ch, t.mean, t.rstd, t.a, t.b);
+        return t;
     }
 };
 
@@ -137,10 +159,9 @@ __global__ void __launch_bounds__(kThreads)
         Pack<T, V> pr_{}, po;
         if (res) pr_ = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const float z = fmaf(to_f32(py.e[k]), a[k], b[k]) + (res ? to_f32(pr_.e[k]) : 0.0f);
-            po.e[k] = from_f32<T>(z > 0.0f || pr.slope == nullptr ? z : s[k] * z);
-        }
+        for (int k = 0; k < V; k++)
+            po.e[k] = from_f32<T>(act_out(to_f32(py.e[k]), res ? to_f32(pr_.e[k]) : 0.0f, a[k],
+                                          b[k], s[k], pr.slope != nullptr));
         reinterpret_cast<Pack<T, V> *>(out)[at] = po;
     }
 }
@@ -153,14 +174,8 @@ __global__ void __launch_bounds__(kThreads)
     const RowMap m(c / V);
     BwdTerm t[V];
 #pragma unroll
-    for (int k = 0; k < V; k++) {
-        const int64_t ch = (int64_t)m.j * V + k;
-        t[k].mean = mean[ch], t[k].rstd = rstd[ch], t[k].s = pr.slope_at(ch);
-        t[k].act = pr.slope != nullptr;
-        pr.map(ch, t[k].mean, t[k].rstd, t[k].a, t[k].b);
-    }
+    for (int k = 0; k < V; k++) t[k] = pr.term((int64_t)m.j * V + k, mean, rstd);
     float acc[3][V] = {};
-    // (rows past the last lane: none for the threads past the block's lanes)
 #pragma unroll 4
     for (int64_t r = m.live ? (int64_t)blockIdx.x * m.rpi + m.rl : rows; r < rows;
          r += (int64_t)gridDim.x * m.rpi) {
@@ -170,14 +185,9 @@ __global__ void __launch_bounds__(kThreads)
         Pack<T, V> pq{};
         if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
-            float z;
-            const float dz = t[k].dz(yv, res ? to_f32(pq.e[k]) : 0.0f, gv, z);
-            acc[0][k] += dz;
-            acc[1][k] = fmaf(dz, (yv - t[k].mean) * t[k].rstd, acc[1][k]);
-            if (!(z > 0.0f)) acc[2][k] = fmaf(z, gv, acc[2][k]);
-        }
+        for (int k = 0; k < V; k++)
+            t[k].add(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, to_f32(pg.e[k]), acc[0][k],
+                     acc[1][k], acc[2][k]);
     }
     rows_reduce<3, V>(m, acc, c, part);
 }
@@ -202,12 +212,10 @@ __global__ void __launch_bounds__(kThreads)
         if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            const BwdCoef &q = k_[k];
-            const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
-            const float z = fmaf(yv, q.a, q.b) + (res ? to_f32(pq.e[k]) : 0.0f);
-            const float dz = z > 0.0f || !act ? gv : q.s * gv;
-            orr.e[k] = from_f32<T>(dz);
-            oy.e[k] = from_f32<T>(fmaf(q.k1, dz, fmaf(q.c2, yv - q.mean, q.c3)));
+            float dz, gy;
+            k_[k].grads(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, to_f32(pg.e[k]), act, dz,
+                        gy);
+            orr.e[k] = from_f32<T>(dz), oy.e[k] = from_f32<T>(gy);
         }
         if (grad_res) reinterpret_cast<Pack<T, V> *>(grad_res)[at] = orr;
         reinterpret_cast<Pack<T, V> *>(grad_y)[at] = oy;
@@ -268,9 +276,7 @@ __global__ void __launch_bounds__(kThreads)
                     const float *__restrict__ rstd, Params pr, float4 *part) {
     const int64_t ipv = inner / V, nvec = outer * ipv;
     for (int64_t ch = blockIdx.y; ch < c; ch += gridDim.y) {
-        BwdTerm t;
-        t.mean = mean[ch], t.rstd = rstd[ch], t.s = pr.slope_at(ch), t.act = pr.slope != nullptr;
-        pr.map(ch, t.mean, t.rstd, t.a, t.b);
+        const BwdTerm t = pr.term(ch, mean, rstd);
         float acc[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll 4
         for (int64_t v = (int64_t)blockIdx.x * kThreads + threadIdx.x; v < nvec;
@@ -281,14 +287,9 @@ __global__ void __launch_bounds__(kThreads)
             Pack<T, V> pq{};
             if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
-                float z;
-                const float dz = t.dz(yv, res ? to_f32(pq.e[k]) : 0.0f, gv, z);
-                acc[0] += dz;
-                acc[1] = fmaf(dz, (yv - t.mean) * t.rstd, acc[1]);
-                if (!(z > 0.0f)) acc[2] = fmaf(z, gv, acc[2]);
-            }
+            for (int k = 0; k < V; k++)
+                t.add(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, to_f32(pg.e[k]), acc[0],
+                      acc[1], acc[2]);
         }
         block_reduce<3>(acc, c, ch, part);
     }
@@ -307,10 +308,9 @@ __global__ void __launch_bounds__(kThreads)
         Pack<T, V> pq{}, po;
         if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[v];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const float z = fmaf(to_f32(py.e[k]), a, b) + (res ? to_f32(pq.e[k]) : 0.0f);
-            po.e[k] = from_f32<T>(z > 0.0f || pr.slope == nullptr ? z : s * z);
-        }
+        for (int k = 0; k < V; k++)
+            po.e[k] = from_f32<T>(act_out(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, a, b, s,
+                                          pr.slope != nullptr));
         reinterpret_cast<Pack<T, V> *>(out)[v] = po;
     }
 }
@@ -329,11 +329,9 @@ __global__ void __launch_bounds__(kThreads)
         if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[v];
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            const float yv = to_f32(py.e[k]), gv = to_f32(pg.e[k]);
-            const float z = fmaf(yv, q.a, q.b) + (res ? to_f32(pq.e[k]) : 0.0f);
-            const float dz = z > 0.0f || !act ? gv : q.s * gv;
-            orr.e[k] = from_f32<T>(dz);
-            oy.e[k] = from_f32<T>(fmaf(q.k1, dz, fmaf(q.c2, yv - q.mean, q.c3)));
+            float dz, gy;
+            q.grads(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, to_f32(pg.e[k]), act, dz, gy);
+            orr.e[k] = from_f32<T>(dz), oy.e[k] = from_f32<T>(gy);
         }
         if (grad_res) reinterpret_cast<Pack<T, V> *>(grad_res)[v] = orr;
         reinterpret_cast<Pack<T, V> *>(grad_y)[v] = oy;

@@ -1,5 +1,5 @@
 /* The CPU kernels of the fused batch norm, residual add and PReLU (bie.h §7; bn_act.c checks
- * the arguments): float32 data, sums in double.
+ * the arguments): float32 data, float partial sums added into double.
  *
  * Two layouts of [outer][C][inner], as on CUDA: rows (inner = 1: channels-last, [N][C]) walk
  * each row's channels contiguously, a block of rows at a time, with one accumulator per
