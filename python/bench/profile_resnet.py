@@ -66,17 +66,21 @@ GROUPS = (
 def print_groups(prof, steps):
     """Device time per step of the kernels, summed by GROUPS (kernels only, no operators)."""
     import re
-    totals = {}
+    totals, launches = {}, {}
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", 0)
-        if t <= 0 or "CUDA" not in str(e.device_type):
+        # (ranges such as the optimizer's step annotation show on the device timeline too)
+        if (t <= 0 or "CUDA" not in str(e.device_type)
+                or getattr(e, "is_user_annotation", False) or e.key.startswith("Optimizer.")):
             continue
         name = next((g for g, pat in GROUPS if re.search(pat, e.key)), "other")
         totals[name] = totals.get(name, 0.0) + t
-    print("kernel group                                   ms per step")
+        launches[name] = launches.get(name, 0) + e.count
+    print("kernel group                                   ms per step  kernels per step")
     for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
-        print(f"{name:46s} {t / 1e3 / steps:8.3f}")
-    print(f"{'total':46s} {sum(totals.values()) / 1e3 / steps:8.3f}")
+        print(f"{name:46s} {t / 1e3 / steps:8.3f} {launches[name] / steps:10.0f}")
+    print(f"{'total':46s} {sum(totals.values()) / 1e3 / steps:8.3f} "
+          f"{sum(launches.values()) / steps:10.0f}")
 
 
 def main(argv=None):

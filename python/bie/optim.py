@@ -65,7 +65,9 @@ class SignFlip(torch.optim.Optimizer):
     tensors on the parameters' devices and computes the bias corrections there, so that a
     step can be captured in a CUDA graph and replayed (the default computes them on the host
     from Python step counts, which a graph would freeze). The binary step needs nothing of
-    the kind. The float parameters then differ from the default mode's in the last bits
+    the kind. With foreach on a GPU the capturable Adam also runs on flat tensors (each
+    parameter's bias corrections spread over its elements): a fixed number of operations
+    for any number of float parameters. The float parameters then differ from the default mode's in the last bits
     (float32 bias corrections), as in torch; the first step (it draws the sign-flip state)
     must run before a capture.
     """
@@ -91,7 +93,8 @@ class SignFlip(torch.optim.Optimizer):
         self._generator = torch.Generator().manual_seed(int(seed))
         self.foreach = bool(foreach)
         self._flip_counts = []  # the last step's flip counts, one int64 tensor per device
-        self._flat = {}  # parameter ids -> flat m and v of the binary parameters (_flat_states)
+        self._flat = {}  # (dtype, parameter ids) -> flat m and v (_flat_states)
+        self._spread = {}  # (device, sizes) -> the sizes as a device tensor (_adam_flat)
 
     @property
     def flipped(self):
@@ -191,12 +194,12 @@ class SignFlip(torch.optim.Optimizer):
         torch.where(flip, flipped_values, w, out=w)
         return flip.sum()
 
-    def _flat_states(self, params):
-        """m and v of ``params`` as two flat float32 tensors whose consecutive pieces are the
+    def _flat_states(self, params, dtype=torch.float32):
+        """m and v of ``params`` as two flat ``dtype`` tensors whose consecutive pieces are the
         parameters' states (``self.state[p]["m"]`` is a view of the flat m). Made again, the
         values copied in, when the list of parameters changes (a parameter without a
         gradient this step) or a state was replaced (``load_state_dict``)."""
-        key = tuple(id(p) for p in params)
+        key = (dtype,) + tuple(id(p) for p in params)
         flat = self._flat.get(key)
         if flat is not None:
             m, v, ms, vs = flat
@@ -204,14 +207,14 @@ class SignFlip(torch.optim.Optimizer):
                    for p, a, b in zip(params, ms, vs)):
                 return m, v
         sizes = [p.numel() for p in params]
-        m = torch.cat([self.state[p]["m"].reshape(-1).to(torch.float32) for p in params])
-        v = torch.cat([self.state[p]["v"].reshape(-1).to(torch.float32) for p in params])
+        m = torch.cat([self.state[p]["m"].reshape(-1).to(dtype) for p in params])
+        v = torch.cat([self.state[p]["v"].reshape(-1).to(dtype) for p in params])
         ms = [t.view(p.shape) for t, p in zip(m.split(sizes), params)]
         vs = [t.view(p.shape) for t, p in zip(v.split(sizes), params)]
         for p, a, b in zip(params, ms, vs):
             self.state[p]["m"], self.state[p]["v"] = a, b
-        ids = set(key)  # entries sharing a parameter hold replaced states now
-        self._flat = {k: f for k, f in self._flat.items() if ids.isdisjoint(k)}
+        ids = set(key[1:])  # entries sharing a parameter hold replaced states now
+        self._flat = {k: f for k, f in self._flat.items() if ids.isdisjoint(k[1:])}
         self._flat[key] = (m, v, ms, vs)
         return m, v
 
@@ -233,6 +236,9 @@ class SignFlip(torch.optim.Optimizer):
             steps.append(state["step"])
         if capturable:
             self._op("add_", steps, 1.0)
+            if self.foreach and params[0].device.type in _FLAT_DEVICE_TYPES:
+                self._adam_flat(params, steps, group)
+                return
         beta1, beta2 = group["float_betas"]
         lr, decay = group["float_lr"], group["weight_decay"]
         grads = [p.grad for p in params]
@@ -260,6 +266,44 @@ class SignFlip(torch.optim.Optimizer):
             for p, m, d, size in zip(params, ms, denom, step_sizes):
                 p.addcdiv_(m, d, value=size)
 
+    def _adam_flat(self, params, steps, group):
+        """The capturable Adam step of ``params`` (one device and dtype) on flat tensors, in a
+        fixed number of operations whatever the number of parameters (per parameter, the
+        bias corrections made the step a dozen launches a tensor). The parameters and
+        gradients are gathered with one ``cat`` each and the new values copied back; m and v
+        are pieces of one flat tensor each (_flat_states); each parameter's bias corrections
+        are computed from its step count and spread over its elements. Element for element
+        the arithmetic of the per-parameter step, so the results are bit-identical."""
+        beta1, beta2 = group["float_betas"]
+        lr, decay = group["float_lr"], group["weight_decay"]
+        m, v = self._flat_states(params, params[0].dtype)
+        sizes = [p.numel() for p in params]
+        w = torch.cat([p.detach().reshape(-1) for p in params])
+        g = torch.cat([p.grad.reshape(-1).to(w.dtype) for p in params])
+        if decay:
+            if group["decoupled_weight_decay"]:
+                w.mul_(1.0 - lr * decay)
+            else:
+                g = torch.add(g, w, alpha=decay)
+        m.mul_(beta1)
+        m.add_(g, alpha=1.0 - beta1)
+        v.mul_(beta2)
+        v.addcmul_(g, g, value=1.0 - beta2)
+        t = torch.stack(steps)
+        key = (t.device,) + tuple(sizes)
+        counts = self._spread.get(key)
+        if counts is None:  # made at the first step (before any capture), then reused
+            counts = self._spread[key] = torch.tensor(sizes, dtype=torch.int64, device=t.device)
+
+        owner = torch.repeat_interleave(counts, output_size=w.numel())  # each element's parameter
+
+        def spread(c):
+            return c.index_select(0, owner)
+
+        denom = torch.div(v, spread(1.0 - torch.pow(beta2, t))).sqrt_().add_(group["eps"])
+        w.addcdiv_(m, denom.mul_(spread(1.0 - torch.pow(beta1, t))).div_(-lr))
+        copy_all([p.detach() for p in params],
+                 [piece.view(p.shape) for piece, p in zip(w.split(sizes), params)])
 
 def _step_state(step, capturable, device):
     """An Adam step count as the mode keeps it: a Python int, or with ``capturable`` a float32

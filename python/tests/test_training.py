@@ -197,7 +197,8 @@ def _mixed_model_params(seed):
     ws = [torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8)
           for shape in ((17, 9), (4, 3, 3, 5), (64,))]
     ws[0][0, :3] = 0
-    fs = [torch.randn(shape, generator=gen) for shape in ((6, 4), (5,))]
+    fs = [torch.randn(shape, generator=gen) for shape in ((6, 4), (5,), (3, 4, 2, 2), (7,))]
+    fs[2] = fs[2].contiguous(memory_format=torch.channels_last)
     return ws, fs
 
 
@@ -219,6 +220,8 @@ def _run_optimizer(foreach, steps=60, seed=3, reload_at=None, capturable=False):
         if step % 7 == 3:
             bins[1].grad = None  # skipped this step
             flts[0].grad = None
+        if step % 5 == 1:
+            flts[2].grad = None  # its step count falls behind its group's others
         before = [p.detach().clone() for p in bins]
         if step == reload_at:  # states replaced by loaded copies
             opt.load_state_dict(copy.deepcopy(opt.state_dict()))
@@ -237,16 +240,56 @@ def flat_on_cpu(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("capturable", [False, True])
 @pytest.mark.parametrize("reload_at", [None, 20])
-def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at, flat_on_cpu):
-    a_bins, a_flts, a_opt, a_hist = _run_optimizer(True, reload_at=reload_at)
-    b_bins, b_flts, b_opt, b_hist = _run_optimizer(False, reload_at=reload_at)
+def test_foreach_and_per_parameter_steps_agree_bit_for_bit(reload_at, capturable, flat_on_cpu):
+    a_bins, a_flts, a_opt, a_hist = _run_optimizer(True, reload_at=reload_at,
+                                                   capturable=capturable)
+    b_bins, b_flts, b_opt, b_hist = _run_optimizer(False, reload_at=reload_at,
+                                                   capturable=capturable)
     assert a_hist == b_hist
     for p, q in zip(a_bins + a_flts, b_bins + b_flts):
         assert torch.equal(p.detach(), q.detach())
         for key in a_opt.state[p]:
             x, y = a_opt.state[p][key], b_opt.state[q][key]
             assert torch.equal(x, y) if torch.is_tensor(x) else x == y
+
+
+def test_flat_capturable_step_runs_a_fixed_number_of_operations(monkeypatch):
+    """capturable with foreach on flat tensors: the operations of a step do not grow with
+    the number of float parameters (per parameter they would: about a dozen each)."""
+    if not hasattr(torch, "_foreach_copy_"):
+        pytest.skip("this torch copies the new values back tensor by tensor")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not any(n in str(func) for n in ("detach", "view", "split", "alias")):
+                self.ops += 1  # an operation that computes (not a view of a tensor)
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(bie.optim, "_FLAT_DEVICE_TYPES", ("cpu", "cuda"))
+
+    def ops_of_a_step(n):
+        gen = torch.Generator().manual_seed(n)
+        params = [nn.Parameter(torch.randn(3 + i % 4, generator=gen)) for i in range(n)]
+        opt = bie.SignFlip(params, float_lr=1e-2, seed=1, capturable=True)
+        before = [p.detach().clone() for p in params]
+        counted = []
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            with Count() as count:
+                opt.step()
+            counted.append(count.ops)
+        assert all(not torch.equal(p.detach(), b) for p, b in zip(params, before))
+        return counted[-1]
+
+    assert ops_of_a_step(40) == ops_of_a_step(5) < 40
 
 
 def test_foreach_step_keeps_binary_states_in_one_buffer(monkeypatch):
