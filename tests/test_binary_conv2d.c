@@ -105,6 +105,52 @@ static void test_forward(const geom *g) {
     free(expect);
 }
 
+/* forward_again: the kept training forward's output bit for bit, whatever changed since (the
+ * input buffer, scale_a, the weight's values in place); nothing kept or a bad output: an
+ * error and the output untouched. */
+static void test_forward_again(const geom *g) {
+    bie_layer *l = make_layer(g, 23 + (uint64_t)g->c);
+    int64_t oh = out_size(g->h, g), ow = out_size(g->w, g);
+    int64_t nx = g->n * g->c * g->h * g->w, no = g->n * g->o * oh * ow;
+    float *x = tu_alloc((size_t)nx * 4), *out = tu_alloc((size_t)no * 4),
+          *expect = tu_alloc((size_t)no * 4), *poison = tu_alloc((size_t)no * 4);
+    tu_fill(x, nx, -1.5f, 1.5f);
+    tu_poison(poison, no);
+    bie_tensor tx = tu_view(x, BIE_F32, 4, g->n, g->c, g->h, g->w),
+               to = tu_view(out, BIE_F32, 4, g->n, g->o, oh, ow);
+    tu_poison(out, no);
+    CHECK(bie_layer_forward_again(l, &to) == BIE_ERR_STATE);
+    CHECK(tu_same_bits(out, poison, no));
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
+    memcpy(expect, out, (size_t)no * 4);
+    tu_fill(x, nx, -1.5f, 1.5f);
+    CHECK_OK(bie_layer_set_scale_a(l, 0.37f));
+    bie_tensor w;
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    for (int64_t i = 0; i < g->o * g->c * g->k * g->k; i++) ((int8_t *)w.data)[i] *= -1;
+    for (int rep = 0; rep < 2; rep++) {
+        tu_poison(out, no);
+        CHECK_OK(bie_layer_forward_again(l, &to));
+        CHECK(tu_same_bits(out, expect, no));
+    }
+    bie_tensor bad = tu_view(out, BIE_F32, 4, g->n, g->o + 1, oh, ow);
+    bie_tensor bad_dtype = tu_view(out, BIE_BF16, 4, g->n, g->o, oh, ow);
+    tu_poison(out, no);
+    CHECK(bie_layer_forward_again(l, &bad) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward_again(l, &bad_dtype) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_forward_again(l, NULL) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_layer_forward_again(NULL, &to) == BIE_ERR_NULL_POINTER);
+    CHECK(tu_same_bits(out, poison, no));
+    CHECK_OK(bie_layer_set_training(l, false)); /* leaving training mode drops what was kept */
+    CHECK(bie_layer_forward_again(l, &to) == BIE_ERR_STATE);
+    CHECK(tu_same_bits(out, poison, no));
+    bie_layer_free(l);
+    free(x);
+    free(out);
+    free(expect);
+    free(poison);
+}
+
 static double rel_err(const float *got, const double *ref, int64_t n) {
     double e = 0, r = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -219,6 +265,12 @@ static void test_bad_input(void) {
     CHECK_OK(bie_layer_param(l, BIE_PARAM_SCALE_A, &sa));
     CHECK(*(float *)sa.data == 0.0f);
     bie_layer_free(l);
+    CHECK_OK(bie_binary_linear_create(&l, 8, 4, bie_cpu(), BIE_F32, true));
+    bie_tensor lo = tu_view(out, BIE_F32, 2, 2, 4, 0, 0);
+    CHECK(bie_layer_forward_again(l, &lo) == BIE_ERR_UNSUPPORTED); /* conv kinds only */
+    CHECK(strstr(bie_last_error(), "binary_linear") != NULL);
+    CHECK(tu_same_bits(out, poison, 64));
+    bie_layer_free(l);
 }
 
 int main(void) {
@@ -239,7 +291,10 @@ int main(void) {
         /* a plane large enough that the forward finds the outside taps per pixel itself */
         {1, 1, 700, 660, 2, 3, 1, 1, 1},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_forward(&shapes[i]);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        test_forward(&shapes[i]);
+        if (shapes[i].h < 100) test_forward_again(&shapes[i]);
+    }
     const geom bshapes[] = {{1, 1, 1, 1, 1, 1, 1, 0, 1},
                             {2, 3, 5, 4, 4, 3, 1, 1, 1},
                             {1, 9, 7, 7, 5, 3, 2, 2, 2},

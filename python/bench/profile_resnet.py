@@ -42,6 +42,8 @@ def parse(argv=None):
                    help="order the table by device time (CUDA; default) or host time")
     p.add_argument("--channels-last", action="store_true",
                    help="activations in channels_last (NHWC) memory, as train_resnet.py's")
+    p.add_argument("--recompute", action="store_true",
+                   help="bie's units: BatchNormAct(recompute=True), as train_resnet.py's")
     p.add_argument("--groups", action="store_true",
                    help="also print the device time per step of kernel groups (CUDA)")
     return p.parse_args(argv)
@@ -90,7 +92,7 @@ def main(argv=None):
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     model, make_opt = train_resnet.build(args.side, device, dtype, args.width_div,
-                                         args.channels_last)
+                                         args.channels_last, recompute=args.recompute)
     if dist is not None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if cuda else None)

@@ -163,20 +163,22 @@ class FusedUnit(nn.Module):
     """The same unit with BN, the residual add and PReLU as one bie.BatchNormAct (bie's
     side): ``bn(conv(x), res=shortcut(x))``."""
 
-    def __init__(self, conv, in_c, out_c, stride):
+    def __init__(self, conv, in_c, out_c, stride, recompute=False):
         super().__init__()
         self.conv = conv(in_c, out_c, 3, stride, 1)
-        self.bn = bie.BatchNormAct(out_c)  # weight, bias (BN's), slope (PReLU's)
+        # weight, bias (BN's), slope (PReLU's); recompute: the conv output is not kept
+        self.bn = bie.BatchNormAct(out_c, recompute=recompute)
         self.shortcut = shortcut(in_c, out_c, stride)
 
     def forward(self, x):
         return self.bn(self.conv(x), self.shortcut(x))
 
 
-def resnet18(conv, width_div=1, fused=False):
+def resnet18(conv, width_div=1, fused=False, recompute=False):
     """The binary ResNet-18 with ``conv(in_c, out_c, kernel_size, stride, padding)`` as its
     binary convolution; channel widths divided by ``width_div``. ``fused``: batch norm
-    (+ residual add) + PReLU of the stem and of every unit as one bie.BatchNormAct."""
+    (+ residual add) + PReLU of the stem and of every unit as one bie.BatchNormAct
+    (``recompute``: the units' BatchNormAct(recompute=True))."""
     widths = [max(1, w // width_div) for w in WIDTHS]
     layers = [nn.Conv2d(3, widths[0], 3, padding=1, bias=False)]
     layers += ([bie.BatchNormAct(widths[0])] if fused
@@ -186,15 +188,17 @@ def resnet18(conv, width_div=1, fused=False):
         for block in range(2):
             for unit in range(2):  # a basic block: 2 binary units, each with its shortcut
                 stride = 2 if stage > 0 and block == 0 and unit == 0 else 1
-                layers.append((FusedUnit if fused else Unit)(conv, in_c, out_c, stride))
+                layers.append(FusedUnit(conv, in_c, out_c, stride, recompute) if fused
+                              else Unit(conv, in_c, out_c, stride))
                 in_c = out_c
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(in_c, CLASSES)]
     return nn.Sequential(*layers)
 
 
-def build(side, device, dtype, width_div, channels_last, capturable=False):
+def build(side, device, dtype, width_div, channels_last, capturable=False, recompute=False):
     """The model of ``side`` on ``device`` and its optimizer factory (called after DDP);
-    ``capturable``: optimizers whose step can be captured in a CUDA graph."""
+    ``capturable``: optimizers whose step can be captured in a CUDA graph; ``recompute``:
+    bie's units compute their conv output again in the backward instead of keeping it."""
     torch.manual_seed(0)
     if side == "bie":
         # bie's CUDA layers compute in the run's dtype; the CPU ones only in float32.
@@ -204,7 +208,7 @@ def build(side, device, dtype, width_div, channels_last, capturable=False):
             return bie.BinaryConv2dCutlass(in_c, out_c, k, stride=stride, padding=padding,
                                            device=device, dtype=layer_dtype)
 
-        model = resnet18(conv, width_div, fused=True).to(device)
+        model = resnet18(conv, width_div, fused=True, recompute=recompute).to(device)
         bie.prepare_bie_layers(model)  # before DDP and the optimizer: int8 binary weights
         if channels_last:  # (bie's weights stay as they are; its layers follow the input)
             model = model.to(memory_format=torch.channels_last)
@@ -285,7 +289,7 @@ def measure(side, mode, batch, args, device, dist):
     release(device)
     base_outside = outside_bytes(device)
     model, make_opt = build(side, device, dtype, args.width_div,
-                            args.channels_last, args.cuda_graph)
+                            args.channels_last, args.cuda_graph, args.recompute)
     gen = torch.Generator().manual_seed(1 + (dist.get_rank() if dist else 0))
     x = torch.randn(batch, 3, 32, 32, generator=gen).to(device)
     y = torch.randint(0, CLASSES, (batch,), generator=gen).to(device)
@@ -379,6 +383,9 @@ def parse(argv=None):
     parser.add_argument("--cuda-graph", action="store_true",
                         help="capture each side's whole step (forward, backward, optimizer) "
                              "in a CUDA graph and time its replays (one process, CUDA)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="bie's units: BatchNormAct(recompute=True) (the binary conv's "
+                             "output computed again in the backward instead of kept)")
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.width_div < 1 or min(args.batch) < 1:
@@ -480,7 +487,8 @@ def main(argv=None, out=None):
                     "global_batch": batch * world, "world_size": world, "device": str(device),
                     "device_name": describe(device), "dtype": args.dtype,
                     "width_div": args.width_div, "cuda_graph": args.cuda_graph,
-                    "channels_last": args.channels_last, "steps": args.steps,
+                    "channels_last": args.channels_last, "recompute": args.recompute,
+                    "steps": args.steps,
                     "warmup": args.warmup,
                     "torch": torch.__version__, "ms_per_step": mean_s * 1e3,
                     "median_ms_per_step": median_s * 1e3, "images_per_s": batch / mean_s,

@@ -466,6 +466,16 @@ class Layer:
         _lib.check(self._forward(self.handle, xd, od))
         return out
 
+    def forward_again(self, shape, dtype, channels_last=False):
+        """The output of the last training forward computed again from what the C layer kept
+        (bie_layer_forward_again; binary conv2d): a new tensor of that forward's shape (as
+        forward returned it), dtype and layout."""
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty(shape, dtype=dtype, device=self.device, memory_format=fmt)
+        od = describe(out, what="output", channels_last=channels_last)
+        self._call(_lib.function("bie_layer_forward_again"), ctypes.byref(od))
+        return out
+
     def backward(self, grad_out, x_shape, want_grad_x, channels_last=False):
         """Run the C backward; returns grad_x (or None when not wanted). channels_last: the
         layout of the forward it follows (grad_out given in it, grad_x returned in it)."""

@@ -138,15 +138,21 @@ def _run_backward(grad_out, y, res, weight, bias, slope, running_mean, running_v
 
 class _BatchNormActFunction(torch.autograd.Function):
     """The autograd node of the eager path: forward and backward in bie. Arguments as
-    :func:`_run_forward` takes them (the wrapper :func:`batch_norm_act` prepares them). Saves
-    y, res, the per-channel parameters and the batch statistics (not the output)."""
+    :func:`_run_forward` takes them (the wrapper :func:`batch_norm_act` prepares them), and
+    ``producer``: None, or the autograd node of the bie binary conv2d whose output y is (see
+    :func:`_producer`). Saves res, the per-channel parameters, the batch statistics and y, or
+    instead of y the producer, whose layer computes y again in the backward (not the
+    output)."""
 
     @staticmethod
     def forward(ctx, y, res, weight, bias, slope, running_mean, running_var, training,
-                momentum, eps):
+                momentum, eps, producer):
         out, save_mean, save_rstd = _run_forward(y, res, weight, bias, slope, running_mean,
                                                  running_var, training, momentum, eps)
-        ctx.save_for_backward(y, res, weight, bias, slope, save_mean, save_rstd)
+        ctx.producer = producer
+        ctx.y_layout = (y.shape, y.stride(), y.dtype)
+        ctx.save_for_backward(None if producer is not None else y, res, weight, bias, slope,
+                              save_mean, save_rstd)
         # Inference reads the running statistics; training only the saved batch statistics.
         ctx.running = (None, None) if training else (running_mean, running_var)
         ctx.settings = (bool(training), momentum, eps)
@@ -156,10 +162,39 @@ class _BatchNormActFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         y, res, weight, bias, slope, save_mean, save_rstd = ctx.saved_tensors
+        if ctx.producer is not None:
+            y = _again(ctx.producer, *ctx.y_layout)
         need = ctx.needs_input_grad
         grads = _run_backward(grad_out, y, res, weight, bias, slope, *ctx.running, save_mean,
                               save_rstd, *ctx.settings, need[1:5])
-        return tuple(grads) + (None,) * 5
+        return tuple(grads) + (None,) * 6
+
+
+def _producer(y):
+    """The autograd node of the bie binary conv2d training forward whose output y is, as that
+    forward returned it, or None: a y its layer can compute again from what it kept for its
+    own backward (bie_layer_forward_again)."""
+    node = y.grad_fn
+    layer = getattr(node, "layer", None)
+    if (getattr(layer, "kind", None) != "binary_conv2d"
+            or getattr(node, "generation", None) is None
+            or tuple(getattr(node, "out_run_shape", ())) != tuple(y.shape)
+            or getattr(layer, "dtype", None) != y.dtype):
+        return None
+    return node
+
+
+def _again(node, shape, stride, dtype):
+    """y again: the producing layer's output computed from its kept state (after making it
+    hold the state of that forward again where a later forward replaced it, or raising as
+    its own backward would), in y's layout."""
+    from . import functional  # (imports modules, which import this one)
+
+    functional._restore_state(node)
+    y = node.layer.forward_again(node.out_run_shape, dtype, node.channels_last)
+    if y.stride() != tuple(stride):
+        y = torch.empty_strided(shape, stride, dtype=dtype, device=y.device).copy_(y)
+    return y
 
 
 # ------------------------------------------------------------------ torch.compile
@@ -255,9 +290,11 @@ if _compile.AVAILABLE:
 # ------------------------------------------------------------------ the function
 
 
-def _call(y, res, weight, bias, slope, running_mean, running_var, training, momentum, eps):
+def _call(y, res, weight, bias, slope, running_mean, running_var, training, momentum, eps,
+          recompute=False):
     """The output, through the operator (compiling), the autograd Function (a gradient
-    wanted) or the C forward alone (inference); the running statistics updated in place."""
+    wanted; ``recompute``: y not kept where its producer can compute it again) or the C
+    forward alone (inference); the running statistics updated in place."""
     if _OPS and _compile.compiling():
         out, _, _, new_mean, new_var = torch.ops.bie.bn_act(
             y, res, weight, bias, slope, running_mean, running_var, training, momentum, eps)
@@ -270,8 +307,9 @@ def _call(y, res, weight, bias, slope, running_mean, running_var, training, mome
         return out
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (y, res, weight, bias, slope)):
+        producer = _producer(y) if recompute else None
         return _BatchNormActFunction.apply(y, res, weight, bias, slope, running_mean,
-                                           running_var, training, momentum, eps)
+                                           running_var, training, momentum, eps, producer)
     return _run_forward(y, res, weight, bias, slope, running_mean, running_var, training,
                         momentum, eps)[0]
 
@@ -302,7 +340,7 @@ def _statistic(t, what):
 
 def batch_norm_act(y, res=None, weight=None, bias=None, slope=None, running_mean=None,
                    running_var=None, training=False, momentum=0.1, eps=1e-5,
-                   num_batches_tracked=None):
+                   num_batches_tracked=None, recompute=False):
     """``prelu(batch_norm(y, running_mean, running_var, weight, bias, training, momentum, eps)
     + res, slope)`` in bie (``F.batch_norm``'s arguments and semantics, then the residual add
     and PReLU, fused).
@@ -317,6 +355,13 @@ def batch_norm_act(y, res=None, weight=None, bias=None, slope=None, running_mean
     res, weight, bias and slope. Failures (shapes, devices, dtypes, too few values per
     channel in training, eps or momentum out of range) raise :class:`bie.BieError` and leave
     the running statistics unchanged.
+
+    ``recompute=True``: where y is the output of a bie binary conv2d's training forward, as
+    that module returned it (its dtype and layout, so no conversion here), y is not kept for
+    the backward: the conv's C layer computes it again there from what it keeps for its own
+    backward (the packed input; ``bie_layer_forward_again``), bit for bit. That saves one
+    activation-sized tensor per unit for a binary product in the backward. Elsewhere (other
+    producers, torch.compile) y is kept as usual.
     """
     if not torch.is_tensor(y) or not y.is_floating_point():
         fail(_lib.ERR_DTYPE, "batch_norm_act: y must be a floating-point tensor, got "
@@ -359,7 +404,8 @@ def batch_norm_act(y, res=None, weight=None, bias=None, slope=None, running_mean
     if cumulative:
         old = (None if rm is None else rm.detach().clone(),
                None if rv is None else rv.detach().clone())
-    out = _call(x, r, w, b, s, rm, rv, bool(training), m, float(eps))
+    out = _call(x, r, w, b, s, rm, rv, bool(training), m, float(eps),
+                recompute=bool(recompute) and x is y)
     if cumulative or rm_back is not None or rv_back is not None:
         with torch.no_grad():
             if cumulative:
@@ -386,7 +432,7 @@ class BatchNormAct(nn.Module):
     residual add and PReLU in one bie call each way (:func:`batch_norm_act`).
 
     ``BatchNormAct(num_features, eps=1e-5, momentum=0.1, prelu=True, prelu_parameters=None,
-    prelu_init=0.25, device=None, dtype=None)``; ``forward(y, res=None)``. Parameters
+    prelu_init=0.25, recompute=False, device=None, dtype=None)``; ``forward(y, res=None)``. Parameters
     ``weight`` (ones) and ``bias`` (zeros) as batch norm's, ``slope`` (``prelu_parameters``
     values: ``num_features`` by default, or 1 shared by every channel, filled with
     ``prelu_init``; None with ``prelu=False``: no activation); buffers ``running_mean``,
@@ -397,13 +443,17 @@ class BatchNormAct(nn.Module):
     W]`` (contiguous or channels-last: the output keeps y's format and dtype); float32 on the
     CPU (other dtypes computed in float32), float32 / bfloat16 / float16 on CUDA (per-channel
     tensors float32); under autocast a bfloat16 ``y`` with float32 parameters just works.
+    ``recompute=True``: a ``y`` straight from a bie binary conv2d is not kept for the backward
+    but computed again there by the conv (see :func:`batch_norm_act`): less memory for a
+    binary product per backward.
     """
 
     _version = 2  # nn.BatchNorm2d's state-dict version (num_batches_tracked present)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, prelu=True, prelu_parameters=None,
-                 prelu_init=0.25, device=None, dtype=None):
+                 prelu_init=0.25, recompute=False, device=None, dtype=None):
         super().__init__()
+        self.recompute = bool(recompute)
         self.num_features = _lib.c_int64(num_features, "num_features", low=1)
         self.eps = float(eps)
         self.momentum = None if momentum is None else float(momentum)
@@ -448,7 +498,7 @@ class BatchNormAct(nn.Module):
             count = self.num_batches_tracked + 1  # on the device: no synchronisation
         out = batch_norm_act(y, res, self.weight, self.bias, self.slope, self.running_mean,
                              self.running_var, training, self.momentum, self.eps,
-                             num_batches_tracked=count)
+                             num_batches_tracked=count, recompute=self.recompute)
         if training:  # after the call: a failing one leaves every buffer as it was
             self.num_batches_tracked.add_(1)
         return out
@@ -500,7 +550,8 @@ class BatchNormAct(nn.Module):
 
     def extra_repr(self):
         act = "prelu=False" if self.slope is None else f"prelu_parameters={self.slope.numel()}"
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, {act}")
+        again = ", recompute=True" if self.recompute else ""
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, {act}{again}")
 
 
 __all__ = ["BatchNormAct", "batch_norm_act"]

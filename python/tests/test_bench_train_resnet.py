@@ -66,6 +66,19 @@ def test_channels_last_runs_both_sides_so(bench, monkeypatch):
     assert sides and all(r["channels_last"] for r in sides)
 
 
+def test_recompute_option(bench, monkeypatch):
+    """--recompute: bie's 16 units keep no conv output (BatchNormAct(recompute=True))."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = io.StringIO()
+    records = bench.main(TINY + ["--recompute", "--mode", "train"], out)
+    sides = [r for r in records if "side" in r and "scaling" not in r]
+    assert sides and all(r["recompute"] for r in sides)
+    model, _ = bench.build("bie", torch.device("cpu"), torch.float32, 16, False,
+                           recompute=True)
+    units = [m for m in model.modules() if isinstance(m, bench.FusedUnit)]
+    assert len(units) == 16 and all(u.bn.recompute for u in units)
+
+
 def test_networks_are_the_same_shape(bench):
     """Both sides: 16 binary 3 x 3 convolutions, the same float layers, 10 logits."""
     models = {side: bench.build(side, torch.device("cpu"), torch.float32, 8, False)[0]

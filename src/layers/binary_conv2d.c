@@ -181,6 +181,58 @@ static const bie_cpu_kernel *forward_kernel(const bie_layer *l, int64_t m) {
     return bie_cpu_default_kernel(m);
 }
 
+/* o (out_c x OH OW per image) = the product of the sign planes with the weight bits (rows of
+ * crb bytes, taps in [i, j, c] order), padding-corrected with tapsum, times scale. */
+static bie_status product(bie_layer *l, const bie_conv_geom *g, const uint8_t *signs,
+                          const uint8_t *wbits, int64_t crb, const int32_t *tapsum, float scale,
+                          float *o, const char *who) {
+    const int64_t C = g->c, K = C * g->k * g->k, plane = g->oh * g->ow;
+    const int64_t pb = bie_conv_plane_bytes(g), cw = (C + 63) / 64;
+    int64_t nhwc_words, cols_bytes;
+    if (!bie_mul_ok(g->n * g->h * g->w, cw, &nhwc_words) || !bie_mul_ok(plane, crb, &cols_bytes))
+        return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
+    /* Images go through the GEMM in chunks (one call for many images keeps both threads
+     * busy); a chunk's bit-im2col stays within about 32 MiB. */
+    int64_t chunk = (32 << 20) / (cols_bytes > 0 ? cols_bytes : 1);
+    chunk = chunk < 1 ? 1 : chunk > g->n ? g->n : chunk;
+    cols_bytes *= chunk;
+    /* the outside-tap lists, unless they would take more than 16 MB */
+    const int64_t list_ints = plane * (g->k * g->k + 1);
+    const bool lists = list_ints <= ((int64_t)1 << 22);
+    const size_t nhwc_b = (size_t)nhwc_words * 8, border_b = lists ? (size_t)list_ints * 4 : 0;
+    const size_t dots_b = (size_t)(g->o * chunk * plane) * sizeof(float);
+    BIE_TRY(bie_ws_reserve(&l->ws,
+                           bie_ws_piece(nhwc_b) + bie_ws_piece((size_t)cols_bytes) +
+                               bie_ws_piece(border_b) + bie_ws_piece(dots_b),
+                           who));
+    uint64_t *nhwc = bie_ws_take(&l->ws, nhwc_b);
+    uint8_t *cols = bie_ws_take(&l->ws, (size_t)cols_bytes);
+    int32_t *border = lists ? bie_ws_take(&l->ws, border_b) : NULL;
+    float *dots = bie_ws_take(&l->ws, dots_b);
+    if (border) border_taps(g, border);
+#pragma omp parallel for num_threads(bie_threads()) \
+    schedule(static) if (g->n * g->h * g->w * C > 65536)
+    for (int64_t px = 0; px < g->n * g->h * g->w; px++) { /* sign planes -> C bits per pixel */
+        int64_t n = px / (g->h * g->w), pos = px % (g->h * g->w);
+        uint64_t *d = nhwc + px * cw;
+        memset(d, 0, (size_t)cw * 8);
+        for (int64_t c = 0; c < C; c++)
+            d[c >> 6] |= (uint64_t)bie_bit(signs + (n * C + c) * pb, pos) << (c & 63);
+    }
+    const bie_cpu_kernel *kern = forward_kernel(l, g->o);
+    bie_status st = BIE_OK;
+    for (int64_t n0 = 0; n0 < g->n && st == BIE_OK; n0 += chunk) {
+        const int64_t cnt = g->n - n0 < chunk ? g->n - n0 : chunk, width = cnt * plane;
+        for (int64_t n = n0; n < n0 + cnt; n++)
+            im2col_bits(g, nhwc, cw, n, cols + (n - n0) * plane * crb, crb);
+        st = bie_cpu_bgemm(kern, g->o, width, K, wbits, crb, cols, crb, 1.0f, dots);
+        for (int64_t n = n0; n < n0 + cnt && st == BIE_OK; n++)
+            finish_image(g, tapsum, border, scale, dots + (n - n0) * plane, width,
+                         o + n * g->o * plane);
+    }
+    return st;
+}
+
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
     BIE_TRY(bie_layer_check_forward(l, x));
@@ -196,64 +248,24 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
                         (double)scale);
 
     /* Allocate everything before any state changes. */
-    const int64_t C = g.c, K = C * g.k * g.k, plane = g.oh * g.ow, pb = bie_conv_plane_bytes(&g);
-    const int64_t cw = (C + 63) / 64, crb = ((K + 63) / 64 + 1) * 8;
-    int64_t planes_bytes, nhwc_words, cols_bytes;
-    if (!bie_mul_ok(g.n * g.c, pb, &planes_bytes) ||
-        !bie_mul_ok(g.n * g.h * g.w, cw, &nhwc_words) || !bie_mul_ok(plane, crb, &cols_bytes))
+    const int64_t C = g.c, K = C * g.k * g.k, pb = bie_conv_plane_bytes(&g);
+    const int64_t crb = ((K + 63) / 64 + 1) * 8;
+    int64_t planes_bytes;
+    if (!bie_mul_ok(g.n * C, pb, &planes_bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large", who);
-    /* Images go through the GEMM in chunks (one call for many images keeps both threads
-     * busy); a chunk's bit-im2col stays within about 32 MiB. */
-    int64_t chunk = (32 << 20) / (cols_bytes > 0 ? cols_bytes : 1);
-    chunk = chunk < 1 ? 1 : chunk > g.n ? g.n : chunk;
-    cols_bytes *= chunk;
     uint8_t *signs = bie_alloc_aligned((size_t)planes_bytes);
     uint8_t *mask = l->training ? bie_alloc_aligned((size_t)planes_bytes) : NULL;
-    /* the outside-tap lists, unless they would take more than 16 MB */
-    const int64_t list_ints = plane * (g.k * g.k + 1);
-    const bool lists = list_ints <= ((int64_t)1 << 22);
-    const size_t nhwc_b = (size_t)nhwc_words * 8, border_b = lists ? (size_t)list_ints * 4 : 0;
-    const size_t dots_b = (size_t)(g.o * chunk * plane) * sizeof(float);
-    bie_status st = bie_ws_reserve(&l->ws,
-                                   bie_ws_piece(nhwc_b) + bie_ws_piece((size_t)cols_bytes) +
-                                       bie_ws_piece(border_b) + bie_ws_piece(dots_b),
-                                   who);
-    uint64_t *nhwc = bie_ws_take(&l->ws, nhwc_b);
-    uint8_t *cols = bie_ws_take(&l->ws, (size_t)cols_bytes);
-    int32_t *border = lists ? bie_ws_take(&l->ws, border_b) : NULL;
-    float *dots = bie_ws_take(&l->ws, dots_b);
     uint8_t *wbits = NULL;
     int32_t *tapsum = NULL;
-    if (st == BIE_OK && (!signs || (l->training && !mask))) {
+    bie_status st = BIE_OK;
+    if (!signs || (l->training && !mask)) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: packed input", who);
         goto done;
     }
-    if (st != BIE_OK) goto done;
     if ((st = weight_taps(l, &wbits, crb, &tapsum, who)) != BIE_OK) goto done;
-
     pack_planes(l, &g, x->data, scale_a, signs, mask);
-    if (border) border_taps(&g, border);
-#pragma omp parallel for num_threads(bie_threads()) \
-    schedule(static) if (g.n * g.h * g.w * C > 65536)
-    for (int64_t px = 0; px < g.n * g.h * g.w; px++) { /* sign planes -> C bits per pixel */
-        int64_t n = px / (g.h * g.w), pos = px % (g.h * g.w);
-        uint64_t *d = nhwc + px * cw;
-        memset(d, 0, (size_t)cw * 8);
-        for (int64_t c = 0; c < C; c++)
-            d[c >> 6] |= (uint64_t)bie_bit(signs + (n * C + c) * pb, pos) << (c & 63);
-    }
-    const bie_cpu_kernel *kern = forward_kernel(l, g.o);
-    float *o = out->data;
-    for (int64_t n0 = 0; n0 < g.n && st == BIE_OK; n0 += chunk) {
-        const int64_t cnt = g.n - n0 < chunk ? g.n - n0 : chunk, width = cnt * plane;
-        for (int64_t n = n0; n < n0 + cnt; n++)
-            im2col_bits(&g, nhwc, cw, n, cols + (n - n0) * plane * crb, crb);
-        st = bie_cpu_bgemm(kern, g.o, width, K, wbits, crb, cols, crb, 1.0f, dots);
-        for (int64_t n = n0; n < n0 + cnt && st == BIE_OK; n++)
-            finish_image(&g, tapsum, border, scale, dots + (n - n0) * plane, width,
-                         o + n * g.o * plane);
-    }
-    if (st != BIE_OK) goto done;
+    if ((st = product(l, &g, signs, wbits, crb, tapsum, scale, out->data, who)) != BIE_OK)
+        goto done;
 
     l->scale_a = scale_a;
     if (l->training) {
@@ -276,9 +288,35 @@ done:
     return st;
 }
 
+/* The last training forward's output again from its kept sign planes and weight bits (the
+ * padding corrections counted from those bits) and the scales it used. */
+static bie_status forward_again(bie_layer *l, bie_tensor *out) {
+    static const char *who = "binary_conv2d_forward_again";
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first",
+                        who);
+    const bie_conv_geom g = l->saved_geom;
+    BIE_TRY(check_output(&g, out, "output", who));
+    const int64_t kk = g.k * g.k;
+    int32_t *tapsum = bie_alloc_aligned((size_t)(g.o * kk) * sizeof(int32_t));
+    if (tapsum == NULL) return bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: tap sums", who);
+    for (int64_t o = 0; o < g.o; o++) /* sum_c sign(w) per tap, from the kept bits */
+        for (int64_t t = 0; t < kk; t++) {
+            int32_t ones = 0;
+            for (int64_t c = 0; c < g.c; c++)
+                ones += bie_bit(l->saved_wbits + o * l->saved_wrb, t * g.c + c);
+            tapsum[o * kk + t] = 2 * ones - (int32_t)g.c;
+        }
+    const bie_status st = product(l, &g, l->saved_signs, l->saved_wbits, l->saved_wrb, tapsum,
+                                  l->saved_scale_a * l->saved_scale_w, out->data, who);
+    bie_free_aligned(tapsum);
+    return st;
+}
+
 const bie_layer_ops bie_binary_conv2d_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
     .device = &bie_cpu_device_ops,
     .forward = forward,
+    .forward_again = forward_again,
     .backward = bie_bc_cpu_backward,
 };

@@ -203,6 +203,43 @@ static bie_status finish_forward(bie_layer *l, const bie_conv_geom *g, bool keep
     return BIE_OK;
 }
 
+/* The epilogue's per-pixel geometry (border classes and padding corrections). */
+static bie_cuda_conv_out out_args(const struct bie_bc_cuda *c, const bie_conv_geom *g) {
+    const bie_cuda_conv_out conv = {g->oh * g->ow, c->geo, c->corr, (int)g->nhwc};
+    return conv;
+}
+
+/* out = the product of the sign words in c->signs with the weight bits, scaled by *scale_a
+ * *scale_w (device pointers). The default is the implicit GEMM reading the sign words in
+ * place; a chosen GEMM kernel (or weights too large for shared memory) takes the im2col
+ * path. */
+static bie_status product(bie_layer *l, const bie_conv_geom *g, const float *scale_a,
+                          const float *scale_w, void *out) {
+    struct bie_bc_cuda *c = CU(l);
+    const bie_cuda_conv_out conv = out_args(c, g);
+    const int classes = c->ny * c->nx;
+    const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(g, classes) : 0;
+    if (bn > 0)
+        return bie_cuda_conv_implicit(c->signs, g, c->wbits, c->d.ld, c->wpopc, bn, classes,
+                                      scale_a, scale_w, l->dtype, out, &conv);
+    /* The bit im2col lives only for this call: stream-ordered allocation. */
+    const int64_t rows = g->n * g->oh * g->ow, cols_bytes = rows * c->d.ld;
+    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    uint8_t *cols = NULL;
+    BIE_TRY(bie_cbw_cuda_ok(
+        cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
+        MODULE, "im2col workspace"));
+    int *cpopc = (int *)(cols + cols_bytes);
+    bie_status st = bie_cuda_conv_im2col(c->signs, g, c->d.ld, cols, cpopc);
+    if (st == BIE_OK)
+        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g->o, l->fan_in, cols, c->wbits, c->d.ld,
+                                   cpopc, 1, c->wpopc, 0.0f, scale_a, scale_w, l->dtype, out,
+                                   &conv);
+    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+    BIE_TRY(st);
+    return fst;
+}
+
 static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward";
     struct bie_bc_cuda *c = CU(l);
@@ -227,52 +264,43 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(forward_weight(l, &g));
     float *scalars = c->d.scalars;
     const bool keep = l->training;
-    const int64_t plane = g.oh * g.ow;
-    const int *pix_class = c->geo, *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
     if (!c->corr_valid) {
         c->fimg.valid = false;
+        const int64_t plane = g.oh * g.ow;
+        const int *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
         BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
     }
     c->corr_valid = true;
-    const bie_cuda_conv_out conv = {plane, pix_class, c->corr, (int)g.nhwc};
-    const int classes = c->ny * c->nx;
     /* Inference with the default kernel: the pack fused into the GEMM where it applies (the
      * training forward keeps the sign and mask words for the backward). */
     if (!keep && l->kernel_id < 0 && !g.nhwc) {
         bool ran = false;
+        const bie_cuda_conv_out conv = out_args(c, &g);
         BIE_TRY(bie_cuda_conv_fused(l->dtype, x->data, &g, c->d.bias_a, c->wbits, c->d.ld, c->wpopc,
-                                    classes, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
-                                    out->data, &conv, &c->fimg, &ran));
+                                    c->ny * c->nx, scalars + BIE_CBW_SCALE_A,
+                                    scalars + BIE_CBW_SCALE_W, out->data, &conv, &c->fimg, &ran));
         if (ran) return finish_forward(l, &g, keep);
     }
     BIE_TRY(bie_cuda_conv_pack_input(
         l->dtype, x->data, &g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
         keep ? scalars + BIE_CBW_SAVED_SCALES : NULL, c->signs, keep ? c->mask : NULL));
-    /* Default: the implicit GEMM, reading the sign words in place. A chosen GEMM kernel (or
-     * weights too large for shared memory) takes the im2col path. */
-    const int bn = l->kernel_id < 0 ? bie_cuda_conv_implicit_bn(&g, classes) : 0;
-    if (bn > 0) {
-        BIE_TRY(bie_cuda_conv_implicit(c->signs, &g, c->wbits, c->d.ld, c->wpopc, bn, classes,
-                                       scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
-                                       l->dtype, out->data, &conv));
-        return finish_forward(l, &g, keep);
-    }
-    /* The bit im2col lives only for this call: stream-ordered allocation. */
-    cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
-    uint8_t *cols = NULL;
-    BIE_TRY(bie_cbw_cuda_ok(
-        cudaMallocAsync((void **)&cols, (size_t)cols_bytes + (size_t)rows * sizeof(int), stream),
-        MODULE, "im2col workspace"));
-    int *cpopc = (int *)(cols + cols_bytes);
-    bie_status st = bie_cuda_conv_im2col(c->signs, &g, c->d.ld, cols, cpopc);
-    if (st == BIE_OK)
-        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g.o, l->fan_in, cols, c->wbits, c->d.ld,
-                                   cpopc, 1, c->wpopc, 0.0f, scalars + BIE_CBW_SCALE_A,
-                                   scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
-    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
-    BIE_TRY(st);
-    BIE_TRY(fst);
+    BIE_TRY(product(l, &g, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, out->data));
     return finish_forward(l, &g, keep);
+}
+
+/* The last training forward's output again, from what it kept: its sign words, weight bits,
+ * corrections and the scales it used (no pack; the weight and scale_a may have changed). */
+static bie_status forward_again(bie_layer *l, bie_tensor *out) {
+    static const char *who = "binary_conv2d_forward_again";
+    struct bie_bc_cuda *c = CU(l);
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first",
+                        who);
+    const bie_conv_geom g = c->g;
+    const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
+    BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
+    const float *saved = c->d.scalars + BIE_CBW_SAVED_SCALES;
+    return product(l, &g, saved, saved + 1, out->data);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -322,6 +350,7 @@ const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .init = init,
     .release = release,
     .forward = forward,
+    .forward_again = forward_again,
     .backward = backward,
     .channels_last = true,
 };

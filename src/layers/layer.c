@@ -449,6 +449,17 @@ bie_status bie_layer_forward(bie_layer *l, const bie_tensor *x, bie_tensor *out)
     return l->ops->forward(l, x, out);
 }
 
+bie_status bie_layer_forward_again(bie_layer *l, bie_tensor *out) {
+    CHECK_LAYER(l);
+    if (out == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: out is NULL", __func__);
+    if (l->ops->forward_again == NULL)
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s: %s on this device keeps no state to compute its output from (the "
+                        "binary conv2d does)",
+                        __func__, l->kind->name);
+    return l->ops->forward_again(l, out);
+}
+
 bie_status bie_layer_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
     CHECK_LAYER(l);
     bie_blas_threads(); /* the CPU backward's float GEMMs (OpenBLAS) in this thread */

@@ -119,6 +119,8 @@ struct bie_layer_ops {
     bie_status (*init)(bie_layer *l); /* device state (NULL: none) */
     void (*release)(bie_layer *l);    /* NULL: none */
     bie_status (*forward)(bie_layer *l, const bie_tensor *x, bie_tensor *out);
+    /* The last training forward's output again from what it kept (NULL: not offered). */
+    bie_status (*forward_again)(bie_layer *l, bie_tensor *out);
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
     /* Whether the layer can run a non-exact backward mode (NULL: EXACT only). */
     bie_status (*check_backward_mode)(const bie_layer *l, int mode, const char *who);

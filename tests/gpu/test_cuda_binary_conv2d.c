@@ -149,6 +149,39 @@ static void backward_matches(pair *p) {
     free(got);
 }
 
+/* forward_again after a training forward: the same bytes as that forward's output, from the
+ * kept state (scale_a changed in between, then put back). */
+static void again_matches(pair *p, const bie_tensor *gx, const char *what) {
+    const geo *g = &p->g;
+    const int64_t no = g->n * g->o * p->oh * p->ow;
+    bie_tensor a = device_empty(p->dt, g->n * g->o * p->oh, p->ow);
+    bie_tensor b = device_empty(p->dt, g->n * g->o * p->oh, p->ow);
+    reshape4(&a, g->n, g->o, p->oh, p->ow);
+    reshape4(&b, g->n, g->o, p->oh, p->ow);
+    poison_device(&a);
+    poison_device(&b);
+    CHECK_OK(bie_layer_forward(p->gpu, gx, &a));
+    float scale_a = 0;
+    CHECK_OK(bie_layer_get_scale_a(p->gpu, &scale_a));
+    CHECK_OK(bie_layer_set_scale_a(p->gpu, scale_a * 3.0f));
+    const bie_status st = bie_layer_forward_again(p->gpu, &b);
+    CHECK(st == BIE_OK);
+    CHECK_OK(bie_layer_set_scale_a(p->gpu, scale_a));
+    float *fa = tu_alloc((size_t)no * 4), *fb = tu_alloc((size_t)no * 4);
+    download_as(&a, fa);
+    download_as(&b, fb);
+    const int same = st == BIE_OK && tu_same_bits(fa, fb, no);
+    CHECK(same);
+    if (!same)
+        fprintf(stderr, "  forward_again differs (%s; %s n=%lld c=%lld o=%lld k=%d s=%d%s): %s\n",
+                what, bie_dtype_name(p->dt), (long long)g->n, (long long)g->c, (long long)g->o,
+                g->k, g->s, p->nhwc ? ", NHWC" : "", st == BIE_OK ? "values" : bie_last_error());
+    bie_tensor_free(&a);
+    bie_tensor_free(&b);
+    free(fa);
+    free(fb);
+}
+
 /* nhwc: the GPU layer runs on channels-last activations (the CPU's stay NCHW). */
 static void check_shape(bie_dtype dt, geo g, int all_kernels, int nhwc) {
     pair p = make_pair(dt, g, 77 + (uint64_t)(g.n * 131 + g.c * 17 + g.o * 3 + g.k));
@@ -172,6 +205,7 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels, int nhwc) {
     CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, "training forward");
+    again_matches(&p, &gx, "default kernel");
     backward_matches(&p);
 #ifdef BIE_TEST_CUDA_INTERNALS
     if (dt != BIE_F32) { /* the 16-bit backward's other path: cuBLAS over im2col buffers */
@@ -189,6 +223,7 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels, int nhwc) {
                 bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, info.name);
+            again_matches(&p, &gx, info.name);
         }
         CHECK_OK(bie_layer_select_gemm_kernel(p.gpu, &gx));
         forward_matches(&p, &gx, &cx, "selected kernel");
@@ -354,6 +389,15 @@ static void bad_input(void) {
     bie_tensor gout = device_empty(BIE_BF16, 2 * 4 * 6, 6);
     reshape4(&gout, 2, 4, 6, 6);
     CHECK(bie_layer_backward(p.gpu, &gout, NULL) == BIE_ERR_STATE); /* no forward yet */
+    CHECK(bie_layer_forward_again(p.gpu, &out) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_forward(p.gpu, &gx, &gout)); /* a training forward kept */
+    bie_tensor host_out = tu_view(x, BIE_F32, 4, 2, 4, 6, 6);
+    CHECK(bie_layer_forward_again(p.gpu, &host_out) == BIE_ERR_DEVICE);
+    CHECK(bie_layer_forward_again(p.gpu, &wrong) == BIE_ERR_SHAPE);
+    bie_tensor out32 = device_empty(BIE_F32, 2 * 4 * 6, 6);
+    reshape4(&out32, 2, 4, 6, 6);
+    CHECK(bie_layer_forward_again(p.gpu, &out32) == BIE_ERR_DTYPE);
+    bie_tensor_free(&out32);
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);           /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
