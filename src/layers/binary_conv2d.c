@@ -293,8 +293,7 @@ done:
 static bie_status forward_again(bie_layer *l, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward_again";
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first",
-                        who);
+        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first", who);
     const bie_conv_geom g = l->saved_geom;
     BIE_TRY(check_output(&g, out, "output", who));
     const int64_t kk = g.k * g.k;

@@ -232,9 +232,9 @@ static bie_status product(bie_layer *l, const bie_conv_geom *g, const float *sca
     int *cpopc = (int *)(cols + cols_bytes);
     bie_status st = bie_cuda_conv_im2col(c->signs, g, c->d.ld, cols, cpopc);
     if (st == BIE_OK)
-        st = bie_cuda_bgemm_launch(l->kernel_id, rows, g->o, l->fan_in, cols, c->wbits, c->d.ld,
-                                   cpopc, 1, c->wpopc, 0.0f, scale_a, scale_w, l->dtype, out,
-                                   &conv);
+        st =
+            bie_cuda_bgemm_launch(l->kernel_id, rows, g->o, l->fan_in, cols, c->wbits, c->d.ld,
+                                  cpopc, 1, c->wpopc, 0.0f, scale_a, scale_w, l->dtype, out, &conv);
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
     BIE_TRY(st);
     return fst;
@@ -294,8 +294,7 @@ static bie_status forward_again(bie_layer *l, bie_tensor *out) {
     static const char *who = "binary_conv2d_forward_again";
     struct bie_bc_cuda *c = CU(l);
     if (!l->has_saved)
-        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first",
-                        who);
+        return bie_fail(BIE_ERR_STATE, "%s: nothing kept: run a training-mode forward first", who);
     const bie_conv_geom g = c->g;
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));

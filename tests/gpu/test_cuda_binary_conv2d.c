@@ -398,7 +398,7 @@ static void bad_input(void) {
     reshape4(&out32, 2, 4, 6, 6);
     CHECK(bie_layer_forward_again(p.gpu, &out32) == BIE_ERR_DTYPE);
     bie_tensor_free(&out32);
-    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);           /* a CPU kernel */
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK); /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0}, nodev = {BIE_DEVICE_CUDA, 999};
