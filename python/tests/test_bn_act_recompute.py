@@ -208,5 +208,9 @@ def test_cuda_graph_capture_with_recompute():
         torch.cuda.synchronize()
         assert torch.equal(static_out, out)
         assert torch.equal(static_x.grad, x.grad)
+        compared = 0
         for (name, p), q in zip(unit.named_parameters(), twin.parameters()):
-            assert torch.equal(p.grad, q.grad), name
+            if p.grad is not None:  # (the int8 weight's gradient is set outside autograd)
+                assert torch.equal(p.grad, q.grad), name
+                compared += 1
+        assert compared >= 5  # bias_a, scale_a and the batch norm's three
