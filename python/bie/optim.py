@@ -302,8 +302,13 @@ class SignFlip(torch.optim.Optimizer):
 
         denom = torch.div(v, spread(1.0 - torch.pow(beta2, t))).sqrt_().add_(group["eps"])
         w.addcdiv_(m, denom.mul_(spread(1.0 - torch.pow(beta1, t))).div_(-lr))
-        copy_all([p.detach() for p in params],
-                 [piece.view(p.shape) for piece, p in zip(w.split(sizes), params)])
+        pieces = [piece.view(p.shape) for piece, p in zip(w.split(sizes), params)]
+        # contiguous parameters in one multi-tensor copy (a list with any other layout, e.g.
+        # a channels-last conv weight, is copied tensor by tensor), the others after them
+        for part in (True, False):
+            idx = [i for i, p in enumerate(params) if p.is_contiguous() == part]
+            if idx:
+                copy_all([params[i].detach() for i in idx], [pieces[i] for i in idx])
 
 def _step_state(step, capturable, device):
     """An Adam step count as the mode keeps it: a Python int, or with ``capturable`` a float32
