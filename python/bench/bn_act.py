@@ -2,7 +2,8 @@
 """The unit after a binary convolution, ``PReLU(BatchNorm(y) + res)``, forward and backward
 with every gradient: ``bie.BatchNormAct`` (one fused module) against PyTorch's
 ``nn.BatchNorm2d``, the add and ``nn.PReLU`` (cuDNN / PyTorch's kernels), side by side in one
-process, bf16, NCHW and channels-last, at the binary ResNet-18's shapes (batch 1024):
+process, bf16, NCHW and channels-last, at the binary ResNet-18's shapes (batch 1024, or
+``--batch``):
 
     BIE_LIBRARY=build-gpu/libbie.so PYTHONPATH=python python3 python/bench/bn_act.py
 
@@ -77,6 +78,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch of every shape (default 1024 on CUDA, 32 on the CPU)")
     args = p.parse_args(argv)
     cpu = args.device == "cpu"
     if not cpu and not torch.cuda.is_available():
@@ -85,10 +88,11 @@ def main(argv=None):
     if cpu:
         torch.set_num_threads(args.threads)
         bie.set_num_threads(args.threads)
-        dev, dt, shapes = torch.device("cpu"), torch.float32, [(32, c, s) for _, c, s in SHAPES]
+        dev, dt, batch = torch.device("cpu"), torch.float32, args.batch or 32
     else:
         torch.backends.cudnn.benchmark = True
-        dev, dt, shapes = torch.device("cuda"), torch.bfloat16, SHAPES
+        dev, dt, batch = torch.device("cuda"), torch.bfloat16, args.batch or 1024
+    shapes = [(batch, c, s) for _, c, s in SHAPES]
     for n, c, hw in shapes:
         torch.manual_seed(0)
         y = torch.randn(n, c, hw, hw, device=dev, dtype=dt) * 2 + 0.5

@@ -433,11 +433,15 @@ template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
 
 bool aligned(const void *p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The blocks along the rows / splits of a channel for a reduction (about 4 an SM in all).
-int64_t row_blocks(int64_t rows, int64_t nv, int64_t gy, int per_sm) {
+// The blocks along the rows (per_sm blocks an SM in all), fewer where a thread would get
+// fewer than min_rows rows: each thread loads its channels' coefficients once, and a
+// reduction block writes a partial row of C (with many channels and few rows those loads and
+// partials would outweigh the data).
+int64_t row_blocks(int64_t rows, int64_t nv, int64_t gy, int per_sm, int min_rows) {
     const int64_t rpi = kThreads / std::min<int64_t>(nv, kThreads);
     const int64_t want = std::max<int64_t>(1, per_sm * device_sms() / gy);
-    return std::max<int64_t>(1, std::min<int64_t>({(rows + rpi - 1) / rpi, want, 65535}));
+    const int64_t enough = (rows + rpi * min_rows - 1) / (rpi * min_rows);
+    return std::max<int64_t>(1, std::min<int64_t>({enough, want, 65535}));
 }
 
 struct Geom {
@@ -454,7 +458,7 @@ struct Grid {
         gy = g.rows ? (nv + kThreads - 1) / kThreads : 0;
         gy_planes = std::min<int64_t>(g.c, 65535);
         splits = g.rows
-                     ? row_blocks(g.outer, nv, gy, 4)
+                     ? row_blocks(g.outer, nv, gy, 4, 8)
                      : std::max<int64_t>(
                            1, std::min<int64_t>({(g.count / v + kThreads * 4 - 1) / (kThreads * 4),
                                                  4 * device_sms() / gy_planes + 1, 1024}));
@@ -493,8 +497,8 @@ bie_status forward_t(const bie_cuda_bn_act &a, const Geom &g, const T *y, const 
     BIE_CUDA_TRY(launched(who));
     if (g.count == 0) return BIE_OK;
     if (g.rows)
-        rows_apply<T, V><<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8), (unsigned)gy), kThreads,
-                           0, current_stream>>>(y, res, out, g.outer, g.c, coef, pr);
+        rows_apply<T, V><<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 4), (unsigned)gy),
+                           kThreads, 0, current_stream>>>(y, res, out, g.outer, g.c, coef, pr);
     else
         planes_apply<T, V><<<grid_1d(g.count * g.c / V), kThreads, 0, current_stream>>>(
             y, res, out, g.count * g.c / V, g.c, g.inner / V, coef, pr);
@@ -542,7 +546,7 @@ bie_status backward_t(const bie_cuda_bn_act &a, const Geom &g, const T *gout, co
     const bool act = a.slope != nullptr;
     if (g.rows)
         rows_bwd_apply<T, V>
-            <<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8), (unsigned)gy), kThreads, 0,
+            <<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 4), (unsigned)gy), kThreads, 0,
                current_stream>>>(gout, y, res, grad_y, grad_res, g.outer, g.c, cf, act);
     else
         planes_bwd_apply<T, V><<<grid_1d(g.count * g.c / V), kThreads, 0, current_stream>>>(
