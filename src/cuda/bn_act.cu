@@ -497,7 +497,7 @@ bie_status forward_t(const bie_cuda_bn_act &a, const Geom &g, const T *y, const 
     BIE_CUDA_TRY(launched(who));
     if (g.count == 0) return BIE_OK;
     if (g.rows)
-        rows_apply<T, V><<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 4), (unsigned)gy),
+        rows_apply<T, V><<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 8), (unsigned)gy),
                            kThreads, 0, current_stream>>>(y, res, out, g.outer, g.c, coef, pr);
     else
         planes_apply<T, V><<<grid_1d(g.count * g.c / V), kThreads, 0, current_stream>>>(
@@ -546,7 +546,7 @@ bie_status backward_t(const bie_cuda_bn_act &a, const Geom &g, const T *gout, co
     const bool act = a.slope != nullptr;
     if (g.rows)
         rows_bwd_apply<T, V>
-            <<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 4), (unsigned)gy), kThreads, 0,
+            <<<dim3((unsigned)row_blocks(g.outer, nv, gy, 8, 8), (unsigned)gy), kThreads, 0,
                current_stream>>>(gout, y, res, grad_y, grad_res, g.outer, g.c, cf, act);
     else
         planes_bwd_apply<T, V><<<grid_1d(g.count * g.c / V), kThreads, 0, current_stream>>>(
