@@ -83,7 +83,6 @@ struct Params {
 };
 
 // ---------------------------------------------------------------- rows (inner = 1)
-constexpr int kBatch = 4;  // rows a reduction thread loads before it adds them
 // Block (x, y): vectors [y 256, y 256 + ntr) of every rpi-th row from x rpi, rpi = 256 / ntr.
 struct RowMap {
     int j, rl, ntr, rpi;
@@ -126,24 +125,15 @@ __global__ void __launch_bounds__(kThreads)
     const Pack<T, V> p0 = reinterpret_cast<const Pack<T, V> *>(y)[m.j];
 #pragma unroll
     for (int k = 0; k < V; k++) sh[k] = to_f32(p0.e[k]);
-    // kBatch rows' loads issued before their sums (the rows' order is kept)
-    const int64_t step = (int64_t)gridDim.x * m.rpi;
+#pragma unroll 4
     for (int64_t r = m.live ? (int64_t)blockIdx.x * m.rpi + m.rl : rows; r < rows;
-         r += kBatch * step) {
-        Pack<T, V> p[kBatch];
+         r += (int64_t)gridDim.x * m.rpi) {
+        const Pack<T, V> p = reinterpret_cast<const Pack<T, V> *>(y + r * c)[m.j];
 #pragma unroll
-        for (int u = 0; u < kBatch; u++)
-            if (r + u * step < rows)
-                p[u] = reinterpret_cast<const Pack<T, V> *>(y + (r + u * step) * c)[m.j];
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            if (r + u * step >= rows) break;
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                const float d = to_f32(p[u].e[k]) - sh[k];
-                acc[0][k] += d;
-                acc[1][k] = fmaf(d, d, acc[1][k]);
-            }
+        for (int k = 0; k < V; k++) {
+            const float d = to_f32(p.e[k]) - sh[k];
+            acc[0][k] += d;
+            acc[1][k] = fmaf(d, d, acc[1][k]);
         }
     }
     rows_reduce<2, V>(m, acc, c, part);
@@ -186,26 +176,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < V; k++) t[k] = pr.term((int64_t)m.j * V + k, mean, rstd);
     float acc[3][V] = {};
-    const int64_t step = (int64_t)gridDim.x * m.rpi;
+#pragma unroll 4
     for (int64_t r = m.live ? (int64_t)blockIdx.x * m.rpi + m.rl : rows; r < rows;
-         r += kBatch * step) {
-        Pack<T, V> pg[kBatch], py[kBatch], pq[kBatch] = {};
+         r += (int64_t)gridDim.x * m.rpi) {
+        const int64_t at = r * c / V + m.j;
+        const Pack<T, V> pg = reinterpret_cast<const Pack<T, V> *>(g)[at];
+        const Pack<T, V> py = reinterpret_cast<const Pack<T, V> *>(y)[at];
+        Pack<T, V> pq{};
+        if (res) pq = reinterpret_cast<const Pack<T, V> *>(res)[at];
 #pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            const int64_t at = (r + u * step) * c / V + m.j;
-            if (r + u * step >= rows) break;
-            pg[u] = reinterpret_cast<const Pack<T, V> *>(g)[at];
-            py[u] = reinterpret_cast<const Pack<T, V> *>(y)[at];
-            if (res) pq[u] = reinterpret_cast<const Pack<T, V> *>(res)[at];
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; u++) {
-            if (r + u * step >= rows) break;
-#pragma unroll
-            for (int k = 0; k < V; k++)
-                t[k].add(to_f32(py[u].e[k]), res ? to_f32(pq[u].e[k]) : 0.0f, to_f32(pg[u].e[k]),
-                         acc[0][k], acc[1][k], acc[2][k]);
-        }
+        for (int k = 0; k < V; k++)
+            t[k].add(to_f32(py.e[k]), res ? to_f32(pq.e[k]) : 0.0f, to_f32(pg.e[k]), acc[0][k],
+                     acc[1][k], acc[2][k]);
     }
     rows_reduce<3, V>(m, acc, c, part);
 }
