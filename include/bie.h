@@ -386,9 +386,9 @@ BIE_API bie_status bie_layer_forward(bie_layer *layer, const bie_tensor *x, bie_
  * forward kept for the backward (the packed input, the weight's bits and the scales it used;
  * no input needed), bit for bit the same. A caller that would keep the output only for a
  * backward (e.g. a batch norm's input) can drop it and call this instead. out: as forward's
- * (the layer's dtype and device, that forward's layout). Errors: no training forward kept
- * (BIE_ERR_STATE), out shape / dtype / device; kinds other
- * than the binary conv2d (BIE_ERR_UNSUPPORTED). */
+ * (the layer's dtype and device, that forward's shape and layout). Binary kinds. Errors: no
+ * training forward kept (BIE_ERR_STATE), out shape / dtype / device; the 4-bit kinds
+ * (BIE_ERR_UNSUPPORTED). */
 BIE_API bie_status bie_layer_forward_again(bie_layer *layer, bie_tensor *out);
 
 /* backward: grad_out shaped like the last training forward's output. Writes grad_x (shaped

@@ -138,6 +138,44 @@ static void test_forward_exact(shape3 s, int word_bits) {
 }
 
 /* Backward in double precision straight from SPEC §2. */
+/* forward_again: the kept training forward's output bit for bit (the input buffer, scale_a
+ * and the weight's values changed since; rank-3 input); nothing kept or a bad output: an
+ * error and the output untouched. */
+static void test_forward_again(shape3 s) {
+    bie_layer *l = make_layer(s.k, s.n, 19 + (uint64_t)s.k);
+    const int64_t no = s.m * s.n;
+    float *x = tu_alloc((size_t)(s.m * s.k) * sizeof(float));
+    float *out = tu_alloc((size_t)no * sizeof(float)), *expect = tu_alloc((size_t)no * 4),
+          *poison = tu_alloc((size_t)no * 4);
+    tu_fill(x, s.m * s.k, -1.5f, 1.5f);
+    tu_poison(poison, no);
+    bie_tensor tx = tu_view(x, BIE_F32, 3, 1, s.m, s.k, 0);
+    bie_tensor to = tu_view(out, BIE_F32, 3, 1, s.m, s.n, 0);
+    tu_poison(out, no);
+    CHECK(bie_layer_forward_again(l, &to) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_forward(l, &tx, &to));
+    memcpy(expect, out, (size_t)no * 4);
+    tu_fill(x, s.m * s.k, -1.5f, 1.5f);
+    CHECK_OK(bie_layer_set_scale_a(l, 0.29f));
+    bie_tensor w;
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    for (int64_t i = 0; i < s.n * s.k; i++) ((int8_t *)w.data)[i] *= -1;
+    tu_poison(out, no);
+    CHECK_OK(bie_layer_forward_again(l, &to));
+    CHECK(tu_same_bits(out, expect, no));
+    bie_tensor flat = tu_view(out, BIE_F32, 2, s.m, s.n, 0, 0); /* rank 2, as the input was not */
+    bie_tensor wide = tu_view(out, BIE_F32, 3, 1, s.m, s.n + 1, 0);
+    tu_poison(out, no);
+    CHECK(bie_layer_forward_again(l, &flat) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_forward_again(l, &wide) == BIE_ERR_SHAPE);
+    CHECK(tu_same_bits(out, poison, no));
+    bie_layer_free(l);
+    free(x);
+    free(out);
+    free(expect);
+    free(poison);
+}
+
 static void test_backward(shape3 s) {
     bie_layer *l = make_layer(s.k, s.n, 99 + (uint64_t)s.n);
     const int64_t m = s.m, k = s.k, n = s.n;
@@ -340,7 +378,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int w = 0; w < 3; w++) test_forward_exact(shapes[i], words[w]);
     const shape3 bshapes[] = {{1, 1, 1}, {3, 7, 5}, {16, 65, 9}, {9, 130, 33}, {64, 96, 48}};
-    for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) test_backward(bshapes[i]);
+    for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) {
+        test_backward(bshapes[i]);
+        test_forward_again(bshapes[i]);
+    }
     test_prepare_params();
     test_activation_and_shapes();
     return tu_finish();

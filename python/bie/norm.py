@@ -139,7 +139,7 @@ def _run_backward(grad_out, y, res, weight, bias, slope, running_mean, running_v
 class _BatchNormActFunction(torch.autograd.Function):
     """The autograd node of the eager path: forward and backward in bie. Arguments as
     :func:`_run_forward` takes them (the wrapper :func:`batch_norm_act` prepares them), and
-    ``producer``: None, or the autograd node of the bie binary conv2d whose output y is (see
+    ``producer``: None, or the autograd node of the bie binary layer whose output y is (see
     :func:`_producer`). Saves res, the per-channel parameters, the batch statistics and y, or
     instead of y the producer, whose layer computes y again in the backward (not the
     output)."""
@@ -171,12 +171,12 @@ class _BatchNormActFunction(torch.autograd.Function):
 
 
 def _producer(y):
-    """The autograd node of the bie binary conv2d training forward whose output y is, as that
-    forward returned it, or None: a y its layer can compute again from what it kept for its
-    own backward (bie_layer_forward_again)."""
+    """The autograd node of the bie binary layer's (conv2d or linear) training forward whose
+    output y is, as that forward returned it, or None: a y its layer can compute again from
+    what it kept for its own backward (bie_layer_forward_again)."""
     node = y.grad_fn
     layer = getattr(node, "layer", None)
-    if (getattr(layer, "kind", None) != "binary_conv2d"
+    if (getattr(layer, "kind", None) not in ("binary_conv2d", "binary_linear")
             or getattr(node, "generation", None) is None
             or tuple(getattr(node, "out_run_shape", ())) != tuple(y.shape)
             or getattr(layer, "dtype", None) != y.dtype):
@@ -356,10 +356,11 @@ def batch_norm_act(y, res=None, weight=None, bias=None, slope=None, running_mean
     channel in training, eps or momentum out of range) raise :class:`bie.BieError` and leave
     the running statistics unchanged.
 
-    ``recompute=True``: where y is the output of a bie binary conv2d's training forward, as
-    that module returned it (its dtype and layout, so no conversion here), y is not kept for
-    the backward: the conv's C layer computes it again there from what it keeps for its own
-    backward (the packed input; ``bie_layer_forward_again``), bit for bit. That saves one
+    ``recompute=True``: where y is the output of a bie binary layer's training forward (conv2d
+    or linear), as that module returned it (its dtype, shape and layout, so no conversion
+    here), y is not kept for the backward: the layer's C layer computes it again there from
+    what it keeps for its own backward (the packed input; ``bie_layer_forward_again``), bit
+    for bit. That saves one
     activation-sized tensor per unit for a binary product in the backward. Elsewhere (other
     producers, torch.compile) y is kept as usual.
     """
@@ -443,9 +444,9 @@ class BatchNormAct(nn.Module):
     W]`` (contiguous or channels-last: the output keeps y's format and dtype); float32 on the
     CPU (other dtypes computed in float32), float32 / bfloat16 / float16 on CUDA (per-channel
     tensors float32); under autocast a bfloat16 ``y`` with float32 parameters just works.
-    ``recompute=True``: a ``y`` straight from a bie binary conv2d is not kept for the backward
-    but computed again there by the conv (see :func:`batch_norm_act`): less memory for a
-    binary product per backward.
+    ``recompute=True``: a ``y`` straight from a bie binary conv2d or linear layer is not kept
+    for the backward but computed again there by that layer (see :func:`batch_norm_act`):
+    less memory for a binary product per backward.
     """
 
     _version = 2  # nn.BatchNorm2d's state-dict version (num_batches_tracked present)

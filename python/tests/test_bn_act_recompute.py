@@ -1,5 +1,5 @@
-"""bie.BatchNormAct(recompute=True) after a bie binary conv2d: y (the conv's output) is not
-kept for the backward but computed again there by the conv's C layer
+"""bie.BatchNormAct(recompute=True) after a bie binary conv2d (or linear layer): y (the
+layer's output) is not kept for the backward but computed again there by its C layer
 (bie_layer_forward_again). Every output and gradient equals the run that keeps y, bit for
 bit (CPU float32; CUDA float32 / bfloat16, NCHW and channels-last; odd shapes, batch 1,
 stride 2); the saved tensors shrink by y; where y is not a conv's output as it returned it,
@@ -122,6 +122,31 @@ def test_cuda_recompute_is_bit_for_bit_and_saves_y(dtype, channels_last, n, c, h
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.empty(n, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
     a, b = _step(kept, x), _step(again, x)
+    _check_same(a, b)
+    assert a[3] - b[3] == a[0].numel()
+
+
+@pytest.mark.parametrize("device,dtype", [("cpu", torch.float32)] + (
+    [("cuda", torch.bfloat16), ("cuda", torch.float32)] if _cuda_ok() else []))
+@pytest.mark.parametrize("m,k,n", [(2, 5, 3), (7, 33, 17), (16, 64, 40)])
+def test_binary_linear_recompute(device, dtype, m, k, n):
+    """bn(linear(x)) on [N, C]: y computed again by the binary linear layer, bit for bit."""
+    def run(recompute):
+        torch.manual_seed(2)
+        lin = bie.BinaryLinearCutlass(k, n, device=device, dtype=dtype)
+        bie.prepare_bie_layers(lin)
+        bn = bie.BatchNormAct(n, recompute=recompute, device=device)
+        with torch.no_grad():
+            bn.slope.uniform_(-0.3, 0.6)
+        gen = torch.Generator().manual_seed(4)
+        x = (torch.randn(m, k, generator=gen) * 1.5).to(device=device, dtype=dtype)
+        x.requires_grad_()
+        out, saved = _saved_elements(lambda: bn(lin(x)))
+        out.float().square().sum().backward()
+        grads = [p.grad for p in list(lin.parameters()) + list(bn.parameters())]
+        return out.detach(), x.grad, grads, saved
+
+    a, b = run(False), run(True)
     _check_same(a, b)
     assert a[3] - b[3] == a[0].numel()
 

@@ -105,9 +105,27 @@ fail:
     return st;
 }
 
+/* The last training forward's output again from its kept sign rows and weight bits and the
+ * scales it used. */
+static bie_status forward_again(bie_layer *l, bie_tensor *out) {
+    static const char *who = "binary_linear_forward_again";
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: nothing kept: run a training-mode forward on float input first", who);
+    bie_tensor like;
+    memset(&like, 0, sizeof like);
+    like.ndim = l->saved_ndim;
+    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, &like, who));
+    const int64_t rb = bie_bl_row_bytes(l);
+    return bie_cpu_bgemm(forward_kernel(l, l->saved_m), l->saved_m, l->out, l->in, l->saved_signs,
+                         rb, l->saved_wbits, rb, l->saved_scale_a * l->saved_scale_w, out->data);
+}
+
 const bie_layer_ops bie_binary_linear_cpu_ops = {
     .weight = &bie_binary_weight_cpu_ops,
     .device = &bie_cpu_device_ops,
     .forward = forward,
+    .forward_again = forward_again,
     .backward = bie_bl_cpu_backward,
 };

@@ -180,6 +180,26 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     return BIE_OK;
 }
 
+/* The last training forward's output again from its kept sign rows, weight bits and the
+ * scales it used (no pack). */
+static bie_status forward_again(bie_layer *l, bie_tensor *out) {
+    static const char *who = "binary_linear_forward_again";
+    struct bie_bl_cuda *c = CU(l);
+    if (!l->has_saved)
+        return bie_fail(BIE_ERR_STATE,
+                        "%s: nothing kept: run a training-mode forward on float input first", who);
+    bie_tensor like;
+    memset(&like, 0, sizeof like);
+    like.ndim = l->saved_ndim;
+    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    BIE_TRY(bie_cbw_check_tensor(l->device.index, out, "output", l->dtype, l->out, &like, who));
+    const float *saved = c->d.scalars + BIE_CBW_SAVED_SCALES;
+    const int64_t m = l->saved_m;
+    return bie_cuda_bgemm_launch(l->kernel_id, m, l->out, l->in, c->abits, c->wbits, c->d.ld,
+                                 c->apopc, bie_cuda_act_popc_parts(m, c->d.ld), c->wpopc, 0.0f,
+                                 saved, saved + 1, l->dtype, out->data, NULL);
+}
+
 /* ---------------------------------------------------------------- backward */
 
 static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
@@ -244,6 +264,7 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .init = init,
     .release = release,
     .forward = forward,
+    .forward_again = forward_again,
     .backward = backward,
     .check_backward_mode = check_backward_mode,
 };

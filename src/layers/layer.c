@@ -454,8 +454,8 @@ bie_status bie_layer_forward_again(bie_layer *l, bie_tensor *out) {
     if (out == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "%s: out is NULL", __func__);
     if (l->ops->forward_again == NULL)
         return bie_fail(BIE_ERR_UNSUPPORTED,
-                        "%s: %s on this device keeps no state to compute its output from (the "
-                        "binary conv2d does)",
+                        "%s: %s keeps no state to compute its output from (the binary kinds "
+                        "do)",
                         __func__, l->kind->name);
     return l->ops->forward_again(l, out);
 }

@@ -140,6 +140,35 @@ static void backward_matches(pair *p, int64_t m, int fp8) {
     free(got);
 }
 
+/* forward_again after a training forward: the same bytes as that forward's output, from the
+ * kept state (scale_a changed in between, then put back). */
+static void again_matches(pair *p, const bie_tensor *gx, int64_t m, const char *what) {
+    const int64_t n = tu_layer_out(p->gpu);
+    bie_tensor a = device_empty(p->dt, m, n), b = device_empty(p->dt, m, n);
+    poison_device(&a);
+    poison_device(&b);
+    CHECK_OK(bie_layer_forward(p->gpu, gx, &a));
+    float scale_a = 0;
+    CHECK_OK(bie_layer_get_scale_a(p->gpu, &scale_a));
+    CHECK_OK(bie_layer_set_scale_a(p->gpu, scale_a * 3.0f));
+    const bie_status st = bie_layer_forward_again(p->gpu, &b);
+    CHECK(st == BIE_OK);
+    CHECK_OK(bie_layer_set_scale_a(p->gpu, scale_a));
+    float *fa = tu_alloc((size_t)(m * n) * 4), *fb = tu_alloc((size_t)(m * n) * 4);
+    download_as(&a, fa);
+    download_as(&b, fb);
+    const int same = st == BIE_OK && tu_same_bits(fa, fb, m * n);
+    CHECK(same);
+    if (!same)
+        fprintf(stderr, "  forward_again differs (%s; %s m=%lld n=%lld): %s\n", what,
+                bie_dtype_name(p->dt), (long long)m, (long long)n,
+                st == BIE_OK ? "values" : bie_last_error());
+    bie_tensor_free(&a);
+    bie_tensor_free(&b);
+    free(fa);
+    free(fb);
+}
+
 static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_kernels) {
     pair p = make_pair(dt, k, n, 1000 + (uint64_t)(m * 31 + k * 7 + n));
     float *x = tu_alloc((size_t)(m * k) * 4);
@@ -159,6 +188,7 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
     CHECK_OK(bie_layer_set_scale_a(p.cpu, measured));
 
     forward_matches(&p, &gx, &cx, m, "training forward");
+    again_matches(&p, &gx, m, "default kernel");
     backward_matches(&p, m, 0);
     /* The FP8 products where the device has them (m, n, k multiples of 16; else the exact
      * ones run), then back to the exact backward. */
@@ -176,6 +206,7 @@ static void check_shape(bie_dtype dt, int64_t m, int64_t k, int64_t n, int all_k
                 bie_layer_set_gemm_kernel(p.gpu, info.id) != BIE_OK)
                 continue;
             forward_matches(&p, &gx, &cx, m, info.name);
+            again_matches(&p, &gx, m, info.name);
         }
         CHECK_OK(bie_layer_select_gemm_kernel(p.gpu, &gx));
         bie_kernel_info info;
@@ -227,7 +258,11 @@ static void bad_input(void) {
     CHECK(bie_layer_forward(p.gpu, &gx, &wrong) == BIE_ERR_SHAPE);
     bie_tensor g = device_empty(BIE_BF16, 3, 24);
     CHECK(bie_layer_backward(p.gpu, &g, NULL) == BIE_ERR_STATE); /* no forward yet */
-    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK);        /* a CPU kernel */
+    CHECK(bie_layer_forward_again(p.gpu, &out) == BIE_ERR_STATE);
+    CHECK_OK(bie_layer_forward(p.gpu, &gx, &g));                  /* a training forward kept */
+    CHECK(bie_layer_forward_again(p.gpu, &hx) == BIE_ERR_DEVICE); /* (hx: a host [3, 40]) */
+    CHECK(bie_layer_forward_again(p.gpu, &wrong) == BIE_ERR_SHAPE);
+    CHECK(bie_layer_set_gemm_kernel(p.gpu, 1) != BIE_OK); /* a CPU kernel */
     CHECK(bie_layer_set_gemm_kernel(p.gpu, 12345) == BIE_ERR_INVALID_ARGUMENT);
     CHECK(bie_layer_set_bits_binary_word(p.gpu, 7) == BIE_ERR_INVALID_ARGUMENT);
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
