@@ -516,11 +516,12 @@ class BatchNormAct(nn.Module):
                                       unexpected_keys, error_msgs)
 
     @classmethod
-    def from_modules(cls, bn, prelu=None):
+    def from_modules(cls, bn, prelu=None, recompute=False):
         """A BatchNormAct computing ``prelu(bn(y) + res)`` with copies of ``bn``'s parameters,
         running statistics, counter, eps, momentum and mode (``bn``: an ``nn.BatchNorm1d`` /
         ``2d`` / ``3d`` tracking running statistics; without affine parameters weight 1 and
-        bias 0) and of ``prelu``'s weight (an ``nn.PReLU`` or None: no activation)."""
+        bias 0) and of ``prelu``'s weight (an ``nn.PReLU`` or None: no activation);
+        ``recompute`` as the constructor's."""
         if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
             raise TypeError(f"BatchNormAct.from_modules: bn must be a torch batch norm "
                             f"module, got {type(bn).__name__}")
@@ -535,8 +536,8 @@ class BatchNormAct(nn.Module):
                                 f"None, got {type(prelu).__name__}")
         like = bn.weight if bn.affine and bn.weight is not None else bn.running_mean
         m = cls(bn.num_features, eps=bn.eps, momentum=bn.momentum, prelu=slope is not None,
-                prelu_parameters=None if slope is None else slope.numel(), device=like.device,
-                dtype=like.dtype)
+                prelu_parameters=None if slope is None else slope.numel(), recompute=recompute,
+                device=like.device, dtype=like.dtype)
         with torch.no_grad():
             if bn.affine and bn.weight is not None:
                 m.weight.copy_(bn.weight)

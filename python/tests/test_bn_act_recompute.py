@@ -192,6 +192,8 @@ def test_a_later_forward_through_the_conv():
 def test_module_repr_and_default():
     assert bie.BatchNormAct(3).recompute is False
     assert "recompute=True" in repr(bie.BatchNormAct(3, recompute=True))
+    assert bie.BatchNormAct.from_modules(nn.BatchNorm2d(3), recompute=True).recompute
+    assert not bie.BatchNormAct.from_modules(nn.BatchNorm2d(3), nn.PReLU(3)).recompute
 
 
 @needs_cuda
