@@ -360,9 +360,8 @@ def batch_norm_act(y, res=None, weight=None, bias=None, slope=None, running_mean
     or linear), as that module returned it (its dtype, shape and layout, so no conversion
     here), y is not kept for the backward: the layer's C layer computes it again there from
     what it keeps for its own backward (the packed input; ``bie_layer_forward_again``), bit
-    for bit. That saves one
-    activation-sized tensor per unit for a binary product in the backward. Elsewhere (other
-    producers, torch.compile) y is kept as usual.
+    for bit. That saves one activation-sized tensor per unit for a binary product in the
+    backward. Elsewhere (other producers, torch.compile) y is kept as usual.
     """
     if not torch.is_tensor(y) or not y.is_floating_point():
         fail(_lib.ERR_DTYPE, "batch_norm_act: y must be a floating-point tensor, got "
@@ -433,10 +432,11 @@ class BatchNormAct(nn.Module):
     residual add and PReLU in one bie call each way (:func:`batch_norm_act`).
 
     ``BatchNormAct(num_features, eps=1e-5, momentum=0.1, prelu=True, prelu_parameters=None,
-    prelu_init=0.25, recompute=False, device=None, dtype=None)``; ``forward(y, res=None)``. Parameters
-    ``weight`` (ones) and ``bias`` (zeros) as batch norm's, ``slope`` (``prelu_parameters``
-    values: ``num_features`` by default, or 1 shared by every channel, filled with
-    ``prelu_init``; None with ``prelu=False``: no activation); buffers ``running_mean``,
+    prelu_init=0.25, recompute=False, device=None, dtype=None)``; ``forward(y, res=None)``.
+    Parameters ``weight`` (ones) and ``bias`` (zeros) as batch norm's, ``slope``
+    (``prelu_parameters`` values: ``num_features`` by default, or 1 shared by every channel,
+    filled with ``prelu_init``; None with ``prelu=False``: no activation); buffers
+    ``running_mean``,
     ``running_var`` and ``num_batches_tracked`` with ``nn.BatchNorm2d``'s names and semantics
     (``momentum=None``: cumulative average), so the batch-norm part of a state dict is
     ``nn.BatchNorm2d``'s and loads either way. ``train()`` / ``eval()``: batch statistics

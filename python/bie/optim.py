@@ -67,9 +67,9 @@ class SignFlip(torch.optim.Optimizer):
     from Python step counts, which a graph would freeze). The binary step needs nothing of
     the kind. With foreach on a GPU the capturable Adam also runs on flat tensors (each
     parameter's bias corrections spread over its elements): a fixed number of operations
-    for any number of float parameters. The float parameters then differ from the default mode's in the last bits
-    (float32 bias corrections), as in torch; the first step (it draws the sign-flip state)
-    must run before a capture.
+    for any number of float parameters. The float parameters then differ from the default
+    mode's in the last bits (float32 bias corrections), as in torch; the first step (it
+    draws the sign-flip state) must run before a capture.
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
@@ -294,8 +294,8 @@ class SignFlip(torch.optim.Optimizer):
         counts = self._spread.get(key)
         if counts is None:  # made at the first step (before any capture), then reused
             counts = self._spread[key] = torch.tensor(sizes, dtype=torch.int64, device=t.device)
-
-        owner = torch.repeat_interleave(counts, output_size=w.numel())  # each element's parameter
+        # each element's parameter (output_size given: no wait for the device)
+        owner = torch.repeat_interleave(counts, output_size=w.numel())
 
         def spread(c):
             return c.index_select(0, owner)
@@ -309,6 +309,7 @@ class SignFlip(torch.optim.Optimizer):
             idx = [i for i, p in enumerate(params) if p.is_contiguous() == part]
             if idx:
                 copy_all([params[i].detach() for i in idx], [pieces[i] for i in idx])
+
 
 def _step_state(step, capturable, device):
     """An Adam step count as the mode keeps it: a Python int, or with ``capturable`` a float32
