@@ -428,6 +428,9 @@ static void test_backward(void) {
     EXPECT(BIE_ERR_NULL_POINTER, bie_layer_backward(NULL, g6, gx6));
     CASE("grad: before any backward");
     EXPECT_L(l, BIE_ERR_STATE, bie_layer_grad(l, BIE_PARAM_BIAS_A, &v));
+    CASE("forward_again: before any forward; NULL layer");
+    EXPECT_L(l, BIE_ERR_STATE, bie_layer_forward_again(l, OUTBUF(2, 3, OUT)));
+    EXPECT(BIE_ERR_NULL_POINTER, bie_layer_forward_again(NULL, OUTBUF(2, 3, OUT)));
     bie_layer_free(l);
 
     fixture f;
@@ -451,6 +454,16 @@ static void test_backward(void) {
     EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_backward(l, ON_CUDA(g), gx));
     CASE("grad: parameter without a gradient");
     EXPECT_L(l, BIE_ERR_INVALID_ARGUMENT, bie_layer_grad(l, BIE_PARAM_SCALE_W, &v));
+    CASE("forward_again: NULL out, out without data");
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward_again(l, NULL));
+    EXPECT_L(l, BIE_ERR_NULL_POINTER, bie_layer_forward_again(l, WITH(f.y, data = NULL)));
+    CASE("forward_again: out shape differs from the forward's output");
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward_again(l, OUTBUF(2, 3, OUT + 1)));
+    EXPECT_L(l, BIE_ERR_SHAPE, bie_layer_forward_again(l, OUTBUF(6, OUT)));
+    CASE("forward_again: out dtype int32");
+    EXPECT_L(l, BIE_ERR_DTYPE, bie_layer_forward_again(l, MK(BIE_I32, RANDOM, 2, 3, OUT)));
+    CASE("forward_again: out on a CUDA device");
+    EXPECT_L(l, BIE_ERR_DEVICE, bie_layer_forward_again(l, ON_CUDA(f.y)));
     check_saved(&f, __LINE__);
     CASE("backward: after set_training(false)");
     CHECK(bie_layer_set_training(l, false) == BIE_OK);
