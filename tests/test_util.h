@@ -126,4 +126,22 @@ static inline bie_status tu_layer_output_hw(const bie_layer *l, int64_t h, int64
     return st;
 }
 
+/* forward_again of a CPU layer after its training forward wrote `no` floats into *to: what
+ * that forward used changes first (its input buffer x of nx values, scale_a, the int8
+ * weight's signs), then forward_again must write the same bits, twice (expect: scratch). */
+static inline void tu_check_forward_again(bie_layer *l, float *x, int64_t nx, bie_tensor *to,
+                                          float *expect, int64_t no) {
+    memcpy(expect, to->data, (size_t)no * sizeof(float));
+    tu_fill(x, nx, -1.5f, 1.5f);
+    CHECK_OK(bie_layer_set_scale_a(l, 0.37f));
+    bie_tensor w;
+    CHECK_OK(bie_layer_param(l, BIE_PARAM_WEIGHT, &w));
+    for (int64_t i = 0; i < bie_tensor_numel(&w); i++) ((int8_t *)w.data)[i] *= -1;
+    for (int rep = 0; rep < 2; rep++) {
+        tu_poison(to->data, no);
+        CHECK_OK(bie_layer_forward_again(l, to));
+        CHECK(tu_same_bits(to->data, expect, no));
+    }
+}
+
 #endif

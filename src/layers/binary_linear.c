@@ -112,10 +112,7 @@ static bie_status forward_again(bie_layer *l, bie_tensor *out) {
     if (!l->has_saved)
         return bie_fail(BIE_ERR_STATE,
                         "%s: nothing kept: run a training-mode forward on float input first", who);
-    bie_tensor like;
-    memset(&like, 0, sizeof like);
-    like.ndim = l->saved_ndim;
-    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    const bie_tensor like = bie_layer_saved_like(l);
     BIE_TRY(bie_check_rows_tensor(out, "output", BIE_F32, l->out, &like, who));
     const int64_t rb = bie_bl_row_bytes(l);
     return bie_cpu_bgemm(forward_kernel(l, l->saved_m), l->saved_m, l->out, l->in, l->saved_signs,

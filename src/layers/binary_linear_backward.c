@@ -45,10 +45,7 @@ bie_status bie_bl_cpu_backward(bie_layer *l, const bie_tensor *grad_out, bie_ten
                         "%s: no saved activations: run a training-mode forward "
                         "on float input first",
                         who);
-    bie_tensor like;
-    memset(&like, 0, sizeof like);
-    like.ndim = l->saved_ndim;
-    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    const bie_tensor like = bie_layer_saved_like(l);
     BIE_TRY(bie_check_rows_tensor(grad_out, "grad_out", BIE_F32, l->out, &like, who));
     if (grad_x) BIE_TRY(bie_check_rows_tensor(grad_x, "grad_x", BIE_F32, l->in, &like, who));
 

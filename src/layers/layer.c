@@ -34,6 +34,14 @@ int bie_layer_weight_shape(const bie_layer *l, int64_t *shape) {
     return 4;
 }
 
+bie_tensor bie_layer_saved_like(const bie_layer *l) {
+    bie_tensor like;
+    memset(&like, 0, sizeof like);
+    like.ndim = l->saved_ndim;
+    memcpy(like.shape, l->saved_shape, sizeof like.shape);
+    return like;
+}
+
 bie_conv_geom bie_layer_conv_geom(const bie_layer *l, const bie_tensor *x) {
     return bie_conv_geometry(x, l->out, l->k, l->stride, l->padding, l->dilation);
 }

@@ -148,6 +148,9 @@ bie_status bie_layer_check_rows(const bie_layer *l, const bie_tensor *t, const c
 void bie_layer_drop_saved(bie_layer *l);
 /* The weight's shape as users see it: [out, in] or [out_c, in_c, k, k]. */
 int bie_layer_weight_shape(const bie_layer *l, int64_t *shape);
+/* A data-less tensor of the last training forward's input shape (linear kinds), which
+ * outputs and gradients of that forward are checked against. */
+bie_tensor bie_layer_saved_like(const bie_layer *l);
 /* Convolution geometry of an input x (NCHW) for this layer. */
 bie_conv_geom bie_layer_conv_geom(const bie_layer *l, const bie_tensor *x);
 /* scale_a the next forward uses: the stored one, or factor * mean|x| from host data. */
