@@ -150,6 +150,14 @@ def set_int8_grad(weight, grad, layer):
     _int8_grads[key] = (ref, weakref.ref(grad), grad._version, weakref.ref(layer))
 
 
+def _new_output(shape, dtype, device, channels_last):
+    """An empty output tensor (channels-last memory where the layer runs so) and its bie
+    descriptor."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+    return out, describe(out, what="output", channels_last=channels_last)
+
+
 class Layer:
     """A C layer of one kind (a key of :data:`KINDS`: ``"binary_linear"``,
     ``"binary_conv2d"``, ``"q4_linear"``, ``"q4_conv2d"``) on one device."""
@@ -456,11 +464,8 @@ class Layer:
         last where the layer runs so)."""
         out_dtype = x.dtype if x.is_floating_point() else torch.float32
         nhwc = self.channels_last
-        fmt = torch.channels_last if nhwc else torch.contiguous_format
-        out = torch.empty(self.output_shape(x), dtype=out_dtype, device=x.device,
-                          memory_format=fmt)
+        out, od = _new_output(self.output_shape(x), out_dtype, x.device, nhwc)
         xd = describe(x, packed=packed, what="input", channels_last=nhwc)
-        od = describe(out, what="output", channels_last=nhwc)
         if self.is_cuda:
             _lib.enter_stream(self.device)
         _lib.check(self._forward(self.handle, xd, od))
@@ -468,11 +473,9 @@ class Layer:
 
     def forward_again(self, shape, dtype, channels_last=False):
         """The output of the last training forward computed again from what the C layer kept
-        (bie_layer_forward_again; binary conv2d): a new tensor of that forward's shape (as
+        (bie_layer_forward_again; binary kinds): a new tensor of that forward's shape (as
         forward returned it), dtype and layout."""
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        out = torch.empty(shape, dtype=dtype, device=self.device, memory_format=fmt)
-        od = describe(out, what="output", channels_last=channels_last)
+        out, od = _new_output(shape, dtype, self.device, channels_last)
         self._call(_lib.function("bie_layer_forward_again"), ctypes.byref(od))
         return out
 

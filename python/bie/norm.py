@@ -150,7 +150,8 @@ class _BatchNormActFunction(torch.autograd.Function):
         out, save_mean, save_rstd = _run_forward(y, res, weight, bias, slope, running_mean,
                                                  running_var, training, momentum, eps)
         ctx.producer = producer
-        ctx.y_layout = (y.shape, y.stride(), y.dtype)
+        if producer is not None:  # what y's recomputation must match
+            ctx.y_layout = (y.shape, y.stride(), y.dtype)
         ctx.save_for_backward(None if producer is not None else y, res, weight, bias, slope,
                               save_mean, save_rstd)
         # Inference reads the running statistics; training only the saved batch statistics.
