@@ -367,13 +367,17 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
 
 // A training step (forward + backward with grad_x) of a bfloat16 binary linear layer against
 // a bf16 linear layer's forward + backward in cuBLAS (three GEMMs).
+// mode: the binary layer's backward; q4: the 4-bit layer instead (exact backward only).
 static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk,
-                             bie_backward_mode mode) {
+                             bie_backward_mode mode, bool q4 = false) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     bie_layer *l;
-    bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
+    if (q4)
+        bie_ok(bie_q4_linear_create(&l, nk, nk, cuda, BIE_BF16), "create");
+    else
+        bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
     bie_ok(bie_layer_prepare_params(l), "prepare");
-    if (bie_layer_set_backward_mode(l, mode) != BIE_OK) {
+    if (!q4 && bie_layer_set_backward_mode(l, mode) != BIE_OK) {
         fprintf(stderr, "%s: skipped (%s)\n", name, bie_last_error());
         bie_layer_free(l);
         return;
@@ -407,7 +411,8 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
         "\"ratio\":%.3f,\"ours_forward_s\":%.6e,\"baseline_forward_s\":%.6e,\"forward_ratio\":%.3f,"
         "\"backward\":\"%s\",\"baseline\":\"bf16 linear forward+backward, cublasGemmEx x3\"}\n",
         name, (long long)m, (long long)nk, (long long)nk, t_ours, t_base, t_base / t_ours, t_of,
-        t_bf, t_bf / t_of, mode == BIE_BACKWARD_FP8 ? "fp8" : "exact");
+        t_bf, t_bf / t_of,
+        q4 ? "4-bit, exact" : mode == BIE_BACKWARD_FP8 ? "fp8" : "exact");
     fflush(stdout);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&g), bie_tensor_free(&gx);
     bie_tensor_free(&w), bie_tensor_free(&gw);
@@ -495,6 +500,8 @@ int main(int argc, char **argv) {
         layer_train_case(h, "cuda_linear_train_4096", 4096, 4096, BIE_BACKWARD_EXACT);
     if (wanted(argc, argv, "cuda_linear_train_fp8_4096"))
         layer_train_case(h, "cuda_linear_train_fp8_4096", 4096, 4096, BIE_BACKWARD_FP8);
+    if (wanted(argc, argv, "cuda_q4linear_train_4096"))
+        layer_train_case(h, "cuda_q4linear_train_4096", 4096, 4096, BIE_BACKWARD_EXACT, true);
     cublasDestroy(h);
     return 0;
 }

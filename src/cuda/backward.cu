@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// Row groups of column_sums (and the fewest of mask_reduce).
+// The fewest row groups of mask_reduce.
 constexpr int kColSplits = 64;
 
 // p[0 .. min(4, left)) = v in T: one 16- or 8-byte store when `vec`.
@@ -78,11 +78,15 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 // from the lanes holding them. Writes grad_x (if asked), the group's column sums
 // col_part[y][c] (double; summed over the 8 warps in a fixed order) and the block's sum of
 // grad_x * sign(x') dot_part[y][x].
-template <typename T>
+// Q4 (the 4-bit layers): the clip bits are flat over the m k elements (bit r k + c), and the
+// dot is of grad_x with the rounding residuals resid [m, k] instead, each product exact in
+// double (the caller divides by 254).
+template <typename T, bool Q4>
 __global__ void __launch_bounds__(256)
     mask_reduce(const float *g, int64_t m, int64_t k, int64_t ld, const uint8_t *mask,
-                const uint8_t *signs, bool vec_g, bool vec_x, T *grad_x, double *col_part,
-                double *dot_part) {
+                const uint8_t *signs, const int8_t *resid, bool vec_g, bool vec_x, T *grad_x,
+                double *col_part, double *dot_part) {
+    using Dot = std::conditional_t<Q4, double, float>;
     __shared__ float sums[8][32][33];
     __shared__ double dots[256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -95,24 +99,37 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < 32; j++) col[j] = 0.0f;
     double dot = 0.0;
     for (int64_t r = r0 + warp; r < r1; r += 8) {
-        const unsigned mw = w < words ? reinterpret_cast<const unsigned *>(mask + r * ld)[w] : 0u;
-        const unsigned sw = w < words ? reinterpret_cast<const unsigned *>(signs + r * ld)[w] : 0u;
-        float rowdot = 0.0f;
+        unsigned mw = 0u, sw = 0u;
+        if constexpr (!Q4) {
+            mw = w < words ? reinterpret_cast<const unsigned *>(mask + r * ld)[w] : 0u;
+            sw = w < words ? reinterpret_cast<const unsigned *>(signs + r * ld)[w] : 0u;
+        }
+        Dot rowdot = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             // Columns cb + 128 i + 4 lane .. + 3: word 32 x + 4 i + lane / 8, bits 4 (lane % 8) ..
             const int src = 4 * i + (lane >> 3), sh = 4 * (lane & 7);
-            const unsigned mb = __shfl_sync(0xffffffffu, mw, src) >> sh;
-            const unsigned sb = __shfl_sync(0xffffffffu, sw, src) >> sh;
+            unsigned mb = 0u, sb = 0u;
+            if constexpr (!Q4) {
+                mb = __shfl_sync(0xffffffffu, mw, src) >> sh;
+                sb = __shfl_sync(0xffffffffu, sw, src) >> sh;
+            }
             const int64_t c = cb + 128 * i + 4 * lane, left = k - c;
             if (left <= 0) continue;
             float v[4];
             load_n(g + r * k + c, vec_g, left, v);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                v[e] = (mb >> e) & 1 ? v[e] : 0.0f;
+                if constexpr (Q4) {
+                    const int64_t at = r * k + c + e;
+                    const bool on = e < left && bit_at(mask, at);
+                    v[e] = on ? v[e] : 0.0f;
+                    if (on) rowdot += (double)v[e] * (double)resid[at];
+                } else {
+                    v[e] = (mb >> e) & 1 ? v[e] : 0.0f;
+                    rowdot += (sb >> e) & 1 ? v[e] : -v[e];
+                }
                 col[4 * i + e] += v[e];
-                rowdot += (sb >> e) & 1 ? v[e] : -v[e];
             }
             if (grad_x) store4(grad_x + r * k + c, vec_x, left, v);
         }
@@ -137,15 +154,7 @@ __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) dot_part[y * gridDim.x + blockIdx.x] = dots[0];
 }
 
-// Column sums of g [m, k]: block (x, y) adds rows y, y + R, ... of 256 columns into part[y];
-// then each column adds its R partial sums in order.
-__global__ void col_sums_partial(const float *g, int64_t m, int64_t k, double *part) {
-    int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
-    if (c >= k) return;
-    double s = 0;
-    for (int64_t r = blockIdx.y; r < m; r += kColSplits) s += g[r * k + c];
-    part[(int64_t)blockIdx.y * k + c] = s;
-}
+// out[c] = the sum of the parts partial column sums part[y][c], in order.
 __global__ void col_sums_final(const double *part, int parts, int64_t k, float *out) {
     int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
     if (c >= k) return;
@@ -243,16 +252,6 @@ bie_status device_zero(float **out) {
     return check(cudaGetSymbolAddress((void **)out, kZero), "cudaGetSymbolAddress");
 }
 
-size_t column_sums_workspace(int64_t k) { return (size_t)kColSplits * (size_t)k * sizeof(double); }
-
-void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *out) {
-    double *part = static_cast<double *>(workspace);
-    col_sums_partial<<<dim3((unsigned)((k + 255) / 256), kColSplits), 256, 0, current_stream>>>(
-        g, m, k, part);
-    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(part, kColSplits, k,
-                                                                            out);
-}
-
 void sum_over(const double *parts, int64_t count, double denom, float *out) {
     scale_grad<<<1, 256, 0, current_stream>>>(parts, count, denom, out);
 }
@@ -313,23 +312,52 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     return ws.release(s);
 }
 
+MaskPass mask_pass_shape(int64_t m, int64_t k) {
+    MaskPass p;
+    p.col_blocks = (unsigned)((k + 1023) / 1024);
+    // Row groups: 64, more for tall inputs (at most 256 rows a group).
+    p.groups = (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
+    p.dot_bytes = (size_t)p.groups * p.col_blocks * sizeof(double);
+    p.col_bytes = (size_t)p.groups * (size_t)k * sizeof(double);
+    return p;
+}
+
+template <typename T>
+void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const MaskBits &bits,
+               T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+               float *grad_scale_a) {
+    const dim3 grid(p.col_blocks, p.groups);
+    const bool vec_g = rows_aligned16<float>(g, k), vec_x = rows_aligned16<T>(grad_x, k);
+    if (bits.resid)
+        mask_reduce<T, true><<<grid, 256, 0, current_stream>>>(
+            g, m, k, 0, bits.mask, nullptr, bits.resid, vec_g, vec_x, grad_x, col_part, dot_part);
+    else
+        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(
+            g, m, k, bits.ld, bits.mask, bits.signs, nullptr, vec_g, vec_x, grad_x, col_part,
+            dot_part);
+    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(col_part, (int)p.groups,
+                                                                            k, grad_bias);
+    sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
+}
+template void mask_pass<float>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
+                               float *, double *, double *, double, float *, float *);
+template void mask_pass<__nv_bfloat16>(const MaskPass &, const float *, int64_t, int64_t,
+                                       const MaskBits &, __nv_bfloat16 *, double *, double *,
+                                       double, float *, float *);
+template void mask_pass<__half>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
+                                __half *, double *, double *, double, float *, float *);
+
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
-    cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
-    const unsigned col_blocks = (unsigned)((k + 1023) / 1024);
-    // Row groups of the mask pass: 64, more for tall inputs (at most 256 rows a group).
-    const unsigned groups =
-        (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
+    const MaskPass p = mask_pass_shape(m, k);
     // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
     // partial sums, amax partials.
     Workspace<4> ws;
-    BIE_CUDA_TRY(
-        ws.alloc({(size_t)(m * k) * sizeof(float), (size_t)groups * col_blocks * sizeof(double),
-                  (size_t)groups * (size_t)k * sizeof(double), amax_workspace_bytes()},
-                 "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc({(size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes,
+                           amax_workspace_bytes()},
+                          "cudaMallocAsync (backward workspace)"));
     float *g = ws.at<float>(0);
-    double *dot_part = ws.at<double>(1), *col_part = ws.at<double>(2);
 
     float *zero = nullptr;
     bie_status s = device_zero(&zero);
@@ -337,13 +365,9 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     if (s == BIE_OK && fp8_backward_fits(a)) s = fp8_backward_products(a, g, &done);
     if (s == BIE_OK && !done) s = exact_products<T>(a, ctype, zero, g);
     if (s != BIE_OK) return ws.release(s);
-    mask_reduce<T><<<dim3(col_blocks, groups), 256, 0, st>>>(
-        g, m, k, a.ld, a.mask, a.signs, rows_aligned16<float>(g, k), rows_aligned16<T>(a.grad_x, k),
-        static_cast<T *>(a.grad_x), col_part, dot_part);
-    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, st>>>(col_part, (int)groups, k,
-                                                                a.grad_bias);
-    sum_over(dot_part, (int64_t)groups * col_blocks, std::sqrt((double)m * (double)k),
-             a.grad_scale_a);
+    mask_pass(p, g, m, k, MaskBits{a.mask, a.signs, a.ld, nullptr}, static_cast<T *>(a.grad_x),
+              ws.at<double>(1), ws.at<double>(2), std::sqrt((double)m * (double)k), a.grad_bias,
+              a.grad_scale_a);
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(3), a.grad_w_i8);
     return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }

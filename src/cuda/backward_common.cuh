@@ -33,12 +33,28 @@ bie_status blas_check(cublasStatus_t s, const char *what);
 bie_status blas_handle(cublasHandle_t *out);
 // A device float holding 0 (beta of the GEMMs).
 bie_status device_zero(float **out);
-// Bytes of the workspace column_sums needs for k columns.
-size_t column_sums_workspace(int64_t k);
-// out[c] = sum over the m rows of g [m, k], in double and a fixed order, on the current stream.
-void column_sums(const float *g, int64_t m, int64_t k, void *workspace, float *out);
 // *out = sum of parts[0 .. count) / denom, in double and a fixed order, on the current stream.
 void sum_over(const double *parts, int64_t count, double denom, float *out);
+// The linear layers' mask pass (backward.cu): from grad_x before the mask g [m, k] (f32),
+// grad_x = g masked (in T; none where grad_x is NULL), grad_bias = its column sums, and
+// *grad_scale_a = its dot with sign(x') (binary: the clip mask and sign words of layout rows
+// of ld bytes) or with the rounding residuals (4-bit: resid [m, k], clip bits flat over m k),
+// divided by denom. Every sum in double and a fixed order; the workspace pieces dot_part and
+// col_part of the shape's sizes.
+struct MaskPass {
+    unsigned col_blocks, groups;
+    size_t dot_bytes, col_bytes;
+};
+struct MaskBits {
+    const uint8_t *mask, *signs;
+    int64_t ld;
+    const int8_t *resid;  // set: the 4-bit form
+};
+MaskPass mask_pass_shape(int64_t m, int64_t k);
+template <typename T>
+void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const MaskBits &bits,
+               T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+               float *grad_scale_a);
 // Convolutions: G [o][n oh ow] of grad_out [n][o][oh ow] (f32/bf16/f16), and from per-plane
 // sums and dots [n][c]: grad_bias[c] = sum_n plane_sum, *grad_scale = sum plane_dot / denom.
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);

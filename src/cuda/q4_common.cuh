@@ -27,4 +27,13 @@ __device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
     return inr;
 }
 
+// q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.
+__device__ __forceinline__ int q4_code_state(float v, float s, bool *clip, int8_t *resid) {
+    const float q = __fdiv_rn(v, s), r = rintf(q);
+    *clip = q >= -8.0f && q <= 7.0f;
+    *resid = *clip ? (int8_t)rintf(__fmul_rn(__fsub_rn(r, q), 254.0f)) : (int8_t)0;
+    if (!(r == r)) return 0;
+    return (int)(r < -8.0f ? -8.0f : r > 7.0f ? 7.0f : r);
+}
+
 }  // namespace bie_cuda

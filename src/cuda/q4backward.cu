@@ -15,67 +15,62 @@
 
 namespace bie_cuda {
 
-// Codes of 4-bit layout rows as T: one block per row of dst [rows, k].
+// Values of the codes of 4-bit layout rows (ld bytes, eight codes a 32-bit word) as T, dst
+// [rows, k]: one thread per word, its eight values in one 16-byte store (two for f32) where
+// `vec` (k % 8 == 0, dst 16-byte aligned); grid-stride.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    values_of_codes(const uint8_t *codes, int64_t ld, int64_t k, T *dst) {
-    const int64_t r = blockIdx.x;
-    const uint8_t *row = codes + r * ld;
-    T *out = dst + r * k;
-    for (int64_t c = threadIdx.x; c < k; c += 256) {
-        const int nib = (row[c >> 1] >> ((c & 1) * 4)) & 15;
-        out[c] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+    values_of_codes(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, bool vec, T *dst) {
+    const int64_t per_row = (k + 7) / 8;
+    for (int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x; id < rows * per_row;
+         id += (int64_t)gridDim.x * 256) {
+        const int64_t r = id / per_row, c0 = (id - r * per_row) * 8;
+        const unsigned w = reinterpret_cast<const unsigned *>(codes + r * ld)[c0 >> 3];
+        T e[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int nib = (w >> (4 * j)) & 15;
+            e[j] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+        }
+        T *out = dst + r * k + c0;
+        if (vec) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(e);
+#pragma unroll
+            for (int q = 0; q < (int)sizeof(e) / 16; q++) reinterpret_cast<uint4 *>(out)[q] = src[q];
+        } else {
+            for (int j = 0; j < 8 && c0 + j < k; j++) out[j] = e[j];
+        }
     }
 }
 
-// One block per row: g *= clip bit (kept in place for the column sums), grad_x in its dtype,
-// and the row's sum of g * resid / 254 in double (the CPU layer's terms).
 template <typename T>
-__global__ void __launch_bounds__(256)
-    q4_mask_rows(float *g, int64_t k, const uint8_t *mask, const int8_t *resid, T *grad_x,
-                 double *row_dot) {
-    const int64_t row = blockIdx.x;
-    float *gr = g + row * k;
-    double d = 0;
-    for (int64_t c = threadIdx.x; c < k; c += 256) {
-        const int64_t i = row * k + c;
-        const float v = (mask[i >> 3] >> (i & 7)) & 1 ? gr[c] : 0.0f;
-        gr[c] = v;
-        if (grad_x) grad_x[i] = from_f32<T>(v);
-        d += (double)v * (double)resid[i] / 254.0;
-    }
-    __shared__ double sh[256];
-    sh[threadIdx.x] = d;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) row_dot[row] = sh[0];
+void launch_values(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
+    const int64_t items = rows * ((k + 7) / 8);
+    const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+    values_of_codes<T><<<(unsigned)std::min<int64_t>((items + 255) / 256, 1 << 20), 256, 0,
+                         current_stream>>>(codes, ld, rows, k, vec, dst);
 }
 
 template <typename T>
 bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
-    cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
+    const MaskPass p = mask_pass_shape(m, k);
     // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask
-    // [m, k] (f32), row sums [m], column partial sums.
+    // [m, k] (f32), the mask pass's dot partials and column partial sums.
     Workspace<5> ws;
-    BIE_CUDA_TRY(ws.alloc(
-        {(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T), (size_t)(m * k) * sizeof(float),
-         (size_t)m * sizeof(double), column_sums_workspace(k)},
-        "cudaMallocAsync (4-bit backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
+                           (size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes},
+                          "cudaMallocAsync (4-bit backward workspace)"));
     T *wval = ws.at<T>(0), *xval = ws.at<T>(1);
     float *g = ws.at<float>(2);
-    double *row_dot = ws.at<double>(3);
 
     bie_status s = BIE_OK;
     float *zero = nullptr;
     cublasHandle_t h = nullptr;
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    values_of_codes<T><<<(unsigned)n, 256, 0, st>>>(a.wcodes, a.ld, k, wval);
-    values_of_codes<T><<<(unsigned)m, 256, 0, st>>>(a.xcodes, a.ld, k, xval);
+    launch_values<T>(a.wcodes, a.ld, n, k, wval);
+    launch_values<T>(a.xcodes, a.ld, m, k, xval);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wval,
@@ -89,10 +84,10 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
                                 CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx (4-bit grad_w)");
     if (s != BIE_OK) goto done;
-    q4_mask_rows<T>
-        <<<(unsigned)m, 256, 0, st>>>(g, k, a.mask, a.resid, static_cast<T *>(a.grad_x), row_dot);
-    column_sums(g, m, k, ws.at<uint8_t>(4), a.grad_bias);
-    sum_over(row_dot, m, std::sqrt((double)m * (double)k * 7.0), a.grad_scale_a);
+    // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 m k): the pass sums grad_x * resid.
+    mask_pass(p, g, m, k, MaskBits{a.mask, nullptr, 0, a.resid}, static_cast<T *>(a.grad_x),
+              ws.at<double>(3), ws.at<double>(4), std::sqrt((double)m * (double)k * 7.0) * 254.0,
+              a.grad_bias, a.grad_scale_a);
     s = check(cudaGetLastError(), "4-bit linear backward kernels");
 done:
     return ws.release(s);
@@ -191,7 +186,7 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     cublasHandle_t h = nullptr;
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    values_of_codes<T><<<(unsigned)g.o, 256, 0, st>>>(a.wcodes, a.ld, K, wval);
+    launch_values<T>(a.wcodes, a.ld, g.o, K, wval);
     (g.k == 3
          ? q4_conv_value_cols<T, 3>
          : q4_conv_value_cols<

@@ -103,6 +103,44 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// The codes, clip bits and residuals in one pass, where a row holds whole mask bytes and
+// residual words (k % 8 == 0, resid 8-byte aligned): one thread per 32-bit word of the layout
+// (eight codes of a row), each element divided once; x read 16 bytes at a time where `vec`
+// (x 16-byte aligned).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
+                 const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
+                 unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
+                 int8_t *__restrict__ resid) {
+    const int64_t words = ld / 4, total = m * words;
+    const float s = *scale;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / words, c0 = (i - row * words) * 8;
+        unsigned w = 0;
+        if (c0 < k) {
+            const int64_t at = row * k + c0;
+            unsigned bits = 0;
+            uint2 rw;
+            int8_t *r8 = reinterpret_cast<int8_t *>(&rw);
+            float xv[8];
+            load_n(x + at, vec, 8, xv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float v = xv[j];
+                if (bias) v = __fadd_rn(v, bias[c0 + j]);
+                bool clip;
+                w |= (unsigned)(q4_code_state(v, s, &clip, &r8[j]) & 15) << (4 * j);
+                bits |= (unsigned)clip << j;
+            }
+            mask[at >> 3] = (uint8_t)bits;
+            *reinterpret_cast<uint2 *>(resid + at) = rw;
+        }
+        codes[i] = w;
+    }
+}
+
 unsigned grid_for(int64_t items) {
     const int64_t blocks = (items + 255) / 256;
     return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
@@ -117,6 +155,12 @@ template <typename T>
 void launch_act(const void *x, int64_t m, int64_t k, const float *bias, const float *scale_a,
                 int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const T *xt = static_cast<const T *>(x);
+    if (mask && k % 8 == 0 && reinterpret_cast<uintptr_t>(resid) % 8 == 0) {
+        q4_act_state<T><<<grid_for(m * (ld / 4)), 256, 0, current_stream>>>(
+            xt, m, k, ld, bias, scale_a, reinterpret_cast<uintptr_t>(x) % 16 == 0,
+            reinterpret_cast<unsigned *>(codes), mask, resid);
+        return;
+    }
     launch_pack(ActCodes<T>{xt, k, bias, scale_a}, m, k, ld, codes);
     if (mask)
         q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(xt, m, k, bias,
