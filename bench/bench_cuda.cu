@@ -412,7 +412,9 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
         "\"backward\":\"%s\",\"baseline\":\"bf16 linear forward+backward, cublasGemmEx x3\"}\n",
         name, (long long)m, (long long)nk, (long long)nk, t_ours, t_base, t_base / t_ours, t_of,
         t_bf, t_bf / t_of,
-        q4 ? "4-bit, exact" : mode == BIE_BACKWARD_FP8 ? "fp8" : "exact");
+        q4                         ? "4-bit, exact"
+        : mode == BIE_BACKWARD_FP8 ? "fp8"
+                                   : "exact");
     fflush(stdout);
     bie_tensor_free(&x), bie_tensor_free(&y), bie_tensor_free(&g), bie_tensor_free(&gx);
     bie_tensor_free(&w), bie_tensor_free(&gw);

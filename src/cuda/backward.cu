@@ -332,9 +332,9 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
         mask_reduce<T, true><<<grid, 256, 0, current_stream>>>(
             g, m, k, 0, bits.mask, nullptr, bits.resid, vec_g, vec_x, grad_x, col_part, dot_part);
     else
-        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(
-            g, m, k, bits.ld, bits.mask, bits.signs, nullptr, vec_g, vec_x, grad_x, col_part,
-            dot_part);
+        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
+                                                                bits.signs, nullptr, vec_g, vec_x,
+                                                                grad_x, col_part, dot_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(col_part, (int)p.groups,
                                                                             k, grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
@@ -354,9 +354,9 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
     // partial sums, amax partials.
     Workspace<4> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes,
-                           amax_workspace_bytes()},
-                          "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc(
+        {(size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes, amax_workspace_bytes()},
+        "cudaMallocAsync (backward workspace)"));
     float *g = ws.at<float>(0);
 
     float *zero = nullptr;

@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(256)
         if (vec) {
             const uint4 *src = reinterpret_cast<const uint4 *>(e);
 #pragma unroll
-            for (int q = 0; q < (int)sizeof(e) / 16; q++) reinterpret_cast<uint4 *>(out)[q] = src[q];
+            for (int q = 0; q < (int)sizeof(e) / 16; q++)
+                reinterpret_cast<uint4 *>(out)[q] = src[q];
         } else {
             for (int j = 0; j < 8 && c0 + j < k; j++) out[j] = e[j];
         }
@@ -47,8 +48,9 @@ template <typename T>
 void launch_values(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
     const int64_t items = rows * ((k + 7) / 8);
     const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-    values_of_codes<T><<<(unsigned)std::min<int64_t>((items + 255) / 256, 1 << 20), 256, 0,
-                         current_stream>>>(codes, ld, rows, k, vec, dst);
+    values_of_codes<T>
+        <<<(unsigned)std::min<int64_t>((items + 255) / 256, 1 << 20), 256, 0, current_stream>>>(
+            codes, ld, rows, k, vec, dst);
 }
 
 template <typename T>
