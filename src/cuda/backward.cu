@@ -587,6 +587,7 @@ using namespace bie_cuda;
 static bool g_conv_backward_gemm = false;
 
 extern "C" void bie_cuda_conv_backward_force_gemm(bool on) { g_conv_backward_gemm = on; }
+bool bie_cuda::conv_backward_gemm_forced() { return g_conv_backward_gemm; }
 
 extern "C" bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args) {
     if (!g_conv_backward_gemm && conv_backward_mma_fits(*args)) return conv_backward_mma(*args);

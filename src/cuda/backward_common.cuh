@@ -60,6 +60,18 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
                           double denom, float *grad_bias, float *grad_scale);
+// The pixel-major gradient rows gt [n oh ow][op] (T, 16-bit; 0 for o >= O) of grad_out
+// (NCHW, or NHWC where g.nhwc), on the current stream (conv_backward_mma.cu).
+template <typename T>
+void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void *gt);
+// grad_w [count] = scales[0] * the sum of the partial tiles part [slices][count], in order.
+void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
+                    float *grad_w);
+// Whether bie_cuda_conv_backward_force_gemm asked for the im2col + cuBLAS backwards.
+bool conv_backward_gemm_forced();
+// The 4-bit conv2d backward on the TMA implicit GEMMs (q4conv_backward_tma.cu): false where
+// they do not take the layer (nothing queued), else true and the status in *status.
+bool q4_conv_backward_tma(const bie_cuda_q4conv_backward_args &a, bie_status *status);
 // Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
 // workspace of amax_workspace_bytes().
 size_t amax_workspace_bytes();

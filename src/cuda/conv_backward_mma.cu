@@ -590,19 +590,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     if (s == BIE_OK) {
         dgrad_weight<T><<<blocks_for((int64_t)kk * cp * op), 256, 0, st>>>(
             reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
-        if (g.nhwc) {
-            if (!gt_in_place)
-                pad_pixel_rows<T><<<blocks_for(g.n * ohw * op), 256, 0, st>>>(
-                    static_cast<const T *>(a.grad_out), g.n * ohw, (int)g.o, op, gt);
-        } else if (ohw % 8 == 0 && op % 64 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0)
-            to_pixel_major_x8<T>
-                <<<dim3((unsigned)(g.n * ((ohw + 63) / 64)), (unsigned)(op / 64)), 256, 0, st>>>(
-                    static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
-        else
-            to_pixel_major<T>
-                <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
-                    static_cast<const T *>(a.grad_out), (int)g.o, (int)ohw, op, gt);
+        if (!gt_in_place) conv_pixel_rows<T>(g, a.grad_out, op, gt);
         // The wgmma kernels' arguments; each kernel's tiling set below.
         DgradHaloArgs w = {std::is_same<T, __half>::value,
                            1,
@@ -620,7 +608,8 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                            0,
                            a.grad_x,
                            part_sum,
-                           part_dot};
+                           part_dot,
+                           false};
         if (dgrad_tma) {
             s = dgrad_tma_launch(w, tma_tiles);
         } else if (halo_wgmma) {
@@ -656,8 +645,7 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                 : conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
     }
     if (s == BIE_OK) {
-        wgrad_sum_slices<<<blocks_for(g.o * ckk), 256, 0, st>>>(wpart, (int)slices, g.o * ckk,
-                                                                a.saved_scales, a.grad_w);
+        conv_wgrad_sum(wpart, (int)slices, g.o * ckk, a.saved_scales, a.grad_w);
         if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * ckk, amax, a.grad_w_i8);
         s = check(cudaGetLastError(), "binary conv2d backward kernels (tensor cores)");
     }
@@ -665,6 +653,33 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
 }
 
 }  // namespace
+
+template <typename T>
+void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void *gt_out) {
+    cudaStream_t st = current_stream;
+    const int64_t ohw = g.oh * g.ow;
+    const T *go = static_cast<const T *>(grad_out);
+    T *gt = static_cast<T *>(gt_out);
+    if (g.nhwc)
+        pad_pixel_rows<T>
+            <<<blocks_for(g.n * ohw * op), 256, 0, st>>>(go, g.n * ohw, (int)g.o, op, gt);
+    else if (ohw % 8 == 0 && op % 64 == 0 && reinterpret_cast<uintptr_t>(go) % 16 == 0)
+        to_pixel_major_x8<T>
+            <<<dim3((unsigned)(g.n * ((ohw + 63) / 64)), (unsigned)(op / 64)), 256, 0, st>>>(
+                go, (int)g.o, (int)ohw, op, gt);
+    else
+        to_pixel_major<T>
+            <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
+                go, (int)g.o, (int)ohw, op, gt);
+}
+template void conv_pixel_rows<__nv_bfloat16>(const bie_conv_geom &, const void *, int, void *);
+template void conv_pixel_rows<__half>(const bie_conv_geom &, const void *, int, void *);
+
+void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
+                    float *grad_w) {
+    wgrad_sum_slices<<<blocks_for(count), 256, 0, current_stream>>>(part, slices, count, scales,
+                                                                    grad_w);
+}
 
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a) {
     return (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.g.k >= 1 && a.g.k <= 3;

@@ -87,7 +87,8 @@ constexpr size_t halo_smem_bytes(int nc, int s, int hr) {
 // pixels a row), the tile's pixels numbered over that padded width, and each tap's B operand
 // the halo from row (k - 1 - i) d bw + (k - 1 - j) d on (a descriptor may start at any 128-byte
 // row of the swizzled region). A stage then holds only the weight tiles.
-template <typename T, int NC, int S, bool HALO>
+// RAW: grad_x is f32 [pixels][C] of the products times scale_w (no mask, no sums).
+template <typename T, int NC, int S, bool HALO, bool RAW>
 __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2 : 1)
     dgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_w,
               const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     const int wt = tid & 127, lane = tid & 31, wi = wt >> 5, gq = lane >> 2, tq = lane & 3;
     const int c0 = ((int)blockIdx.y * NC + wg) * 64, cw = (C + 31) / 32;
 #pragma unroll
-    for (int it = 0; it < 2 * kPix * 2 / 128; it++) {
+    for (int it = 0; it < 2 * kPix * 2 / 128 && !RAW; it++) {
         const int idx = wt + 128 * it, a = idx / (2 * kPix), r = (idx >> 1) % kPix, u = idx & 1;
         const int q = qpix[r], w = c0 / 32 + u;
         const bool ok = q >= 0 && w < cw;
@@ -235,6 +236,22 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     }
     wgmma_wait<0>();
     fence_acc(acc);
+    if constexpr (RAW) {  // a warp's stores: 8 channels (32 bytes) of 4 pixels each
+        const float sw = scales[1];
+        float *out = reinterpret_cast<float *>(grad_x);
+#pragma unroll
+        for (int nj = 0; nj < kPix / 8; nj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int q = qpix[nj * 8 + 2 * tq + e];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int c = c0 + 16 * wi + gq + 8 * h;
+                    if (q >= 0 && c < C) out[(int64_t)q * C + c] = acc[4 * nj + 2 * h + e] * sw;
+                }
+            }
+        return;
+    }
     cp_async_wait<0>();
     // Every consumer past its last product: the ring becomes the staging area.
     asm volatile("bar.sync 1, %0;\n" ::"r"(128 * NC) : "memory");
@@ -294,7 +311,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
 #endif
 }
 
-template <typename T, int NC, int S, bool HALO>
+template <typename T, int NC, int S, bool HALO, bool RAW>
 bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     static const char *who = "conv grad_x (wgmma, TMA)";
     const bie_conv_geom &g = a.g;
@@ -303,7 +320,7 @@ bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, box_rows, tl.nimg) ||
         !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    const auto fn = dgrad_tma<T, NC, S, HALO>;
+    const auto fn = dgrad_tma<T, NC, S, HALO, RAW>;
     const size_t smem = HALO ? halo_smem_bytes(NC, S, tl.hr) : smem_bytes(NC, S);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -314,11 +331,14 @@ bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     return check(cudaGetLastError(), who);
 }
 
-template <typename T> bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
+template <typename T, bool RAW>
+bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     // 64 channels: two blocks of two stages per SM (one block of four took 27 % longer, H100).
     if (tl.halo)
-        return a.cp % 128 == 0 ? launch<T, 2, 4, true>(a, tl) : launch<T, 1, 4, true>(a, tl);
-    return a.cp % 128 == 0 ? launch<T, 2, 4, false>(a, tl) : launch<T, 1, 2, false>(a, tl);
+        return a.cp % 128 == 0 ? launch<T, 2, 4, true, RAW>(a, tl)
+                               : launch<T, 1, 4, true, RAW>(a, tl);
+    return a.cp % 128 == 0 ? launch<T, 2, 4, false, RAW>(a, tl)
+                           : launch<T, 1, 2, false, RAW>(a, tl);
 }
 
 }  // namespace
@@ -366,7 +386,10 @@ bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
 }
 
 bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
-    return a.half ? launch_typed<__half>(a, tl) : launch_typed<__nv_bfloat16>(a, tl);
+    if (a.raw)
+        return a.half ? launch_typed<__half, true>(a, tl)
+                      : launch_typed<__nv_bfloat16, true>(a, tl);
+    return a.half ? launch_typed<__half, false>(a, tl) : launch_typed<__nv_bfloat16, false>(a, tl);
 }
 
 }  // namespace bie_cuda

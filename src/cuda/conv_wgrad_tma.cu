@@ -230,15 +230,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <typename T, bool HALO>
-bie_status launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
+bie_status launch(const bie_conv_geom &g, const void *gt, int op, const void *xs,
                   const WgradTmaTiles &tl, float *part) {
     static const char *who = "conv grad_w (wgmma, TMA)";
-    const bie_conv_geom &g = a.g;
-    const int cx = (int)((g.c + 63) / 64 * 64), per = cx / 8;
-    const int64_t chunks = g.n * g.h * g.w * per;
-    expand_signs<T>
-        <<<(unsigned)std::min<int64_t>((chunks + 255) / 256, 65535), 256, 0, current_stream>>>(
-            a.signs, (int)chunks, FastDiv(per), per, (int)g.c, cx, static_cast<T *>(xs));
+    const int cx = (int)((g.c + 63) / 64 * 64);
     CUtensorMap map_g, map_x;
     const int xrows = HALO ? tl.tr + 2 * (int)g.d : tl.tr;  // the halo: the taps' reach
     if (!tma_map_nhwc(&map_g, gt, g.n, g.oh, g.ow, (int64_t)op * 2, tl.bw, tl.tr, tl.nimg) ||
@@ -303,13 +298,30 @@ size_t wgrad_tma_xs_bytes(const bie_conv_geom &g) {
     return (size_t)(g.n * g.h * g.w * ((g.c + 63) / 64 * 64)) * 2;
 }
 
+bie_status wgrad_tma_run(bool half, const bie_conv_geom &g, const void *gt, int op, const void *xs,
+                         const WgradTmaTiles &tl, float *part) {
+    if (tl.halo)
+        return half ? launch<__half, true>(g, gt, op, xs, tl, part)
+                    : launch<__nv_bfloat16, true>(g, gt, op, xs, tl, part);
+    return half ? launch<__half, false>(g, gt, op, xs, tl, part)
+                : launch<__nv_bfloat16, false>(g, gt, op, xs, tl, part);
+}
+
 bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
                             const WgradTmaTiles &tl, float *part) {
-    if (tl.halo)
-        return a.dtype == BIE_F16 ? launch<__half, true>(a, gt, op, xs, tl, part)
-                                  : launch<__nv_bfloat16, true>(a, gt, op, xs, tl, part);
-    return a.dtype == BIE_F16 ? launch<__half, false>(a, gt, op, xs, tl, part)
-                              : launch<__nv_bfloat16, false>(a, gt, op, xs, tl, part);
+    const bie_conv_geom &g = a.g;
+    const int cx = (int)((g.c + 63) / 64 * 64), per = cx / 8;
+    const int64_t chunks = g.n * g.h * g.w * per;
+    const unsigned grid = (unsigned)std::min<int64_t>((chunks + 255) / 256, 65535);
+    const bool half = a.dtype == BIE_F16;
+    if (half)
+        expand_signs<__half><<<grid, 256, 0, current_stream>>>(
+            a.signs, (int)chunks, FastDiv(per), per, (int)g.c, cx, static_cast<__half *>(xs));
+    else
+        expand_signs<__nv_bfloat16>
+            <<<grid, 256, 0, current_stream>>>(a.signs, (int)chunks, FastDiv(per), per, (int)g.c,
+                                               cx, static_cast<__nv_bfloat16 *>(xs));
+    return wgrad_tma_run(half, g, gt, op, xs, tl, part);
 }
 
 }  // namespace bie_cuda

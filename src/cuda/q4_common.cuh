@@ -27,6 +27,12 @@ __device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
     return inr;
 }
 
+// Code i of flat two's-complement nibbles (even index in the low nibble).
+__device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
+    const int nib = (codes[i >> 1] >> ((i & 1) * 4)) & 15;
+    return nib - ((nib & 8) << 1);
+}
+
 // q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.
 __device__ __forceinline__ int q4_code_state(float v, float s, bool *clip, int8_t *resid) {
     const float q = __fdiv_rn(v, s), r = rintf(q);

@@ -12,6 +12,7 @@
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
+#include "q4_common.cuh"
 
 namespace bie_cuda {
 
@@ -97,11 +98,6 @@ done:
 
 // ---- conv2d: conv2d_weight and conv2d_input as two GEMMs over the im2col of the saved
 // codes, then a gather col2im that applies the clip bits, and per-plane reductions.
-
-__device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
-    const int nib = (codes[i >> 1] >> ((i & 1) * 4)) & 15;
-    return nib - ((nib & 8) << 1);
-}
 
 // X [c k k][n oh ow]: the code under each tap of each output pixel, 0 outside the input.
 // Block (pixel block, channel): neighbouring threads write neighbouring pixels. 32-bit index
@@ -238,6 +234,8 @@ extern "C" bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_ar
 }
 
 extern "C" bie_status bie_cuda_q4_conv2d_backward(const bie_cuda_q4conv_backward_args *args) {
+    bie_status s;
+    if (q4_conv_backward_tma(*args, &s)) return s;
     switch (args->dtype) {
     case BIE_F32: return q4_conv_backward_typed<float>(*args, CUDA_R_32F);
     case BIE_BF16: return q4_conv_backward_typed<__nv_bfloat16>(*args, CUDA_R_16BF);

@@ -66,6 +66,9 @@ struct DgradHaloArgs {
     int op, cp, tr;
     void *grad_x;
     float *part_sum, *part_dot;
+    // dgrad_tma only: grad_x is f32 [input pixels][C] (NHWC, any layer layout) of the products
+    // times scale_w, with no clip mask and no sums (mask, signs, part_sum, part_dot unused).
+    bool raw;
 };
 size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);
@@ -107,6 +110,10 @@ bool wgrad_tma_plan(const bie_conv_geom &g, int64_t blocks_wanted, WgradTmaTiles
 size_t wgrad_tma_xs_bytes(const bie_conv_geom &g);
 bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &a, const void *gt, int op, void *xs,
                             const WgradTmaTiles &tl, float *part);
+// The same product over any image xs [n h w][cx] of the 16-bit type (half: f16, else bf16;
+// cx = C rounded up to 64, zeros past C): the 4-bit layers' codes.
+bie_status wgrad_tma_run(bool half, const bie_conv_geom &g, const void *gt, int op, const void *xs,
+                         const WgradTmaTiles &tl, float *part);
 // Binary conv2d grad_w of 3 x 3 kernels (conv_wgrad_wgmma.cu): conv_wgrad_mma's arguments and
 // partial tiles (conv_backward_mma.cuh).
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &a, const void *gt, int op,

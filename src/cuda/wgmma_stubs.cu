@@ -47,6 +47,10 @@ bie_status wgrad_tma_launch(const bie_cuda_bconv_backward_args &, const void *, 
                             const WgradTmaTiles &, float *) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (TMA): built without sm_90a code");
 }
+bie_status wgrad_tma_run(bool, const bie_conv_geom &, const void *, int, const void *,
+                         const WgradTmaTiles &, float *) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (TMA): built without sm_90a code");
+}
 bie_status conv_wgrad_wgmma(const bie_cuda_bconv_backward_args &, const void *, int, int, int,
                             float *) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_w (wgmma): built without sm_90a code");

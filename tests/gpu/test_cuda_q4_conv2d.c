@@ -3,12 +3,16 @@
  * training and inference modes (packed weights only), by the default path (the implicit GEMM
  * for 32 to 2048 input channels, else im2col + GEMM) and with every CUDA 4-bit kernel, over
  * strides, paddings (including output rows with no valid tap), dilations, 1x1 and even
- * kernels and odd channel counts; backward within float tolerance; bad input rejected with
+ * kernels and odd channel counts; backward within float tolerance (16-bit 3 x 3 layers: both
+ * the TMA implicit GEMMs and the im2col + cuBLAS path); bad input rejected with
  * outputs untouched. Reports itself skipped (77) without a GPU.
  * Usage: test_cuda_q4_conv2d [--small] */
 #include <math.h>
 
 #include "gpu_util.h"
+#ifdef BIE_TEST_CUDA_INTERNALS
+#include "cuda/cuda_internal.h"
+#endif
 
 typedef struct geo {
     int64_t n, c, h, w, o;
@@ -164,6 +168,14 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels) {
 
     forward_matches(&p, &gx, &cx, "training forward");
     backward_matches(&p, 1);
+#ifdef BIE_TEST_CUDA_INTERNALS
+    if (dt != BIE_F32) { /* the 16-bit backward's other path: cuBLAS over im2col buffers */
+        bie_cuda_conv_backward_force_gemm(true);
+        forward_matches(&p, &gx, &cx, "training forward (GEMM backward)");
+        backward_matches(&p, 1);
+        bie_cuda_conv_backward_force_gemm(false);
+    }
+#endif
     if (all_kernels) {
         for (int i = 0; i < bie_kernel_count(); i++) {
             bie_kernel_info info;

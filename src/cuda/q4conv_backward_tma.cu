@@ -1,0 +1,191 @@
+// The 4-bit conv2d backward (SPEC §4) on the binary conv's TMA implicit GEMMs (sm_90a kernels
+// of conv_dgrad_tma.cu and conv_wgrad_tma.cu), for 16-bit 3 x 3 layers of stride 1 or 2: the
+// same products with code values (-8 .. 7, exact in both 16-bit types) where the binary layer
+// has ±1, and no im2col buffers.
+//   grad_x: the weight codes as the ±1 weight's B operand ([tap][cp][op]), the pixel-major
+//           output gradient, and the grad_x kernel's raw form (f32 products times scale_w,
+//           NHWC); then one pass applies the flat clip bits, writes grad_x (NCHW) and sums each
+//           (n, c) plane's masked gradient and its products with the rounding residuals.
+//   grad_w: the input codes as an NHWC image of the 16-bit type in place of the ±1 image, and
+//           the grad_w kernel's partial tiles, summed in order and times scale_a.
+// Every sum has a fixed shape and order, so results do not vary from run to run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backward_common.cuh"
+#include "cuda_internal.h"
+#include "q4_common.cuh"
+#include "wgmma_entry.cuh"
+
+namespace bie_cuda {
+namespace {
+
+unsigned grid_of(int64_t items) {
+    return (unsigned)std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 65535));
+}
+
+// wt [t][cp][op] = code of w[o][c][t] (0 past O, C) from the weight's layout rows [o][ld]
+// (code c k k + t).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_dgrad_weight(const uint8_t *__restrict__ codes, int64_t ld, int C, int O, int kk, int cp,
+                    int op, T *__restrict__ wt) {
+    const int64_t total = (int64_t)kk * cp * op;
+    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * 256) {
+        const int o = (int)(e % op);
+        const int64_t r = e / op;
+        const int c = (int)(r % cp), t = (int)(r / cp);
+        const float v = o < O && c < C ? (float)code_at(codes + o * ld, (int64_t)c * kk + t) : 0.0f;
+        wt[e] = from_f32<T>(v);
+    }
+}
+
+// xs [n h w][cx] = the input codes (flat NCHW nibbles), 0 past C: one thread per 8 channels of
+// a pixel (one 16-byte store); neighbouring threads take neighbouring pixels, so that each
+// channel's nibbles are read in runs.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_code_image(const uint8_t *__restrict__ codes, int C, int hw, int pixels, int cx,
+                  T *__restrict__ xs) {
+    const int per = cx / 8;
+    for (int e = (int)(blockIdx.x * 256 + threadIdx.x); e < pixels * per;
+         e += (int)gridDim.x * 256) {
+        const int g8 = e / pixels, q = e - g8 * pixels, n = q / hw, pix = q - n * hw;
+        uint4 raw;
+        T *v = reinterpret_cast<T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = g8 * 8 + j;
+            v[j] =
+                from_f32<T>(c < C ? (float)code_at(codes, ((int64_t)n * C + c) * hw + pix) : 0.0f);
+        }
+        *reinterpret_cast<uint4 *>(xs + (int64_t)q * cx + g8 * 8) = raw;
+    }
+}
+
+// From the raw products raw [n hw][C] (f32): grad_x [n][c][hw] = raw where the clip bit (flat
+// over n c h w) is set, else 0; and per (n, c) plane the sum of grad_x and of grad_x * resid
+// (double, each product exact). Block (channel group of 32, image): 32-pixel tiles through
+// shared memory, so that both the NHWC reads and the NCHW writes are whole rows; warp w sums
+// channels 4 w .. 4 w + 3, lane l the tiles' pixel l, then the lanes in a fixed order.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    q4_dgrad_tail(const float *__restrict__ raw, const uint8_t *__restrict__ mask,
+                  const int8_t *__restrict__ resid, int C, int hw, T *__restrict__ grad_x,
+                  double *__restrict__ plane_sum, double *__restrict__ plane_dot) {
+    __shared__ float tile[32][33];  // [pixel][channel]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c0 = (int)blockIdx.x * 32, n = (int)blockIdx.y;
+    double sum[4] = {0, 0, 0, 0}, dot[4] = {0, 0, 0, 0};
+    for (int p0 = 0; p0 < hw; p0 += 32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int pix = p0 + warp * 4 + i, c = c0 + lane;
+            tile[warp * 4 + i][lane] =
+                pix < hw && c < C ? raw[((int64_t)n * hw + pix) * C + c] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int cl = warp * 4 + i, c = c0 + cl, pix = p0 + lane;
+            if (c >= C || pix >= hw) continue;
+            const int64_t at = ((int64_t)n * C + c) * hw + pix;
+            const float v = (mask[at >> 3] >> (at & 7)) & 1 ? tile[lane][cl] : 0.0f;
+            if (grad_x) grad_x[at] = from_f32<T>(v);
+            sum[i] += v;
+            dot[i] += (double)v * (double)resid[at];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        for (int o = 16; o > 0; o >>= 1) {
+            sum[i] += __shfl_down_sync(0xffffffffu, sum[i], o);
+            dot[i] += __shfl_down_sync(0xffffffffu, dot[i], o);
+        }
+        const int c = c0 + warp * 4 + i;
+        if (lane == 0 && c < C) {
+            plane_sum[(int64_t)n * C + c] = sum[i];
+            plane_dot[(int64_t)n * C + c] = dot[i];
+        }
+    }
+}
+
+// The plans of both kernels for the layer, or false where they do not take it.
+bool plan(const bie_cuda_q4conv_backward_args &a, DgradTmaTiles *dt, WgradTmaTiles *wt) {
+    const bie_conv_geom &g = a.g;
+    if ((a.dtype != BIE_BF16 && a.dtype != BIE_F16) || g.k != 3 || conv_backward_gemm_forced() ||
+        !wgmma_usable() || g.n * g.c * g.h * g.w > INT32_MAX)
+        return false;
+    bie_conv_geom gn = g;
+    gn.nhwc = 1;  // the raw grad_x is NHWC whatever the layer's layout
+    return dgrad_tma_tiles(gn, dt) && wgrad_tma_plan(g, device_sms(), wt);
+}
+
+template <typename T>
+bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTmaTiles &dt,
+                          const WgradTmaTiles &wt) {
+    cudaStream_t st = current_stream;
+    const bie_conv_geom &g = a.g;
+    const bool half = std::is_same<T, __half>::value;
+    const int kk = (int)(g.k * g.k), cp = (int)((g.c + 63) / 64 * 64);
+    const int op = (int)((g.o + 63) / 64 * 64), cx = cp;
+    const int64_t hw = g.h * g.w, pixels = g.n * hw, planes = g.n * g.c, ckk = g.c * kk;
+    // Workspace: the weight codes [t][cp][op] and the pixel-major gradient [n oh ow][op] (T),
+    // the raw grad_x [pixels][C] (f32), the code image [pixels][cx] (T), grad_w's partial tiles,
+    // the planes' sums and dots.
+    Workspace<6> ws;
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)kk * cp * op * sizeof(T), (size_t)(g.n * g.oh * g.ow * op) * sizeof(T),
+                  (size_t)(pixels * g.c) * sizeof(float), (size_t)(pixels * cx) * sizeof(T),
+                  (size_t)wt.slices * (size_t)(g.o * ckk) * sizeof(float),
+                  (size_t)(2 * planes) * sizeof(double)},
+                 "cudaMallocAsync (4-bit conv backward workspace)"));
+    T *wtile = ws.at<T>(0), *gt = ws.at<T>(1), *xs = ws.at<T>(3);
+    float *raw = ws.at<float>(2), *wpart = ws.at<float>(4);
+    double *plane_sum = ws.at<double>(5), *plane_dot = plane_sum + planes;
+
+    q4_dgrad_weight<T><<<grid_of((int64_t)kk * cp * op), 256, 0, st>>>(a.wcodes, a.ld, (int)g.c,
+                                                                       (int)g.o, kk, cp, op, wtile);
+    conv_pixel_rows<T>(g, a.grad_out, op, gt);
+    bie_conv_geom gn = g;
+    gn.nhwc = 1;
+    DgradHaloArgs d = {half,           1,  64, dim3(), 0, gt,  wtile,   nullptr, nullptr,
+                       a.saved_scales, gn, op, cp,     0, raw, nullptr, nullptr, true};
+    bie_status s = dgrad_tma_launch(d, dt);
+    if (s == BIE_OK) {
+        q4_dgrad_tail<T><<<dim3((unsigned)((g.c + 31) / 32), (unsigned)g.n), 256, 0, st>>>(
+            raw, a.mask, a.resid, (int)g.c, (int)hw, static_cast<T *>(a.grad_x), plane_sum,
+            plane_dot);
+        // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 n c h w).
+        conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c,
+                             std::sqrt((double)planes * (double)hw * 7.0) * 254.0, a.grad_bias,
+                             a.grad_scale_a);
+        q4_code_image<T><<<grid_of(pixels * (cx / 8)), 256, 0, st>>>(a.codes, (int)g.c, (int)hw,
+                                                                     (int)pixels, cx, xs);
+        s = wgrad_tma_run(half, g, gt, op, xs, wt, wpart);
+    }
+    if (s == BIE_OK) {
+        conv_wgrad_sum(wpart, wt.slices, g.o * ckk, a.saved_scales, a.grad_w);
+        s = check(cudaGetLastError(), "4-bit conv2d backward kernels (TMA)");
+    }
+    return ws.release(s);
+}
+
+}  // namespace
+
+bool q4_conv_backward_tma(const bie_cuda_q4conv_backward_args &a, bie_status *status) {
+    DgradTmaTiles dt = {};
+    WgradTmaTiles wt = {};
+    if (!plan(a, &dt, &wt)) return false;
+    *status = a.dtype == BIE_F16 ? backward_typed<__half>(a, dt, wt)
+                                 : backward_typed<__nv_bfloat16>(a, dt, wt);
+    return true;
+}
+
+}  // namespace bie_cuda
