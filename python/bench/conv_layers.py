@@ -6,6 +6,9 @@ shapes (batch 1024) and the issue's layer shapes (batch 64):
 
     BIE_LIBRARY=build-gpu/libbie.so PYTHONPATH=python python3 python/bench/conv_layers.py
 
+``--q4``: bie's 4-bit conv (NCHW only) at the batch-64 shapes instead, against PyTorch in
+NCHW (``ratio``) and, as a second reference, in channels-last.
+
 One JSON line per (shape, layout): median microseconds of ``--steps`` steps each side (CUDA
 events around every step, after ``--warmup`` steps), and ``ratio`` = PyTorch time / bie time
 (above 1: bie faster). Both sides get the same bf16 input and output gradient; the step
@@ -69,36 +72,50 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--cuda-graph", action="store_true",
                    help="time each side's step captured in a CUDA graph (no host time)")
+    p.add_argument("--q4", action="store_true",
+                   help="bie's 4-bit conv (Q4Conv2dCutlass, NCHW) at the batch-64 shapes instead; "
+                        "PyTorch also timed in channels-last (torch_bf16_channels_last_us)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("conv_layers: no CUDA device", file=sys.stderr)
         return 0
     torch.backends.cudnn.benchmark = True  # PyTorch's fastest algorithms for each shape
     dev, dt = "cuda", torch.bfloat16
-    for n, ci, co, hw, s in SHAPES:
+    shapes = [sh for sh in SHAPES if sh[0] == 64] if args.q4 else SHAPES
+    cls = bie.Q4Conv2dCutlass if args.q4 else bie.BinaryConv2dCutlass
+    for n, ci, co, hw, s in shapes:
         torch.manual_seed(0)
-        ours = bie.BinaryConv2dCutlass(ci, co, 3, stride=s, padding=1, device=dev, dtype=dt)
+        ours = cls(ci, co, 3, stride=s, padding=1, device=dev, dtype=dt)
         bie.prepare_bie_layers(ours)
         ours.train()
         ref = torch.nn.Conv2d(ci, co, 3, stride=s, padding=1, bias=False, device=dev, dtype=dt)
         x = torch.randn(n, ci, hw, hw, device=dev, dtype=dt)
         with torch.no_grad():
             g = torch.randn_like(ref(x)) * 0.01
-        for layout in ("nchw", "channels_last"):
+        for layout in ("nchw",) if args.q4 else ("nchw", "channels_last"):
             fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
             xl, gl = x.contiguous(memory_format=fmt), g.contiguous(memory_format=fmt)
             ref = ref.to(memory_format=fmt)
             steps = [layer_step(ours, xl, gl), layer_step(ref, xl, gl)]
+            if args.q4:  # PyTorch in its faster layout as well
+                cl = torch.channels_last
+                ref_cl = torch.nn.Conv2d(ci, co, 3, stride=s, padding=1, bias=False, device=dev,
+                                         dtype=dt).to(memory_format=cl)
+                steps.append(layer_step(ref_cl, x.contiguous(memory_format=cl),
+                                        g.contiguous(memory_format=cl)))
             if args.cuda_graph:
                 steps = [captured(s, torch.device(dev)) for s in steps]
-            ours_us, torch_us = (median_us(s, args.steps, args.warmup) for s in steps)
-            print(json.dumps({
-                "bench": "conv_layers", "batch": n, "in_c": ci, "out_c": co, "size": hw,
-                "stride": s, "layout": layout, "cuda_graph": args.cuda_graph,
-                "bie_us": round(ours_us, 1),
-                "torch_bf16_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3),
-                "device_name": torch.cuda.get_device_name(), "torch": torch.__version__}),
-                flush=True)
+            times = [median_us(s, args.steps, args.warmup) for s in steps]
+            ours_us, torch_us = times[0], times[1]
+            row = {
+                "bench": "conv_layers", "kind": "q4" if args.q4 else "binary", "batch": n,
+                "in_c": ci, "out_c": co, "size": hw, "stride": s, "layout": layout,
+                "cuda_graph": args.cuda_graph, "bie_us": round(ours_us, 1),
+                "torch_bf16_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3)}
+            if args.q4:
+                row["torch_bf16_channels_last_us"] = round(times[2], 1)
+            row.update({"device_name": torch.cuda.get_device_name(), "torch": torch.__version__})
+            print(json.dumps(row), flush=True)
     return 0
 
 

@@ -474,24 +474,22 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// grad_bias[c] = sum_n plane_sum[n][c]; grad_scale_a = sum plane_dot / denom (fixed order).
-__global__ void conv_bias_scale(const double *plane_sum, const double *plane_dot, int64_t n,
-                                int64_t c, double denom, float *grad_bias, float *grad_scale) {
-    for (int64_t ch = threadIdx.x; ch < c; ch += 256) {
-        double s = 0;
-        for (int64_t i = 0; i < n; i++) s += plane_sum[i * c + ch];
-        grad_bias[ch] = (float)s;
-    }
-    __shared__ double sh[256];
-    double d = 0;
-    for (int64_t i = threadIdx.x; i < n * c; i += 256) d += plane_dot[i];
-    sh[threadIdx.x] = d;
+// grad_bias[c] = sum_n plane_sum[n][c]: block b sums channels 32 b .. 32 b + 31, warp r the
+// rows r, r + 8, ..., then the eight in order.
+__global__ void __launch_bounds__(256)
+    conv_bias_sums(const double *plane_sum, int64_t n, int64_t c, float *grad_bias) {
+    __shared__ double sh[8][32];
+    const int lane = threadIdx.x & 31, rg = threadIdx.x >> 5;
+    const int64_t ch = (int64_t)blockIdx.x * 32 + lane;
+    double s = 0;
+    for (int64_t i = rg; i < n && ch < c; i += 8) s += plane_sum[i * c + ch];
+    sh[rg][lane] = s;
     __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
-        __syncthreads();
+    if (rg == 0 && ch < c) {
+        double t = 0;
+        for (int r = 0; r < 8; r++) t += sh[r][lane];
+        grad_bias[ch] = (float)t;
     }
-    if (threadIdx.x == 0) *grad_scale = (float)(sh[0] / denom);
 }
 
 template <typename T>
@@ -551,9 +549,9 @@ bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataTy
         conv_plane_sums<<<(unsigned)((g.n * g.c + 7) / 8), 256, 0, st>>>(gmasked, a.signs, g,
                                                                          plane_sum, plane_dot);
     }
-    conv_bias_scale<<<1, 256, 0, st>>>(plane_sum, plane_dot, g.n, g.c,
-                                       std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
-                                       a.grad_bias, a.grad_scale_a);
+    conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c,
+                         std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)), a.grad_bias,
+                         a.grad_scale_a);
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * K, amax, a.grad_w_i8);
     s = check(cudaGetLastError(), "binary conv2d backward kernels");
 done:
@@ -576,8 +574,9 @@ void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_ge
 
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
                           double denom, float *grad_bias, float *grad_scale) {
-    conv_bias_scale<<<1, 256, 0, current_stream>>>(plane_sum, plane_dot, n, c, denom, grad_bias,
-                                                   grad_scale);
+    conv_bias_sums<<<(unsigned)((c + 31) / 32), 256, 0, current_stream>>>(plane_sum, n, c,
+                                                                          grad_bias);
+    sum_over(plane_dot, n * c, denom, grad_scale);
 }
 
 }  // namespace bie_cuda

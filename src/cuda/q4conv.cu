@@ -17,12 +17,13 @@ unsigned blocks_for(int64_t count) {
     return (unsigned)(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
 }
 
-// One thread per 8 inputs (one word of codes, one byte of clip bits): code i of the flat
+// One thread per 8 inputs (one word of codes, one byte of clip bits; x loaded and the residuals
+// stored 8 at a time where `vec`: x 16-byte and resid 8-byte aligned): code i of the flat
 // input in nibble i % 8 of word i / 8; bias of channel (i / hw) % c, as bie_q4_encode.
 template <typename T>
 __global__ void __launch_bounds__(256)
     q4_conv_encode(const T *__restrict__ x, int64_t total, int64_t hw, int64_t c,
-                   const float *__restrict__ bias, const float *__restrict__ scale,
+                   const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
                    unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
                    int8_t *__restrict__ resid) {
     const int64_t groups = (total + 7) / 8;
@@ -32,23 +33,38 @@ __global__ void __launch_bounds__(256)
         unsigned w = 0, bits = 0;
         // The channel of the group's first element, then stepped along (one division per
         // group instead of two per element).
-        const int64_t plane0 = t * 8 / hw;
+        const int64_t plane0 = t * 8 / hw, left = total - t * 8;
         int64_t off = t * 8 - plane0 * hw, ch = plane0 % c;
+        float xv[8];
+        load_n(x + t * 8, vec, left, xv);
+        uint2 rw = make_uint2(0u, 0u);
+        int8_t *r8 = reinterpret_cast<int8_t *>(&rw);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int64_t i = t * 8 + j;
-            if (i >= total) break;
+            if (j >= left) break;
             if (off == hw) {
                 off = 0;
                 if (++ch == c) ch = 0;
             }
             off++;
-            const float v = __fadd_rn(to_f32(x[i]), bias[ch]);
-            w |= (unsigned)(q4_code_fast(v, s, inv) & 15) << (4 * j);
-            if (mask) bits |= (unsigned)q4_clip_resid(v, s, &resid[i]) << j;
+            const float v = __fadd_rn(xv[j], bias[ch]);
+            if (mask) {  // one division gives the code, the clip bit and the residual
+                bool clip;
+                w |= (unsigned)(q4_code_state(v, s, &clip, &r8[j]) & 15) << (4 * j);
+                bits |= (unsigned)clip << j;
+            } else {
+                w |= (unsigned)(q4_code_fast(v, s, inv) & 15) << (4 * j);
+            }
         }
         codes[t] = w;
-        if (mask) mask[t] = (uint8_t)bits;
+        if (mask) {
+            mask[t] = (uint8_t)bits;
+            if (vec && left >= 8) {
+                *reinterpret_cast<uint2 *>(resid + t * 8) = rw;
+            } else {
+                for (int j = 0; j < 8 && j < left; j++) resid[t * 8 + j] = r8[j];
+            }
+        }
     }
 }
 
@@ -198,6 +214,7 @@ void launch_encode(const void *x, const bie_conv_geom *g, const float *bias, con
     const int64_t total = g->n * g->c * g->h * g->w;
     q4_conv_encode<T><<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
         static_cast<const T *>(x), total, g->h * g->w, g->c, bias, scale_a,
+        reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(resid) % 8 == 0,
         reinterpret_cast<unsigned *>(codes), mask, resid);
 }
 

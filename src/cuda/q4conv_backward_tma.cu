@@ -45,60 +45,70 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// xs [n h w][cx] = the input codes (flat NCHW nibbles), 0 past C: one thread per 8 channels of
-// a pixel (one 16-byte store); neighbouring threads take neighbouring pixels, so that each
-// channel's nibbles are read in runs.
+// xs [n h w][cx] = the input codes (flat NCHW nibbles), 0 past C. Block (32-pixel tile, 64
+// channels, image): the codes read along pixels (each channel's nibbles in runs), written
+// along channels through shared memory, 16 bytes a thread.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    q4_code_image(const uint8_t *__restrict__ codes, int C, int hw, int pixels, int cx,
-                  T *__restrict__ xs) {
-    const int per = cx / 8;
-    for (int e = (int)(blockIdx.x * 256 + threadIdx.x); e < pixels * per;
-         e += (int)gridDim.x * 256) {
-        const int g8 = e / pixels, q = e - g8 * pixels, n = q / hw, pix = q - n * hw;
-        uint4 raw;
-        T *v = reinterpret_cast<T *>(&raw);
+    q4_code_image(const uint8_t *__restrict__ codes, int C, int hw, int cx, T *__restrict__ xs) {
+    __shared__ __align__(16) T tile[32][72];  // [pixel][channel], rows of 144 bytes
+    const int p0 = (int)blockIdx.x * 32, c0 = (int)blockIdx.y * 64, n = (int)blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int c = g8 * 8 + j;
-            v[j] =
-                from_f32<T>(c < C ? (float)code_at(codes, ((int64_t)n * C + c) * hw + pix) : 0.0f);
-        }
-        *reinterpret_cast<uint4 *>(xs + (int64_t)q * cx + g8 * 8) = raw;
+    for (int i = 0; i < 8; i++) {
+        const int cl = warp * 8 + i, c = c0 + cl, pix = p0 + lane;
+        const bool in = c < C && pix < hw;
+        tile[lane][cl] =
+            from_f32<T>(in ? (float)code_at(codes, ((int64_t)n * C + c) * hw + pix) : 0.0f);
     }
+    __syncthreads();
+    const int pl = threadIdx.x >> 3, ch = threadIdx.x & 7, pix = p0 + pl;
+    if (pix < hw)
+        *reinterpret_cast<uint4 *>(xs + ((int64_t)n * hw + pix) * cx + c0 + ch * 8) =
+            *reinterpret_cast<const uint4 *>(&tile[pl][ch * 8]);
 }
 
 // From the raw products raw [n hw][C] (f32): grad_x [n][c][hw] = raw where the clip bit (flat
-// over n c h w) is set, else 0; and per (n, c) plane the sum of grad_x and of grad_x * resid
-// (double, each product exact). Block (channel group of 32, image): 32-pixel tiles through
-// shared memory, so that both the NHWC reads and the NCHW writes are whole rows; warp w sums
-// channels 4 w .. 4 w + 3, lane l the tiles' pixel l, then the lanes in a fixed order.
+// over n c h w) is set, else 0; and per (n, c) plane and pixel chunk z the sum of grad_x and
+// of grad_x * resid (double, each product exact), at [n S + z][c] (S = gridDim.z chunks of
+// `per` 32-pixel tiles). Block (channel group of 32, image, chunk): tiles through shared
+// memory, so that both the NHWC reads and the NCHW writes are whole rows, each tile's loads
+// (raw, clip bits, residuals) issued before its barrier; warp w sums channels 4 w .. 4 w + 3,
+// lane l the tiles' pixel l, then the lanes in a fixed order.
 template <typename T>
 __global__ void __launch_bounds__(256)
     q4_dgrad_tail(const float *__restrict__ raw, const uint8_t *__restrict__ mask,
-                  const int8_t *__restrict__ resid, int C, int hw, T *__restrict__ grad_x,
+                  const int8_t *__restrict__ resid, int C, int hw, int per, T *__restrict__ grad_x,
                   double *__restrict__ plane_sum, double *__restrict__ plane_dot) {
     __shared__ float tile[32][33];  // [pixel][channel]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int c0 = (int)blockIdx.x * 32, n = (int)blockIdx.y;
+    const int c0 = (int)blockIdx.x * 32, n = (int)blockIdx.y, z = (int)blockIdx.z;
     double sum[4] = {0, 0, 0, 0}, dot[4] = {0, 0, 0, 0};
-    for (int p0 = 0; p0 < hw; p0 += 32) {
+    const int pend = min(hw, (z + 1) * per * 32);
+    for (int p0 = z * per * 32; p0 < pend; p0 += 32) {
+        float rv[4];
+        unsigned mb[4];
+        int rs[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int pix = p0 + warp * 4 + i, c = c0 + lane;
-            tile[warp * 4 + i][lane] =
-                pix < hw && c < C ? raw[((int64_t)n * hw + pix) * C + c] : 0.0f;
+            rv[i] = pix < pend && c < C ? raw[((int64_t)n * hw + pix) * C + c] : 0.0f;
+            const int64_t at = ((int64_t)n * C + c0 + warp * 4 + i) * hw + p0 + lane;
+            const bool in = c0 + warp * 4 + i < C && p0 + lane < pend;
+            mb[i] = in ? mask[at >> 3] >> (at & 7) : 0u;
+            rs[i] = in ? resid[at] : 0;
         }
+#pragma unroll
+        for (int i = 0; i < 4; i++) tile[warp * 4 + i][lane] = rv[i];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int cl = warp * 4 + i, c = c0 + cl, pix = p0 + lane;
-            if (c >= C || pix >= hw) continue;
-            const int64_t at = ((int64_t)n * C + c) * hw + pix;
-            const float v = (mask[at >> 3] >> (at & 7)) & 1 ? tile[lane][cl] : 0.0f;
-            if (grad_x) grad_x[at] = from_f32<T>(v);
+            if (c >= C || pix >= pend) continue;
+            const float v = mb[i] & 1 ? tile[lane][cl] : 0.0f;
+            if (grad_x) grad_x[((int64_t)n * C + c) * hw + pix] = from_f32<T>(v);
             sum[i] += v;
-            dot[i] += (double)v * (double)resid[at];
+            dot[i] += (double)v * (double)rs[i];
         }
         __syncthreads();
     }
@@ -110,8 +120,9 @@ __global__ void __launch_bounds__(256)
         }
         const int c = c0 + warp * 4 + i;
         if (lane == 0 && c < C) {
-            plane_sum[(int64_t)n * C + c] = sum[i];
-            plane_dot[(int64_t)n * C + c] = dot[i];
+            const int64_t at = ((int64_t)n * gridDim.z + z) * C + c;
+            plane_sum[at] = sum[i];
+            plane_dot[at] = dot[i];
         }
     }
 }
@@ -120,7 +131,7 @@ __global__ void __launch_bounds__(256)
 bool plan(const bie_cuda_q4conv_backward_args &a, DgradTmaTiles *dt, WgradTmaTiles *wt) {
     const bie_conv_geom &g = a.g;
     if ((a.dtype != BIE_BF16 && a.dtype != BIE_F16) || g.k != 3 || conv_backward_gemm_forced() ||
-        !wgmma_usable() || g.n * g.c * g.h * g.w > INT32_MAX)
+        !wgmma_usable() || g.n * g.c * g.h * g.w > INT32_MAX || g.n > 65535)
         return false;
     bie_conv_geom gn = g;
     gn.nhwc = 1;  // the raw grad_x is NHWC whatever the layer's layout
@@ -136,6 +147,11 @@ bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTma
     const int kk = (int)(g.k * g.k), cp = (int)((g.c + 63) / 64 * 64);
     const int op = (int)((g.o + 63) / 64 * 64), cx = cp;
     const int64_t hw = g.h * g.w, pixels = g.n * hw, planes = g.n * g.c, ckk = g.c * kk;
+    // The tail's pixel chunks: about four blocks per SM in all.
+    const int64_t tiles = (hw + 31) / 32, cgroups = (g.c + 31) / 32;
+    const int64_t chunks = std::max<int64_t>(
+        1, std::min<int64_t>(tiles, 4 * device_sms() / std::max<int64_t>(1, cgroups * g.n)));
+    const int per = (int)((tiles + chunks - 1) / chunks), zs = (int)((tiles + per - 1) / per);
     // Workspace: the weight codes [t][cp][op] and the pixel-major gradient [n oh ow][op] (T),
     // the raw grad_x [pixels][C] (f32), the code image [pixels][cx] (T), grad_w's partial tiles,
     // the planes' sums and dots.
@@ -144,11 +160,11 @@ bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTma
         ws.alloc({(size_t)kk * cp * op * sizeof(T), (size_t)(g.n * g.oh * g.ow * op) * sizeof(T),
                   (size_t)(pixels * g.c) * sizeof(float), (size_t)(pixels * cx) * sizeof(T),
                   (size_t)wt.slices * (size_t)(g.o * ckk) * sizeof(float),
-                  (size_t)(2 * planes) * sizeof(double)},
+                  (size_t)(2 * planes * zs) * sizeof(double)},
                  "cudaMallocAsync (4-bit conv backward workspace)"));
     T *wtile = ws.at<T>(0), *gt = ws.at<T>(1), *xs = ws.at<T>(3);
     float *raw = ws.at<float>(2), *wpart = ws.at<float>(4);
-    double *plane_sum = ws.at<double>(5), *plane_dot = plane_sum + planes;
+    double *plane_sum = ws.at<double>(5), *plane_dot = plane_sum + planes * zs;
 
     q4_dgrad_weight<T><<<grid_of((int64_t)kk * cp * op), 256, 0, st>>>(a.wcodes, a.ld, (int)g.c,
                                                                        (int)g.o, kk, cp, op, wtile);
@@ -159,15 +175,15 @@ bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTma
                        a.saved_scales, gn, op, cp,     0, raw, nullptr, nullptr, true};
     bie_status s = dgrad_tma_launch(d, dt);
     if (s == BIE_OK) {
-        q4_dgrad_tail<T><<<dim3((unsigned)((g.c + 31) / 32), (unsigned)g.n), 256, 0, st>>>(
-            raw, a.mask, a.resid, (int)g.c, (int)hw, static_cast<T *>(a.grad_x), plane_sum,
+        q4_dgrad_tail<T><<<dim3((unsigned)cgroups, (unsigned)g.n, (unsigned)zs), 256, 0, st>>>(
+            raw, a.mask, a.resid, (int)g.c, (int)hw, per, static_cast<T *>(a.grad_x), plane_sum,
             plane_dot);
         // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 n c h w).
-        conv_bias_scale_sums(plane_sum, plane_dot, g.n, g.c,
+        conv_bias_scale_sums(plane_sum, plane_dot, g.n * zs, g.c,
                              std::sqrt((double)planes * (double)hw * 7.0) * 254.0, a.grad_bias,
                              a.grad_scale_a);
-        q4_code_image<T><<<grid_of(pixels * (cx / 8)), 256, 0, st>>>(a.codes, (int)g.c, (int)hw,
-                                                                     (int)pixels, cx, xs);
+        q4_code_image<T><<<dim3((unsigned)tiles, (unsigned)(cx / 64), (unsigned)g.n), 256, 0, st>>>(
+            a.codes, (int)g.c, (int)hw, cx, xs);
         s = wgrad_tma_run(half, g, gt, op, xs, wt, wpart);
     }
     if (s == BIE_OK) {
