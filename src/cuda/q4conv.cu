@@ -18,13 +18,14 @@ unsigned blocks_for(int64_t count) {
 }
 
 // One thread per 8 inputs (one word of codes, one byte of clip bits; x loaded and the residuals
-// stored 8 at a time where `vec`: x 16-byte and resid 8-byte aligned): code i of the flat
+// stored 8 at a time where `vec`: x 16-byte and resid 8-byte aligned; 32-bit index divisions
+// where `narrow`): code i of the flat
 // input in nibble i % 8 of word i / 8; bias of channel (i / hw) % c, as bie_q4_encode.
 template <typename T>
 __global__ void __launch_bounds__(256)
     q4_conv_encode(const T *__restrict__ x, int64_t total, int64_t hw, int64_t c,
                    const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
-                   unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
+                   bool narrow, unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
                    int8_t *__restrict__ resid) {
     const int64_t groups = (total + 7) / 8;
     const float s = *scale, inv = bie_q4_inverse(s);
@@ -33,8 +34,14 @@ __global__ void __launch_bounds__(256)
         unsigned w = 0, bits = 0;
         // The channel of the group's first element, then stepped along (one division per
         // group instead of two per element).
-        const int64_t plane0 = t * 8 / hw, left = total - t * 8;
-        int64_t off = t * 8 - plane0 * hw, ch = plane0 % c;
+        const int64_t left = total - t * 8;
+        int64_t plane0, off, ch;
+        if (narrow) {  // 32-bit divisions
+            const unsigned e = (unsigned)(t * 8), p = e / (unsigned)hw;
+            plane0 = p, off = e - p * (unsigned)hw, ch = p % (unsigned)c;
+        } else {
+            plane0 = t * 8 / hw, off = t * 8 - plane0 * hw, ch = plane0 % c;
+        }
         float xv[8];
         load_n(x + t * 8, vec, left, xv);
         uint2 rw = make_uint2(0u, 0u);
@@ -215,7 +222,7 @@ void launch_encode(const void *x, const bie_conv_geom *g, const float *bias, con
     q4_conv_encode<T><<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
         static_cast<const T *>(x), total, g->h * g->w, g->c, bias, scale_a,
         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(resid) % 8 == 0,
-        reinterpret_cast<unsigned *>(codes), mask, resid);
+        total + 8 <= (int64_t)UINT32_MAX, reinterpret_cast<unsigned *>(codes), mask, resid);
 }
 
 }  // namespace

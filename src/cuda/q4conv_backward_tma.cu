@@ -70,20 +70,21 @@ __global__ void __launch_bounds__(256)
 
 // From the raw products raw [n hw][C] (f32): grad_x [n][c][hw] = raw where the clip bit (flat
 // over n c h w) is set, else 0; and per (n, c) plane and pixel chunk z the sum of grad_x and
-// of grad_x * resid (double, each product exact), at [n S + z][c] (S = gridDim.z chunks of
-// `per` 32-pixel tiles). Block (channel group of 32, image, chunk): tiles through shared
+// of grad_x * resid (each lane's in float, the lanes' in double), at [n S + z][c] (S = gridDim.z
+// chunks of `per` 32-pixel tiles). Block (channel group of 32, image, chunk): tiles through shared
 // memory, so that both the NHWC reads and the NCHW writes are whole rows, each tile's loads
 // (raw, clip bits, residuals) issued before its barrier; warp w sums channels 4 w .. 4 w + 3,
-// lane l the tiles' pixel l, then the lanes in a fixed order.
+// lane l the tiles' pixel l, then the lanes in a fixed order. At most 64 registers, so that
+// four blocks fit an SM.
 template <typename T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 4)
     q4_dgrad_tail(const float *__restrict__ raw, const uint8_t *__restrict__ mask,
                   const int8_t *__restrict__ resid, int C, int hw, int per, T *__restrict__ grad_x,
                   double *__restrict__ plane_sum, double *__restrict__ plane_dot) {
     __shared__ float tile[32][33];  // [pixel][channel]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c0 = (int)blockIdx.x * 32, n = (int)blockIdx.y, z = (int)blockIdx.z;
-    double sum[4] = {0, 0, 0, 0}, dot[4] = {0, 0, 0, 0};
+    float sum[4] = {0, 0, 0, 0}, dot[4] = {0, 0, 0, 0};  // a lane's, in float
     const int pend = min(hw, (z + 1) * per * 32);
     for (int p0 = z * per * 32; p0 < pend; p0 += 32) {
         float rv[4];
@@ -108,21 +109,22 @@ __global__ void __launch_bounds__(256)
             const float v = mb[i] & 1 ? tile[lane][cl] : 0.0f;
             if (grad_x) grad_x[((int64_t)n * C + c) * hw + pix] = from_f32<T>(v);
             sum[i] += v;
-            dot[i] += (double)v * (double)rs[i];
+            dot[i] += v * (float)rs[i];
         }
         __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
+        double ls = sum[i], ld = dot[i];  // the lanes' sums, added in double
         for (int o = 16; o > 0; o >>= 1) {
-            sum[i] += __shfl_down_sync(0xffffffffu, sum[i], o);
-            dot[i] += __shfl_down_sync(0xffffffffu, dot[i], o);
+            ls += __shfl_down_sync(0xffffffffu, ls, o);
+            ld += __shfl_down_sync(0xffffffffu, ld, o);
         }
         const int c = c0 + warp * 4 + i;
         if (lane == 0 && c < C) {
             const int64_t at = ((int64_t)n * gridDim.z + z) * C + c;
-            plane_sum[at] = sum[i];
-            plane_dot[at] = dot[i];
+            plane_sum[at] = ls;
+            plane_dot[at] = ld;
         }
     }
 }
