@@ -163,14 +163,16 @@ __global__ void col_sums_final(const double *part, int parts, int64_t k, float *
     out[c] = (float)s;
 }
 
-// grad_scale_a = sum(row_dot) / sqrt(m k), one block, fixed order.
-__global__ void scale_grad(const double *row_dot, int64_t m, double denom, float *out) {
-    __shared__ double sh[256];
+// grad_scale_a = sum(row_dot) / sqrt(m k), one block of 1024 threads (more loads in
+// flight), fixed order.
+__global__ void __launch_bounds__(1024)
+    scale_grad(const double *row_dot, int64_t m, double denom, float *out) {
+    __shared__ double sh[1024];
     double s = 0;
-    for (int64_t i = threadIdx.x; i < m; i += 256) s += row_dot[i];
+    for (int64_t i = threadIdx.x; i < m; i += 1024) s += row_dot[i];
     sh[threadIdx.x] = s;
     __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
+    for (int o = 512; o > 0; o >>= 1) {
         if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
         __syncthreads();
     }
@@ -253,7 +255,7 @@ bie_status device_zero(float **out) {
 }
 
 void sum_over(const double *parts, int64_t count, double denom, float *out) {
-    scale_grad<<<1, 256, 0, current_stream>>>(parts, count, denom, out);
+    scale_grad<<<1, 1024, 0, current_stream>>>(parts, count, denom, out);
 }
 
 static unsigned grid_for(int64_t count) {

@@ -129,20 +129,28 @@ __device__ __forceinline__ void load2(const __half *p, float &a, float &b) {
 // codes (64 channels): lane = VP neighbouring pixels (coalesced loads of each channel plane;
 // VP = 2 needs an even H W, so a pair never straddles two images, and an aligned x),
 // warp = word; the words meet in shared memory and leave as each pixel's 32 contiguous
-// bytes. Codes as q4_conv_encode computes them; channels past C get code 0.
-template <typename T, int VP>
+// bytes. Codes as q4_conv_encode computes them; channels past C get code 0. STATE (a
+// training forward): also the backward's clip bits and residuals, NHWC: per pixel cw =
+// ceil(C / 8) bytes of clip bits (channel ch at bit ch % 8 of byte ch / 8) and 8 cw
+// residuals, 0 past C (bie_cuda_q4_conv_encode_nhwc).
+template <typename T, int VP, bool STATE>
 __global__ void __launch_bounds__(256)
-    q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw,
+    q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, int cw,
                         const float *__restrict__ bias, const float *__restrict__ scale,
-                        unsigned *__restrict__ codes) {
+                        unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
+                        int8_t *__restrict__ resid) {
+    constexpr int kSt = STATE ? 32 * VP : 1;  // the state tiles' pixels
     __shared__ unsigned tile[32 * VP][9];
+    __shared__ uint2 rtile[kSt][9];  // rows padded against bank conflicts
+    __shared__ uint8_t mtile[kSt][9];
     pdl_trigger();  // the GEMM that reads these codes may launch now
     const float s = *scale, inv = bie_q4_inverse(s);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32 * VP;
     const int px = first + lane * VP, gw = blockIdx.y * 8 + warp;
-    unsigned word[VP];
+    unsigned word[VP], bits[VP];
+    uint2 rw[VP];
 #pragma unroll
-    for (int e = 0; e < VP; e++) word[e] = 0;
+    for (int e = 0; e < VP; e++) word[e] = 0, bits[e] = 0, rw[e] = make_uint2(0u, 0u);
     if (px < pixels && gw < cbw) {
         const int n = px / hw, pix = px - n * hw;
         float v[8][VP];
@@ -164,18 +172,42 @@ __global__ void __launch_bounds__(256)
             const int ch = gw * 8 + j;
             if (ch < c)
 #pragma unroll
-                for (int e = 0; e < VP; e++)
-                    word[e] |= (unsigned)(q4_code_fast(__fadd_rn(v[j][e], bias[ch]), s, inv) & 15)
-                               << (4 * j);
+                for (int e = 0; e < VP; e++) {
+                    const float a = __fadd_rn(v[j][e], bias[ch]);
+                    int q;
+                    if (STATE) {  // one division: the code, the clip bit, the residual
+                        bool clip;
+                        int8_t r;
+                        q = q4_code_state(a, s, &clip, &r);
+                        bits[e] |= (unsigned)clip << j;
+                        const unsigned rb = (unsigned)(uint8_t)r << (8 * (j & 3));
+                        if (j < 4)
+                            rw[e].x |= rb;
+                        else
+                            rw[e].y |= rb;
+                    } else {
+                        q = q4_code_fast(a, s, inv);
+                    }
+                    word[e] |= (unsigned)(q & 15) << (4 * j);
+                }
         }
     }
 #pragma unroll
-    for (int e = 0; e < VP; e++) tile[lane * VP + e][warp] = word[e];
+    for (int e = 0; e < VP; e++) {
+        tile[lane * VP + e][warp] = word[e];
+        if (STATE) rtile[lane * VP + e][warp] = rw[e], mtile[lane * VP + e][warp] = bits[e];
+    }
     __syncthreads();
 #pragma unroll
     for (int i = threadIdx.x; i < 32 * VP * 8; i += 256) {
         const int p = i >> 3, q = i & 7, w = blockIdx.y * 8 + q;
-        if (first + p < pixels && w < cbw) codes[(int64_t)(first + p) * cbw + w] = tile[p][q];
+        if (first + p >= pixels) continue;
+        if (w < cbw) codes[(int64_t)(first + p) * cbw + w] = tile[p][q];
+        if (STATE && w < cw) {
+            const int64_t at = (int64_t)(first + p) * cw + w;
+            mask[at] = mtile[p][q];
+            *reinterpret_cast<uint2 *>(resid + at * 8) = rtile[p][q];
+        }
     }
 }
 
@@ -204,15 +236,17 @@ __global__ void __launch_bounds__(256)
 
 template <typename T>
 void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias,
-                        const float *scale_a, uint8_t *codes) {
+                        const float *scale_a, uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4),
-              hw = (int)(g->h * g->w);
+              hw = (int)(g->h * g->w), cw = (int)((g->c + 7) / 8);
     const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
     const int vp = pairs ? 2 : 1;
     const dim3 grid((unsigned)((pixels + 32 * vp - 1) / (32 * vp)), (unsigned)((cbw + 7) / 8));
-    auto fn = pairs ? q4_conv_encode_nhwc<T, 2> : q4_conv_encode_nhwc<T, 1>;
-    fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw,
-                                         bias, scale_a, reinterpret_cast<unsigned *>(codes));
+    auto fn = mask ? (pairs ? q4_conv_encode_nhwc<T, 2, true> : q4_conv_encode_nhwc<T, 1, true>)
+                   : (pairs ? q4_conv_encode_nhwc<T, 2, false> : q4_conv_encode_nhwc<T, 1, false>);
+    fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw, cw,
+                                         bias, scale_a, reinterpret_cast<unsigned *>(codes), mask,
+                                         resid);
 }
 
 template <typename T>
@@ -253,11 +287,17 @@ bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g,
 }
 
 bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_conv_geom *g,
-                                        const float *bias, const float *scale_a, uint8_t *codes) {
+                                        const float *bias, const float *scale_a, uint8_t *codes,
+                                        uint8_t *mask, int8_t *resid) {
+    if ((mask == NULL) != (resid == NULL))
+        return bie_fail(BIE_ERR_INVALID_ARGUMENT, "cuda 4-bit conv encode: clip bits and "
+                                                  "residuals go together");
     switch (dtype) {
-    case BIE_F32: launch_encode_nhwc<float>(x, g, bias, scale_a, codes); break;
-    case BIE_BF16: launch_encode_nhwc<__nv_bfloat16>(x, g, bias, scale_a, codes); break;
-    case BIE_F16: launch_encode_nhwc<__half>(x, g, bias, scale_a, codes); break;
+    case BIE_F32: launch_encode_nhwc<float>(x, g, bias, scale_a, codes, mask, resid); break;
+    case BIE_BF16:
+        launch_encode_nhwc<__nv_bfloat16>(x, g, bias, scale_a, codes, mask, resid);
+        break;
+    case BIE_F16: launch_encode_nhwc<__half>(x, g, bias, scale_a, codes, mask, resid); break;
     default:
         return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit conv encode: dtype %s", bie_dtype_name(dtype));
     }

@@ -409,7 +409,7 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
                               {kConvWave, 0.83},
                               {kConvWgmma, 2.5},
                               {kConvWgmma128, 1.2}},
-                    narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.2}};
+                    narrow[] = {{kConvK64, 1.0}, {kConvWgmma, 2.5}, {kConvWgmma128, 1.4}};
     const Candidate *cand = cb % 128 == 0 ? wide : narrow;
     const int count = cb % 128 == 0 ? 4 : 3;
     int best = cand[0].variant;

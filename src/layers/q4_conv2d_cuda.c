@@ -30,11 +30,13 @@ struct bie_q4c_cuda {
     uint8_t *wtaps;
     unsigned tversion;
     bool taps_cached;
-    /* The last forward's input codes (a_cap elements); in training also the clip bits and
-     * residuals (s_cap elements). */
+    /* The last forward's input codes; in training also the clip bits and residuals, flat
+     * over N C H W or, where nhwc_state, NHWC (bie_cuda_q4_conv_nhwc_state). Capacities in
+     * bytes. */
     uint8_t *codes, *mask;
     int8_t *resid;
-    int64_t a_cap, s_cap;
+    int64_t codes_cap, mask_cap, resid_cap;
+    bool nhwc_state;
 };
 
 static inline struct bie_q4c_cuda *CU(const bie_layer *l) {
@@ -71,29 +73,32 @@ static void release(bie_layer *l) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Room for the codes of n_in inputs (contents are not kept); with `keep`, also for the
- * backward's clip bits and residuals. */
-static bie_status reserve_activations(bie_layer *l, int64_t n_in, bool keep) {
-    struct bie_q4c_cuda *c = CU(l);
-    if (n_in > c->a_cap) {
-        l->has_saved = false;
-        BIE_DEV_FREE(c->codes);
-        c->a_cap = 0;
-        BIE_TRY(
-            bie_cbw_alloc((void **)&c->codes, (size_t)((n_in + 7) / 8 * 4), MODULE, "input codes"));
-        c->a_cap = n_in;
-    }
-    if (keep && n_in > c->s_cap) {
-        l->has_saved = false;
-        BIE_DEV_FREE(c->mask);
-        BIE_DEV_FREE(c->resid);
-        c->s_cap = 0;
-        BIE_TRY(
-            bie_cbw_alloc((void **)&c->mask, (size_t)((n_in + 7) / 8), MODULE, "input clip bits"));
-        BIE_TRY(bie_cbw_alloc((void **)&c->resid, (size_t)n_in, MODULE, "input residuals"));
-        c->s_cap = n_in;
-    }
+/* *buf holds at least `bytes` (contents are not kept). */
+static bie_status reserve_bytes(bie_layer *l, void **buf, int64_t *cap, int64_t bytes,
+                                const char *what) {
+    if (bytes <= *cap) return BIE_OK;
+    l->has_saved = false;
+    BIE_DEV_FREE(*buf);
+    *cap = 0;
+    BIE_TRY(bie_cbw_alloc(buf, (size_t)bytes, MODULE, what));
+    *cap = bytes;
     return BIE_OK;
+}
+
+/* Room for the input codes the forward keeps (flat, or NHWC where nhwc), and with `keep`
+ * also for the backward's clip bits and residuals. */
+static bie_status reserve_activations(bie_layer *l, const bie_conv_geom *g, bool keep, bool nhwc) {
+    struct bie_q4c_cuda *c = CU(l);
+    const int64_t n_in = g->n * g->c * g->h * g->w, pixels = g->n * g->h * g->w,
+                  cw = (g->c + 7) / 8;
+    BIE_TRY(reserve_bytes(l, (void **)&c->codes, &c->codes_cap,
+                          nhwc ? pixels * bie_cuda_q4_conv_cb(g->c) : (n_in + 7) / 8 * 4,
+                          "input codes"));
+    if (!keep) return BIE_OK;
+    BIE_TRY(reserve_bytes(l, (void **)&c->mask, &c->mask_cap, nhwc ? pixels * cw : (n_in + 7) / 8,
+                          "input clip bits"));
+    return reserve_bytes(l, (void **)&c->resid, &c->resid_cap, nhwc ? pixels * cw * 8 : n_in,
+                         "input residuals");
 }
 
 /* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
@@ -144,22 +149,28 @@ static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8
     return BIE_OK;
 }
 
-/* The implicit GEMM: NHWC codes in a stream-ordered workspace, then the GEMM. */
+/* The implicit GEMM: NHWC codes, then the GEMM. The codes are the layer's kept state, with
+ * the clip bits and residuals, where the forward keeps an NHWC state; otherwise they live in a
+ * stream-ordered workspace. */
 static bie_status forward_implicit(bie_layer *l, const bie_tensor *x, const bie_conv_geom *g,
-                                   const uint8_t *wcodes, bie_tensor *out) {
+                                   const uint8_t *wcodes, bool nhwc_state, bie_tensor *out) {
     struct bie_q4c_cuda *c = CU(l);
     const uint8_t *taps = NULL;
     BIE_TRY(forward_taps(l, g, wcodes, &taps));
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
-    uint8_t *codes = NULL;
+    uint8_t *codes = c->codes;
     const size_t bytes = (size_t)(g->n * g->h * g->w * bie_cuda_q4_conv_cb(g->c));
-    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&codes, bytes, stream), MODULE, "NHWC codes"));
+    if (!nhwc_state)
+        BIE_TRY(
+            bie_cbw_cuda_ok(cudaMallocAsync((void **)&codes, bytes, stream), MODULE, "NHWC codes"));
     float *scalars = c->d.scalars;
-    bie_status st = bie_cuda_q4_conv_encode_nhwc(l->dtype, x->data, g, c->d.bias_a,
-                                                 scalars + BIE_CBW_SCALE_A, codes);
+    bie_status st = bie_cuda_q4_conv_encode_nhwc(
+        l->dtype, x->data, g, c->d.bias_a, scalars + BIE_CBW_SCALE_A, codes,
+        nhwc_state ? c->mask : NULL, nhwc_state ? c->resid : NULL);
     if (st == BIE_OK)
         st = bie_cuda_q4conv_implicit(-1, codes, g, taps, scalars + BIE_CBW_SCALE_A,
                                       scalars + BIE_CBW_SCALE_W, l->dtype, out->data);
+    if (nhwc_state) return st;
     bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(codes, stream), MODULE, "NHWC codes");
     BIE_TRY(st);
     return fst;
@@ -192,29 +203,33 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t oshape[4] = {g.n, g.o, g.oh, g.ow};
     BIE_TRY(bie_cbw_check_shape4(l->device.index, out, l->dtype, oshape, "output", who));
     if (c->d.w_f32 == NULL && (l->training || c->d.qweight == NULL)) return bie_bw_no_weight(who);
-    const int64_t rows = g.n * g.oh * g.ow, n_in = bie_tensor_numel(x);
+    const int64_t rows = g.n * g.oh * g.ow;
     int64_t cols_bytes;
     /* The GEMM and the backward's BLAS index rows in 32 bits. */
     if (rows > INT32_MAX || !bie_mul_ok(rows, c->d.ld, &cols_bytes) || g.h * g.w > INT32_MAX ||
         g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     const bool keep = l->training, implicit = use_implicit(l, &g);
+    /* A training forward through the implicit GEMM keeps its codes, clip bits and residuals
+     * NHWC where the backward reads them so. */
+    const bool nhwc = keep && implicit && bie_cuda_q4_conv_nhwc_state(l->dtype, &g);
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
-    BIE_TRY(reserve_activations(l, n_in, keep));
+    BIE_TRY(reserve_activations(l, &g, keep, nhwc));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    /* The flat codes feed the im2col, and the backward. */
-    if (keep || !implicit)
+    /* The flat codes feed the im2col, and the backward from a flat state. */
+    if (!nhwc && (keep || !implicit))
         BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a,
                                         scalars + BIE_CBW_SCALE_A, c->codes, keep ? c->mask : NULL,
                                         keep ? c->resid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
-    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, out)
+    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, nhwc, out)
                      : forward_im2col(l, &g, wcodes, cols_bytes, out));
     if (keep) {
         c->g = g;
+        c->nhwc_state = nhwc;
         bie_conv_geom sg = {g.n, g.c, g.h, g.w, g.o, g.oh, g.ow, g.k, g.s, g.p, g.d, 0};
         l->saved_geom = sg;
         l->has_saved = true;
@@ -247,6 +262,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_x = grad_x ? grad_x->data : NULL,
         .wcodes = c->wcodes,
         .ld = c->d.ld,
+        .nhwc_state = c->nhwc_state,
         .codes = c->codes,
         .mask = c->mask,
         .resid = c->resid,
