@@ -64,6 +64,11 @@ void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int6
 // (NCHW, or NHWC where g.nhwc), on the current stream (conv_backward_mma.cu).
 template <typename T>
 void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void *gt);
+// From the grad_x kernels' per-tile channel sums part_sum / part_dot [tiles][c]:
+// grad_bias[c] = the sum over the tiles, *grad_scale = the sum of all dots / denom (each in
+// double and a fixed order; dots: a workspace of c doubles).
+void conv_tile_sums(const float *part_sum, const float *part_dot, int64_t tiles, int64_t c,
+                    double denom, double *dots, float *grad_bias, float *grad_scale);
 // grad_w [count] = scales[0] * the sum of the partial tiles part [slices][count], in order.
 void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
                     float *grad_w);

@@ -89,29 +89,23 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// The same for 16-bit T with wide accesses (hw a multiple of V = 8 or 2, g aligned to V
-// elements, gt 16-byte aligned, op a multiple of 64): 64 channels x 64 pixels per block, rows
-// loaded V pixels at a time, each thread then writes 8 channels of two pixels; the
-// 2-element-per-access form of the kernel above was ALU-bound at a fifth of the memory
-// bandwidth. Tile words hold two pixels of a channel.
-template <typename T, int V>
+// The same for 16-bit T with 16-byte accesses (hw a multiple of 8, g and gt 16-byte aligned,
+// op a multiple of 64): 64 channels x 64 pixels per block, rows loaded 8 pixels at a time,
+// each thread then writes 8 channels of two pixels; the 2-element-per-access form was
+// ALU-bound at a fifth of the memory bandwidth. Tile words hold two pixels of a channel.
+template <typename T>
 __global__ void __launch_bounds__(256)
-    to_pixel_major_vec(const T *__restrict__ g, int O, int hw, int op, T *__restrict__ gt) {
-    static_assert(sizeof(T) == 2 && (V == 8 || V == 2), "16-bit elements, 8 or 2 a load");
+    to_pixel_major_x8(const T *__restrict__ g, int O, int hw, int op, T *__restrict__ gt) {
+    static_assert(sizeof(T) == 2, "16-bit elements");
     __shared__ __align__(16) uint32_t tile[64][36];  // [channel][pixel pair], padded rows
     const int tiles = (hw + 63) / 64, n = blockIdx.x / tiles;
     const int p0 = (blockIdx.x - n * tiles) * 64, o0 = blockIdx.y * 64, t = threadIdx.x;
-    constexpr int kRow = 64 / V;  // loads per channel
-    for (int i = t; i < 64 * kRow; i += 256) {
-        const int r = i / kRow, q = i % kRow, o = o0 + r, p = p0 + q * V;
-        const T *src = g + ((int64_t)n * O + o) * hw + p;
-        if constexpr (V == 8) {
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (o < O && p < hw) v = __ldg(reinterpret_cast<const uint4 *>(src));
-            *reinterpret_cast<uint4 *>(&tile[r][q * 4]) = v;
-        } else {
-            tile[r][q] = o < O && p < hw ? __ldg(reinterpret_cast<const uint32_t *>(src)) : 0u;
-        }
+    for (int i = t; i < 512; i += 256) {
+        const int r = i >> 3, q = i & 7, o = o0 + r, p = p0 + q * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (o < O && p < hw)
+            v = __ldg(reinterpret_cast<const uint4 *>(g + ((int64_t)n * O + o) * hw + p));
+        *reinterpret_cast<uint4 *>(&tile[r][q * 4]) = v;
     }
     __syncthreads();
     const int pp = t & 31, cg = t >> 5, p = p0 + 2 * pp;
@@ -615,7 +609,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                            a.grad_x,
                            part_sum,
                            part_dot,
-                           false};
+                           false,
+                           nullptr,
+                           nullptr};
         if (dgrad_tma) {
             s = dgrad_tma_launch(w, tma_tiles);
         } else if (halo_wgmma) {
@@ -641,10 +637,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                     static_cast<T *>(a.grad_x), part_sum, part_dot);
     }
     if (s == BIE_OK) {
-        dgrad_channel_sums<<<(unsigned)g.c, 256, 0, st>>>(part_sum, part_dot, tiles, (int)g.c,
-                                                          a.grad_bias, dots);
-        sum_over(dots, g.c, std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)),
-                 a.grad_scale_a);
+        conv_tile_sums(part_sum, part_dot, tiles, g.c,
+                       std::sqrt((double)g.n * (double)g.c * (double)(g.h * g.w)), dots,
+                       a.grad_bias, a.grad_scale_a);
         s = wgrad_tma ? wgrad_tma_launch(a, gt, op, ws.at<void>(6), wgrad_tiles, wpart)
             : g.k == 3 && wgrad_wgmma_wanted() && wgmma_usable()
                 ? conv_wgrad_wgmma(a, gt, op, (int)per_slice, (int)slices, wpart)
@@ -669,10 +664,10 @@ void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void 
     if (g.nhwc)
         pad_pixel_rows<T>
             <<<blocks_for(g.n * ohw * op), 256, 0, st>>>(go, g.n * ohw, (int)g.o, op, gt);
-    else if (ohw % 2 == 0 && op % 64 == 0 && reinterpret_cast<uintptr_t>(go) % 16 == 0)
-        (ohw % 8 == 0 ? to_pixel_major_vec<T, 8> : to_pixel_major_vec<T, 2>)<<<
-            dim3((unsigned)(g.n * ((ohw + 63) / 64)), (unsigned)(op / 64)), 256, 0, st>>>(
-            go, (int)g.o, (int)ohw, op, gt);
+    else if (ohw % 8 == 0 && op % 64 == 0 && reinterpret_cast<uintptr_t>(go) % 16 == 0)
+        to_pixel_major_x8<T>
+            <<<dim3((unsigned)(g.n * ((ohw + 63) / 64)), (unsigned)(op / 64)), 256, 0, st>>>(
+                go, (int)g.o, (int)ohw, op, gt);
     else
         to_pixel_major<T>
             <<<dim3((unsigned)(g.n * ((ohw + 31) / 32)), (unsigned)(op / 32)), 256, 0, st>>>(
@@ -680,6 +675,13 @@ void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void 
 }
 template void conv_pixel_rows<__nv_bfloat16>(const bie_conv_geom &, const void *, int, void *);
 template void conv_pixel_rows<__half>(const bie_conv_geom &, const void *, int, void *);
+
+void conv_tile_sums(const float *part_sum, const float *part_dot, int64_t tiles, int64_t c,
+                    double denom, double *dots, float *grad_bias, float *grad_scale) {
+    dgrad_channel_sums<<<(unsigned)c, 256, 0, current_stream>>>(part_sum, part_dot, tiles, (int)c,
+                                                                grad_bias, dots);
+    sum_over(dots, c, denom, grad_scale);
+}
 
 void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
                     float *grad_w) {

@@ -60,6 +60,26 @@ __host__ __device__ constexpr int stage_bytes(int nc) { return kBTile + nc * kAT
 constexpr size_t smem_bytes(int nc, int s) { return 1024 + (size_t)s * stage_bytes(nc) + 16 * s; }
 static_assert(kBTile % 1024 == 0 && kATile % 1024 == 0, "the swizzle's alignment");
 
+// A consumer's per-channel sums of the tile (channels c and c + 8; csum, cdot over its
+// columns) added over the quad's four lanes in a fixed order, at part_* [blockIdx.x][channel].
+__device__ __forceinline__ void tile_sums(float (&csum)[2], float (&cdot)[2], int c, int C, int tq,
+                                          float *__restrict__ part_sum,
+                                          float *__restrict__ part_dot) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            csum[h] += __shfl_xor_sync(0xffffffffu, csum[h], off);
+            cdot[h] += __shfl_xor_sync(0xffffffffu, cdot[h], off);
+        }
+        if (tq == 0 && c + 8 * h < C) {
+            const int64_t at = (int64_t)blockIdx.x * C + c + 8 * h;
+            part_sum[at] = csum[h];
+            part_dot[at] = cdot[h];
+        }
+    }
+}
+
 // One K step's products (a tap, 64 output channels): the weight tile at a_tile times the
 // gradient rows from b_rows on, committed as one wgmma group.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -87,17 +107,21 @@ constexpr size_t halo_smem_bytes(int nc, int s, int hr) {
 // pixels a row), the tile's pixels numbered over that padded width, and each tap's B operand
 // the halo from row (k - 1 - i) d bw + (k - 1 - j) d on (a descriptor may start at any 128-byte
 // row of the swizzled region). A stage then holds only the weight tiles.
-// RAW: grad_x is f32 [pixels][C] of the products times scale_w (no mask, no sums).
-template <typename T, int NC, int S, bool HALO, bool RAW>
+// Q4: the 4-bit layer's epilogue (DgradHaloArgs.q4): the clip bits and residuals of the tile
+// (q4_bits, q4_resid) are copied into the ring once the products are done; grad_x is NCHW.
+template <typename T, int NC, int S, bool HALO, bool Q4>
 __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2 : 1)
     dgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_w,
               const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
+              const uint8_t *__restrict__ q4_bits, const int8_t *__restrict__ q4_resid,
               const float *__restrict__ scales, bie_conv_geom g64, DgradTmaTiles tl, int op, int cp,
               T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int kStage = HALO ? NC * kATile : stage_bytes(NC);
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int qpix[kPix];  // the flat input pixel of each tile pixel, -1 past the tensor
+    // Q4: each tile pixel's offset in NCHW grad_x at channel 0 (n C H W + y W + x).
+    __shared__ int qoff[Q4 ? kPix : 1];
     // Each consumer's clip mask and sign words (its two 32-channel words) of the tile's pixels,
     // copied while the products run.
     __shared__ uint32_t words[NC][2][kPix][2];
@@ -134,6 +158,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     for (int r = tid; r < kPix && HALO; r += blockDim.x) {  // over the padded width
         const int y = yy0 + r / tl.bw, x = r % tl.bw;
         qpix[r] = r < tl.tr * tl.bw && x < W && y < H && n0 < N ? (n0 * H + y) * W + x : -1;
+        if (Q4) qoff[r] = qpix[r] >= 0 ? n0 * C * H * W + y * W + x : 0;
     }
     for (int r = tid; r < kPix && !HALO; r += blockDim.x) {
         const int per_img = tl.tr * tl.bw, n = n0 + r / per_img, rem = r % per_img;
@@ -141,6 +166,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
         qpix[r] = r < per_img * tl.nimg && yy < hr && xx < wr && n < N
                       ? (n * H + ST * yy + ry) * W + ST * xx + rx
                       : -1;
+        if (Q4) qoff[r] = qpix[r] >= 0 ? n * C * H * W + (ST * yy + ry) * W + ST * xx + rx : 0;
     }
     __syncthreads();
 
@@ -193,7 +219,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     const int wt = tid & 127, lane = tid & 31, wi = wt >> 5, gq = lane >> 2, tq = lane & 3;
     const int c0 = ((int)blockIdx.y * NC + wg) * 64, cw = (C + 31) / 32;
 #pragma unroll
-    for (int it = 0; it < 2 * kPix * 2 / 128 && !RAW; it++) {
+    for (int it = 0; it < 2 * kPix * 2 / 128 && !Q4; it++) {
         const int idx = wt + 128 * it, a = idx / (2 * kPix), r = (idx >> 1) % kPix, u = idx & 1;
         const int q = qpix[r], w = c0 / 32 + u;
         const bool ok = q >= 0 && w < cw;
@@ -236,20 +262,68 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     }
     wgmma_wait<0>();
     fence_acc(acc);
-    if constexpr (RAW) {  // a warp's stores: 8 channels (32 bytes) of 4 pixels each
+    if constexpr (Q4) {
+        // Every consumer past its last product: the ring becomes the staging area, first for
+        // the tile's residuals ([kPix][64], rows of kRes bytes against bank conflicts) and clip
+        // bits ([kPix][8] bytes) of channels c0 .. c0 + 63, zeros past the tensor.
+        asm volatile("bar.sync 1, %0;\n" ::"r"(128 * NC) : "memory");
+        constexpr int kRes = 80;
+        unsigned char *stg = gbase + wg * kBTile, *bits = stg + kPix * kRes;
+        for (int i = wt; i < kPix * 5; i += 128) {
+            const int r = i / 5, u = i - 5 * r, q = qpix[r];
+            const bool ok = q >= 0;
+            if (u < 4)
+                cp_async_n(smem_u32(stg + r * kRes + 16 * u),
+                           q4_resid + (ok ? (int64_t)q * cp + c0 + 16 * u : 0), 16, ok);
+            else
+                cp_async_n(smem_u32(bits + 8 * r),
+                           q4_bits + (ok ? (int64_t)q * (cp / 8) + c0 / 8 : 0), 8, ok);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+        // Rows (channels) c0 + 16 wi + g + 8 h, columns (tile pixels) 8 nj + 2 tq + e: grad_x
+        // = the products times scale_w where the clip bit is set, kept in acc.
         const float sw = scales[1];
-        float *out = reinterpret_cast<float *>(grad_x);
+        float csum[2] = {0.0f, 0.0f}, cdot[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int nj = 0; nj < kPix / 8; nj++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int q = qpix[nj * 8 + 2 * tq + e];
+                const int r = nj * 8 + 2 * tq + e;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int c = c0 + 16 * wi + gq + 8 * h;
-                    if (q >= 0 && c < C) out[(int64_t)q * C + c] = acc[4 * nj + 2 * h + e] * sw;
+                    const int cl = 16 * wi + gq + 8 * h;
+                    float &a = acc[4 * nj + 2 * h + e];
+                    const float v = (bits[8 * r + (cl >> 3)] >> (cl & 7)) & 1 ? a * sw : 0.0f;
+                    csum[h] += v;
+                    cdot[h] += v * (float)(int8_t)stg[r * kRes + cl];
+                    a = v;
                 }
             }
+        tile_sums(csum, cdot, c0 + 16 * wi + gq, C, tq, part_sum, part_dot);
+        // Then for grad_x as [64 channels][kPix] (16-byte chunks swizzled by channel), written
+        // out along each channel's pixels.
+        if (grad_x == nullptr) return;
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // the bits read
+        T *cols = reinterpret_cast<T *>(stg);
+        auto col_at = [](int cl, int r) {
+            return cl * kPix + (((r >> 3) ^ (cl & 7)) << 3) + (r & 7);
+        };
+#pragma unroll
+        for (int nj = 0; nj < kPix / 8; nj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    cols[col_at(16 * wi + gq + 8 * h, nj * 8 + 2 * tq + e)] =
+                        from_f32<T>(acc[4 * nj + 2 * h + e]);
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // its staging written
+        const int64_t plane = (int64_t)H * W;
+        for (int i = wt; i < 64 * kPix; i += 128) {
+            const int cl = i / kPix, r = i - cl * kPix, c = c0 + cl;
+            if (qpix[r] >= 0 && c < C) grad_x[qoff[r] + c * plane] = cols[col_at(cl, r)];
+        }
         return;
     }
     cp_async_wait<0>();
@@ -276,20 +350,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
                                        (cl & 7) * 2) = from_f32<T>(v);
             }
         }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            csum[h] += __shfl_xor_sync(0xffffffffu, csum[h], off);
-            cdot[h] += __shfl_xor_sync(0xffffffffu, cdot[h], off);
-        }
-        const int c = c0 + 16 * wi + gq + 8 * h;
-        if (tq == 0 && c < C) {
-            const int64_t at = (int64_t)blockIdx.x * C + c;
-            part_sum[at] = csum[h];
-            part_dot[at] = cdot[h];
-        }
-    }
+    tile_sums(csum, cdot, c0 + 16 * wi + gq, C, tq, part_sum, part_dot);
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // its staging written
     const bool vec = C % 8 == 0 && reinterpret_cast<uintptr_t>(grad_x) % 16 == 0;
 #pragma unroll 4
@@ -306,12 +367,12 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
         }
     }
 #else
-    (void)map_g, (void)map_w, (void)mask, (void)signs, (void)scales, (void)g64, (void)tl, (void)op,
-        (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;
+    (void)map_g, (void)map_w, (void)mask, (void)signs, (void)q4_bits, (void)q4_resid, (void)scales,
+        (void)g64, (void)tl, (void)op, (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;
 #endif
 }
 
-template <typename T, int NC, int S, bool HALO, bool RAW>
+template <typename T, int NC, int S, bool HALO, bool Q4>
 bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     static const char *who = "conv grad_x (wgmma, TMA)";
     const bie_conv_geom &g = a.g;
@@ -320,25 +381,24 @@ bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, box_rows, tl.nimg) ||
         !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    const auto fn = dgrad_tma<T, NC, S, HALO, RAW>;
+    const auto fn = dgrad_tma<T, NC, S, HALO, Q4>;
     const size_t smem = HALO ? halo_smem_bytes(NC, S, tl.hr) : smem_bytes(NC, S);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        who));
     fn<<<dim3((unsigned)tl.tiles, (unsigned)(a.cp / (64 * NC))), 128 * NC + 32, smem,
-         current_stream>>>(map_g, map_w, a.mask, a.signs, a.scales, g, tl, a.op, a.cp,
-                           static_cast<T *>(a.grad_x), a.part_sum, a.part_dot);
+         current_stream>>>(map_g, map_w, a.mask, a.signs, a.q4_bits, a.q4_resid, a.scales, g, tl,
+                           a.op, a.cp, static_cast<T *>(a.grad_x), a.part_sum, a.part_dot);
     return check(cudaGetLastError(), who);
 }
 
-template <typename T, bool RAW>
+template <typename T, bool Q4>
 bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     // 64 channels: two blocks of two stages per SM (one block of four took 27 % longer, H100).
     if (tl.halo)
-        return a.cp % 128 == 0 ? launch<T, 2, 4, true, RAW>(a, tl)
-                               : launch<T, 1, 4, true, RAW>(a, tl);
-    return a.cp % 128 == 0 ? launch<T, 2, 4, false, RAW>(a, tl)
-                           : launch<T, 1, 2, false, RAW>(a, tl);
+        return a.cp % 128 == 0 ? launch<T, 2, 4, true, Q4>(a, tl)
+                               : launch<T, 1, 4, true, Q4>(a, tl);
+    return a.cp % 128 == 0 ? launch<T, 2, 4, false, Q4>(a, tl) : launch<T, 1, 2, false, Q4>(a, tl);
 }
 
 }  // namespace
@@ -386,7 +446,7 @@ bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
 }
 
 bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
-    if (a.raw)
+    if (a.q4)
         return a.half ? launch_typed<__half, true>(a, tl)
                       : launch_typed<__nv_bfloat16, true>(a, tl);
     return a.half ? launch_typed<__half, false>(a, tl) : launch_typed<__nv_bfloat16, false>(a, tl);

@@ -255,15 +255,16 @@ bie_status bie_cuda_q4_conv_im2col(const uint8_t *codes, const bie_conv_geom *g,
  * nibbles padded with code 0 to cb = bie_cuda_q4_conv_cb(C) bytes (a multiple of 64), and
  * the weight rows [o][k k cb] in tap order ([i, j], then the channels). */
 int64_t bie_cuda_q4_conv_cb(int64_t c);
-/* With mask and resid (a training forward whose backward takes the NHWC state, see
- * bie_cuda_q4_conv_nhwc_state): also the clip bits, [n h w][cw] bytes (cw = ceil(C / 8);
- * channel c at bit c % 8 of byte c / 8), and the residuals, [n h w][8 cw], 0 past C. */
+/* With mask and resid (a training forward that keeps its backward state NHWC, see
+ * bie_cuda_q4_conv_nhwc_state): also the clip bits, [n h w][cp / 8] bytes (cp = C rounded up
+ * to a multiple of 64; channel c at bit c % 8 of byte c / 8), and the residuals, [n h w][cp],
+ * 0 past C. */
 bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                         const float *bias, const float *scale_a, uint8_t *codes,
                                         uint8_t *mask, int8_t *resid);
 /* Whether a training forward of this layer keeps its backward state NHWC (the implicit
  * GEMM's codes, with bie_cuda_q4_conv_encode_nhwc's clip bits and residuals): where the
- * backward runs on the TMA implicit GEMMs, which read it with no transposes. */
+ * backward runs on the TMA implicit GEMMs, which read only that state. */
 bool bie_cuda_q4_conv_nhwc_state(bie_dtype dtype, const bie_conv_geom *g);
 /* Weight rows of the GEMM layout ([c, i, j] codes, `ld` bytes) to the tap layout. */
 bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_conv_geom *g,

@@ -130,9 +130,9 @@ __device__ __forceinline__ void load2(const __half *p, float &a, float &b) {
 // VP = 2 needs an even H W, so a pair never straddles two images, and an aligned x),
 // warp = word; the words meet in shared memory and leave as each pixel's 32 contiguous
 // bytes. Codes as q4_conv_encode computes them; channels past C get code 0. STATE (a
-// training forward): also the backward's clip bits and residuals, NHWC: per pixel cw =
-// ceil(C / 8) bytes of clip bits (channel ch at bit ch % 8 of byte ch / 8) and 8 cw
-// residuals, 0 past C (bie_cuda_q4_conv_encode_nhwc).
+// training forward): also the backward's clip bits and residuals, NHWC: per pixel cw bytes
+// of clip bits (channel ch at bit ch % 8 of byte ch / 8) and 8 cw residuals, 0 past C
+// (bie_cuda_q4_conv_encode_nhwc).
 template <typename T, int VP, bool STATE>
 __global__ void __launch_bounds__(256)
     q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, int cw,
@@ -238,7 +238,7 @@ template <typename T>
 void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias,
                         const float *scale_a, uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const int pixels = (int)(g->n * g->h * g->w), cbw = (int)(bie_cuda_q4_conv_cb(g->c) / 4),
-              hw = (int)(g->h * g->w), cw = (int)((g->c + 7) / 8);
+              hw = (int)(g->h * g->w), cw = (int)((g->c + 63) / 64 * 8);
     const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
     const int vp = pairs ? 2 : 1;
     const dim3 grid((unsigned)((pixels + 32 * vp - 1) / (32 * vp)), (unsigned)((cbw + 7) / 8));

@@ -66,9 +66,14 @@ struct DgradHaloArgs {
     int op, cp, tr;
     void *grad_x;
     float *part_sum, *part_dot;
-    // dgrad_tma only: grad_x is f32 [input pixels][C] (NHWC, any layer layout) of the products
-    // times scale_w, with no clip mask and no sums (mask, signs, part_sum, part_dot unused).
-    bool raw;
+    // dgrad_tma only, the 4-bit layer (q4): the clip bits [input pixels][cp / 8] bytes and the
+    // residuals [input pixels][cp] of bie_cuda_q4_conv_encode_nhwc's state in place of mask and
+    // signs; grad_x (NCHW, any layer layout) = the products times scale_w where the clip bit is
+    // set, and part_sum / part_dot [tile][C] the tiles' sums of grad_x and of grad_x times the
+    // residuals.
+    bool q4;
+    const uint8_t *q4_bits;
+    const int8_t *q4_resid;
 };
 size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);

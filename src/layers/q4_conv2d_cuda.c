@@ -4,9 +4,10 @@
  * corrections. By default (32 <= C <= 2048, no kernel chosen) the codes are NHWC and the
  * GEMM gathers each output pixel's taps itself (an implicit GEMM, weight rows in tap order);
  * otherwise, or with a kernel chosen, an im2col of the codes (one GEMM row per output pixel)
- * feeds the GEMM. A training forward keeps what
- * the CPU layer keeps for the backward: the input's codes, clip bits and 8-bit rounding
- * residuals (13 bits per input element), and the weight codes. */
+ * feeds the GEMM. A training forward keeps what the CPU layer keeps for the backward: the
+ * input's codes, clip bits and 8-bit rounding residuals (13 bits per input element; NHWC
+ * with channels padded to 64 where the backward runs on the TMA kernels, else flat), and the
+ * weight codes. */
 #include <cuda_runtime_api.h>
 #include <string.h>
 
@@ -90,7 +91,7 @@ static bie_status reserve_bytes(bie_layer *l, void **buf, int64_t *cap, int64_t 
 static bie_status reserve_activations(bie_layer *l, const bie_conv_geom *g, bool keep, bool nhwc) {
     struct bie_q4c_cuda *c = CU(l);
     const int64_t n_in = g->n * g->c * g->h * g->w, pixels = g->n * g->h * g->w,
-                  cw = (g->c + 7) / 8;
+                  cw = (g->c + 63) / 64 * 8; /* clip bytes of an NHWC pixel */
     BIE_TRY(reserve_bytes(l, (void **)&c->codes, &c->codes_cap,
                           nhwc ? pixels * bie_cuda_q4_conv_cb(g->c) : (n_in + 7) / 8 * 4,
                           "input codes"));
@@ -176,21 +177,40 @@ static bie_status forward_implicit(bie_layer *l, const bie_tensor *x, const bie_
     return fst;
 }
 
-/* The im2col path: the flat codes' im2col in a stream-ordered workspace, then the GEMM. */
-static bie_status forward_im2col(bie_layer *l, const bie_conv_geom *g, const uint8_t *wcodes,
-                                 int64_t cols_bytes, bie_tensor *out) {
+/* The im2col path: the flat codes' im2col in a stream-ordered workspace, then the GEMM. With
+ * an NHWC state, that state is encoded first and the flat codes live in a workspace too;
+ * otherwise they are the layer's (encoded by the caller). */
+static bie_status forward_im2col(bie_layer *l, const bie_tensor *x, const bie_conv_geom *g,
+                                 const uint8_t *wcodes, int64_t cols_bytes, bool nhwc_state,
+                                 bie_tensor *out) {
     struct bie_q4c_cuda *c = CU(l);
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
+    const float *scale_a = c->d.scalars + BIE_CBW_SCALE_A;
+    uint8_t *codes = c->codes;
+    if (nhwc_state) {
+        BIE_TRY(bie_cuda_q4_conv_encode_nhwc(l->dtype, x->data, g, c->d.bias_a, scale_a, c->codes,
+                                             c->mask, c->resid));
+        const int64_t n_in = g->n * g->c * g->h * g->w;
+        BIE_TRY(
+            bie_cbw_cuda_ok(cudaMallocAsync((void **)&codes, (size_t)((n_in + 7) / 8 * 4), stream),
+                            MODULE, "input codes"));
+    }
     uint8_t *cols = NULL;
-    BIE_TRY(bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream), MODULE,
-                            "im2col workspace"));
-    bie_status st = bie_cuda_q4_conv_im2col(c->codes, g, c->d.ld, cols);
+    bie_status st = bie_cbw_cuda_ok(cudaMallocAsync((void **)&cols, (size_t)cols_bytes, stream),
+                                    MODULE, "im2col workspace");
+    if (st == BIE_OK && nhwc_state)
+        st = bie_cuda_q4_conv_encode(l->dtype, x->data, g, c->d.bias_a, scale_a, codes, NULL, NULL);
+    if (st == BIE_OK) st = bie_cuda_q4_conv_im2col(codes, g, c->d.ld, cols);
     const bie_cuda_conv_out conv = {g->oh * g->ow, NULL, NULL, 0};
     if (st == BIE_OK)
         st = bie_cuda_q4gemm_launch(l->kernel_id, g->n * g->oh * g->ow, g->o, l->fan_in, cols,
-                                    wcodes, c->d.ld, 0.0f, c->d.scalars + BIE_CBW_SCALE_A,
-                                    c->d.scalars + BIE_CBW_SCALE_W, l->dtype, out->data, &conv);
-    bie_status fst = bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+                                    wcodes, c->d.ld, 0.0f, scale_a, c->d.scalars + BIE_CBW_SCALE_W,
+                                    l->dtype, out->data, &conv);
+    bie_status fst = cols == NULL
+                         ? BIE_OK
+                         : bie_cbw_cuda_ok(cudaFreeAsync(cols, stream), MODULE, "im2col workspace");
+    if (nhwc_state && fst == BIE_OK)
+        fst = bie_cbw_cuda_ok(cudaFreeAsync(codes, stream), MODULE, "input codes");
     BIE_TRY(st);
     return fst;
 }
@@ -210,14 +230,15 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
         g.c * g.k * g.k > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: input too large for the CUDA kernels", who);
     const bool keep = l->training, implicit = use_implicit(l, &g);
-    /* A training forward through the implicit GEMM keeps its codes, clip bits and residuals
-     * NHWC where the backward reads them so. */
-    const bool nhwc = keep && implicit && bie_cuda_q4_conv_nhwc_state(l->dtype, &g);
+    /* A training forward keeps its codes, clip bits and residuals NHWC where the backward
+     * runs on the TMA kernels (which read them so), else flat. */
+    const bool nhwc = keep && bie_cuda_q4_conv_nhwc_state(l->dtype, &g);
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     BIE_TRY(reserve_activations(l, &g, keep, nhwc));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    /* The flat codes feed the im2col, and the backward from a flat state. */
+    /* The flat codes feed the im2col, and the backward from a flat state (forward_im2col
+     * encodes its own where the state is NHWC). */
     if (!nhwc && (keep || !implicit))
         BIE_TRY(bie_cuda_q4_conv_encode(l->dtype, x->data, &g, c->d.bias_a,
                                         scalars + BIE_CBW_SCALE_A, c->codes, keep ? c->mask : NULL,
@@ -226,7 +247,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, &wcodes));
     BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, nhwc, out)
-                     : forward_im2col(l, &g, wcodes, cols_bytes, out));
+                     : forward_im2col(l, x, &g, wcodes, cols_bytes, nhwc, out));
     if (keep) {
         c->g = g;
         c->nhwc_state = nhwc;
