@@ -302,27 +302,38 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
                 }
             }
         tile_sums(csum, cdot, c0 + 16 * wi + gq, C, tq, part_sum, part_dot);
-        // Then for grad_x as [64 channels][kPix] (16-byte chunks swizzled by channel), written
-        // out along each channel's pixels.
+        // Then for grad_x as [64 channels][kPix] (16-byte chunks swizzled by channel), each
+        // thread's neighbouring pixels as one word.
         if (grad_x == nullptr) return;
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // the bits read
-        T *cols = reinterpret_cast<T *>(stg);
-        auto col_at = [](int cl, int r) {
-            return cl * kPix + (((r >> 3) ^ (cl & 7)) << 3) + (r & 7);
+        uint32_t *cols = reinterpret_cast<uint32_t *>(stg);            // pixel pairs
+        auto pair_at = [](int cl, int r) {                             // r even
+            return cl * (kPix / 2) + (((r >> 3) ^ (cl & 7)) << 2) + ((r & 7) >> 1);
         };
 #pragma unroll
         for (int nj = 0; nj < kPix / 8; nj++)
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    cols[col_at(16 * wi + gq + 8 * h, nj * 8 + 2 * tq + e)] =
-                        from_f32<T>(acc[4 * nj + 2 * h + e]);
+            for (int h = 0; h < 2; h++) {
+                const T lo = from_f32<T>(acc[4 * nj + 2 * h]),
+                        hi = from_f32<T>(acc[4 * nj + 2 * h + 1]);
+                cols[pair_at(16 * wi + gq + 8 * h, nj * 8 + 2 * tq)] =
+                    (uint32_t)bits_of(lo) | (uint32_t)bits_of(hi) << 16;
+            }
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // its staging written
+        // Thread wt writes tile pixels 2 wt and 2 wt + 1 of each channel: one word where they
+        // are neighbours in grad_x and the word is aligned, else each on its own.
         const int64_t plane = (int64_t)H * W;
-        for (int i = wt; i < 64 * kPix; i += 128) {
-            const int cl = i / kPix, r = i - cl * kPix, c = c0 + cl;
-            if (qpix[r] >= 0 && c < C) grad_x[qoff[r] + c * plane] = cols[col_at(cl, r)];
+        const int r = 2 * wt, q0 = qpix[r], q1 = qpix[r + 1];
+        const bool pair = q0 >= 0 && q1 >= 0 && qoff[r + 1] == qoff[r] + 1;
+        T *d0 = grad_x + qoff[r] + c0 * plane, *d1 = grad_x + qoff[r + 1] + c0 * plane;
+        for (int cl = 0; cl < 64 && c0 + cl < C; cl++, d0 += plane, d1 += plane) {
+            const uint32_t v = cols[pair_at(cl, r)];
+            if (pair && reinterpret_cast<uintptr_t>(d0) % 4 == 0) {
+                *reinterpret_cast<uint32_t *>(d0) = v;
+            } else {
+                if (q0 >= 0) *d0 = of_bits<T>((uint16_t)v);
+                if (q1 >= 0) *d1 = of_bits<T>((uint16_t)(v >> 16));
+            }
         }
         return;
     }

@@ -34,6 +34,17 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
+// The bits of a 16-bit value, and back.
+__device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ uint16_t bits_of(__half v) { return __half_as_ushort(v); }
+template <typename T> __device__ __forceinline__ T of_bits(uint16_t b);
+template <> __device__ __forceinline__ __nv_bfloat16 of_bits<__nv_bfloat16>(uint16_t b) {
+    return __ushort_as_bfloat16(b);
+}
+template <> __device__ __forceinline__ __half of_bits<__half>(uint16_t b) {
+    return __ushort_as_half(b);
+}
+
 // N consecutive elements p[0 .. N) as float (0 past `left`): 16-byte loads (one 8-byte load
 // where N elements are 8 bytes) when `vec` (p aligned to N elements of T, at most 16 bytes, and
 // all N inside), else one load per element.
