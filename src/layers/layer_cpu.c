@@ -1,6 +1,6 @@
 /* What every kind's CPU ops table shares (layer_cpu.h): the device check, set_activation's
- * work, checking a kernel id, and select_gemm_kernel, which times every available kernel of
- * the layer's op on its GEMM shape and keeps the fastest. */
+ * work, checking a kernel id, select_gemm_kernel, which times every available kernel of the
+ * layer's op on its GEMM shape and keeps the fastest, and the 4-bit layers' training state. */
 #include <time.h>
 
 #include "../cpu/dispatch.h"
@@ -133,6 +133,34 @@ static bie_status select_kernel(bie_layer *l, const bie_tensor *x, int *id) {
         n = l->out;
     }
     return select_for_shape(l->kind->op, m, n, l->fan_in, id);
+}
+
+bool bie_q4_state_alloc(bie_q4_state *s, int64_t n, bool keep) {
+    s->nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(n)) : NULL;
+    s->mask = keep ? bie_alloc_aligned((size_t)((n + 7) / 8)) : NULL;
+    s->resid = keep ? bie_alloc_aligned((size_t)n) : NULL;
+    return !keep || (s->nib && s->mask && s->resid);
+}
+
+void bie_q4_state_keep(bie_layer *l, bie_q4_state *s, const int8_t *codes, int64_t n,
+                       int8_t **wcodes, float scale_a) {
+    bie_q4_pack_nibbles(codes, 1, n, s->nib);
+    bie_layer_drop_saved(l);
+    l->saved_codes = s->nib;
+    l->saved_mask = s->mask;
+    l->saved_resid = s->resid;
+    l->saved_wcodes = *wcodes; /* training codes come from the float weight: owned */
+    l->saved_scale_a = scale_a;
+    l->saved_scale_w = l->qw.scale_w;
+    l->has_saved = true;
+    s->nib = s->mask = NULL;
+    s->resid = *wcodes = NULL;
+}
+
+void bie_q4_state_free(bie_q4_state *s) {
+    bie_free_aligned(s->nib);
+    bie_free_aligned(s->mask);
+    bie_free_aligned(s->resid);
 }
 
 const bie_device_ops bie_cpu_device_ops = {

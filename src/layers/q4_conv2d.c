@@ -53,17 +53,18 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
                            who));
     int8_t *codes = bie_ws_take(&l->ws, (size_t)n_in),
            *cols = bie_ws_take(&l->ws, (size_t)(plane * K));
-    uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(n_in)) : NULL;
-    uint8_t *mask = keep ? bie_alloc_aligned((size_t)((n_in + 7) / 8)) : NULL;
-    int8_t *resid = keep ? bie_alloc_aligned((size_t)n_in) : NULL, *wcodes = NULL;
+    int8_t *wcodes = NULL;
+    bie_q4_state state;
+    const bool room = bie_q4_state_alloc(&state, n_in, keep);
     bool borrowed = false;
     bie_status st = BIE_OK;
-    if (!codes || !cols || (keep && (!nib || !mask || !resid))) {
+    if (!codes || !cols || !room) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
     if ((st = bie_q4w_codes(&l->qw, !l->training, &wcodes, &borrowed, who)) != BIE_OK) goto done;
-    bie_q4_encode(x->data, n_in, l->bias_a, g.h * g.w, g.c, scale_a, codes, mask, resid);
+    bie_q4_encode(x->data, n_in, l->bias_a, g.h * g.w, g.c, scale_a, codes, state.mask,
+                  state.resid);
     float *o = out->data;
     for (int64_t n = 0; n < g.n && st == BIE_OK; n++) {
         im2col_codes(&g, codes + n * chw, cols);
@@ -73,24 +74,12 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
     if (keep) {
-        bie_q4_pack_nibbles(codes, 1, n_in, nib);
-        bie_layer_drop_saved(l);
-        l->saved_codes = nib;
-        l->saved_mask = mask;
-        l->saved_resid = resid;
-        l->saved_wcodes = wcodes;
+        bie_q4_state_keep(l, &state, codes, n_in, &wcodes, scale_a);
         l->saved_geom = g;
-        l->saved_scale_a = scale_a;
-        l->saved_scale_w = l->qw.scale_w;
-        l->has_saved = true;
-        nib = mask = NULL;
-        resid = wcodes = NULL;
     }
 done:
     if (!borrowed) bie_free_aligned(wcodes);
-    bie_free_aligned(nib);
-    bie_free_aligned(mask);
-    bie_free_aligned(resid);
+    bie_q4_state_free(&state);
     return st;
 }
 

@@ -25,16 +25,15 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bool keep = l->training;
     BIE_TRY(bie_ws_reserve(&l->ws, bie_ws_piece((size_t)mk), who));
     int8_t *codes = bie_ws_take(&l->ws, (size_t)mk), *wcodes = NULL;
-    uint8_t *nib = keep ? bie_alloc_aligned((size_t)bie_nibble_row_bytes(mk)) : NULL;
-    uint8_t *mask = keep ? bie_alloc_aligned((size_t)((mk + 7) / 8)) : NULL;
-    int8_t *resid = keep ? bie_alloc_aligned((size_t)mk) : NULL;
+    bie_q4_state state;
+    const bool room = bie_q4_state_alloc(&state, mk, keep);
     bool borrowed = false;
     bie_status st = BIE_OK;
-    if (!codes || (keep && (!nib || !mask || !resid))) {
+    if (!codes || !room) {
         st = bie_fail(BIE_ERR_OUT_OF_MEMORY, "%s: workspace", who);
         goto done;
     }
-    bie_q4_encode(x->data, mk, l->bias_a, 1, k, scale_a, codes, mask, resid);
+    bie_q4_encode(x->data, mk, l->bias_a, 1, k, scale_a, codes, state.mask, state.resid);
     if (!l->training && l->qw.qweight && kern->tile) { /* deployment: weight panels packed once */
         const bie_packed_b *wp;
         if ((st = bie_q4w_packed(&l->qw, kern, &wp, who)) == BIE_OK)
@@ -48,26 +47,14 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     if (st != BIE_OK) goto done;
     l->scale_a = scale_a;
     if (keep) {
-        bie_q4_pack_nibbles(codes, 1, mk, nib);
-        bie_layer_drop_saved(l);
-        l->saved_codes = nib;
-        l->saved_mask = mask;
-        l->saved_resid = resid;
-        l->saved_wcodes = wcodes; /* training codes come from the float weight: owned */
+        bie_q4_state_keep(l, &state, codes, mk, &wcodes, scale_a);
         l->saved_m = m;
         l->saved_ndim = x->ndim;
         memcpy(l->saved_shape, x->shape, sizeof l->saved_shape);
-        l->saved_scale_a = scale_a;
-        l->saved_scale_w = l->qw.scale_w;
-        l->has_saved = true;
-        nib = mask = NULL;
-        resid = wcodes = NULL;
     }
 done:
     if (!borrowed) bie_free_aligned(wcodes);
-    bie_free_aligned(nib);
-    bie_free_aligned(mask);
-    bie_free_aligned(resid);
+    bie_q4_state_free(&state);
     return st;
 }
 
