@@ -1,9 +1,11 @@
 /* What every kind's CPU ops table shares (layer_cpu.h): the device check, set_activation's
  * work, checking a kernel id, select_gemm_kernel, which times every available kernel of the
  * layer's op on its GEMM shape and keeps the fastest, and the 4-bit layers' training state. */
+#include <math.h>
 #include <time.h>
 
 #include "../cpu/dispatch.h"
+#include "../cpu/frame/pack.h"
 #include "layer_cpu.h"
 
 static bie_status on_device(const bie_layer *l, const bie_tensor *t, const char *what,
@@ -161,6 +163,23 @@ void bie_q4_state_free(bie_q4_state *s) {
     bie_free_aligned(s->nib);
     bie_free_aligned(s->mask);
     bie_free_aligned(s->resid);
+}
+
+void bie_q4_state_grads(bie_layer *l, float *gx, int64_t n, int64_t run, int64_t len, float *gw,
+                        float *gb, double *sums) {
+    for (int64_t c = 0; c < len; c++) sums[c] = 0;
+    double dscale = 0;
+    for (int64_t b = 0, i = 0; b < n / run; b++) {
+        double *sum = &sums[b % len];
+        for (int64_t j = 0; j < run; j++, i++) {
+            const float v = bie_bit(l->saved_mask, i) ? gx[i] : 0.0f;
+            gx[i] = v;
+            dscale += (double)v * (double)l->saved_resid[i] / 254.0;
+            *sum += v;
+        }
+    }
+    for (int64_t c = 0; c < len; c++) gb[c] = (float)sums[c];
+    bie_grads_install(&l->grads, gw, NULL, gb, (float)(dscale / sqrt((double)n * 7.0)));
 }
 
 const bie_device_ops bie_cpu_device_ops = {

@@ -20,6 +20,12 @@ bool bie_q4_state_alloc(bie_q4_state *s, int64_t n, bool keep);
 void bie_q4_state_keep(bie_layer *l, bie_q4_state *s, const int8_t *codes, int64_t n,
                        int8_t **wcodes, float scale_a);
 void bie_q4_state_free(bie_q4_state *s);
+/* The 4-bit layers' backward from the kept state: gx [n] (grad_x before the clip) masked by
+ * the clip bits; grad_bias [len] (gb) its sums per channel (element i in channel
+ * (i / run) % len; n a multiple of run); grad_scale_a its dot with the residuals / 254 over
+ * sqrt(7 n). Installs gw and gb as the layer's gradients. sums: len doubles. */
+void bie_q4_state_grads(bie_layer *l, float *gx, int64_t n, int64_t run, int64_t len, float *gw,
+                        float *gb, double *sums);
 
 /* Bytes of one internal packed row of a binary linear layer (bits without word padding). */
 static inline int64_t bie_bl_row_bytes(const bie_layer *l) { return (l->in + 7) / 8; }

@@ -130,15 +130,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g.o, (int)K, (int)plane, 1.0f, gn,
                     (int)plane, cols, (int)plane, n ? 1.0f : 0.0f, gw, (int)K);
     }
-    double dscale = 0;
-    for (int64_t i = 0; i < n_in; i++) {
-        float v = bie_bit(l->saved_mask, i) ? gx[i] : 0.0f;
-        gx[i] = v;
-        dscale += (double)v * (double)l->saved_resid[i] / 254.0;
-        csum[(i / hw) % g.c] += v;
-    }
-    for (int64_t c = 0; c < g.c; c++) gb[c] = (float)csum[c];
-    bie_grads_install(&l->grads, gw, NULL, gb, (float)(dscale / sqrt((double)n_in * 7.0)));
+    bie_q4_state_grads(l, gx, n_in, hw, g.c, gw, gb, csum);
     bie_free_aligned(wf);
     bie_free_aligned(cols);
     bie_free_aligned(img);

@@ -92,15 +92,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
                 wf, (int)k, 0.0f, gx, (int)k);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, g, (int)n,
                 xs, (int)k, 0.0f, gw, (int)k);
-    double dscale = 0;
-    for (int64_t i = 0; i < m * k; i++) {
-        float v = bie_bit(l->saved_mask, i) ? gx[i] : 0.0f;
-        gx[i] = v;
-        dscale += (double)v * (double)l->saved_resid[i] / 254.0;
-        col[i % k] += v;
-    }
-    for (int64_t c = 0; c < k; c++) gb[c] = (float)col[c];
-    bie_grads_install(&l->grads, gw, NULL, gb, (float)(dscale / sqrt((double)(m * k) * 7.0)));
+    bie_q4_state_grads(l, gx, m * k, 1, k, gw, gb, col);
     bie_free_aligned(wf);
     bie_free_aligned(xs);
     if (!grad_x) bie_free_aligned(gx);
