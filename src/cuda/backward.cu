@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0) *out = (float)(sh[0] / denom);
 }
 
-// Per-tensor int8 quantization (SPEC §1): amax over a fixed grid, then q = rint(v * 127 / amax).
-constexpr int kAmaxBlocks = 256;
+// Per-tensor int8 quantization (SPEC §1): amax over a fixed grid (kAmaxBlocks partial maxima),
+// then q = rint(v * 127 / amax).
 template <typename T> __global__ void amax_partial(const T *x, int64_t n, float *part) {
     float a = 0;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
@@ -211,9 +211,18 @@ __device__ __forceinline__ int8_t quantize_one(float x, float amax) {
     float v = amax > 0 ? rintf(x * 127.0f / amax) : 0.0f;
     return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
 }
-// q = quantization of x with the amax in part[0]; four elements per step when `vec`.
-__global__ void quantize_i8(const float *x, int64_t n, const float *part, bool vec, int8_t *q) {
-    const float amax = part[0];
+// q = quantization of x with the amax that is the largest of the kAmaxBlocks partial maxima
+// in part (each block reduces them itself: no pass between); four elements per step when
+// `vec`.
+__global__ void __launch_bounds__(kAmaxBlocks)
+    quantize_i8(const float *x, int64_t n, const float *part, bool vec, int8_t *q) {
+    float a = part[threadIdx.x];
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    __shared__ float sh[kAmaxBlocks / 32];
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
+    __syncthreads();
+    float amax = sh[0];
+    for (int i = 1; i < kAmaxBlocks / 32; i++) amax = fmaxf(amax, sh[i]);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {
@@ -273,12 +282,16 @@ template void amax_into<float>(const float *, int64_t, float *);
 template void amax_into<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
 template void amax_into<__half>(const __half *, int64_t, float *);
 
-void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
-    amax_into(x, n, workspace);
+void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q) {
     const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
     const int64_t steps = vec ? n / 4 : n;
-    quantize_i8<<<std::min(grid_for(steps), 2048u), 256, 0, current_stream>>>(x, n, workspace, vec,
-                                                                              q);
+    quantize_i8<<<std::min(grid_for(steps), 2048u), kAmaxBlocks, 0, current_stream>>>(
+        x, n, partials, vec, q);
+}
+
+void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
+    amax_partial<float><<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
+    quantize_i8_partials(x, n, workspace, q);
 }
 
 // The exact products (SPEC §2): grad_x before the mask, g [m, k] (f32), and grad_w, in cuBLAS

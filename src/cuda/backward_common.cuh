@@ -69,20 +69,25 @@ void conv_pixel_rows(const bie_conv_geom &g, const void *grad_out, int op, void 
 // double and a fixed order; dots: a workspace of c doubles).
 void conv_tile_sums(const float *part_sum, const float *part_dot, int64_t tiles, int64_t c,
                     double denom, double *dots, float *grad_bias, float *grad_scale);
-// grad_w [count] = scales[0] * the sum of the partial tiles part [slices][count], in order.
+// grad_w [count] = scales[0] * the sum of the partial tiles part [slices][count], in order;
+// where amax is not NULL, also the kAmaxBlocks partial maxima of |grad_w| into it (for
+// quantize_i8_partials).
 void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
-                    float *grad_w);
+                    float *grad_w, float *amax);
 // Whether bie_cuda_conv_backward_force_gemm asked for the im2col + cuBLAS backwards.
 bool conv_backward_gemm_forced();
 // The 4-bit conv2d backward on the TMA implicit GEMMs (q4conv_backward_tma.cu): false where
 // they do not take the layer (nothing queued), else true and the status in *status.
 bool q4_conv_backward_tma(const bie_cuda_q4conv_backward_args &a, bie_status *status);
 // Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
-// workspace of amax_workspace_bytes().
+// workspace of amax_workspace_bytes() (kAmaxBlocks partial maxima of |x|).
+constexpr int kAmaxBlocks = 256;
 size_t amax_workspace_bytes();
 // workspace[0] = max |x| over x [n] (float32, bfloat16 or float16), on the current stream.
 template <typename T> void amax_into(const T *x, int64_t n, float *workspace);
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q);
+// The same, given the kAmaxBlocks partial maxima of |x| (any split of x among them).
+void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q);
 // The opt-in FP8 products of the binary linear backward (backward_fp8.cu): whether they
 // apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
 // before the mask into g [m, k] and grad_w; *done is false where cuBLASLt has no FP8

@@ -261,64 +261,6 @@ void pack_input_any(const void *xv, const bie_conv_geom *g, const float *bias, c
         launch_pack_input<T, 1>(x, g, cw, bias, scale_a, scale_w, saved_scales, signs, mask);
 }
 
-// Sign of element idx of weight row `row` ([c, i, j] order) from the source format.
-template <typename S>
-__device__ __forceinline__ bool weight_sign(const S *src, int64_t rb, int64_t row, int64_t idx);
-template <>
-__device__ __forceinline__ bool weight_sign<int8_t>(const int8_t *w, int64_t rb, int64_t row,
-                                                    int64_t idx) {
-    return w[row * rb + idx] >= 0;
-}
-template <>
-__device__ __forceinline__ bool weight_sign<float>(const float *w, int64_t rb, int64_t row,
-                                                   int64_t idx) {
-    return w[row * rb + idx] >= 0.0f;
-}
-template <>
-__device__ __forceinline__ bool weight_sign<uint8_t>(const uint8_t *q, int64_t rb, int64_t row,
-                                                     int64_t idx) {
-    return (q[row * rb + (idx >> 3)] >> (idx & 7)) & 1;
-}
-
-// Block (row, part): the 256 words of popcount part `part` of weight row `row`.
-template <typename S>
-__global__ void __launch_bounds__(256)
-    pack_weight(const S *__restrict__ src, int64_t rb, bie_conv_geom g, int64_t cw, int64_t ld,
-                uint32_t *bits, int *popc) {
-    const int64_t row = blockIdx.x, words = ld / 4, kk = g.k * g.k;
-    const int64_t q = (int64_t)blockIdx.y * 256 + threadIdx.x;
-    uint32_t v = 0;
-    if (q < kk * cw && q < words) {
-        const int64_t t = q / cw, c0 = (q % cw) * 32, cn = g.c - c0 < 32 ? g.c - c0 : 32;
-        for (int64_t c = 0; c < cn; c++)
-            v |= (uint32_t)weight_sign(src, rb, row, (c0 + c) * kk + t) << c;
-    }
-    if (q < words) bits[row * words + q] = v;
-    int count = __popc(v);
-    for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
-    __shared__ int partial[8];
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = count;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
-        for (int i = 0; i < 8; i++) total += partial[i];
-        popc[row * gridDim.y + blockIdx.y] = total;
-    }
-}
-
-// tapsum[o][t] = 2 * (ones among the tap's C bits) - C.
-__global__ void tap_sums(const uint32_t *bits, bie_conv_geom g, int64_t cw, int64_t ld,
-                         int *tapsum) {
-    const int64_t kk = g.k * g.k, words = ld / 4;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < g.o * kk;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = idx / kk, t = idx % kk;
-        int ones = 0;
-        for (int64_t w = 0; w < cw; w++) ones += __popc(bits[o * words + t * cw + w]);
-        tapsum[idx] = 2 * ones - (int)g.c;
-    }
-}
-
 // One warp per output pixel: its row of k k taps (cw words each, zero outside the input)
 // and the row's popcount. 32-bit index math.
 __global__ void __launch_bounds__(256)
@@ -346,24 +288,6 @@ __global__ void __launch_bounds__(256)
     }
     for (int o = 16; o > 0; o >>= 1) count += __shfl_down_sync(0xffffffffu, count, o);
     if (lane == 0) popc[r] = count;
-}
-
-__global__ void corrections(const int *tapsum, bie_conv_geom g, const int *ylim, const int *xlim,
-                            int ny, int nx, int *corr) {
-    const int64_t kk = g.k * g.k;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < (int64_t)ny * nx * g.o;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t cls = idx / g.o, o = idx % g.o;
-        const int cy = (int)(cls / nx), cx = (int)(cls % nx);
-        int sum = 0;
-        for (int64_t i = 0; i < g.k; i++)
-            for (int64_t j = 0; j < g.k; j++) {
-                const bool inside = i >= ylim[2 * cy] && i < ylim[2 * cy + 1] &&
-                                    j >= xlim[2 * cx] && j < xlim[2 * cx + 1];
-                if (!inside) sum += tapsum[o * kk + i * g.k + j];
-            }
-        corr[idx] = sum;
-    }
 }
 
 // ---- Implicit-GEMM binary convolution, persistent. A block keeps BN weight rows (output
@@ -632,44 +556,12 @@ bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_co
     return check(cudaGetLastError(), "cuda conv pack input");
 }
 
-bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
-                                     const bie_conv_geom *g, int64_t ld, uint8_t *bits, int *popc,
-                                     int *tapsum) {
-    const int64_t cw = bie_cuda_conv_cw(g), K = g->c * g->k * g->k;
-    const dim3 grid((unsigned)g->o, (unsigned)bie_cuda_popc_parts(ld));
-    cudaStream_t st = current_stream;
-    uint32_t *b = reinterpret_cast<uint32_t *>(bits);
-    switch (dtype) {
-    case BIE_I8:
-        pack_weight<<<grid, 256, 0, st>>>(static_cast<const int8_t *>(src), K, *g, cw, ld, b, popc);
-        break;
-    case BIE_F32:
-        pack_weight<<<grid, 256, 0, st>>>(static_cast<const float *>(src), K, *g, cw, ld, b, popc);
-        break;
-    case BIE_U8:
-        pack_weight<<<grid, 256, 0, st>>>(static_cast<const uint8_t *>(src), src_row_bytes, *g, cw,
-                                          ld, b, popc);
-        break;
-    default:
-        return bie_fail(BIE_ERR_DTYPE, "cuda conv pack: weight dtype %s", bie_dtype_name(dtype));
-    }
-    tap_sums<<<blocks_for(g->o * g->k * g->k, 256), 256, 0, st>>>(b, *g, cw, ld, tapsum);
-    return check(cudaGetLastError(), "cuda conv pack weight");
-}
-
 bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, int64_t ld,
                                 uint8_t *cols, int *popc) {
     const int64_t rows = g->n * g->oh * g->ow;
     im2col_bits<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, current_stream>>>(
         signs, *g, (int)(ld / 4), reinterpret_cast<uint32_t *>(cols), popc);
     return check(cudaGetLastError(), "cuda conv im2col");
-}
-
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g, const int *ylim,
-                                     int ny, const int *xlim, int nx, int *corr) {
-    corrections<<<blocks_for((int64_t)ny * nx * g->o, 256), 256, 0, current_stream>>>(
-        tapsum, *g, ylim, xlim, ny, nx, corr);
-    return check(cudaGetLastError(), "cuda conv corrections");
 }
 
 int bie_cuda_conv_implicit_bn(const bie_conv_geom *g, int classes) {

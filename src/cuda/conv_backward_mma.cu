@@ -34,23 +34,27 @@ namespace {
 
 // The ±1 weight as grad_x's B operand, [tap][cp][op] (op, cp: O, C rounded up to the tile;
 // 0 past them) from the forward's tap-layout rows (row o: per tap cw words of channel bits).
+// Block (8 output channels, 256 (tap, channel) pairs): a thread makes its pair's 8 values, one
+// 16-byte store (op is a multiple of 8).
 template <typename T>
 __global__ void __launch_bounds__(256)
-    dgrad_weight(const uint32_t *bits, int words, bie_conv_geom g64, int cp, int op, T *wt) {
+    dgrad_weight(const uint32_t *__restrict__ bits, int words, bie_conv_geom g64, int cp, int op,
+                 T *__restrict__ wt) {
     const int C = (int)g64.c, O = (int)g64.o, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k);
-    const int64_t total = (int64_t)kk * cp * op;
-    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < total;
-         e += (int64_t)gridDim.x * 256) {
-        const int o = (int)(e % op);
-        const int64_t r = e / op;
-        const int c = (int)(r % cp), t = (int)(r / cp);
-        float v = 0.0f;
-        if (o < O && c < C) {
-            const uint32_t w = bits[(int64_t)o * words + t * cw + (c >> 5)];
-            v = (w >> (c & 31)) & 1 ? 1.0f : -1.0f;
+    const int o0 = (int)blockIdx.x * 8, e = (int)blockIdx.y * 256 + (int)threadIdx.x;
+    if (e >= kk * cp) return;
+    const int t = e / cp, c = e - t * cp;
+    __align__(16) T v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float f = 0.0f;
+        if (o0 + j < O && c < C) {
+            const uint32_t w = bits[(int64_t)(o0 + j) * words + t * cw + (c >> 5)];
+            f = (w >> (c & 31)) & 1 ? 1.0f : -1.0f;
         }
-        wt[e] = from_f32<T>(v);
+        v[j] = from_f32<T>(f);
     }
+    *reinterpret_cast<uint4 *>(wt + (int64_t)e * op + o0) = *reinterpret_cast<const uint4 *>(v);
 }
 
 // NHWC grad_out [n oh ow][O] -> rows of op channels (0 for o >= O): grid-stride, one element
@@ -420,16 +424,30 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// grad_w = scale_a * the slices' partial tiles summed in order.
-__global__ void __launch_bounds__(256)
+// grad_w = scale_a * the slices' partial tiles summed in order; where amax, the block's
+// largest |grad_w| into amax[blockIdx.x] (the grid is then kAmaxBlocks blocks). Blocks of
+// kSumThreads, so that kAmaxBlocks of them fill the device.
+constexpr int kSumThreads = 1024;
+__global__ void __launch_bounds__(kSumThreads)
     wgrad_sum_slices(const float *part, int slices, int64_t count, const float *scales,
-                     float *grad_w) {
+                     float *grad_w, float *amax) {
     const float sa = scales[0];
-    for (int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x; e < count;
-         e += (int64_t)gridDim.x * 256) {
+    float a = 0.0f;
+    for (int64_t e = (int64_t)blockIdx.x * kSumThreads + threadIdx.x; e < count;
+         e += (int64_t)gridDim.x * kSumThreads) {
         float v = 0.0f;
         for (int z = 0; z < slices; z++) v += part[(int64_t)z * count + e];
         grad_w[e] = sa * v;
+        a = fmaxf(a, fabsf(sa * v));
+    }
+    if (amax == nullptr) return;
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    __shared__ float sh[kSumThreads / 32];
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < kSumThreads / 32; i++) a = fmaxf(a, sh[i]);
+        amax[blockIdx.x] = a;
     }
 }
 
@@ -588,8 +606,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                                         (int)dgrad_smem<T>()),
         "cudaFuncSetAttribute (conv grad_x)");
     if (s == BIE_OK) {
-        dgrad_weight<T><<<blocks_for((int64_t)kk * cp * op), 256, 0, st>>>(
-            reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
+        dgrad_weight<T>
+            <<<dim3((unsigned)(op / 8), (unsigned)((kk * cp + 255) / 256)), 256, 0, st>>>(
+                reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
         if (!gt_in_place) conv_pixel_rows<T>(g, a.grad_out, op, gt);
         // The wgmma kernels' arguments; each kernel's tiling set below.
         DgradHaloArgs w = {std::is_same<T, __half>::value,
@@ -646,8 +665,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                 : conv_wgrad_mma(a, gt, op, (int)per_slice, (int)slices, wpart);
     }
     if (s == BIE_OK) {
-        conv_wgrad_sum(wpart, (int)slices, g.o * ckk, a.saved_scales, a.grad_w);
-        if (a.grad_w_i8) quantize_grad_i8(a.grad_w, g.o * ckk, amax, a.grad_w_i8);
+        conv_wgrad_sum(wpart, (int)slices, g.o * ckk, a.saved_scales, a.grad_w,
+                       a.grad_w_i8 ? amax : nullptr);
+        if (a.grad_w_i8) quantize_i8_partials(a.grad_w, g.o * ckk, amax, a.grad_w_i8);
         s = check(cudaGetLastError(), "binary conv2d backward kernels (tensor cores)");
     }
     return ws.release(s);
@@ -684,9 +704,10 @@ void conv_tile_sums(const float *part_sum, const float *part_dot, int64_t tiles,
 }
 
 void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *scales,
-                    float *grad_w) {
-    wgrad_sum_slices<<<blocks_for(count), 256, 0, current_stream>>>(part, slices, count, scales,
-                                                                    grad_w);
+                    float *grad_w, float *amax) {
+    const int64_t blocks = std::min<int64_t>((count + kSumThreads - 1) / kSumThreads, 65535);
+    wgrad_sum_slices<<<amax ? (unsigned)kAmaxBlocks : (unsigned)std::max<int64_t>(1, blocks),
+                       kSumThreads, 0, current_stream>>>(part, slices, count, scales, grad_w, amax);
 }
 
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a) {

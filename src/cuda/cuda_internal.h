@@ -131,19 +131,27 @@ static inline int64_t bie_cuda_conv_cw(const bie_conv_geom *g) { return (g->c + 
 bie_status bie_cuda_conv_pack_input(bie_dtype dtype, const void *x, const bie_conv_geom *g,
                                     const float *bias, const float *scale_a, const float *scale_w,
                                     float *saved_scales, uint32_t *signs, uint32_t *mask);
+/* The padding classes of a geometry (device arrays): class cy * nx + cx has valid taps i in
+ * [ylim[2 cy], ylim[2 cy + 1]) and j in [xlim[2 cx], xlim[2 cx + 1]). */
+typedef struct bie_cuda_conv_classes {
+    const int *ylim, *xlim;
+    int ny, nx;
+} bie_cuda_conv_classes;
 /* Weight rows [o][ld] in the tap layout with bie_cuda_popc_parts(ld) counts per row, and
  * tapsum [o][k k] = sum_c sign(w[o, c, tap]). src: int8 or f32 [o, c k k] (sign: >= 0), or
- * (dtype U8) rows of src_row_bytes bytes of packed bits in [c, i, j] order (the user format). */
+ * (dtype U8) rows of src_row_bytes bytes of packed bits in [c, i, j] order (the user format).
+ * Where corr is not NULL, also the corrections of the classes `cls` (as
+ * bie_cuda_conv_corrections), in the same kernel. */
 bie_status bie_cuda_conv_pack_weight(bie_dtype dtype, const void *src, int64_t src_row_bytes,
                                      const bie_conv_geom *g, int64_t ld, uint8_t *bits, int *popc,
-                                     int *tapsum);
+                                     int *tapsum, const bie_cuda_conv_classes *cls, int *corr);
 /* Bit im2col: row r = output pixel r (over all images) [n oh ow][ld], one popcount per row. */
 bie_status bie_cuda_conv_im2col(const uint32_t *signs, const bie_conv_geom *g, int64_t ld,
                                 uint8_t *cols, int *popc);
-/* corr [ny nx][o]: class cy * nx + cx has valid taps i in [ylim[2 cy], ylim[2 cy + 1]) and
- * j in [xlim[2 cx], xlim[2 cx + 1]); corr = sum of tapsum over the other taps. */
-bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g, const int *ylim,
-                                     int ny, const int *xlim, int nx, int *corr);
+/* corr [ny nx][o]: for each class of `cls`, the sum of tapsum over the taps outside its
+ * valid ranges. */
+bie_status bie_cuda_conv_corrections(const int *tapsum, const bie_conv_geom *g,
+                                     const bie_cuda_conv_classes *cls, int *corr);
 
 /* The implicit-GEMM forward (no im2col pass): the channel-tile width it runs with for this
  * shape (with `classes` padding classes) on the current device (256, 128 or 64), or 0 when
@@ -268,6 +276,11 @@ bie_status bie_cuda_q4_conv_encode_nhwc(bie_dtype dtype, const void *x, const bi
 bool bie_cuda_q4_conv_nhwc_state(bie_dtype dtype, const bie_conv_geom *g);
 /* Weight rows of the GEMM layout ([c, i, j] codes, `ld` bytes) to the tap layout. */
 bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const bie_conv_geom *g,
+                                        uint8_t *taps);
+/* Both weight layouts from the float weight [o, c k k] in one pass: codes q4(w, *scale_w)
+ * in the GEMM layout (as bie_cuda_q4_pack_weight) and in the tap layout. */
+bie_status bie_cuda_q4_conv_pack_weight(const float *w, const bie_conv_geom *g,
+                                        const float *scale_w, int64_t ld, uint8_t *codes,
                                         uint8_t *taps);
 /* out (NCHW, out_dtype) = scale_a scale_w (codes * taps); variant: the tile shape, an index
  * of q4gemm.cu's q4_conv_kernels (< 0: the default for the shape). */

@@ -12,6 +12,8 @@
 namespace bie_cuda {
 namespace {
 
+constexpr int64_t kQ4RowCodesMax = 48 * 1024;  // codes of a weight row in shared memory
+
 unsigned blocks_for(int64_t count) {
     const int64_t b = (count + 255) / 256;
     return (unsigned)(b < 1 ? 1 : b > (1 << 20) ? (1 << 20) : b);
@@ -234,6 +236,44 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// Block per weight row o: the codes q4(w, scale_w) of the float row, one division each, into
+// shared memory (a byte each); then the row in the GEMM layout (ld bytes) and in the tap
+// layout, as q4_pack_weight and q4_conv_weight_taps would write them.
+__global__ void __launch_bounds__(256)
+    q4_conv_weight_rows(const float *__restrict__ w, int c, int kk, int64_t ld, int cb,
+                        const float *__restrict__ scale, uint8_t *__restrict__ codes,
+                        uint8_t *__restrict__ taps) {
+    extern __shared__ uint8_t sc[];  // [c kk]
+    const int K = c * kk;
+    const float s = *scale, *row = w + (int64_t)blockIdx.x * K;
+    for (int e0 = (int)threadIdx.x; e0 < K; e0 += 256 * 8) {  // 8 loads in flight a thread
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = e0 + 256 * u < K ? row[e0 + 256 * u] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (e0 + 256 * u < K) sc[e0 + 256 * u] = (uint8_t)(q4_code(v[u], s) & 15);
+    }
+    __syncthreads();
+    unsigned *crow = reinterpret_cast<unsigned *>(codes + (int64_t)blockIdx.x * ld);
+    for (int q = (int)threadIdx.x; q < (int)(ld / 4); q += 256) {
+        unsigned v = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (q * 8 + j < K) v |= (unsigned)sc[q * 8 + j] << (4 * j);
+        crow[q] = v;
+    }
+    uint8_t *trow = taps + (int64_t)blockIdx.x * kk * cb;
+    for (int i = (int)threadIdx.x; i < kk * cb; i += 256) {
+        const int t = i / cb, b = i - t * cb;
+        unsigned v = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (2 * b + h < c) v |= (unsigned)sc[(2 * b + h) * kk + t] << (4 * h);
+        trow[i] = (uint8_t)v;
+    }
+}
+
 template <typename T>
 void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias,
                         const float *scale_a, uint8_t *codes, uint8_t *mask, int8_t *resid) {
@@ -310,6 +350,19 @@ bie_status bie_cuda_q4_conv_weight_taps(const uint8_t *wcodes, int64_t ld, const
     q4_conv_weight_taps<<<blocks_for(total), 256, 0, current_stream>>>(
         wcodes, ld, (int)g->o, (int)g->c, (int)(g->k * g->k), (int)cb, taps);
     return check(cudaGetLastError(), "cuda 4-bit conv weight taps");
+}
+
+bie_status bie_cuda_q4_conv_pack_weight(const float *w, const bie_conv_geom *g,
+                                        const float *scale_w, int64_t ld, uint8_t *codes,
+                                        uint8_t *taps) {
+    const int64_t kk = g->k * g->k, K = g->c * kk;
+    if (K > kQ4RowCodesMax) {  // the row's codes do not fit in shared memory: two passes
+        BIE_CUDA_TRY(bie_cuda_q4_pack_weight(w, g->o, K, scale_w, ld, codes));
+        return bie_cuda_q4_conv_weight_taps(codes, ld, g, taps);
+    }
+    q4_conv_weight_rows<<<(unsigned)g->o, 256, (size_t)K, current_stream>>>(
+        w, (int)g->c, (int)kk, ld, (int)bie_cuda_q4_conv_cb(g->c), scale_w, codes, taps);
+    return check(cudaGetLastError(), "cuda 4-bit conv pack weight");
 }
 
 }  // extern "C"

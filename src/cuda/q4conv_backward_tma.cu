@@ -129,7 +129,7 @@ bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTma
         s = wgrad_tma_run(half, g, gt, op, xs, wt, wpart);
     }
     if (s == BIE_OK) {
-        conv_wgrad_sum(wpart, wt.slices, g.o * ckk, a.saved_scales, a.grad_w);
+        conv_wgrad_sum(wpart, wt.slices, g.o * ckk, a.saved_scales, a.grad_w, nullptr);
         s = check(cudaGetLastError(), "4-bit conv2d backward kernels (TMA)");
     }
     return ws.release(s);

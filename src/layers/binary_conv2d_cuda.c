@@ -157,22 +157,33 @@ done:
     return st;
 }
 
-/* The weight rows the forward multiplies with (see struct bie_bc_cuda). */
+/* The padding classes of the last geometry (ensure_geometry). */
+static bie_cuda_conv_classes classes_of(const struct bie_bc_cuda *c, const bie_conv_geom *g) {
+    const int *ylim = c->geo + g->oh * g->ow;
+    const bie_cuda_conv_classes cls = {ylim, ylim + 2 * c->ny, c->ny, c->nx};
+    return cls;
+}
+
+/* The weight rows the forward multiplies with (see struct bie_bc_cuda), and with them the
+ * corrections of the geometry's classes. */
 static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g) {
     struct bie_bc_cuda *c = CU(l);
     if (!l->training && c->w_inference && c->wversion == c->d.version) return BIE_OK;
     c->w_inference = false;
     c->corr_valid = false;
+    c->fimg.valid = false;
+    const bie_cuda_conv_classes cls = classes_of(c, g);
     if (!l->training && c->d.qweight)
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_U8, c->d.qweight,
                                           bie_packed_row_bytes(l->fan_in, l->w.word_bits), g,
-                                          c->d.ld, c->wbits, c->wpopc, c->tapsum));
+                                          c->d.ld, c->wbits, c->wpopc, c->tapsum, &cls, c->corr));
     else if (c->d.w_i8)
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_I8, c->d.w_i8, 0, g, c->d.ld, c->wbits, c->wpopc,
-                                          c->tapsum));
+                                          c->tapsum, &cls, c->corr));
     else
         BIE_TRY(bie_cuda_conv_pack_weight(BIE_F32, c->d.w_f32, 0, g, c->d.ld, c->wbits, c->wpopc,
-                                          c->tapsum));
+                                          c->tapsum, &cls, c->corr));
+    c->corr_valid = true;
     c->w_inference = !l->training;
     c->wversion = c->d.version;
     return BIE_OK;
@@ -264,11 +275,10 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(forward_weight(l, &g));
     float *scalars = c->d.scalars;
     const bool keep = l->training;
-    if (!c->corr_valid) {
+    if (!c->corr_valid) { /* a new geometry for weight rows kept from before */
         c->fimg.valid = false;
-        const int64_t plane = g.oh * g.ow;
-        const int *ylim = c->geo + plane, *xlim = ylim + 2 * c->ny;
-        BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, ylim, c->ny, xlim, c->nx, c->corr));
+        const bie_cuda_conv_classes cls = classes_of(c, &g);
+        BIE_TRY(bie_cuda_conv_corrections(c->tapsum, &g, &cls, c->corr));
     }
     c->corr_valid = true;
     /* Inference with the default kernel: the pack fused into the GEMM where it applies (the

@@ -102,16 +102,38 @@ static bie_status reserve_activations(bie_layer *l, const bie_conv_geom *g, bool
                          "input residuals");
 }
 
-/* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
- * now (the optimizer may have changed it), or in inference the codes of qweight, unpacked
- * once after each weight change. */
-static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
+/* The implicit GEMM serves inputs of 32 to 2048 channels (fewer: mostly padding codes;
+ * more: its encode's tile outgrows shared memory) when no kernel was chosen. */
+static bool use_implicit(const bie_layer *l, const bie_conv_geom *g) {
+    return l->kernel_id < 0 && g->c >= 32 && g->c <= 2048;
+}
+
+static bie_status reserve_taps(bie_layer *l) {
+    struct bie_q4c_cuda *c = CU(l);
+    if (c->wtaps) return BIE_OK;
+    return bie_cbw_alloc((void **)&c->wtaps,
+                         (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)), MODULE,
+                         "weight taps");
+}
+
+/* The weight codes the forward multiplies with (*codes, GEMM layout) and, for the implicit
+ * GEMM, in tap order (*taps; else NULL). From the float weight: q4(w, scale_w), packed now
+ * (the optimizer may have changed it), both layouts in one pass. In inference from qweight:
+ * its codes unpacked, and their taps, once after each weight change. */
+static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g, bool implicit,
+                                 const uint8_t **codes, const uint8_t **taps) {
     struct bie_q4c_cuda *c = CU(l);
     const int64_t K = l->fan_in;
+    const float *scale_w = c->d.scalars + BIE_CBW_SCALE_W;
+    *taps = NULL;
     if (l->training || c->d.qweight == NULL) {
-        BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, c->d.scalars + BIE_CBW_SCALE_W,
-                                        c->d.ld, c->wcodes));
         *codes = c->wcodes;
+        if (!implicit)
+            return bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, scale_w, c->d.ld, c->wcodes);
+        BIE_TRY(reserve_taps(l));
+        c->taps_cached = false;
+        BIE_TRY(bie_cuda_q4_conv_pack_weight(c->d.w_f32, g, scale_w, c->d.ld, c->wcodes, c->wtaps));
+        *taps = c->wtaps;
         return BIE_OK;
     }
     if (c->qcodes == NULL || c->qversion != c->d.version) {
@@ -122,28 +144,12 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
         c->qversion = c->d.version;
     }
     *codes = c->qcodes;
-    return BIE_OK;
-}
-
-/* The implicit GEMM serves inputs of 32 to 2048 channels (fewer: mostly padding codes;
- * more: its encode's tile outgrows shared memory) when no kernel was chosen. */
-static bool use_implicit(const bie_layer *l, const bie_conv_geom *g) {
-    return l->kernel_id < 0 && g->c >= 32 && g->c <= 2048;
-}
-
-/* The forward weight codes in the implicit GEMM's tap order (cached in inference). */
-static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8_t *wcodes,
-                               const uint8_t **taps) {
-    struct bie_q4c_cuda *c = CU(l);
-    const bool cache = !l->training && c->d.qweight != NULL;
-    if (!(cache && c->taps_cached && c->tversion == c->d.version)) {
-        if (c->wtaps == NULL)
-            BIE_TRY(bie_cbw_alloc((void **)&c->wtaps,
-                                  (size_t)(l->out * l->k * l->k * bie_cuda_q4_conv_cb(l->in)),
-                                  MODULE, "weight taps"));
+    if (!implicit) return BIE_OK;
+    if (!(c->taps_cached && c->tversion == c->d.version)) {
+        BIE_TRY(reserve_taps(l));
         c->taps_cached = false;
-        BIE_TRY(bie_cuda_q4_conv_weight_taps(wcodes, c->d.ld, g, c->wtaps));
-        c->taps_cached = cache;
+        BIE_TRY(bie_cuda_q4_conv_weight_taps(c->qcodes, c->d.ld, g, c->wtaps));
+        c->taps_cached = true;
         c->tversion = c->d.version;
     }
     *taps = c->wtaps;
@@ -154,10 +160,8 @@ static bie_status forward_taps(bie_layer *l, const bie_conv_geom *g, const uint8
  * the clip bits and residuals, where the forward keeps an NHWC state; otherwise they live in a
  * stream-ordered workspace. */
 static bie_status forward_implicit(bie_layer *l, const bie_tensor *x, const bie_conv_geom *g,
-                                   const uint8_t *wcodes, bool nhwc_state, bie_tensor *out) {
+                                   const uint8_t *taps, bool nhwc_state, bie_tensor *out) {
     struct bie_q4c_cuda *c = CU(l);
-    const uint8_t *taps = NULL;
-    BIE_TRY(forward_taps(l, g, wcodes, &taps));
     cudaStream_t stream = (cudaStream_t)bie_cuda_current_stream();
     uint8_t *codes = c->codes;
     const size_t bytes = (size_t)(g->n * g->h * g->w * bie_cuda_q4_conv_cb(g->c));
@@ -244,9 +248,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
                                         scalars + BIE_CBW_SCALE_A, c->codes, keep ? c->mask : NULL,
                                         keep ? c->resid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
-    const uint8_t *wcodes = NULL;
-    BIE_TRY(forward_weight(l, &wcodes));
-    BIE_TRY(implicit ? forward_implicit(l, x, &g, wcodes, nhwc, out)
+    const uint8_t *wcodes = NULL, *taps = NULL;
+    BIE_TRY(forward_weight(l, &g, implicit, &wcodes, &taps));
+    BIE_TRY(implicit ? forward_implicit(l, x, &g, taps, nhwc, out)
                      : forward_im2col(l, x, &g, wcodes, cols_bytes, nhwc, out));
     if (keep) {
         c->g = g;
