@@ -80,6 +80,17 @@ __device__ __forceinline__ void tile_sums(float (&csum)[2], float (&cdot)[2], in
     }
 }
 
+// A consumer thread's accumulators pixel by pixel, as the m64nNk16 fragment holds them:
+// body(r, a0, a1) for tile pixels r = 8 nj + 2 tq + e, with a0 / a1 the products of r with the
+// thread's channels 16 wi + gq and 16 wi + gq + 8 of the consumer's 64 (the epilogues' walk).
+template <class Body>
+__device__ __forceinline__ void for_each_pixel(float (&acc)[kPix / 2], int tq, Body &&body) {
+#pragma unroll
+    for (int nj = 0; nj < kPix / 8; nj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) body(nj * 8 + 2 * tq + e, acc[4 * nj + e], acc[4 * nj + 2 + e]);
+}
+
 // One K step's products (a tap, 64 output channels): the weight tile at a_tile times the
 // gradient rows from b_rows on, committed as one wgmma group.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -286,21 +297,17 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
         // = the products times scale_w where the clip bit is set, kept in acc.
         const float sw = scales[1];
         float csum[2] = {0.0f, 0.0f}, cdot[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nj = 0; nj < kPix / 8; nj++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int r = nj * 8 + 2 * tq + e;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int cl = 16 * wi + gq + 8 * h;
-                    float &a = acc[4 * nj + 2 * h + e];
-                    const float v = (bits[8 * r + (cl >> 3)] >> (cl & 7)) & 1 ? a * sw : 0.0f;
-                    csum[h] += v;
-                    cdot[h] += v * (float)(int8_t)stg[r * kRes + cl];
-                    a = v;
-                }
-            }
+        for_each_pixel(acc, tq, [&](int r, float &a0, float &a1) {
+            auto one = [&](int h, float &a) {
+                const int cl = 16 * wi + gq + 8 * h;
+                const float v = (bits[8 * r + (cl >> 3)] >> (cl & 7)) & 1 ? a * sw : 0.0f;
+                csum[h] += v;
+                cdot[h] += v * (float)(int8_t)stg[r * kRes + cl];
+                a = v;
+            };
+            one(0, a0);
+            one(1, a1);
+        });
         tile_sums(csum, cdot, c0 + 16 * wi + gq, C, tq, part_sum, part_dot);
         // Then for grad_x as [64 channels][kPix] (16-byte chunks swizzled by channel), each
         // thread's neighbouring pixels as one word.
@@ -345,22 +352,19 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     const float sw = scales[1];
     unsigned char *stg = gbase + wg * kBTile;  // [kPix rows of 128 bytes], 16-byte chunks swizzled
     float csum[2] = {0.0f, 0.0f}, cdot[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int nj = 0; nj < kPix / 8; nj++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int r = nj * 8 + 2 * tq + e;
-            const uint32_t mw = words[wg][0][r][wi >> 1], sg = words[wg][1][r][wi >> 1];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int cl = 16 * wi + gq + 8 * h, b = cl & 31;
-                const float v = (mw >> b) & 1 ? acc[4 * nj + 2 * h + e] * sw : 0.0f;
-                csum[h] += v;
-                cdot[h] += (sg >> b) & 1 ? v : -v;
-                *reinterpret_cast<T *>(stg + r * kRow + ((((cl >> 3) ^ (r & 7))) << 4) +
-                                       (cl & 7) * 2) = from_f32<T>(v);
-            }
-        }
+    for_each_pixel(acc, tq, [&](int r, float a0, float a1) {
+        const uint32_t mw = words[wg][0][r][wi >> 1], sg = words[wg][1][r][wi >> 1];
+        auto one = [&](int h, float a) {
+            const int cl = 16 * wi + gq + 8 * h, b = cl & 31;
+            const float v = (mw >> b) & 1 ? a * sw : 0.0f;
+            csum[h] += v;
+            cdot[h] += (sg >> b) & 1 ? v : -v;
+            *reinterpret_cast<T *>(stg + r * kRow + ((((cl >> 3) ^ (r & 7))) << 4) + (cl & 7) * 2) =
+                from_f32<T>(v);
+        };
+        one(0, a0);
+        one(1, a1);
+    });
     tile_sums(csum, cdot, c0 + 16 * wi + gq, C, tq, part_sum, part_dot);
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");  // its staging written
     const bool vec = C % 8 == 0 && reinterpret_cast<uintptr_t>(grad_x) % 16 == 0;
