@@ -1,6 +1,7 @@
 // Binary conv2d forward pieces on the device (layouts in cuda_internal.h): the input's sign
-// and clip bits per pixel (NHWC), the weight rows in tap order with their per-tap sums, the
-// bit im2col the GEMM multiplies, and the zero-padding corrections per pixel class.
+// and clip bits per pixel (NHWC), the bit im2col the GEMM multiplies, and the implicit GEMM.
+// The weight rows in tap order, their per-tap sums and the zero-padding corrections per pixel
+// class come from conv_weight.cu.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

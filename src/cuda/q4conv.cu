@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(256)
 
 // Block per weight row o: the codes q4(w, scale_w) of the float row, one division each, into
 // shared memory (a byte each); then the row in the GEMM layout (ld bytes) and in the tap
-// layout, as q4_pack_weight and q4_conv_weight_taps would write them.
+// layout, as bie_cuda_q4_pack_weight and q4_conv_weight_taps would write them.
 __global__ void __launch_bounds__(256)
     q4_conv_weight_rows(const float *__restrict__ w, int c, int kk, int64_t ld, int cb,
                         const float *__restrict__ scale, uint8_t *__restrict__ codes,
