@@ -196,16 +196,10 @@ template <typename T> __global__ void amax_partial(const T *x, int64_t n, float 
     if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
 // One block: part[0] = the maximum of the kAmaxBlocks partial maxima.
-__global__ void amax_final(float *part) {
-    float a = part[threadIdx.x];
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    __shared__ float sh[8];
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < 8; i++) a = fmaxf(a, sh[i]);
-        part[0] = a;
-    }
+__global__ void __launch_bounds__(kAmaxBlocks) amax_final(float *part) {
+    const float a = block_max<kAmaxBlocks>(part[threadIdx.x]);
+    __syncthreads();  // every thread has read part before it is written
+    if (threadIdx.x == 0) part[0] = a;
 }
 __device__ __forceinline__ int8_t quantize_one(float x, float amax) {
     float v = amax > 0 ? rintf(x * 127.0f / amax) : 0.0f;
@@ -216,13 +210,7 @@ __device__ __forceinline__ int8_t quantize_one(float x, float amax) {
 // `vec`.
 __global__ void __launch_bounds__(kAmaxBlocks)
     quantize_i8(const float *x, int64_t n, const float *part, bool vec, int8_t *q) {
-    float a = part[threadIdx.x];
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    __shared__ float sh[kAmaxBlocks / 32];
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
-    __syncthreads();
-    float amax = sh[0];
-    for (int i = 1; i < kAmaxBlocks / 32; i++) amax = fmaxf(amax, sh[i]);
+    const float amax = block_max<kAmaxBlocks>(part[threadIdx.x]);
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {

@@ -82,6 +82,19 @@ bool q4_conv_backward_tma(const bie_cuda_q4conv_backward_args &a, bie_status *st
 // Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
 // workspace of amax_workspace_bytes() (kAmaxBlocks partial maxima of |x|).
 constexpr int kAmaxBlocks = 256;
+// The largest of the values a of a block's THREADS threads, returned to every thread (a warp's
+// shuffles, then the warps' results through shared memory; one __syncthreads, which every
+// thread of the block must reach).
+template <int THREADS> __device__ __forceinline__ float block_max(float a) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    __shared__ float sh[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
+    __syncthreads();
+    a = sh[0];
+    for (int i = 1; i < THREADS / 32; i++) a = fmaxf(a, sh[i]);
+    return a;
+}
 size_t amax_workspace_bytes();
 // workspace[0] = max |x| over x [n] (float32, bfloat16 or float16), on the current stream.
 template <typename T> void amax_into(const T *x, int64_t n, float *workspace);

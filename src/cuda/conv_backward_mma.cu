@@ -441,14 +441,8 @@ __global__ void __launch_bounds__(kSumThreads)
         a = fmaxf(a, fabsf(sa * v));
     }
     if (amax == nullptr) return;
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    __shared__ float sh[kSumThreads / 32];
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = a;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < kSumThreads / 32; i++) a = fmaxf(a, sh[i]);
-        amax[blockIdx.x] = a;
-    }
+    a = block_max<kSumThreads>(a);
+    if (threadIdx.x == 0) amax[blockIdx.x] = a;
 }
 
 unsigned blocks_for(int64_t count) {
