@@ -87,6 +87,8 @@ bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld);
  * codes, code j in byte j / 2 (even j in the low nibble, SPEC §1), zero past k. */
 #define BIE_CUDA_Q4_ROW_ALIGN 128
 int64_t bie_cuda_q4_row_stride(int64_t k);
+/* Rows of one int8 code a byte, for 4-bit kernel 211 (TMA loads): k rounded up to 128. */
+int64_t bie_cuda_q4_i8_row_stride(int64_t k);
 /* The 4-bit kernels, indexed 0..bie_cuda_q4_kernel_count()-1 (the registry functions above
  * list them after the binary ones). */
 int bie_cuda_q4_kernel_count(void);
