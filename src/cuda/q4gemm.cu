@@ -553,6 +553,23 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
     return check(cudaGetLastError(), "4-bit gemm launch");
 }
 
+bie_status bie_cuda_q4gemm_i8_launch(int64_t m, int64_t n, int64_t k, const int8_t *a,
+                                     const int8_t *b, int64_t ld, float scale, const float *scale_a,
+                                     const float *scale_w, bie_dtype out_dtype, void *out,
+                                     const bie_cuda_conv_out *conv) {
+    static const char *who = "cuda 4-bit gemm (int8 codes)";
+    const int which = out_type_of(out_dtype);
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    if (m > INT_MAX || n > INT_MAX || ld % 128 != 0 || ld < k)
+        return bie_fail(BIE_ERR_SHAPE, "%s: m = %lld, n = %lld, ld = %lld for k = %lld", who,
+                        (long long)m, (long long)n, (long long)ld, (long long)k);
+    if (!bie_cuda_q4_kernel_fits(211, k))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: this device does not run kernel 211", who);
+    return q4gemm_tma_launch(m, n, k, a, b, ld,
+                             make_epilogue(which, out, n, scale, scale_a, scale_w, conv));
+}
+
 bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,
                             int64_t lda, const int8_t *b, int64_t ldb, float scale, float *out) {
     static const char *who = "bie_cuda_q4_gemm";
