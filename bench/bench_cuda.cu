@@ -200,6 +200,13 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
                                       out, NULL),
                "q4 gemm");
     };
+    // Kernel 211 on the int8 codes as they are (rows of k bytes, k a multiple of 128): the
+    // kernel alone, without the conversion from nibble rows that ours_s includes.
+    const bool i8_rows = kernel_id == 211 && k % 128 == 0;
+    auto ours_i8 = [&] {
+        bie_ok(bie_cuda_q4gemm_i8_launch(m, n, k, a, b, k, 1.0f, NULL, NULL, out_dtype, out, NULL),
+               "q4 gemm (int8 rows)");
+    };
     auto ours_api = [&] {
         bie_ok(bie_cuda_q4_gemm(kernel_id, m, n, k, a, k, b, k, 1.0f, (float *)out), "q4 gemm");
     };
@@ -226,14 +233,31 @@ static void q4gemm_case(cublasHandle_t h, const char *name, int64_t m, int64_t n
             exit(1);
         }
     };
-    double t_ours = 0, t_api = 0, t_i8 = 0, t_bf = 0;
+    double t_ours = 0, t_api = 0, t_i8 = 0, t_bf = 0, t_rows = 0;
     for (int round = 0; round < 2; round++) {  // interleave, keep the better round
         double o = time_it(ours, inner, 7), p = time_it(ours_api, inner, 7);
+        const double r = i8_rows ? time_it(ours_i8, inner, 7) : 0.0;
+        t_rows = round ? std::min(t_rows, r) : r;
         double i8 = time_it(int8, inner, 7), bb = time_it(bf16, inner, 7);
         t_ours = round ? std::min(t_ours, o) : o;
         t_api = round ? std::min(t_api, p) : p;
         t_i8 = round ? std::min(t_i8, i8) : i8;
         t_bf = round ? std::min(t_bf, bb) : bb;
+    }
+    if (i8_rows) {  // kernel 211 on the int8 rows against cuBLAS int8 too
+        ours_i8();
+        int8();
+        const int64_t n_check = std::min<int64_t>(m * n, 1 << 20);
+        std::vector<float> ro(n_check);
+        std::vector<int> ri(n_check);
+        CK(cudaMemcpy(ro.data(), out, n_check * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(ri.data(), c32, n_check * 4, cudaMemcpyDeviceToHost));
+        bool same = out_dtype == BIE_F32;
+        for (int64_t i = 0; same && i < n_check; i++) same = ro[i] == (float)ri[i];
+        printf("{\"name\":\"%s/int8_rows\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"ours_s\":%.6e,"
+               "\"int8_s\":%.6e,\"ours_tops\":%.1f,\"ratio_int8\":%.3f,\"correct\":%s}\n",
+               name, (long long)m, (long long)n, (long long)k, t_rows, t_i8, work / t_rows / 1e12,
+               t_i8 / t_rows, same ? "true" : "false");
     }
     ours_api();
     int8();
@@ -369,7 +393,7 @@ static void layer_forward_case(cublasHandle_t h, const char *name, int64_t m, in
 // a bf16 linear layer's forward + backward in cuBLAS (three GEMMs).
 // mode: the binary layer's backward; q4: the 4-bit layer instead (exact backward only).
 static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int64_t nk,
-                             bie_backward_mode mode, bool q4 = false) {
+                             bie_backward_mode mode, bool q4 = false, int kernel_id = -1) {
     bie_device cuda = {BIE_DEVICE_CUDA, 0};
     bie_layer *l;
     if (q4)
@@ -377,6 +401,11 @@ static void layer_train_case(cublasHandle_t h, const char *name, int64_t m, int6
     else
         bie_ok(bie_binary_linear_create(&l, nk, nk, cuda, BIE_BF16, true), "create");
     bie_ok(bie_layer_prepare_params(l), "prepare");
+    if (kernel_id >= 0 && bie_layer_set_gemm_kernel(l, kernel_id) != BIE_OK) {
+        fprintf(stderr, "%s: skipped (%s)\n", name, bie_last_error());
+        bie_layer_free(l);
+        return;
+    }
     if (!q4 && bie_layer_set_backward_mode(l, mode) != BIE_OK) {
         fprintf(stderr, "%s: skipped (%s)\n", name, bie_last_error());
         bie_layer_free(l);
@@ -480,6 +509,7 @@ int main(int argc, char **argv) {
         {"cuda_q4gemm_8192/204", 8192, 8192, 8192, 204},
         {"cuda_q4gemm_8192/205", 8192, 8192, 8192, 205},
         {"cuda_q4gemm_8192/210", 8192, 8192, 8192, 210},
+        {"cuda_q4gemm_8192/211", 8192, 8192, 8192, 211},
         {"cuda_q4gemm_8192/bf16_out", 8192, 8192, 8192, -1},
         {"cuda_q4gemm_4096", 4096, 4096, 4096, -1},
         {"cuda_q4gemm_4096/200", 4096, 4096, 4096, 200},
@@ -487,6 +517,7 @@ int main(int argc, char **argv) {
         {"cuda_q4gemm_4096/202", 4096, 4096, 4096, 202},
         {"cuda_q4gemm_4096/205", 4096, 4096, 4096, 205},
         {"cuda_q4gemm_4096/210", 4096, 4096, 4096, 210},
+        {"cuda_q4gemm_4096/211", 4096, 4096, 4096, 211},
         {"cuda_q4gemm_m16", 16, 8192, 8192, -1},
         {"cuda_q4gemm_m1", 1, 8192, 8192, -1},
     };
@@ -504,6 +535,9 @@ int main(int argc, char **argv) {
         layer_train_case(h, "cuda_linear_train_fp8_4096", 4096, 4096, BIE_BACKWARD_FP8);
     if (wanted(argc, argv, "cuda_q4linear_train_4096"))
         layer_train_case(h, "cuda_q4linear_train_4096", 4096, 4096, BIE_BACKWARD_EXACT, true);
+    if (wanted(argc, argv, "cuda_q4linear_train_4096/211"))  // the TMA kernel on int8 codes
+        layer_train_case(h, "cuda_q4linear_train_4096/211", 4096, 4096, BIE_BACKWARD_EXACT, true,
+                         211);
     cublasDestroy(h);
     return 0;
 }

@@ -13,6 +13,10 @@
 // warpgroup). No block-wide barrier runs in the main loop, and the producer fills the stages
 // of the next tile while the consumers run this tile's epilogue (each warpgroup through its
 // own staging area: bgemm_wgmma.cuh).
+//
+// The same pipeline serves the 4-bit GEMM on int8 codes (4-bit kernel 211): a k block is then
+// 128 codes, four wgmma.m64n256k32.s32.s8.s8 with both operands in shared memory, and the
+// accumulators are the dot products themselves.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -48,11 +52,15 @@ constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 2 * kStages * 8;
 static_assert(kStage % 1024 == 0 && kStageA % 1024 == 0, "stages keep the swizzle alignment");
 static_assert(kStgBytes % 16 == 0, "staging areas 16-byte aligned");
 
+// Q4: the 4-bit GEMM on int8 codes (rows of ld bytes, one code a byte, zero past k): the same
+// ring, wgmma.m64n256k32.s32.s8.s8 with both operands in shared memory (32 bytes of k each, as
+// the b1 form's 256 bits), no popcounts, and the accumulators stored as the dot products.
+template <bool Q4>
 __global__ void __launch_bounds__(kThreads, 1)
-    bgemm_b1_tma(const __grid_constant__ CUtensorMap map_a,
-                 const __grid_constant__ CUtensorMap map_b, int m, int n, int64_t k, int64_t ld64,
-                 const int *__restrict__ pa, const int *__restrict__ pb, int parts_a, int parts_b,
-                 int tiles_m, int tiles_n, Epilogue ep) {
+    gemm_tma(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+             int m, int n, int64_t k, int64_t ld64, const int *__restrict__ pa,
+             const int *__restrict__ pb, int parts_a, int parts_b, int tiles_m, int tiles_n,
+             Epilogue ep) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem[];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
@@ -121,12 +129,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc(d);
             wgmma_fence();
 #pragma unroll
-            for (int q = 0; q < kBKB / 32; q++)
-                wgmma_b1_64x256x256(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
-                                    smem_desc(b_tile + 32 * q, 16, 1024, 1));
+            for (int q = 0; q < kBKB / 32; q++) {
+                const uint64_t da = smem_desc(a_tile + 32 * q, 16, 1024, 1),
+                               db = smem_desc(b_tile + 32 * q, 16, 1024, 1);
+                if constexpr (Q4)
+                    wgmma_s8_ss_64x256x32(d, da, db);
+                else
+                    wgmma_b1_64x256x256(d, da, db);
+            }
             wgmma_commit();
-            if (kb == 0) {  // the popcounts, read while the products run (the last epilogue
-                            // ended with the warpgroup past its reads of them)
+            if (!Q4 && kb == 0) {  // the popcounts, read while the products run (the last epilogue
+                                   // ended with the warpgroup past its reads of them)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int col = bn0 + wt + 128 * h;
@@ -145,8 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc(d);
         if (wt == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
         warpgroup_barrier(c + 1);  // the popcounts
-        warpgroup_epilogue(d, stg, pop_a, pop_b, bm0 + c * 64, bn0, m, n, k, ep, scale, fast,
-                           c + 1);
+        warpgroup_epilogue<Q4>(d, stg, pop_a, pop_b, bm0 + c * 64, bn0, m, n, k, ep, scale, fast,
+                               c + 1);
     }
 #else
     (void)map_a, (void)map_b, (void)m, (void)n, (void)k, (void)ld64, (void)pa, (void)pb,
@@ -215,25 +228,43 @@ size_t bgemm_tma_smem() { return kSmem; }
 
 bool bgemm_tma_usable() { return wgmma_usable() && encode_tiled() != nullptr; }
 
-bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
-                            int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
-                            const Epilogue &ep) {
-    static const char *who = "cuda binary gemm (wgmma, TMA)";
+namespace {
+
+template <bool Q4>
+bie_status launch(const char *who, int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                  const uint8_t *b, int64_t ld, const int *pa, int parts_a, const int *pb,
+                  int parts_b, const Epilogue &ep) {
     int64_t tiles_m = 0, tiles_n = 0;
     BIE_CUDA_TRY(wgmma_grid(who, m, n, ld, kBM, kBN, kBKB, kSmem, &tiles_m, &tiles_n));
     CUtensorMap map_a, map_b;
     if (!tma_map_rows(&map_a, a, m, ld, kBM) || !tma_map_rows(&map_b, b, n, ld, kBN))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     BIE_CUDA_TRY(
-        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(bgemm_b1_tma),
+        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(gemm_tma<Q4>),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
               "cudaFuncSetAttribute"));
     const int64_t blocks = std::min<int64_t>(tiles_m * tiles_n, device_sms());
-    BIE_CUDA_TRY(check(launch_after(bgemm_b1_tma, dim3((unsigned)blocks), dim3(kThreads), kSmem,
+    BIE_CUDA_TRY(check(launch_after(gemm_tma<Q4>, dim3((unsigned)blocks), dim3(kThreads), kSmem,
                                     map_a, map_b, (int)m, (int)n, k, ld, pa, pb, parts_a, parts_b,
                                     (int)tiles_m, (int)tiles_n, ep),
                        who));
     return check(cudaGetLastError(), who);
+}
+
+}  // namespace
+
+bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
+                            int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
+                            const Epilogue &ep) {
+    return launch<false>("cuda binary gemm (wgmma, TMA)", m, n, k, a, b, ld, pa, parts_a, pb,
+                         parts_b, ep);
+}
+
+bie_status q4gemm_tma_launch(int64_t m, int64_t n, int64_t k, const int8_t *a, const int8_t *b,
+                             int64_t ld, const Epilogue &ep) {
+    return launch<true>("cuda 4-bit gemm (int8 codes, wgmma, TMA)", m, n, k,
+                        reinterpret_cast<const uint8_t *>(a), reinterpret_cast<const uint8_t *>(b),
+                        ld, nullptr, 0, nullptr, 0, ep);
 }
 
 }  // namespace bie_cuda

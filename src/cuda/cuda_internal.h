@@ -87,6 +87,8 @@ bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld);
  * codes, code j in byte j / 2 (even j in the low nibble, SPEC §1), zero past k. */
 #define BIE_CUDA_Q4_ROW_ALIGN 128
 int64_t bie_cuda_q4_row_stride(int64_t k);
+/* Rows of one int8 code a byte, for 4-bit kernel 211 (TMA loads): k rounded up to 128. */
+int64_t bie_cuda_q4_i8_row_stride(int64_t k);
 /* The 4-bit kernels, indexed 0..bie_cuda_q4_kernel_count()-1 (the registry functions above
  * list them after the binary ones). */
 int bie_cuda_q4_kernel_count(void);
@@ -116,6 +118,13 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
                                   const uint8_t *b, int64_t ld, float scale, const float *scale_a,
                                   const float *scale_w, bie_dtype out_dtype, void *out,
                                   const bie_cuda_conv_out *conv);
+/* 4-bit kernel 211 on int8 code rows a [m][ld] and b [n][ld] (ld a multiple of 128 and >= k,
+ * codes zero past k), the output as bie_cuda_q4gemm_launch; BIE_ERR_UNSUPPORTED on devices
+ * that do not run it. */
+bie_status bie_cuda_q4gemm_i8_launch(int64_t m, int64_t n, int64_t k, const int8_t *a,
+                                     const int8_t *b, int64_t ld, float scale, const float *scale_a,
+                                     const float *scale_w, bie_dtype out_dtype, void *out,
+                                     const bie_cuda_conv_out *conv);
 
 /* ---- Binary conv2d on the device (SPEC §3). Input signs (and clip-mask bits) are kept NHWC:
  * one row of cw = ceil(C / 32) 32-bit words per input pixel, channel c at word c / 32, bit

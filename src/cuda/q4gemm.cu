@@ -264,8 +264,9 @@ struct Q4Kernel {
     const char *name;
     int bm, bn, bkb, stages, threads;
     int64_t preferred_max_m;
-    Q4KernelFn narrow, wide;  // NULL for the wgmma kernel (q4gemm_wgmma.cu)
+    Q4KernelFn narrow, wide;  // NULL for the wgmma kernels (q4gemm_wgmma.cu, bgemm_tma.cu)
     bool wgmma;
+    bool i8;  // bgemm_tma.cu's kernel on int8 codes (TMA loads): the nibble rows converted first
 };
 
 // The wide path (rare k >= 2^17) always runs unpipelined: its longer unpacking would not
@@ -274,7 +275,7 @@ struct Q4Kernel {
     {                                                                                             \
         id, "cuda.mma_s8.q4gemm_" #BM "x" #BN "_w" #WM "x" #WN "_k" #BKB "_s" #ST SUFFIX, BM, BN, \
             BKB, ST, 32 * WM *WN, MAXM, q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, PIPE, false>,    \
-            q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false                          \
+            q4gemm_s8<BM, BN, WM, WN, BKB, ST, MINB, false, true>, false, false                   \
     }
 
 // Measured on the H100 at 8192^3: 210 (wgmma, q4gemm_wgmma.cu) 1,052-1,098 TOPS, 205 ~820,
@@ -287,12 +288,15 @@ const Q4Kernel q4_kernels[] = {
     BIE_Q4_KERNEL(204, 128, 128, 2, 2, 64, 4, 2, false, "", INT64_MAX),
     BIE_Q4_KERNEL(205, 128, 128, 2, 2, 64, 4, 2, true, "_pipe", INT64_MAX),
     BIE_Q4_KERNEL(206, 16, 64, 1, 2, 128, 4, 4, false, "", 16),
-    {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL,
-     true},
+    {210, "cuda.wgmma_s8.q4gemm_128x256_k128_s4", 128, 256, 64, 4, 256, INT64_MAX, NULL, NULL, true,
+     false},
+    {211, "cuda.wgmma_s8_tma.q4gemm_i8_128x256_k128_s3", 128, 256, 128, 3, 384, INT64_MAX, NULL,
+     NULL, true, true},
 };
 constexpr int kNumQ4 = sizeof q4_kernels / sizeof q4_kernels[0];
 
 size_t q4_smem_bytes(const Q4Kernel &kern) {
+    if (kern.i8) return bgemm_tma_smem();
     if (kern.wgmma) return q4gemm_wgmma_smem(256);
     return (size_t)kern.stages * (kern.bm + kern.bn) * (kern.bkb + 16);
 }
@@ -426,11 +430,59 @@ int default_conv_variant(int64_t rows, int64_t o, int64_t cb) {
     return best;
 }
 
+// Nibble rows [rows][ld] (code 2 j in the low nibble of byte j) to int8 code rows [rows][ld8]
+// (ld8 >= 2 ld, a multiple of 4): a thread per 4 codes (two bytes in, one word out).
+__global__ void __launch_bounds__(256)
+    nibbles_to_i8(const uint8_t *__restrict__ src, int64_t rows, int64_t ld, int64_t ld8,
+                  uint32_t *__restrict__ dst) {
+    const int64_t words = ld8 / 4, total = rows * words;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * 256) {
+        const int64_t r = i / words, w = i - r * words;
+        uint32_t v = 0;
+        if (2 * w < ld) {
+            const uint8_t *p = src + r * ld + 2 * w;
+            const unsigned nib = (unsigned)p[0] | (unsigned)p[1] << 8;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = (int)((nib >> (4 * j)) & 15u);
+                v |= (uint32_t)(uint8_t)(int8_t)(c - ((c & 8) << 1)) << (8 * j);
+            }
+        }
+        dst[i] = v;
+    }
+}
+
+// Kernel 211 on nibble rows: both operands converted to int8 rows in a stream-ordered
+// workspace (rows of the TMA kernel's 128-byte k blocks), then the product.
+bie_status q4gemm_i8_from_nibbles(int64_t m, int64_t n, int64_t k, const uint8_t *a,
+                                  const uint8_t *b, int64_t ld, const Epilogue &ep) {
+    cudaStream_t st = current_stream;
+    const int64_t ld8 = bie_cuda_q4_i8_row_stride(k);
+    uint8_t *ws = NULL;
+    BIE_CUDA_TRY(check(cudaMallocAsync((void **)&ws, (size_t)(m + n) * (size_t)ld8, st),
+                       "cudaMallocAsync (4-bit gemm int8 rows)"));
+    auto convert = [&](const uint8_t *src, int64_t rows, uint8_t *dst) {
+        const int64_t blocks = std::min<int64_t>((rows * (ld8 / 4) + 255) / 256, 65535);
+        nibbles_to_i8<<<(unsigned)std::max<int64_t>(1, blocks), 256, 0, st>>>(
+            src, rows, ld, ld8, reinterpret_cast<uint32_t *>(dst));
+    };
+    convert(a, m, ws);
+    convert(b, n, ws + m * ld8);
+    bie_status s = q4gemm_tma_launch(m, n, k, reinterpret_cast<const int8_t *>(ws),
+                                     reinterpret_cast<const int8_t *>(ws + m * ld8), ld8, ep);
+    const cudaError_t free_err = cudaFreeAsync(ws, st);
+    BIE_CUDA_TRY(s);
+    return check(free_err, "cudaFreeAsync (4-bit gemm int8 rows)");
+}
+
 }  // namespace bie_cuda
 
 using namespace bie_cuda;
 
 extern "C" {
+
+int64_t bie_cuda_q4_i8_row_stride(int64_t k) { return (k + 127) / 128 * 128; }
 
 int64_t bie_cuda_q4_row_stride(int64_t k) {
     const int64_t bytes = (k + 1) / 2;
@@ -447,7 +499,8 @@ void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info) {
     info->op = BIE_OP_Q4_GEMM;
     info->device = BIE_DEVICE_CUDA;
     info->preferred_max_m = kern.preferred_max_m;
-    info->available = bie_cuda_device_count() > 0 && (!kern.wgmma || wgmma_usable());
+    info->available = bie_cuda_device_count() > 0 && (!kern.wgmma || wgmma_usable()) &&
+                      (!kern.i8 || bgemm_tma_usable());
 }
 
 int bie_cuda_q4_kernel_index(int id) {
@@ -460,7 +513,8 @@ bool bie_cuda_q4_kernel_fits(int id, int64_t k) {
     (void)k;  // the tiles stream k; shared memory does not depend on it
     const int idx = bie_cuda_q4_kernel_index(id);
     return idx >= 0 && q4_smem_bytes(q4_kernels[idx]) <= max_smem() &&
-           (!q4_kernels[idx].wgmma || wgmma_usable());
+           (!q4_kernels[idx].wgmma || wgmma_usable()) &&
+           (!q4_kernels[idx].i8 || bgemm_tma_usable());
 }
 
 bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k, const uint8_t *a,
@@ -488,6 +542,7 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: kernel %s needs %zu bytes of shared memory", who,
                         kern->name, smem);
     const Epilogue ep = make_epilogue(which, out, n, scale, scale_a, scale_w, conv);
+    if (kern->i8) return q4gemm_i8_from_nibbles(m, n, k, a, b, ld, ep);
     if (kern->wgmma) return q4gemm_wgmma_launch(m, n, k, a, b, ld, ep);
     const Q4KernelFn fn = k >= kWideK ? kern->wide : kern->narrow;
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
@@ -496,6 +551,23 @@ bie_status bie_cuda_q4gemm_launch(int kernel_id, int64_t m, int64_t n, int64_t k
     fn<<<(unsigned)(tiles_m * tiles_n), kern->threads, smem, current_stream>>>(
         (int)m, (int)n, RowsA{a}, b, ld, (int)tiles_m, (int)tiles_n, ep);
     return check(cudaGetLastError(), "4-bit gemm launch");
+}
+
+bie_status bie_cuda_q4gemm_i8_launch(int64_t m, int64_t n, int64_t k, const int8_t *a,
+                                     const int8_t *b, int64_t ld, float scale, const float *scale_a,
+                                     const float *scale_w, bie_dtype out_dtype, void *out,
+                                     const bie_cuda_conv_out *conv) {
+    static const char *who = "cuda 4-bit gemm (int8 codes)";
+    const int which = out_type_of(out_dtype);
+    if (which < 0)
+        return bie_fail(BIE_ERR_DTYPE, "%s: output dtype %s", who, bie_dtype_name(out_dtype));
+    if (m > INT_MAX || n > INT_MAX || ld % 128 != 0 || ld < k)
+        return bie_fail(BIE_ERR_SHAPE, "%s: m = %lld, n = %lld, ld = %lld for k = %lld", who,
+                        (long long)m, (long long)n, (long long)ld, (long long)k);
+    if (!bie_cuda_q4_kernel_fits(211, k))
+        return bie_fail(BIE_ERR_UNSUPPORTED, "%s: this device does not run kernel 211", who);
+    return q4gemm_tma_launch(m, n, k, a, b, ld,
+                             make_epilogue(which, out, n, scale, scale_a, scale_w, conv));
 }
 
 bie_status bie_cuda_q4_gemm(int kernel_id, int64_t m, int64_t n, int64_t k, const int8_t *a,

@@ -100,6 +100,18 @@ __device__ __forceinline__ void wgmma_s8_64x128x32(int (&d)[64], const unsigned 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// d += a . b over 64 x 256 x 32 signed bytes, A and B in shared memory (K-major).
+__device__ __forceinline__ void wgmma_s8_ss_64x256x32(int (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {" BIE_WG_NAMES128
+                 "}, %128, %129, p;\n"
+                 "}\n"
+                 : BIE_WGD128
+                 : "l"(a), "l"(b), "r"(1));
+}
+
 // d += popc(a AND b) over 64 x 256 x 256 bits, A and B in shared memory (K-major).
 __device__ __forceinline__ void wgmma_b1_64x256x256(int (&d)[128], uint64_t a, uint64_t b) {
     asm volatile("{\n"

@@ -46,6 +46,10 @@ bool bgemm_tma_usable();
 bie_status bgemm_tma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                             int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                             const Epilogue &ep);
+// 4-bit kernel 211 (bgemm_tma.cu): kernel 121's pipeline on int8 code rows a [m][ld] and
+// b [n][ld] (ld a multiple of 128, zero past k), the accumulators the dot products.
+bie_status q4gemm_tma_launch(int64_t m, int64_t n, int64_t k, const int8_t *a, const int8_t *b,
+                             int64_t ld, const Epilogue &ep);
 bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a, const uint8_t *b,
                               int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                               const Epilogue &ep);

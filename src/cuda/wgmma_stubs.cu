@@ -24,6 +24,10 @@ bie_status bgemm_tma_launch(int64_t, int64_t, int64_t, const uint8_t *, const ui
                             const int *, int, const int *, int, const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda binary gemm: built without sm_90a code");
 }
+bie_status q4gemm_tma_launch(int64_t, int64_t, int64_t, const int8_t *, const int8_t *, int64_t,
+                             const Epilogue &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda 4-bit gemm (TMA): built without sm_90a code");
+}
 bie_status bgemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const uint8_t *, int64_t,
                               const int *, int, const int *, int, const Epilogue &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda binary gemm: built without sm_90a code");
