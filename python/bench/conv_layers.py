@@ -75,6 +75,9 @@ def main(argv=None):
     p.add_argument("--q4", action="store_true",
                    help="bie's 4-bit conv (Q4Conv2dCutlass, NCHW) at the batch-64 shapes instead; "
                         "PyTorch also timed in channels-last (torch_bf16_channels_last_us)")
+    p.add_argument("--fp8", action="store_true",
+                   help="bie's binary conv with backward_mode = \"fp8\" (grad_x on e4m3 where it "
+                        "applies); the rows say \"backward\": \"fp8\"")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("conv_layers: no CUDA device", file=sys.stderr)
@@ -87,6 +90,8 @@ def main(argv=None):
         torch.manual_seed(0)
         ours = cls(ci, co, 3, stride=s, padding=1, device=dev, dtype=dt)
         bie.prepare_bie_layers(ours)
+        if args.fp8 and not args.q4:
+            ours.backward_mode = "fp8"
         ours.train()
         ref = torch.nn.Conv2d(ci, co, 3, stride=s, padding=1, bias=False, device=dev, dtype=dt)
         x = torch.randn(n, ci, hw, hw, device=dev, dtype=dt)
@@ -111,7 +116,8 @@ def main(argv=None):
                 "bench": "conv_layers", "kind": "q4" if args.q4 else "binary", "batch": n,
                 "in_c": ci, "out_c": co, "size": hw, "stride": s, "layout": layout,
                 "cuda_graph": args.cuda_graph, "bie_us": round(ours_us, 1),
-                "torch_bf16_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3)}
+                "torch_bf16_us": round(torch_us, 1), "ratio": round(torch_us / ours_us, 3),
+                "backward": "fp8" if args.fp8 and not args.q4 else "exact"}
             if args.q4:
                 row["torch_bf16_channels_last_us"] = round(times[2], 1)
             row.update({"device_name": torch.cuda.get_device_name(), "torch": torch.__version__})

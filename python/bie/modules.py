@@ -346,8 +346,9 @@ class _BieLayerModule(nn.Module):
         e4m3 at a per-tensor scale, the ±1 operands exact; the FP8 tensor cores sum at a lower
         precision than float32). Faster at large shapes only (a 4096 x 4096 layer's step: 631
         against 707 µs on an H100); batch, in and out features that are not multiples of 16
-        run the exact products. Kept across ``.to()``; a device without FP8 falls back to
-        "exact" with a warning."""
+        run the exact products. Binary conv layers take it for grad_x only (16-bit,
+        channels-last, compute capability 9.0; grad_w stays exact). Kept across ``.to()``; a
+        device without FP8 falls back to "exact" with a warning."""
         return self._layer.backward_mode
 
     @backward_mode.setter

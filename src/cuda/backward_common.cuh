@@ -105,11 +105,15 @@ void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8
 // apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
 // before the mask into g [m, k] and grad_w; *done is false where cuBLASLt has no FP8
 // algorithm for the shape (nothing written: the exact products run instead).
+// scales[1] = 448 / amax(x [n]) and scales[0] = its inverse (1 and 1 when x is all zero), for
+// grad_out's one rounding to e4m3 (part: amax_workspace_bytes()), on the current stream.
+template <typename T> void fp8_scales_of(const T *x, int64_t n, float *part, float *scales);
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
 bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);
+bool conv_dgrad_tma_taken(const bie_conv_geom &g);
 bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a);
 
 // grad_x [n, c, h, w] (NHWC in memory where g64.nhwc) = sum over the taps that read each input

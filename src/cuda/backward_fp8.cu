@@ -15,16 +15,13 @@
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
+#include "dtype.cuh"
 
 namespace bie_cuda {
 namespace {
 
 constexpr size_t kLtWorkspace = (size_t)32 << 20;
 __device__ float kFp8One = 1.0f;
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
 
 // scales[1] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[0] = its
 // inverse, the factor the GEMMs apply to the e4m3 operand. That one comes first: cuBLASLt
@@ -249,6 +246,13 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
 }
 
 }  // namespace
+
+template <typename T> void fp8_scales_of(const T *x, int64_t n, float *part, float *scales) {
+    amax_into(x, n, part);
+    fp8_scales<<<1, 1, 0, current_stream>>>(part, scales);
+}
+template void fp8_scales_of<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *, float *);
+template void fp8_scales_of<__half>(const __half *, int64_t, float *, float *);
 
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;

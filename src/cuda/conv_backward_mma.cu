@@ -33,18 +33,21 @@ namespace bie_cuda {
 namespace {
 
 // The ±1 weight as grad_x's B operand, [tap][cp][op] (op, cp: O, C rounded up to the tile;
-// 0 past them) from the forward's tap-layout rows (row o: per tap cw words of channel bits).
+// 0 past them) from the forward's tap-layout rows (row o: per tap cw words of channel bits),
+// in the 16-bit type E or, for the FP8 backward, as e4m3 bytes (E = uint8_t).
 // Block (8 output channels, 256 (tap, channel) pairs): a thread makes its pair's 8 values, one
-// 16-byte store (op is a multiple of 8).
-template <typename T>
+// store (op is a multiple of 8).
+template <typename E> __device__ __forceinline__ E weight_value(float v) { return from_f32<E>(v); }
+template <> __device__ __forceinline__ uint8_t weight_value<uint8_t>(float v) { return to_e4m3(v); }
+template <typename E>
 __global__ void __launch_bounds__(256)
     dgrad_weight(const uint32_t *__restrict__ bits, int words, bie_conv_geom g64, int cp, int op,
-                 T *__restrict__ wt) {
+                 E *__restrict__ wt) {
     const int C = (int)g64.c, O = (int)g64.o, cw = (C + 31) / 32, kk = (int)(g64.k * g64.k);
     const int o0 = (int)blockIdx.x * 8, e = (int)blockIdx.y * 256 + (int)threadIdx.x;
     if (e >= kk * cp) return;
     const int t = e / cp, c = e - t * cp;
-    __align__(16) T v[8];
+    __align__(16) E v[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         float f = 0.0f;
@@ -52,9 +55,32 @@ __global__ void __launch_bounds__(256)
             const uint32_t w = bits[(int64_t)(o0 + j) * words + t * cw + (c >> 5)];
             f = (w >> (c & 31)) & 1 ? 1.0f : -1.0f;
         }
-        v[j] = from_f32<T>(f);
+        v[j] = weight_value<E>(f);
     }
-    *reinterpret_cast<uint4 *>(wt + (int64_t)e * op + o0) = *reinterpret_cast<const uint4 *>(v);
+    if constexpr (sizeof(E) == 2)
+        *reinterpret_cast<uint4 *>(wt + (int64_t)e * op + o0) = *reinterpret_cast<const uint4 *>(v);
+    else
+        *reinterpret_cast<uint2 *>(wt + (int64_t)e * op + o0) = *reinterpret_cast<const uint2 *>(v);
+}
+
+// The FP8 backward's gradient rows: NHWC grad_out [rows][O] to e4m3 of grad_out *
+// scales[1], rows of op8 bytes (0 past O): a thread per 8 channels of a row, one 8-byte store.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    fp8_pixel_rows(const T *__restrict__ g, int64_t rows, int O, int op8,
+                   const float *__restrict__ scales, uint8_t *__restrict__ g8) {
+    const float s = scales[1];
+    const int groups = op8 / 8;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < rows * groups;
+         i += (int64_t)gridDim.x * 256) {
+        const int64_t r = i / groups;
+        const int c0 = (int)(i - r * groups) * 8;
+        __align__(8) uint8_t v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = c0 + j < O ? to_e4m3(to_f32(g[r * O + c0 + j]) * s) : (uint8_t)0;
+        *reinterpret_cast<uint2 *>(g8 + r * op8 + c0) = *reinterpret_cast<const uint2 *>(v);
+    }
 }
 
 // NHWC grad_out [n oh ow][O] -> rows of op channels (0 for o >= O): grid-stride, one element
@@ -579,14 +605,22 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
     // NHWC grad_out is already pixel-major: used in place where its rows are op channels.
     const bool gt_in_place =
         g.nhwc && op == g.o && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0;
-    Workspace<7> ws;
-    BIE_CUDA_TRY(ws.alloc(
-        {(size_t)kk * cp * op * sizeof(T), gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
-         (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
-         (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes(),
-         wgrad_tma ? wgrad_tma_xs_bytes(g) : 0},
-        "cudaMallocAsync (conv backward workspace)"));
+    // The opt-in FP8 grad_x where the TMA kernel takes the layer: e4m3 weight tiles and gradient
+    // rows of op8 channels (128-channel K steps), grad_out scaled by 448 / amax and rounded
+    // once; grad_w stays exact. The 16-bit weight tiles are then not needed.
+    const bool fp8 = a.fp8 && dgrad_tma;
+    const int op8 = (int)((g.o + 127) / 128 * 128);
+    Workspace<10> ws;
+    BIE_CUDA_TRY(ws.alloc({fp8 ? 0 : (size_t)kk * cp * op * sizeof(T),
+                           gt_in_place ? 0 : (size_t)(g.n * ohw * op) * sizeof(T),
+                           (size_t)(2 * tiles * g.c) * sizeof(float), (size_t)g.c * sizeof(double),
+                           (size_t)(slices * g.o * ckk) * sizeof(float), amax_workspace_bytes(),
+                           wgrad_tma ? wgrad_tma_xs_bytes(g) : 0, fp8 ? (size_t)kk * cp * op8 : 0,
+                           fp8 ? (size_t)(g.n * ohw * op8) : 0, fp8 ? 2 * sizeof(float) : 0},
+                          "cudaMallocAsync (conv backward workspace)"));
     T *wt = ws.at<T>(0);
+    uint8_t *wt8 = ws.at<uint8_t>(7), *g8 = ws.at<uint8_t>(8);
+    float *fp8_scales = ws.at<float>(9);
     T *gt = gt_in_place ? const_cast<T *>(static_cast<const T *>(a.grad_out)) : ws.at<T>(1);
     float *part_sum = ws.at<float>(2), *part_dot = part_sum + tiles * g.c;
     double *dots = ws.at<double>(3);
@@ -600,9 +634,19 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                                         (int)dgrad_smem<T>()),
         "cudaFuncSetAttribute (conv grad_x)");
     if (s == BIE_OK) {
-        dgrad_weight<T>
-            <<<dim3((unsigned)(op / 8), (unsigned)((kk * cp + 255) / 256)), 256, 0, st>>>(
-                reinterpret_cast<const uint32_t *>(a.wbits), (int)(a.ld / 4), g, cp, op, wt);
+        const dim3 tiles_grid((unsigned)((fp8 ? op8 : op) / 8), (unsigned)((kk * cp + 255) / 256));
+        const uint32_t *wbits = reinterpret_cast<const uint32_t *>(a.wbits);
+        if (fp8) {
+            const T *go = static_cast<const T *>(a.grad_out);
+            const int64_t rows = g.n * ohw;
+            dgrad_weight<uint8_t>
+                <<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op8, wt8);
+            fp8_scales_of(go, rows * g.o, amax, fp8_scales);
+            fp8_pixel_rows<T><<<blocks_for(rows * (op8 / 8)), 256, 0, st>>>(go, rows, (int)g.o, op8,
+                                                                            fp8_scales, g8);
+        } else {
+            dgrad_weight<T><<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op, wt);
+        }
         if (!gt_in_place) conv_pixel_rows<T>(g, a.grad_out, op, gt);
         // The wgmma kernels' arguments; each kernel's tiling set below.
         DgradHaloArgs w = {std::is_same<T, __half>::value,
@@ -624,8 +668,12 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
                            part_dot,
                            false,
                            nullptr,
+                           nullptr,
                            nullptr};
-        if (dgrad_tma) {
+        if (fp8) {
+            w.gt = g8, w.wt = wt8, w.op = op8, w.fp8_inv = fp8_scales;
+            s = dgrad_tma_launch(w, tma_tiles);
+        } else if (dgrad_tma) {
             s = dgrad_tma_launch(w, tma_tiles);
         } else if (halo_wgmma) {
             w.rb = halo_mi / 2, w.nb = halo_nb, w.tr = halo_rows;
@@ -704,6 +752,13 @@ void conv_wgrad_sum(const float *part, int slices, int64_t count, const float *s
                        kSumThreads, 0, current_stream>>>(part, slices, count, scales, grad_w, amax);
 }
 
+// Whether a 16-bit layer of this geometry takes the TMA grad_x kernel (where its FP8 backward
+// runs grad_x on e4m3), the same test as backward_mma_typed's.
+bool conv_dgrad_tma_taken(const bie_conv_geom &g) {
+    DgradTmaTiles tl = {};
+    return dgrad_wgmma_wanted() && wgmma_usable() && dgrad_tma_wanted() && dgrad_tma_tiles(g, &tl);
+}
+
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a) {
     return (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.g.k >= 1 && a.g.k <= 3;
 }
@@ -714,3 +769,8 @@ bie_status conv_backward_mma(const bie_cuda_bconv_backward_args &a) {
 }
 
 }  // namespace bie_cuda
+
+extern "C" bool bie_cuda_conv_fp8_grad_x(bie_dtype dtype, const bie_conv_geom *g) {
+    return (dtype == BIE_BF16 || dtype == BIE_F16) && g->k >= 1 && g->k <= 3 &&
+           !bie_cuda::conv_backward_gemm_forced() && bie_cuda::conv_dgrad_tma_taken(*g);
+}

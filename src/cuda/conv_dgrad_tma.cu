@@ -93,16 +93,22 @@ __device__ __forceinline__ void for_each_pixel(float (&acc)[kPix / 2], int tq, B
 
 // One K step's products (a tap, 64 output channels): the weight tile at a_tile times the
 // gradient rows from b_rows on, committed as one wgmma group.
+// F8: e4m3 operands, 128 output channels a step (the same 128-byte rows, k 32 an instruction).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-template <typename T>
+template <typename T, bool F8>
 __device__ __forceinline__ void step_products(float (&acc)[kPix / 2], unsigned a_tile,
                                               unsigned b_rows) {
     fence_acc(acc);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDgK / 16; ks++)
-        wgmma_f16_ss<T, kPix>(acc, smem_desc(a_tile + 32 * ks, 16, 1024, 1),
-                              smem_desc(b_rows + 32 * ks, 16, 1024, 1));
+    for (int ks = 0; ks < kRow / 32; ks++) {
+        const uint64_t da = smem_desc(a_tile + 32 * ks, 16, 1024, 1),
+                       db = smem_desc(b_rows + 32 * ks, 16, 1024, 1);
+        if constexpr (F8)
+            wgmma_e4m3_ss_64x256x32(acc, da, db);
+        else
+            wgmma_f16_ss<T, kPix>(acc, da, db);
+    }
     wgmma_commit();
 }
 #endif
@@ -120,13 +126,17 @@ constexpr size_t halo_smem_bytes(int nc, int s, int hr) {
 // row of the swizzled region). A stage then holds only the weight tiles.
 // Q4: the 4-bit layer's epilogue (DgradHaloArgs.q4): the clip bits and residuals of the tile
 // (q4_bits, q4_resid) are copied into the ring once the products are done; grad_x is NCHW.
-template <typename T, int NC, int S, bool HALO, bool Q4>
+// F8: the FP8 backward's e4m3 operands (DgradHaloArgs.fp8_inv), 128 output channels a K step.
+template <typename T, int NC, int S, bool HALO, bool Q4, bool F8>
 __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2 : 1)
     dgrad_tma(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_w,
               const uint32_t *__restrict__ mask, const uint32_t *__restrict__ signs,
               const uint8_t *__restrict__ q4_bits, const int8_t *__restrict__ q4_resid,
-              const float *__restrict__ scales, bie_conv_geom g64, DgradTmaTiles tl, int op, int cp,
-              T *__restrict__ grad_x, float *__restrict__ part_sum, float *__restrict__ part_dot) {
+              const float *__restrict__ scales, const float *__restrict__ fp8_inv,
+              bie_conv_geom g64, DgradTmaTiles tl, int op, int cp, T *__restrict__ grad_x,
+              float *__restrict__ part_sum, float *__restrict__ part_dot) {
+    static_assert(!(Q4 && F8), "the 4-bit layer has no FP8 backward");
+    constexpr int kCh = F8 ? kRow : kRow / 2;  // output channels a K step (a 128-byte row)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int kStage = HALO ? NC * kATile : stage_bytes(NC);
     extern __shared__ __align__(16) unsigned char smem[];
@@ -157,7 +167,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     };
     int ntaps = 0;
     for (int t = 0; t < kk; t++) ntaps += reaches(t);
-    const int steps = op / kDgK * ntaps;
+    const int steps = op / kCh * ntaps;
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full0 + 8 * s, 1);    // the producer's arrival (and the copies' bytes)
@@ -188,7 +198,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
             if (HALO) {
                 const int reach = (k - 1) * d;
                 const unsigned hbytes = (unsigned)(kRow * tl.bw * (tl.tr + reach));
-                for (int oc = 0, step = 0; oc < op / kDgK; oc++) {
+                for (int oc = 0, step = 0; oc < op / kCh; oc++) {
                     mbar_wait(halo_empty, ((unsigned)oc & 1u) ^ 1u);  // the last block's readers
                     mbar_arrive_expect_tx(halo_full, hbytes);
                     tma_load_4d(hbase, &map_g, oc * kRow, p - reach, yy0 + p - reach, n0,
@@ -241,7 +251,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     float acc[kPix / 2];
 #pragma unroll
     for (int x = 0; x < kPix / 2; x++) acc[x] = 0.0f;
-    for (int oc = 0, step = 0; HALO && oc < op / kDgK; oc++) {
+    for (int oc = 0, step = 0; HALO && oc < op / kCh; oc++) {
         mbar_wait(halo_full, (unsigned)oc & 1u);
         for (int t = 0; t < kk; t++, step++) {
             const int s = step % S, i = t / k, j = t - i * k;
@@ -249,7 +259,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
             const unsigned a_tile = base + (unsigned)(s * kStage + wg * kATile);
             const unsigned b_view =
                 hbase + (unsigned)(((k - 1 - i) * d * tl.bw + (k - 1 - j) * d) * kRow);
-            step_products<T>(acc, a_tile, b_view);
+            step_products<T, F8>(acc, a_tile, b_view);
             if (t > 0) {
                 wgmma_wait<1>();
                 fence_acc(acc);
@@ -266,7 +276,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
         mbar_wait(full0 + 8 * s, (unsigned)(step / S) & 1u);
         const unsigned stage = base + (unsigned)(s * kStage);
         const unsigned a_tile = stage + (unsigned)(kBTile + wg * kATile);
-        step_products<T>(acc, a_tile, stage);
+        step_products<T, F8>(acc, a_tile, stage);
         wgmma_wait<1>();
         fence_acc(acc);
         if (step > 0 && wt == 0) mbar_arrive(empty0 + 8 * ((step - 1) % S));
@@ -349,7 +359,7 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     asm volatile("bar.sync 1, %0;\n" ::"r"(128 * NC) : "memory");
 
     // Rows (channels) c0 + 16 wi + g + 8 h, columns (tile pixels) 8 nj + 2 tq + e.
-    const float sw = scales[1];
+    const float sw = F8 ? scales[1] * fp8_inv[0] : scales[1];
     unsigned char *stg = gbase + wg * kBTile;  // [kPix rows of 128 bytes], 16-byte chunks swizzled
     float csum[2] = {0.0f, 0.0f}, cdot[2] = {0.0f, 0.0f};
     for_each_pixel(acc, tq, [&](int r, float a0, float a1) {
@@ -383,37 +393,41 @@ __global__ void __launch_bounds__(128 * NC + 32, NC == 1 && (S == 2 || HALO) ? 2
     }
 #else
     (void)map_g, (void)map_w, (void)mask, (void)signs, (void)q4_bits, (void)q4_resid, (void)scales,
-        (void)g64, (void)tl, (void)op, (void)cp, (void)grad_x, (void)part_sum, (void)part_dot;
+        (void)fp8_inv, (void)g64, (void)tl, (void)op, (void)cp, (void)grad_x, (void)part_sum,
+        (void)part_dot;
 #endif
 }
 
-template <typename T, int NC, int S, bool HALO, bool Q4>
+template <typename T, int NC, int S, bool HALO, bool Q4, bool F8>
 bie_status launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     static const char *who = "conv grad_x (wgmma, TMA)";
     const bie_conv_geom &g = a.g;
     const int box_rows = HALO ? tl.tr + (int)((g.k - 1) * g.d) : tl.tr;
+    const int64_t ld = (int64_t)a.op * (F8 ? 1 : 2);  // bytes of an operand row
     CUtensorMap map_g, map_w;
-    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, (int64_t)a.op * 2, tl.bw, box_rows, tl.nimg) ||
-        !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, (int64_t)a.op * 2, 64))
+    if (!tma_map_nhwc(&map_g, a.gt, g.n, g.oh, g.ow, ld, tl.bw, box_rows, tl.nimg) ||
+        !tma_map_rows(&map_w, a.wt, g.k * g.k * a.cp, ld, 64))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    const auto fn = dgrad_tma<T, NC, S, HALO, Q4>;
+    const auto fn = dgrad_tma<T, NC, S, HALO, Q4, F8>;
     const size_t smem = HALO ? halo_smem_bytes(NC, S, tl.hr) : smem_bytes(NC, S);
     BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                        who));
     fn<<<dim3((unsigned)tl.tiles, (unsigned)(a.cp / (64 * NC))), 128 * NC + 32, smem,
-         current_stream>>>(map_g, map_w, a.mask, a.signs, a.q4_bits, a.q4_resid, a.scales, g, tl,
-                           a.op, a.cp, static_cast<T *>(a.grad_x), a.part_sum, a.part_dot);
+         current_stream>>>(map_g, map_w, a.mask, a.signs, a.q4_bits, a.q4_resid, a.scales,
+                           a.fp8_inv, g, tl, a.op, a.cp, static_cast<T *>(a.grad_x), a.part_sum,
+                           a.part_dot);
     return check(cudaGetLastError(), who);
 }
 
-template <typename T, bool Q4>
+template <typename T, bool Q4, bool F8 = false>
 bie_status launch_typed(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
     // 64 channels: two blocks of two stages per SM (one block of four took 27 % longer, H100).
     if (tl.halo)
-        return a.cp % 128 == 0 ? launch<T, 2, 4, true, Q4>(a, tl)
-                               : launch<T, 1, 4, true, Q4>(a, tl);
-    return a.cp % 128 == 0 ? launch<T, 2, 4, false, Q4>(a, tl) : launch<T, 1, 2, false, Q4>(a, tl);
+        return a.cp % 128 == 0 ? launch<T, 2, 4, true, Q4, F8>(a, tl)
+                               : launch<T, 1, 4, true, Q4, F8>(a, tl);
+    return a.cp % 128 == 0 ? launch<T, 2, 4, false, Q4, F8>(a, tl)
+                           : launch<T, 1, 2, false, Q4, F8>(a, tl);
 }
 
 }  // namespace
@@ -461,6 +475,13 @@ bool dgrad_tma_tiles(const bie_conv_geom &g, DgradTmaTiles *tl) {
 }
 
 bie_status dgrad_tma_launch(const DgradHaloArgs &a, const DgradTmaTiles &tl) {
+    if (a.fp8_inv) {
+        if (a.q4 || a.op % 128 != 0)
+            return bie_fail(BIE_ERR_INVALID_ARGUMENT,
+                            "conv grad_x (TMA, FP8): 128-channel steps, binary layers only");
+        return a.half ? launch_typed<__half, false, true>(a, tl)
+                      : launch_typed<__nv_bfloat16, false, true>(a, tl);
+    }
     if (a.q4)
         return a.half ? launch_typed<__half, true>(a, tl)
                       : launch_typed<__nv_bfloat16, true>(a, tl);

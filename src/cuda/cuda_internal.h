@@ -214,11 +214,18 @@ typedef struct bie_cuda_bconv_backward_args {
     int8_t *grad_w_i8;            /* or NULL */
     float *grad_bias;             /* [c] */
     float *grad_scale_a;          /* [1] */
+    /* BIE_BACKWARD_FP8: grad_x (and the grad_bias / grad_scale_a sums over it) from grad_out
+     * rounded to e4m3 at the per-tensor scale 448 / amax, on e4m3 tensor cores, where the TMA
+     * grad_x kernel takes the layer (16-bit, channels-last, Hopper); grad_w stays exact. */
+    bool fp8;
 } bie_cuda_bconv_backward_args;
 bie_status bie_cuda_binary_conv2d_backward(const bie_cuda_bconv_backward_args *args);
 /* For the tests: the 16-bit binary conv backward through the cuBLAS GEMMs over im2col
  * buffers (the path float32 takes) instead of the tensor-core kernels. Process-wide. */
 void bie_cuda_conv_backward_force_gemm(bool on);
+/* For the tests: whether the binary conv2d backward of a layer of this dtype and geometry runs
+ * grad_x on e4m3 in BIE_BACKWARD_FP8 mode (the TMA grad_x kernel takes it; else exact). */
+bool bie_cuda_conv_fp8_grad_x(bie_dtype dtype, const bie_conv_geom *g);
 
 /* ---- Binary linear backward on the device (SPEC §2); see backward.cu. */
 typedef struct bie_cuda_bl_backward_args {

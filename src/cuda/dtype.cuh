@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 #include <cstdint>
@@ -33,6 +34,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
     return __float2bfloat16(v);
 }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
+
+// e4m3 (FP8) of v, rounded to nearest even, saturated to +-448 (the FP8 backward's operands).
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
 
 // The bits of a 16-bit value, and back.
 __device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }

@@ -114,9 +114,9 @@ bie_status backward_typed(const bie_cuda_q4conv_backward_args &a, const DgradTma
     conv_pixel_rows<T>(g, a.grad_out, op, gt);
     bie_conv_geom gn = g;
     gn.nhwc = 1;  // the kernel's operands are NHWC; the 4-bit epilogue writes NCHW
-    DgradHaloArgs d = {half,           1,      64, dim3(), 0, gt,       wtile,    nullptr,  nullptr,
-                       a.saved_scales, gn,     op, cp,     0, a.grad_x, part_sum, part_dot, true,
-                       a.mask,         a.resid};
+    DgradHaloArgs d = {
+        half, 1,  64, dim3(),   0,        gt,       wtile, nullptr, nullptr, a.saved_scales, gn,
+        op,   cp, 0,  a.grad_x, part_sum, part_dot, true,  a.mask,  a.resid, nullptr};
     bie_status s = dgrad_tma_launch(d, dt);
     if (s == BIE_OK) {
         // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 n c h w).

@@ -207,6 +207,18 @@ __device__ __forceinline__ void wgmma_f16_ss(float (&d)[N / 2], uint64_t a, uint
         BIE_WGMMA_F16_SS("m64n128k16", "bf16", BIE_WG_NAMES64, BIE_WGF64, "%64", "%65", "%66",
                          "0, 0");
 }
+// d += a . b over 64 x 256 x 32 e4m3 values, f32 accumulators, both operands K-major in
+// shared memory (the only layout 8-bit wgmma reads).
+__device__ __forceinline__ void wgmma_e4m3_ss_64x256x32(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" BIE_WG_NAMES128
+                 "}, %128, %129, p, 1, 1;\n"
+                 "}\n"
+                 : BIE_WGF128
+                 : "l"(a), "l"(b), "r"(1));
+}
 // d += a . b over 64 x 64 x 16 with both operands MN-major in shared memory (A: K rows of the
 // 64 M values, B: K rows of the 64 N values).
 template <typename T>

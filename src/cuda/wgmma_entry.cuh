@@ -78,6 +78,10 @@ struct DgradHaloArgs {
     bool q4;
     const uint8_t *q4_bits;
     const int8_t *q4_resid;
+    // dgrad_tma only, the opt-in FP8 backward (binary layers): gt and wt hold e4m3 values (rows
+    // of op bytes, op a multiple of 128), and *fp8_inv is grad_out's per-tensor dequantization
+    // factor (amax / 448), applied with scale_w. nullptr: 16-bit operands.
+    const float *fp8_inv;
 };
 size_t dgrad_halo_wgmma_smem(int tr, int k, int d, int w, int op, int nb);
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &a);

@@ -345,13 +345,12 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_w_i8 = c->d.g_w_i8,
         .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
+        .fp8 = l->backward_mode == BIE_BACKWARD_FP8,
     };
     BIE_TRY(bie_cuda_binary_conv2d_backward(&a));
     c->d.has_grads = true;
     return BIE_OK;
 }
-
-/* ---------------------------------------------------------------- kernel selection */
 
 const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
@@ -361,5 +360,6 @@ const bie_layer_ops bie_binary_conv2d_cuda_ops = {
     .forward = forward,
     .forward_again = forward_again,
     .backward = backward,
+    .check_backward_mode = bie_cuda_check_backward_mode,
     .channels_last = true,
 };

@@ -240,18 +240,6 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     return BIE_OK;
 }
 
-/* ---------------------------------------------------------------- kernel selection */
-
-/* The FP8 backward needs FP8 tensor cores on the layer's device. */
-static bie_status check_backward_mode(const bie_layer *l, int mode, const char *who) {
-    if (mode == BIE_BACKWARD_FP8 && !bie_cuda_fp8_usable(l->device.index))
-        return bie_fail(BIE_ERR_UNSUPPORTED,
-                        "binary_linear_%s: CUDA device %d has no FP8 tensor cores (compute "
-                        "capability 8.9 or newer)",
-                        who, l->device.index);
-    return BIE_OK;
-}
-
 const bie_layer_ops bie_binary_linear_cuda_ops = {
     .weight = &bie_binary_weight_cuda_ops,
     .device = &bie_cuda_device_ops,
@@ -260,5 +248,5 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .forward = forward,
     .forward_again = forward_again,
     .backward = backward,
-    .check_backward_mode = check_backward_mode,
+    .check_backward_mode = bie_cuda_check_backward_mode,
 };

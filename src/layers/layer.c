@@ -407,8 +407,8 @@ bie_status bie_layer_set_backward_mode(bie_layer *l, bie_backward_mode mode) {
     if (mode != BIE_BACKWARD_EXACT) {
         if (l->ops->check_backward_mode == NULL)
             return bie_fail(BIE_ERR_UNSUPPORTED,
-                            "%s_%s: the FP8 backward exists for the binary linear layer on CUDA "
-                            "devices with FP8 tensor cores only",
+                            "%s_%s: the FP8 backward exists for the binary linear and conv2d "
+                            "layers on CUDA devices with FP8 tensor cores only",
                             l->kind->name, who);
         BIE_TRY(l->ops->check_backward_mode(l, (int)mode, who));
     }

@@ -17,6 +17,15 @@ bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char
                                   bie_layer_scale_a_factor(l), who);
 }
 
+bie_status bie_cuda_check_backward_mode(const bie_layer *l, int mode, const char *who) {
+    if (mode == BIE_BACKWARD_FP8 && !bie_cuda_fp8_usable(l->device.index))
+        return bie_fail(BIE_ERR_UNSUPPORTED,
+                        "%s_%s: CUDA device %d has no FP8 tensor cores (compute capability 8.9 or "
+                        "newer)",
+                        l->kind->name, who, l->device.index);
+    return BIE_OK;
+}
+
 static bie_status activate(bie_layer *l, const bie_tensor *x, bie_tensor *x_out, const char *who) {
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
     if (x_out == NULL) return BIE_OK;

@@ -15,5 +15,7 @@ extern const bie_layer_ops bie_q4_linear_cuda_ops, bie_q4_conv2d_cuda_ops;
 extern const bie_device_ops bie_cuda_device_ops;
 /* scale_a = factor * mean|x| on the device when it is still 0 (the kind's factor). */
 bie_status bie_cuda_ensure_scale_a(bie_layer *l, const bie_tensor *x, const char *who);
+/* The binary layers' check_backward_mode: FP8 needs FP8 tensor cores on the layer's device. */
+bie_status bie_cuda_check_backward_mode(const bie_layer *l, int mode, const char *who);
 
 #endif

@@ -40,6 +40,18 @@ static inline float round_to(bie_dtype dt, float f) {
 }
 
 /* Device tensor of dtype dt holding the float values v (already representable). */
+/* v rounded to the nearest e4m3 value (ties to even), saturated at +-448 (SATFINITE). */
+static inline float round_e4m3(float v) {
+    const float a = fabsf(v);
+    if (!(a > 0.0f)) return v;
+    int e;
+    frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e - 1) */
+    const float step = ldexpf(1.0f, (e - 1 < -6 ? -6 : e - 1) - 3); /* subnormals: 2^-9 */
+    float q = rintf(a / step) * step;
+    if (q > 448.0f) q = 448.0f;
+    return v < 0 ? -q : q;
+}
+
 static inline bie_tensor upload_as(bie_dtype dt, const float *v, int64_t rows, int64_t cols) {
     int64_t shape[2] = {rows, cols}, n = rows * cols;
     bie_tensor d;

@@ -101,14 +101,22 @@ static void forward_matches(pair *p, const bie_tensor *gx, const bie_tensor *cx,
                 p->nhwc ? ", NHWC" : "");
 }
 
-static void backward_matches(pair *p) {
+/* The GPU backward against the CPU's. fp8: the GPU layer runs grad_x on e4m3, so the CPU's
+ * grad_x, grad_bias_a and grad_scale_a get grad_out as it sees it (rounded to e4m3 at the
+ * per-tensor scale 448 / amax), and its grad_w the exact grad_out. */
+static void backward_matches(pair *p, int fp8) {
     const geo *g = &p->g;
     const int64_t ng = g->n * g->o * p->oh * p->ow, nx = g->n * g->c * g->h * g->w;
     const int64_t nw = g->o * g->c * g->k * g->k;
-    float *go = tu_alloc((size_t)ng * 4);
+    float *go = tu_alloc((size_t)ng * 4), *gr = tu_alloc((size_t)ng * 4);
     fill_input(go, ng);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < ng; i++) amax = fmaxf(amax, fabsf(go[i]));
+    const float s = amax > 0 ? 448.0f / amax : 1.0f, inv = amax > 0 ? amax / 448.0f : 1.0f;
+    for (int64_t i = 0; i < ng; i++) gr[i] = fp8 ? round_e4m3(go[i] * s) * inv : go[i];
     bie_tensor gg = upload4(p->dt, go, g->n, g->o, p->oh, p->ow, p->nhwc);
-    bie_tensor cg = tu_view(go, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
+    bie_tensor cg = tu_view(gr, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
+    bie_tensor cg_exact = tu_view(go, BIE_F32, 4, g->n, g->o, p->oh, p->ow);
     bie_tensor ggx = device_empty(p->dt, g->n * g->c * g->h, g->w);
     reshape4(&ggx, g->n, g->c, g->h, g->w);
     poison_device(&ggx);
@@ -118,10 +126,23 @@ static void backward_matches(pair *p) {
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
-    const double tol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
+    /* fp8: the FP8 tensor cores' sums are not f32-exact (bie.h), so 2e-4 on top of the e4m3
+     * rounding done above, as for the linear layer. */
+    const double dtol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
+    const double tol = fp8 ? fmax(2e-4, dtol) : dtol;
     download4(&ggx, got, p->nhwc);
     CHECK(compare_close("grad_x", got, cgx, nx, tol));
     bie_tensor a, b;
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
+    download_as(&a, got);
+    CHECK(compare_close("grad_bias_a", got, b.data, g->c, tol));
+    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
+    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
+    download_as(&a, got);
+    const float ref = *(float *)b.data;
+    CHECK(fabs(got[0] - ref) <= tol * 10 * fabs(ref) + 1e-5);
+    if (fp8) CHECK_OK(bie_layer_backward(p->cpu, &cg_exact, &cgxv)); /* grad_w: exact */
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
@@ -133,18 +154,10 @@ static void backward_matches(pair *p) {
     int64_t off = 0;
     for (int64_t i = 0; i < nw; i++) off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
     CHECK(off == 0);
-    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
-    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
-    download_as(&a, got);
-    CHECK(compare_close("grad_bias_a", got, b.data, g->c, tol));
-    CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
-    CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
-    download_as(&a, got);
-    const float ref = *(float *)b.data;
-    CHECK(fabs(got[0] - ref) <= tol * 10 * fabs(ref) + 1e-5);
     bie_tensor_free(&gg);
     bie_tensor_free(&ggx);
     free(go);
+    free(gr);
     free(cgx);
     free(got);
 }
@@ -206,12 +219,19 @@ static void check_shape(bie_dtype dt, geo g, int all_kernels, int nhwc) {
 
     forward_matches(&p, &gx, &cx, "training forward");
     again_matches(&p, &gx, "default kernel");
-    backward_matches(&p);
+    backward_matches(&p, 0);
 #ifdef BIE_TEST_CUDA_INTERNALS
+    /* The opt-in FP8 backward: grad_x on e4m3 where the TMA grad_x kernel takes the layer,
+     * else exact (devices without FP8 tensor cores refuse the mode). */
+    if (bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_FP8) == BIE_OK) {
+        const bie_conv_geom cgeo = {g.n, g.c, g.h, g.w, g.o, p.oh, p.ow, g.k, g.s, g.p, g.d, nhwc};
+        backward_matches(&p, bie_cuda_conv_fp8_grad_x(dt, &cgeo));
+        CHECK_OK(bie_layer_set_backward_mode(p.gpu, BIE_BACKWARD_EXACT));
+    }
     if (dt != BIE_F32) { /* the 16-bit backward's other path: cuBLAS over im2col buffers */
         bie_cuda_conv_backward_force_gemm(true);
         forward_matches(&p, &gx, &cx, "training forward (GEMM backward)");
-        backward_matches(&p);
+        backward_matches(&p, 0);
         bie_cuda_conv_backward_force_gemm(false);
     }
 #endif
@@ -358,7 +378,7 @@ static void clip_boundary(int64_t c, int nhwc) {
         bie_tensor gx = upload4(BIE_F32, x, g.n, c, g.h, g.w, nhwc);
         bie_tensor cx = tu_view(x, BIE_F32, 4, g.n, c, g.h, g.w);
         forward_matches(&p, &gx, &cx, "clip bound");
-        backward_matches(&p);
+        backward_matches(&p, 0);
         bie_tensor_free(&gx);
     }
     free(x);

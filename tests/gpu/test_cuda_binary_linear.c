@@ -72,18 +72,6 @@ static void qweight_matches(pair *p) {
     CHECK(device_bytes_match(&q, cq.data));
 }
 
-/* v rounded to the nearest e4m3 value (ties to even), saturated at +-448 (SATFINITE). */
-static float round_e4m3(float v) {
-    const float a = fabsf(v);
-    if (!(a > 0.0f)) return v;
-    int e;
-    frexpf(a, &e); /* a = f 2^e, f in [0.5, 1): the leading bit is 2^(e - 1) */
-    const float step = ldexpf(1.0f, (e - 1 < -6 ? -6 : e - 1) - 3); /* subnormals: 2^-9 */
-    float q = rintf(a / step) * step;
-    if (q > 448.0f) q = 448.0f;
-    return v < 0 ? -q : q;
-}
-
 /* The GPU backward against the CPU's; fp8: the GPU layer runs the FP8 products, so the CPU
  * gets grad_out as they see it (rounded to e4m3 at the per-tensor scale 448 / amax). */
 static void backward_matches(pair *p, int64_t m, int fp8) {
