@@ -80,12 +80,13 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 // grad_x * sign(x') dot_part[y][x].
 // Q4 (the 4-bit layers): the clip bits are flat over the m k elements (bit r k + c), and the
 // dot is of grad_x with the rounding residuals resid [m, k] instead, each product exact in
-// double (the caller divides by 254).
+// double (the caller divides by 254); a lane's four clip bits come from one byte and its four
+// residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
 template <typename T, bool Q4>
 __global__ void __launch_bounds__(256)
     mask_reduce(const float *g, int64_t m, int64_t k, int64_t ld, const uint8_t *mask,
-                const uint8_t *signs, const int8_t *resid, bool vec_g, bool vec_x, T *grad_x,
-                double *col_part, double *dot_part) {
+                const uint8_t *signs, const int8_t *resid, bool vec_g, bool vec_x, bool vec_r,
+                T *grad_x, double *col_part, double *dot_part) {
     using Dot = std::conditional_t<Q4, double, float>;
     __shared__ float sums[8][32][33];
     __shared__ double dots[256];
@@ -118,13 +119,26 @@ __global__ void __launch_bounds__(256)
             if (left <= 0) continue;
             float v[4];
             load_n(g + r * k + c, vec_g, left, v);
+            int rs[4] = {0, 0, 0, 0};
+            if constexpr (Q4) {
+                const int64_t at = r * k + c;
+                if (vec_r && left >= 4) {
+                    mb = (unsigned)mask[at >> 3] >> (at & 7);  // at % 4 == 0: one byte
+                    const char4 q = *reinterpret_cast<const char4 *>(resid + at);
+                    rs[0] = q.x, rs[1] = q.y, rs[2] = q.z, rs[3] = q.w;
+                } else {
+                    for (int e = 0; e < 4 && e < left; e++) {
+                        mb |= (unsigned)bit_at(mask, at + e) << e;
+                        rs[e] = resid[at + e];
+                    }
+                }
+            }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 if constexpr (Q4) {
-                    const int64_t at = r * k + c + e;
-                    const bool on = e < left && bit_at(mask, at);
+                    const bool on = (mb >> e) & 1;
                     v[e] = on ? v[e] : 0.0f;
-                    if (on) rowdot += (double)v[e] * (double)resid[at];
+                    if (on) rowdot += (double)v[e] * (double)rs[e];
                 } else {
                     v[e] = (mb >> e) & 1 ? v[e] : 0.0f;
                     rowdot += (sb >> e) & 1 ? v[e] : -v[e];
@@ -179,27 +193,29 @@ __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0) *out = (float)(sh[0] / denom);
 }
 
-// Per-tensor int8 quantization (SPEC §1): amax over a fixed grid (kAmaxBlocks partial maxima),
-// then q = rint(v * 127 / amax).
-template <typename T> __global__ void amax_partial(const T *x, int64_t n, float *part) {
+// Per-tensor int8 quantization (SPEC §1): amax over a fixed grid (kAmaxBlocks partial maxima,
+// each block's kAmaxThreads threads reading 16 bytes a step where `vec`), then
+// q = rint(v * 127 / amax).
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads)
+    amax_partial(const T *__restrict__ x, int64_t n, bool vec, float *__restrict__ part) {
+    constexpr int V = 16 / sizeof(T);
+    const int64_t stride = (int64_t)kAmaxBlocks * kAmaxThreads,
+                  first = (int64_t)blockIdx.x * kAmaxThreads + threadIdx.x;
     float a = 0;
-    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n;
-         i += (int64_t)kAmaxBlocks * 256)
-        a = fmaxf(a, fabsf(to_f32(x[i])));
-    __shared__ float sh[256];
-    sh[threadIdx.x] = a;
-    __syncthreads();
-    for (int o = 128; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + o]);
-        __syncthreads();
+    int64_t i = first;
+    if (vec) {
+        for (; i < n / V; i += stride) {
+            const uint4 u = reinterpret_cast<const uint4 *>(x)[i];
+            const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+            for (int j = 0; j < V; j++) a = fmaxf(a, fabsf(to_f32(e[j])));
+        }
+        i = n / V * V + first;
     }
-    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
-}
-// One block: part[0] = the maximum of the kAmaxBlocks partial maxima.
-__global__ void __launch_bounds__(kAmaxBlocks) amax_final(float *part) {
-    const float a = block_max<kAmaxBlocks>(part[threadIdx.x]);
-    __syncthreads();  // every thread has read part before it is written
-    if (threadIdx.x == 0) part[0] = a;
+    for (; i < n; i += stride) a = fmaxf(a, fabsf(to_f32(x[i])));
+    a = block_max<kAmaxThreads>(a);
+    if (threadIdx.x == 0) part[blockIdx.x] = a;
 }
 __device__ __forceinline__ int8_t quantize_one(float x, float amax) {
     float v = amax > 0 ? rintf(x * 127.0f / amax) : 0.0f;
@@ -262,13 +278,13 @@ static unsigned grid_for(int64_t count) {
 
 size_t amax_workspace_bytes() { return kAmaxBlocks * sizeof(float); }
 
-template <typename T> void amax_into(const T *x, int64_t n, float *workspace) {
-    amax_partial<T><<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
-    amax_final<<<1, kAmaxBlocks, 0, current_stream>>>(workspace);
+template <typename T> void amax_partials(const T *x, int64_t n, float *part) {
+    amax_partial<T><<<kAmaxBlocks, kAmaxThreads, 0, current_stream>>>(
+        x, n, reinterpret_cast<uintptr_t>(x) % 16 == 0, part);
 }
-template void amax_into<float>(const float *, int64_t, float *);
-template void amax_into<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
-template void amax_into<__half>(const __half *, int64_t, float *);
+template void amax_partials<float>(const float *, int64_t, float *);
+template void amax_partials<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
+template void amax_partials<__half>(const __half *, int64_t, float *);
 
 void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q) {
     const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
@@ -278,7 +294,7 @@ void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8
 }
 
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
-    amax_partial<float><<<kAmaxBlocks, 256, 0, current_stream>>>(x, n, workspace);
+    amax_partials(x, n, workspace);
     quantize_i8_partials(x, n, workspace, q);
 }
 
@@ -318,8 +334,9 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
 MaskPass mask_pass_shape(int64_t m, int64_t k) {
     MaskPass p;
     p.col_blocks = (unsigned)((k + 1023) / 1024);
-    // Row groups: 64, more for tall inputs (at most 256 rows a group).
-    p.groups = (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 255) / 256));
+    // Row groups: 64, more for tall inputs (at most 32 rows a group, so that a 4096-row pass
+    // has 128 groups: blocks enough to keep every SM's loads in flight).
+    p.groups = (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 31) / 32));
     p.dot_bytes = (size_t)p.groups * p.col_blocks * sizeof(double);
     p.col_bytes = (size_t)p.groups * (size_t)k * sizeof(double);
     return p;
@@ -331,13 +348,15 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
                float *grad_scale_a) {
     const dim3 grid(p.col_blocks, p.groups);
     const bool vec_g = rows_aligned16<float>(g, k), vec_x = rows_aligned16<T>(grad_x, k);
+    const bool vec_r = k % 4 == 0 && reinterpret_cast<uintptr_t>(bits.resid) % 4 == 0;
     if (bits.resid)
-        mask_reduce<T, true><<<grid, 256, 0, current_stream>>>(
-            g, m, k, 0, bits.mask, nullptr, bits.resid, vec_g, vec_x, grad_x, col_part, dot_part);
+        mask_reduce<T, true><<<grid, 256, 0, current_stream>>>(g, m, k, 0, bits.mask, nullptr,
+                                                               bits.resid, vec_g, vec_x, vec_r,
+                                                               grad_x, col_part, dot_part);
     else
-        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
-                                                                bits.signs, nullptr, vec_g, vec_x,
-                                                                grad_x, col_part, dot_part);
+        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(
+            g, m, k, bits.ld, bits.mask, bits.signs, nullptr, vec_g, vec_x, false, grad_x, col_part,
+            dot_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(col_part, (int)p.groups,
                                                                             k, grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);

@@ -80,8 +80,9 @@ bool conv_backward_gemm_forced();
 // they do not take the layer (nothing queued), else true and the status in *status.
 bool q4_conv_backward_tma(const bie_cuda_q4conv_backward_args &a, bie_status *status);
 // Per-tensor int8 quantization of x [n] into q (SPEC §1) on the current stream, with a
-// workspace of amax_workspace_bytes() (kAmaxBlocks partial maxima of |x|).
-constexpr int kAmaxBlocks = 256;
+// workspace of amax_workspace_bytes() (kAmaxBlocks partial maxima of |x|, each from blocks of
+// kAmaxThreads).
+constexpr int kAmaxBlocks = 256, kAmaxThreads = 1024;
 // The largest of the values a of a block's THREADS threads, returned to every thread (a warp's
 // shuffles, then the warps' results through shared memory; one __syncthreads, which every
 // thread of the block must reach).
@@ -96,18 +97,30 @@ template <int THREADS> __device__ __forceinline__ float block_max(float a) {
     return a;
 }
 size_t amax_workspace_bytes();
-// workspace[0] = max |x| over x [n] (float32, bfloat16 or float16), on the current stream.
-template <typename T> void amax_into(const T *x, int64_t n, float *workspace);
+// part[0 .. kAmaxBlocks) = partial maxima of |x| over x [n] (float32, bfloat16 or float16;
+// any split of x among them), on the current stream.
+template <typename T> void amax_partials(const T *x, int64_t n, float *part);
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q);
 // The same, given the kAmaxBlocks partial maxima of |x| (any split of x among them).
 void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q);
+// The FP8 scale of grad_out's one rounding to e4m3, in a kernel of kAmaxBlocks threads a
+// block, from the kAmaxBlocks partial maxima of |grad_out| (amax_partials): returns
+// 448 / amax to every thread (1 where amax is 0 or not finite; every thread must call it), and
+// block (0, 0) writes scales[1] = it and scales[0] = its inverse for the kernels after.
+__device__ __forceinline__ float fp8_scale_of_partials(const float *part, float *scales) {
+    const float a = block_max<kAmaxBlocks>(part[threadIdx.x]);
+    const bool some = a > 0.0f && isfinite(a);
+    const float s = some ? 448.0f / a : 1.0f;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        scales[0] = some ? a / 448.0f : 1.0f;
+        scales[1] = s;
+    }
+    return s;
+}
 // The opt-in FP8 products of the binary linear backward (backward_fp8.cu): whether they
 // apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
 // before the mask into g [m, k] and grad_w; *done is false where cuBLASLt has no FP8
 // algorithm for the shape (nothing written: the exact products run instead).
-// scales[1] = 448 / amax(x [n]) and scales[0] = its inverse (1 and 1 when x is all zero), for
-// grad_out's one rounding to e4m3 (part: amax_workspace_bytes()), on the current stream.
-template <typename T> void fp8_scales_of(const T *x, int64_t n, float *part, float *scales);
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
 bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels

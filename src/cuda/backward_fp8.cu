@@ -26,13 +26,6 @@ __device__ float kFp8One = 1.0f;
 // scales[1] = 448 / amax (amax = part[0]; 1 when grad_out is all zero), scales[0] = its
 // inverse, the factor the GEMMs apply to the e4m3 operand. That one comes first: cuBLASLt
 // refuses (NOT_SUPPORTED) a B scale pointer one float past an aligned one.
-__global__ void fp8_scales(const float *part, float *scales) {
-    const float a = part[0];
-    const bool some = a > 0.0f && isfinite(a);
-    scales[0] = some ? a / 448.0f : 1.0f;
-    scales[1] = some ? 448.0f / a : 1.0f;
-}
-
 constexpr int kQTile = 64, kQPitch = kQTile + 4;
 
 // grad_out [m, n] (T; m, n multiples of 16) -> e4m3 of grad_out * scales[1], as [m, n] (g8)
@@ -41,10 +34,11 @@ constexpr int kQTile = 64, kQPitch = kQTile + 4;
 // 16-byte store of g8t. vec: grad_out 16-byte aligned.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    fp8_quantize(const T *g, int64_t m, int64_t n, bool vec, const float *scales, uint8_t *g8,
-                 uint8_t *g8t) {
+    fp8_quantize(const T *g, int64_t m, int64_t n, bool vec, const float *part, float *scales,
+                 uint8_t *g8, uint8_t *g8t) {
+    static_assert(kAmaxBlocks == 256, "a block reduces the partial maxima");
     __shared__ __align__(16) uint8_t tile[kQTile][kQPitch];
-    const float s = scales[1];
+    const float s = fp8_scale_of_partials(part, scales);
     const int64_t r0 = (int64_t)blockIdx.y * kQTile, c0 = (int64_t)blockIdx.x * kQTile;
     const int a = threadIdx.x >> 2, b = (threadIdx.x & 3) * 16;
     if (r0 + a < m && c0 + b < n) {
@@ -220,12 +214,11 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     if (s != BIE_OK) return ws.release(s);
     cudaStream_t st = current_stream;
     const T *go = static_cast<const T *>(a.grad_out);
-    amax_into(go, m * n, part);
-    fp8_scales<<<1, 1, 0, st>>>(part, scales);
+    amax_partials(go, m * n, part);
     const bool vec = reinterpret_cast<uintptr_t>(go) % 16 == 0;
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
-           0, st>>>(go, m, n, vec, scales, g8, g8t);
+           0, st>>>(go, m, n, vec, part, scales, g8, g8t);
     const unsigned words = (unsigned)((k + 31) / 32);
     fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
     fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
@@ -246,13 +239,6 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
 }
 
 }  // namespace
-
-template <typename T> void fp8_scales_of(const T *x, int64_t n, float *part, float *scales) {
-    amax_into(x, n, part);
-    fp8_scales<<<1, 1, 0, current_stream>>>(part, scales);
-}
-template void fp8_scales_of<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *, float *);
-template void fp8_scales_of<__half>(const __half *, int64_t, float *, float *);
 
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;

@@ -63,13 +63,15 @@ __global__ void __launch_bounds__(256)
         *reinterpret_cast<uint2 *>(wt + (int64_t)e * op + o0) = *reinterpret_cast<const uint2 *>(v);
 }
 
-// The FP8 backward's gradient rows: NHWC grad_out [rows][O] to e4m3 of grad_out *
-// scales[1], rows of op8 bytes (0 past O): a thread per 8 channels of a row, one 8-byte store.
+// The FP8 backward's gradient rows: NHWC grad_out [rows][O] to e4m3 of grad_out * 448 / amax
+// (amax from the partial maxima in part; scales written as fp8_scale_of_partials does), rows
+// of op8 bytes (0 past O): a thread per 8 channels of a row, one 8-byte store.
 template <typename T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kAmaxBlocks)
     fp8_pixel_rows(const T *__restrict__ g, int64_t rows, int O, int op8,
-                   const float *__restrict__ scales, uint8_t *__restrict__ g8) {
-    const float s = scales[1];
+                   const float *__restrict__ part, float *__restrict__ scales,
+                   uint8_t *__restrict__ g8) {
+    const float s = fp8_scale_of_partials(part, scales);
     const int groups = op8 / 8;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < rows * groups;
          i += (int64_t)gridDim.x * 256) {
@@ -641,9 +643,9 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             const int64_t rows = g.n * ohw;
             dgrad_weight<uint8_t>
                 <<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op8, wt8);
-            fp8_scales_of(go, rows * g.o, amax, fp8_scales);
-            fp8_pixel_rows<T><<<blocks_for(rows * (op8 / 8)), 256, 0, st>>>(go, rows, (int)g.o, op8,
-                                                                            fp8_scales, g8);
+            amax_partials(go, rows * g.o, amax);
+            fp8_pixel_rows<T><<<blocks_for(rows * (op8 / 8)), kAmaxBlocks, 0, st>>>(
+                go, rows, (int)g.o, op8, amax, fp8_scales, g8);
         } else {
             dgrad_weight<T><<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op, wt);
         }

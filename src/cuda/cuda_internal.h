@@ -89,6 +89,10 @@ bool bie_cuda_bgemm_kernel_fits_ld(int id, int64_t ld);
 int64_t bie_cuda_q4_row_stride(int64_t k);
 /* Rows of one int8 code a byte, for 4-bit kernel 211 (TMA loads): k rounded up to 128. */
 int64_t bie_cuda_q4_i8_row_stride(int64_t k);
+/* Whether an m x n x k product with kernel_id (-1: the default choice) runs best on int8 code
+ * rows (kernel 211, bie_cuda_q4gemm_i8_launch): kernel 211 named, or the default choice at
+ * sizes where it beats the 4-bit rows' kernels, on a device that runs it. */
+bool bie_cuda_q4_i8_wanted(int kernel_id, int64_t m, int64_t n, int64_t k);
 /* The 4-bit kernels, indexed 0..bie_cuda_q4_kernel_count()-1 (the registry functions above
  * list them after the binary ones). */
 int bie_cuda_q4_kernel_count(void);
@@ -96,16 +100,17 @@ void bie_cuda_q4_kernel_describe(int index, bie_kernel_info *info);
 int bie_cuda_q4_kernel_index(int id);
 bool bie_cuda_q4_kernel_fits(int id, int64_t k);
 /* codes = q4(x + bias, *scale_a) of x (f32/bf16/f16, [m, k]; bias f32 [k] or NULL), computed
- * exactly as the CPU layer does. When mask is not NULL, also the backward's state in the CPU
- * layer's flat layout over the m * k inputs: clip bit i = 1{-8 <= v_i / s <= 7} at byte i / 8,
- * bit i % 8 (ceil(m k / 8) bytes) and resid[i] = rint((rint(v_i / s) - v_i / s) * 254) inside
- * the clip range, else 0 ([m * k] int8). */
+ * exactly as the CPU layer does, in rows of ld bytes: the 4-bit layout, or with i8 one int8
+ * code a byte (ld = bie_cuda_q4_i8_row_stride(k)). When mask is not NULL, also the backward's
+ * state in the CPU layer's flat layout over the m * k inputs: clip bit i =
+ * 1{-8 <= v_i / s <= 7} at byte i / 8, bit i % 8 (ceil(m k / 8) bytes) and resid[i] =
+ * rint((rint(v_i / s) - v_i / s) * 254) inside the clip range, else 0 ([m * k] int8). */
 bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
-                                const float *bias, const float *scale_a, int64_t ld, uint8_t *codes,
-                                uint8_t *mask, int8_t *resid);
-/* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4). */
+                                const float *bias, const float *scale_a, int64_t ld, bool i8,
+                                uint8_t *codes, uint8_t *mask, int8_t *resid);
+/* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4), rows as bie_cuda_q4_pack_act. */
 bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
-                                   int64_t ld, uint8_t *codes);
+                                   int64_t ld, bool i8, uint8_t *codes);
 /* int8 codes in [-8, 7] (rows of `stride` elements; other values count modulo 16). */
 bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,
                                   int64_t ld, uint8_t *codes);
@@ -250,10 +255,11 @@ bool bie_cuda_fp8_usable(int device);
 typedef struct bie_cuda_q4l_backward_args {
     bie_dtype dtype; /* of grad_out and grad_x */
     int64_t m, n, k, ld;
+    bool i8;                   /* codes in int8 rows of ld bytes (else 4-bit layout rows) */
     const void *grad_out;      /* [m, n] */
     void *grad_x;              /* [m, k] or NULL */
-    const uint8_t *wcodes;     /* the forward's weight codes (4-bit layout rows) */
-    const uint8_t *xcodes;     /* the forward's activation codes (4-bit layout rows) */
+    const uint8_t *wcodes;     /* the forward's weight codes */
+    const uint8_t *xcodes;     /* the forward's activation codes */
     const uint8_t *mask;       /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
     const int8_t *resid;       /* rounding residuals * 254, flat over m k */
     const float *saved_scales; /* {scale_a, scale_w} of the forward */

@@ -16,22 +16,29 @@
 
 namespace bie_cuda {
 
-// Values of the codes of 4-bit layout rows (ld bytes, eight codes a 32-bit word) as T, dst
-// [rows, k]: one thread per word, its eight values in one 16-byte store (two for f32) where
-// `vec` (k % 8 == 0, dst 16-byte aligned); grid-stride.
-template <typename T>
+// Values of the codes of rows of ld bytes (the 4-bit layout, eight codes a 32-bit word, or, I8,
+// one int8 code a byte) as T, dst [rows, k]: one thread per eight codes, their values in one
+// 16-byte store (two for f32) where `vec` (k % 8 == 0, dst 16-byte aligned); grid-stride.
+template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     values_of_codes(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, bool vec, T *dst) {
     const int64_t per_row = (k + 7) / 8;
     for (int64_t id = (int64_t)blockIdx.x * 256 + threadIdx.x; id < rows * per_row;
          id += (int64_t)gridDim.x * 256) {
         const int64_t r = id / per_row, c0 = (id - r * per_row) * 8;
-        const unsigned w = reinterpret_cast<const unsigned *>(codes + r * ld)[c0 >> 3];
         T e[8];
+        if (I8) {
+            const uint2 w = reinterpret_cast<const uint2 *>(codes + r * ld)[c0 >> 3];
+            const int8_t *b = reinterpret_cast<const int8_t *>(&w);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int nib = (w >> (4 * j)) & 15;
-            e[j] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+            for (int j = 0; j < 8; j++) e[j] = from_f32<T>((float)b[j]);
+        } else {
+            const unsigned w = reinterpret_cast<const unsigned *>(codes + r * ld)[c0 >> 3];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int nib = (w >> (4 * j)) & 15;
+                e[j] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+            }
         }
         T *out = dst + r * k + c0;
         if (vec) {
@@ -46,12 +53,14 @@ __global__ void __launch_bounds__(256)
 }
 
 template <typename T>
-void launch_values(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
+void launch_values(const uint8_t *codes, int64_t ld, bool i8, int64_t rows, int64_t k, T *dst) {
     const int64_t items = rows * ((k + 7) / 8);
     const bool vec = k % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-    values_of_codes<T>
-        <<<(unsigned)std::min<int64_t>((items + 255) / 256, 1 << 20), 256, 0, current_stream>>>(
-            codes, ld, rows, k, vec, dst);
+    const unsigned grid = (unsigned)std::min<int64_t>((items + 255) / 256, 1 << 20);
+    if (i8)
+        values_of_codes<T, true><<<grid, 256, 0, current_stream>>>(codes, ld, rows, k, vec, dst);
+    else
+        values_of_codes<T, false><<<grid, 256, 0, current_stream>>>(codes, ld, rows, k, vec, dst);
 }
 
 template <typename T>
@@ -72,8 +81,8 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     cublasHandle_t h = nullptr;
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    launch_values<T>(a.wcodes, a.ld, n, k, wval);
-    launch_values<T>(a.xcodes, a.ld, m, k, xval);
+    launch_values<T>(a.wcodes, a.ld, a.i8, n, k, wval);
+    launch_values<T>(a.xcodes, a.ld, a.i8, m, k, xval);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wval,
@@ -184,7 +193,7 @@ bie_status q4_conv_backward_typed(const bie_cuda_q4conv_backward_args &a, cudaDa
     cublasHandle_t h = nullptr;
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
-    launch_values<T>(a.wcodes, a.ld, g.o, K, wval);
+    launch_values<T>(a.wcodes, a.ld, false, g.o, K, wval);
     (g.k == 3
          ? q4_conv_value_cols<T, 3>
          : q4_conv_value_cols<

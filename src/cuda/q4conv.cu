@@ -357,7 +357,7 @@ bie_status bie_cuda_q4_conv_pack_weight(const float *w, const bie_conv_geom *g,
                                         uint8_t *taps) {
     const int64_t kk = g->k * g->k, K = g->c * kk;
     if (K > kQ4RowCodesMax) {  // the row's codes do not fit in shared memory: two passes
-        BIE_CUDA_TRY(bie_cuda_q4_pack_weight(w, g->o, K, scale_w, ld, codes));
+        BIE_CUDA_TRY(bie_cuda_q4_pack_weight(w, g->o, K, scale_w, ld, false, codes));
         return bie_cuda_q4_conv_weight_taps(codes, ld, g, taps);
     }
     q4_conv_weight_rows<<<(unsigned)g->o, 256, (size_t)K, current_stream>>>(

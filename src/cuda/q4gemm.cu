@@ -484,6 +484,12 @@ extern "C" {
 
 int64_t bie_cuda_q4_i8_row_stride(int64_t k) { return (k + 127) / 128 * 128; }
 
+bool bie_cuda_q4_i8_wanted(int kernel_id, int64_t m, int64_t n, int64_t k) {
+    if (kernel_id >= 0 && kernel_id != 211) return false;
+    if (kernel_id < 0 && q4_default_kernel(m, n)->id != 210) return false;
+    return bie_cuda_q4_kernel_fits(211, k);
+}
+
 int64_t bie_cuda_q4_row_stride(int64_t k) {
     const int64_t bytes = (k + 1) / 2;
     return (bytes + BIE_CUDA_Q4_ROW_ALIGN - 1) / BIE_CUDA_Q4_ROW_ALIGN * BIE_CUDA_Q4_ROW_ALIGN;

@@ -14,22 +14,43 @@
 
 namespace bie_cuda {
 
-// One thread per 32-bit word of the layout (8 codes): word w of row r holds codes
-// 8 (w % words) .. + 7 of row w / words, each taken from Src(row, col) for col < k.
-template <class Src>
+// Eight codes of a row, stored as one 32-bit word of the 4-bit layout or, I8, as eight int8
+// codes (kernel 211's rows): group i of the destination either way.
+template <bool I8> struct CodeGroup {
+    unsigned lo = 0, hi = 0;
+    __device__ __forceinline__ void set(int j, int code) {
+        if (I8)
+            (j < 4 ? lo : hi) |= (unsigned)(code & 255) << (8 * (j & 3));
+        else
+            lo |= (unsigned)(code & 15) << (4 * j);
+    }
+    __device__ __forceinline__ void store(void *dst, int64_t i) const {
+        if (I8)
+            reinterpret_cast<uint2 *>(dst)[i] = make_uint2(lo, hi);
+        else
+            reinterpret_cast<unsigned *>(dst)[i] = lo;
+    }
+};
+
+// Groups per row of ld bytes.
+template <bool I8> __host__ __device__ constexpr int64_t groups_of(int64_t ld) { return I8 ? ld / 8 : ld / 4; }
+
+// One thread per group of eight codes of the layout: group g of row r holds codes
+// 8 g .. 8 g + 7 of row r, each taken from Src(row, col) for col < k (zero past k).
+template <class Src, bool I8>
 __global__ void __launch_bounds__(256)
-    pack_q4_words(Src src, int64_t rows, int64_t k, int64_t ld, unsigned *__restrict__ dst) {
-    const int64_t words = ld / 4, total = rows * words;
+    pack_q4_words(Src src, int64_t rows, int64_t k, int64_t ld, void *__restrict__ dst) {
+    const int64_t groups = groups_of<I8>(ld), total = rows * groups;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / words, c0 = (i - row * words) * 8;
-        unsigned w = 0;
+        const int64_t row = i / groups, c0 = (i - row * groups) * 8;
+        CodeGroup<I8> w;
         if (c0 < k) {
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                if (c0 + j < k) w |= (unsigned)(src(row, c0 + j) & 15) << (4 * j);
+                if (c0 + j < k) w.set(j, src(row, c0 + j));
         }
-        dst[i] = w;
+        w.store(dst, i);
     }
 }
 
@@ -42,14 +63,6 @@ template <typename T> struct ActCodes {  // q4(x + bias, *scale)
         float v = to_f32(x[row * k + col]);
         if (bias) v = __fadd_rn(v, bias[col]);
         return q4_code(v, *scale);
-    }
-};
-struct WeightCodes {  // q4(w, *scale)
-    const float *w;
-    int64_t k;
-    const float *scale;
-    __device__ int operator()(int64_t row, int64_t col) const {
-        return q4_code(w[row * k + col], *scale);
     }
 };
 struct Int8Codes {  // int8 codes, taken modulo 16
@@ -103,22 +116,22 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// The codes, clip bits and residuals in one pass, where a row holds whole mask bytes and
-// residual words (k % 8 == 0, resid 8-byte aligned): one thread per 32-bit word of the layout
-// (eight codes of a row), each element divided once; x read 16 bytes at a time where `vec`
-// (x 16-byte aligned).
-template <typename T>
+// The codes and, where mask is not NULL, the clip bits and residuals in one pass, where a row
+// holds whole mask bytes and residual words (k % 8 == 0, resid 8-byte aligned): one thread per
+// group of eight codes of a row, each element divided once; x read 16 bytes at a time where
+// `vec` (x 16-byte aligned). Also the weight's codes (T float, no bias, no mask).
+template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
                  const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
-                 unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
+                 void *__restrict__ codes, uint8_t *__restrict__ mask,
                  int8_t *__restrict__ resid) {
-    const int64_t words = ld / 4, total = m * words;
+    const int64_t groups = groups_of<I8>(ld), total = m * groups;
     const float s = *scale;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / words, c0 = (i - row * words) * 8;
-        unsigned w = 0;
+        const int64_t row = i / groups, c0 = (i - row * groups) * 8;
+        CodeGroup<I8> w;
         if (c0 < k) {
             const int64_t at = row * k + c0;
             unsigned bits = 0;
@@ -131,13 +144,15 @@ __global__ void __launch_bounds__(256)
                 float v = xv[j];
                 if (bias) v = __fadd_rn(v, bias[c0 + j]);
                 bool clip;
-                w |= (unsigned)(q4_code_state(v, s, &clip, &r8[j]) & 15) << (4 * j);
+                w.set(j, q4_code_state(v, s, &clip, &r8[j]));
                 bits |= (unsigned)clip << j;
             }
-            mask[at >> 3] = (uint8_t)bits;
-            *reinterpret_cast<uint2 *>(resid + at) = rw;
+            if (mask) {
+                mask[at >> 3] = (uint8_t)bits;
+                *reinterpret_cast<uint2 *>(resid + at) = rw;
+            }
         }
-        codes[i] = w;
+        w.store(codes, i);
     }
 }
 
@@ -146,25 +161,37 @@ unsigned grid_for(int64_t items) {
     return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
 }
 
-template <class Src> void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
-    pack_q4_words<<<grid_for(rows * (ld / 4)), 256, 0, current_stream>>>(
-        src, rows, k, ld, reinterpret_cast<unsigned *>(dst));
+template <class Src, bool I8 = false>
+void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
+    pack_q4_words<Src, I8>
+        <<<grid_for(rows * groups_of<I8>(ld)), 256, 0, current_stream>>>(src, rows, k, ld, dst);
+}
+
+// x [m, k] (+ bias) to codes of rows of ld bytes (I8: int8 codes), with the clip bits and
+// residuals where mask is not NULL.
+template <typename T, bool I8>
+void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float *scale,
+                int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
+    if (k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0)) {
+        q4_act_state<T, I8><<<grid_for(m * groups_of<I8>(ld)), 256, 0, current_stream>>>(
+            x, m, k, ld, bias, scale, reinterpret_cast<uintptr_t>(x) % 16 == 0, codes, mask,
+            resid);
+        return;
+    }
+    launch_pack<ActCodes<T>, I8>(ActCodes<T>{x, k, bias, scale}, m, k, ld, codes);
+    if (mask)
+        q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(x, m, k, bias, scale,
+                                                                             mask, resid);
 }
 
 template <typename T>
-void launch_act(const void *x, int64_t m, int64_t k, const float *bias, const float *scale_a,
-                int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
+void launch_act_any(bool i8, const void *x, int64_t m, int64_t k, const float *bias,
+                    const float *scale, int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const T *xt = static_cast<const T *>(x);
-    if (mask && k % 8 == 0 && reinterpret_cast<uintptr_t>(resid) % 8 == 0) {
-        q4_act_state<T><<<grid_for(m * (ld / 4)), 256, 0, current_stream>>>(
-            xt, m, k, ld, bias, scale_a, reinterpret_cast<uintptr_t>(x) % 16 == 0,
-            reinterpret_cast<unsigned *>(codes), mask, resid);
-        return;
-    }
-    launch_pack(ActCodes<T>{xt, k, bias, scale_a}, m, k, ld, codes);
-    if (mask)
-        q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(xt, m, k, bias,
-                                                                              scale_a, mask, resid);
+    if (i8)
+        launch_act<T, true>(xt, m, k, bias, scale, ld, codes, mask, resid);
+    else
+        launch_act<T, false>(xt, m, k, bias, scale, ld, codes, mask, resid);
 }
 
 }  // namespace bie_cuda
@@ -174,20 +201,23 @@ using namespace bie_cuda;
 extern "C" {
 
 bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
-                                const float *bias, const float *scale_a, int64_t ld, uint8_t *codes,
-                                uint8_t *mask, int8_t *resid) {
+                                const float *bias, const float *scale_a, int64_t ld, bool i8,
+                                uint8_t *codes, uint8_t *mask, int8_t *resid) {
     switch (dtype) {
-    case BIE_F32: launch_act<float>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
-    case BIE_BF16: launch_act<__nv_bfloat16>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
-    case BIE_F16: launch_act<__half>(x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    case BIE_F32: launch_act_any<float>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    case BIE_BF16:
+        launch_act_any<__nv_bfloat16>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid);
+        break;
+    case BIE_F16: launch_act_any<__half>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid); break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit pack: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda 4-bit pack activations");
 }
 
 bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
-                                   int64_t ld, uint8_t *codes) {
-    launch_pack(WeightCodes{w, k, scale_w}, n, k, ld, codes);
+                                   int64_t ld, bool i8, uint8_t *codes) {
+    /* q4(w, scale_w) is the activations' q4 without a bias (q4_common.cuh) */
+    launch_act_any<float>(i8, w, n, k, NULL, scale_w, ld, codes, NULL, NULL);
     return check(cudaGetLastError(), "cuda 4-bit pack weight");
 }
 

@@ -3,7 +3,8 @@
  * device scalars that the kernels read, which keeps the forward free of host syncs.
  *
  * The forward quantizes x + bias_a and the weight into 4-bit rows of the device GEMM layout
- * (cuda_internal.h) and multiplies them exactly with the 4-bit GEMM; a training forward also
+ * (cuda_internal.h), or into int8 code rows where kernel 211 takes the product
+ * (bie_cuda_q4_i8_wanted), and multiplies them exactly; a training forward also
  * keeps what the backward needs, as the CPU layer does: the activation codes, the clip bits
  * and the 8-bit rounding residuals (13 bits per input element), and the weight codes. */
 #include <string.h>
@@ -21,11 +22,15 @@ struct bie_q4l_cuda {
      * qweight, valid while qversion == d.version. */
     uint8_t *wcodes, *qcodes;
     unsigned qversion;
-    /* Activations of the last forward: codes [a_cap rows][ld]; in training also the clip bits
+    /* Activations of the last forward: codes (a_cap bytes); in training also the clip bits
      * and residuals over the m * in input elements (s_cap rows). */
     uint8_t *acodes, *amask;
     int8_t *aresid;
     int64_t a_cap, s_cap;
+    /* The rows of wcodes and acodes: int8 codes (row_bytes = ld8) or the 4-bit layout (d.ld),
+     * as the last forward wrote them. */
+    int64_t ld8, row_bytes;
+    bool i8;
 };
 
 static inline struct bie_q4l_cuda *CU(const bie_layer *l) {
@@ -42,8 +47,9 @@ static bie_status init(bie_layer *l) {
     BIE_TRY(bie_cuda_layer_state(l, sizeof(struct bie_q4l_cuda), MODULE));
     struct bie_q4l_cuda *c = CU(l);
     c->d.ld = bie_cuda_q4_row_stride(l->in);
+    c->ld8 = bie_cuda_q4_i8_row_stride(l->in); /* >= d.ld: wcodes holds either layout */
     bie_status st =
-        bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->d.ld), MODULE, "weight codes");
+        bie_cbw_alloc((void **)&c->wcodes, (size_t)(l->out * c->ld8), MODULE, "weight codes");
     if (st != BIE_OK) release(l);
     return st;
 }
@@ -61,17 +67,17 @@ static void release(bie_layer *l) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Room for the activations of m rows (contents are not kept); with `keep`, also for the
- * backward's clip bits and residuals. */
-static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
+/* Room for the activation codes of m rows of row_bytes (contents are not kept); with `keep`,
+ * also for the backward's clip bits and residuals. */
+static bie_status reserve_activations(bie_layer *l, int64_t m, int64_t row_bytes, bool keep) {
     struct bie_q4l_cuda *c = CU(l);
-    if (m > c->a_cap) {
+    if (m * row_bytes > c->a_cap) {
         l->has_saved = false;
         BIE_DEV_FREE(c->acodes);
         c->a_cap = 0;
-        BIE_TRY(
-            bie_cbw_alloc((void **)&c->acodes, (size_t)(m * c->d.ld), MODULE, "activation codes"));
-        c->a_cap = m;
+        BIE_TRY(bie_cbw_alloc((void **)&c->acodes, (size_t)(m * row_bytes), MODULE,
+                              "activation codes"));
+        c->a_cap = m * row_bytes;
     }
     if (keep && m > c->s_cap) {
         l->has_saved = false;
@@ -88,14 +94,15 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, bool keep) {
 }
 
 /* The weight codes the forward multiplies with: q4(w, scale_w) of the float weight, packed
- * now (the optimizer may have changed it; inference without qweight too, as the CPU layer
- * does), or in inference the codes of qweight, unpacked once after each weight change. */
-static bie_status forward_weight(bie_layer *l, const uint8_t **codes) {
+ * now in rows of row_bytes (int8 codes with i8; the optimizer may have changed the weight;
+ * inference without qweight too, as the CPU layer does), or in inference (from_q) the 4-bit
+ * codes of qweight, unpacked once after each weight change. */
+static bie_status forward_weight(bie_layer *l, bool from_q, bool i8, int64_t row_bytes,
+                                 const uint8_t **codes) {
     struct bie_q4l_cuda *c = CU(l);
-    const bool from_q = !l->training && c->d.qweight;
     if (!from_q) {
         BIE_TRY(bie_cuda_q4_pack_weight(c->d.w_f32, l->out, l->in, c->d.scalars + BIE_CBW_SCALE_W,
-                                        c->d.ld, c->wcodes));
+                                        row_bytes, i8, c->wcodes));
         *codes = c->wcodes;
         return BIE_OK;
     }
@@ -122,21 +129,33 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     if (m > INT32_MAX || !bie_mul_ok(m, c->d.ld, &bytes))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who,
                         (long long)m);
-    const bool keep = l->training;
+    const bool keep = l->training, from_q = !l->training && c->d.qweight;
+    /* int8 code rows where kernel 211 takes the product (the inference cache of qweight stays
+     * in the 4-bit layout) */
+    const bool i8 = !from_q && bie_cuda_q4_i8_wanted(l->kernel_id, m, l->out, l->in);
+    const int64_t row_bytes = i8 ? c->ld8 : c->d.ld;
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
-    BIE_TRY(reserve_activations(l, m, keep));
+    BIE_TRY(reserve_activations(l, m, row_bytes, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
     BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a,
-                                 scalars + BIE_CBW_SCALE_A, c->d.ld, c->acodes,
+                                 scalars + BIE_CBW_SCALE_A, row_bytes, i8, c->acodes,
                                  keep ? c->amask : NULL, keep ? c->aresid : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
-    BIE_TRY(forward_weight(l, &wcodes));
-    BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld, 0.0f,
-                                   scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
-                                   out->data, NULL));
+    BIE_TRY(forward_weight(l, from_q, i8, row_bytes, &wcodes));
+    if (i8)
+        BIE_TRY(bie_cuda_q4gemm_i8_launch(m, l->out, l->in, (const int8_t *)c->acodes,
+                                          (const int8_t *)wcodes, row_bytes, 0.0f,
+                                          scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                          l->dtype, out->data, NULL));
+    else
+        BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld,
+                                       0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
+                                       l->dtype, out->data, NULL));
     if (keep) {
+        c->i8 = i8;
+        c->row_bytes = row_bytes;
         l->saved_m = m;
         l->saved_ndim = x->ndim;
         memcpy(l->saved_shape, x->shape, sizeof l->saved_shape);
@@ -165,7 +184,8 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .m = l->saved_m,
         .n = l->out,
         .k = l->in,
-        .ld = c->d.ld,
+        .ld = c->row_bytes,
+        .i8 = c->i8,
         .grad_out = grad_out->data,
         .grad_x = grad_x ? grad_x->data : NULL,
         .wcodes = c->wcodes,

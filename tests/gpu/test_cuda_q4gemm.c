@@ -150,6 +150,38 @@ static uint8_t *layout_of(const int8_t *codes, int64_t rows, int64_t k, int64_t 
     return l;
 }
 
+/* The int8 code rows of kernel 211 (ld8 bytes a row, zero past k). */
+static uint8_t *i8_rows_of(const int8_t *codes, int64_t rows, int64_t k, int64_t ld8) {
+    uint8_t *l = tu_alloc((size_t)(rows * ld8));
+    memset(l, 0, (size_t)(rows * ld8));
+    for (int64_t r = 0; r < rows; r++) memcpy(l + r * ld8, codes + r * k, (size_t)k);
+    return l;
+}
+
+/* Whether the device buffer d (poisoned first by the caller) holds the host bytes want. */
+static int device_equals(const bie_tensor *d, const uint8_t *want, int64_t bytes) {
+    uint8_t *got = tu_alloc((size_t)bytes);
+    bie_tensor h = tu_view(got, BIE_U8, 1, bytes, 0, 0, 0), dv = tu_view(d->data, BIE_U8, 1,
+                                                                          bytes, 0, 0, 0);
+    dv.device = d->device;
+    CHECK_OK(bie_cuda_synchronize());
+    CHECK_OK(bie_tensor_copy(&h, &dv));
+    const int same = memcmp(got, want, (size_t)bytes) == 0;
+    free(got);
+    return same;
+}
+
+/* Fills device buffer d with 0xa5. */
+static void poison_bytes(bie_tensor *d, int64_t bytes) {
+    uint8_t *p = tu_alloc((size_t)bytes);
+    memset(p, 0xa5, (size_t)bytes);
+    bie_tensor h = tu_view(p, BIE_U8, 1, bytes, 0, 0, 0), dv = tu_view(d->data, BIE_U8, 1,
+                                                                        bytes, 0, 0, 0);
+    dv.device = d->device;
+    CHECK_OK(bie_tensor_copy(&dv, &h));
+    free(p);
+}
+
 /* x [m, k] of values around the quantization grid of s: ties (half steps), exact steps, out
  * of range, zero, NaN and infinities, plus uniform ones. */
 static void special_values(float *x, int64_t n, float s) {
@@ -172,10 +204,12 @@ static void special_values(float *x, int64_t n, float s) {
 }
 
 /* bie_cuda_q4_pack_act against bie_q4_encode (the CPU layer's encoder), for each input dtype,
- * with and without bias; then the GEMM of the packed activations with packed weights through
- * every kernel, device scales, f32/bf16 output, row-major and convolution layout. */
+ * with and without bias, in both row layouts (4-bit and int8 codes); then the GEMM of the
+ * packed activations with packed weights through every kernel, device scales, f32/bf16
+ * output, row-major and convolution layout, and kernel 211 on the int8 rows. */
 static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
-    const int64_t ld = bie_cuda_q4_row_stride(k), mk = m * k;
+    const int64_t ld = bie_cuda_q4_row_stride(k), mk = m * k, ld8 = bie_cuda_q4_i8_row_stride(k);
+    CHECK(ld8 % 128 == 0 && ld8 >= k && ld8 >= ld);
     CHECK(ld % BIE_CUDA_Q4_ROW_ALIGN == 0 && ld * 2 >= k);
     const float sa = tu_uniform(0.05f, 0.5f), sw = tu_uniform(0.01f, 0.1f);
     float *x = tu_alloc((size_t)mk * sizeof(float)), *bias = tu_alloc((size_t)k * sizeof(float));
@@ -199,6 +233,11 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor dcodes, dmask, dresid, dwcodes;
     CHECK_OK(bie_cuda_tensor_alloc(&dcodes, BIE_U8, 1, shape, 0));
     CHECK_OK(bie_cuda_tensor_alloc(&dwcodes, BIE_U8, 1, shape, 0));
+    bie_tensor dcodes8, dwcodes8;
+    shape[0] = m * ld8;
+    CHECK_OK(bie_cuda_tensor_alloc(&dcodes8, BIE_U8, 1, shape, 0));
+    shape[0] = n * ld8;
+    CHECK_OK(bie_cuda_tensor_alloc(&dwcodes8, BIE_U8, 1, shape, 0));
     shape[0] = (mk + 7) / 8;
     CHECK_OK(bie_cuda_tensor_alloc(&dmask, BIE_U8, 1, shape, 0));
     shape[0] = mk;
@@ -212,7 +251,12 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     }
     uint8_t *wlayout = layout_of(wcodes, n, k, ld);
     bie_tensor dw = upload(w, BIE_F32, n * k);
-    CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld, dwcodes.data));
+    CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld, false, dwcodes.data));
+    uint8_t *w8 = i8_rows_of(wcodes, n, k, ld8);
+    poison_bytes(&dwcodes8, n * ld8);
+    CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld8, true, dwcodes8.data));
+    CHECK(device_equals(&dwcodes8, w8, n * ld8));
+    free(w8);
     CHECK_OK(bie_cuda_synchronize());
     bie_tensor hw = tu_view(got, BIE_U8, 1, n * ld, 0, 0, 0),
                dwv = tu_view(dwcodes.data, BIE_U8, 1, n * ld, 0, 0, 0);
@@ -285,7 +329,7 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             CHECK_OK(bie_tensor_copy(&dresid, &hr));
             const bool keep = with_bias; /* the inference call passes no mask */
             CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
-                                          ld, dcodes.data, keep ? dmask.data : NULL,
+                                          ld, false, dcodes.data, keep ? dmask.data : NULL,
                                           keep ? dresid.data : NULL));
             CHECK_OK(bie_cuda_synchronize());
             CHECK_OK(bie_tensor_copy(&hc, &dcv));
@@ -301,6 +345,22 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
                 CHECK(memcmp(got_resid, resid, (size_t)mk) == 0);
             }
             free(alayout);
+            /* the same as int8 rows, with the clip bits and residuals written again */
+            uint8_t *a8 = i8_rows_of(acodes, m, k, ld8);
+            poison_bytes(&dcodes8, m * ld8);
+            if (keep) {
+                poison_bytes(&dmask, (mk + 7) / 8);
+                poison_bytes(&dresid, mk);
+            }
+            CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
+                                          ld8, true, dcodes8.data, keep ? dmask.data : NULL,
+                                          keep ? dresid.data : NULL));
+            CHECK(device_equals(&dcodes8, a8, m * ld8));
+            if (keep) {
+                CHECK(device_equals(&dmask, mask, (mk + 7) / 8));
+                CHECK(device_equals(&dresid, (const uint8_t *)resid, mk));
+            }
+            free(a8);
         }
         bie_tensor_free(&dx);
         free(xv);
@@ -362,7 +422,24 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
                         "  launcher: kernel %d m=%lld n=%lld k=%lld bf16=%d conv=%d differs\n",
                         kernel_ids[t], (long long)m, (long long)n, (long long)k, bf16, conv);
         }
+    /* kernel 211 on the int8 rows (where the device runs it) */
+    if (bie_cuda_q4_kernel_fits(211, k)) {
+        tu_poison(outf, m * n);
+        bie_tensor ho = tu_view(outf, BIE_F32, 1, m * n, 0, 0, 0);
+        CHECK_OK(bie_tensor_copy(&dout, &ho));
+        CHECK_OK(bie_cuda_q4gemm_i8_launch(m, n, k, dcodes8.data, dwcodes8.data, ld8, 0.0f, d_sa,
+                                           d_sw, BIE_F32, dout.data, NULL));
+        CHECK_OK(bie_cuda_synchronize());
+        CHECK_OK(bie_tensor_copy(&ho, &dout));
+        int64_t off = 0;
+        for (int64_t i = 0; i < m * n; i++) off += outf[i] != (float)dots[i] * s;
+        CHECK(off == 0);
+        if (off) fprintf(stderr, "  int8 rows: m=%lld n=%lld k=%lld: %lld differ\n", (long long)m,
+                         (long long)n, (long long)k, (long long)off);
+    }
     bie_tensor_free(&dout);
+    bie_tensor_free(&dcodes8);
+    bie_tensor_free(&dwcodes8);
     free(outf);
     free(expf_);
     free(dots);
