@@ -84,9 +84,11 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 // residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
 template <typename T, bool Q4>
 __global__ void __launch_bounds__(256)
-    mask_reduce(const float *g, int64_t m, int64_t k, int64_t ld, const uint8_t *mask,
-                const uint8_t *signs, const int8_t *resid, bool vec_g, bool vec_x, bool vec_r,
-                T *grad_x, double *col_part, double *dot_part) {
+    mask_reduce(const float *__restrict__ g, int64_t m, int64_t k, int64_t ld,
+                const uint8_t *__restrict__ mask, const uint8_t *__restrict__ signs,
+                const int8_t *__restrict__ resid, bool vec_g, bool vec_x, bool vec_r,
+                T *__restrict__ grad_x, double *__restrict__ col_part,
+                double *__restrict__ dot_part) {
     using Dot = std::conditional_t<Q4, double, float>;
     __shared__ float sums[8][32][33];
     __shared__ double dots[256];
@@ -354,9 +356,9 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
                                                                bits.resid, vec_g, vec_x, vec_r,
                                                                grad_x, col_part, dot_part);
     else
-        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(
-            g, m, k, bits.ld, bits.mask, bits.signs, nullptr, vec_g, vec_x, false, grad_x, col_part,
-            dot_part);
+        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
+                                                                bits.signs, nullptr, vec_g, vec_x,
+                                                                false, grad_x, col_part, dot_part);
     col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(col_part, (int)p.groups,
                                                                             k, grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);

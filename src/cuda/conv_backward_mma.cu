@@ -65,10 +65,13 @@ __global__ void __launch_bounds__(256)
 
 // The FP8 backward's gradient rows: NHWC grad_out [rows][O] to e4m3 of grad_out * 448 / amax
 // (amax from the partial maxima in part; scales written as fp8_scale_of_partials does), rows
-// of op8 bytes (0 past O): a thread per 8 channels of a row, one 8-byte store.
+// of op8 bytes (0 past O): a thread per 8 channels of a row, one 16-byte load where `vec`
+// (O % 8 == 0, g 16-byte aligned) and one 8-byte store; grid-stride over at most
+// kFp8RowBlocks blocks, so that few blocks reduce the partial maxima.
+constexpr unsigned kFp8RowBlocks = 1024;
 template <typename T>
 __global__ void __launch_bounds__(kAmaxBlocks)
-    fp8_pixel_rows(const T *__restrict__ g, int64_t rows, int O, int op8,
+    fp8_pixel_rows(const T *__restrict__ g, int64_t rows, int O, int op8, bool vec,
                    const float *__restrict__ part, float *__restrict__ scales,
                    uint8_t *__restrict__ g8) {
     const float s = fp8_scale_of_partials(part, scales);
@@ -77,10 +80,11 @@ __global__ void __launch_bounds__(kAmaxBlocks)
          i += (int64_t)gridDim.x * 256) {
         const int64_t r = i / groups;
         const int c0 = (int)(i - r * groups) * 8;
+        float f[8];
+        load_n(g + r * O + c0, vec, O - c0, f);
         __align__(8) uint8_t v[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = c0 + j < O ? to_e4m3(to_f32(g[r * O + c0 + j]) * s) : (uint8_t)0;
+        for (int j = 0; j < 8; j++) v[j] = to_e4m3(f[j] * s);  // 0 past O
         *reinterpret_cast<uint2 *>(g8 + r * op8 + c0) = *reinterpret_cast<const uint2 *>(v);
     }
 }
@@ -644,8 +648,10 @@ template <typename T> bie_status backward_mma_typed(const bie_cuda_bconv_backwar
             dgrad_weight<uint8_t>
                 <<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op8, wt8);
             amax_partials(go, rows * g.o, amax);
-            fp8_pixel_rows<T><<<blocks_for(rows * (op8 / 8)), kAmaxBlocks, 0, st>>>(
-                go, rows, (int)g.o, op8, amax, fp8_scales, g8);
+            const bool vec = g.o % 8 == 0 && reinterpret_cast<uintptr_t>(go) % 16 == 0;
+            fp8_pixel_rows<T>
+                <<<std::min(blocks_for(rows * (op8 / 8)), kFp8RowBlocks), kAmaxBlocks, 0, st>>>(
+                    go, rows, (int)g.o, op8, vec, amax, fp8_scales, g8);
         } else {
             dgrad_weight<T><<<tiles_grid, 256, 0, st>>>(wbits, (int)(a.ld / 4), g, cp, op, wt);
         }

@@ -33,7 +33,9 @@ template <bool I8> struct CodeGroup {
 };
 
 // Groups per row of ld bytes.
-template <bool I8> __host__ __device__ constexpr int64_t groups_of(int64_t ld) { return I8 ? ld / 8 : ld / 4; }
+template <bool I8> __host__ __device__ constexpr int64_t groups_of(int64_t ld) {
+    return I8 ? ld / 8 : ld / 4;
+}
 
 // One thread per group of eight codes of the layout: group g of row r holds codes
 // 8 g .. 8 g + 7 of row r, each taken from Src(row, col) for col < k (zero past k).
@@ -119,15 +121,15 @@ __global__ void __launch_bounds__(256)
 // The codes and, where mask is not NULL, the clip bits and residuals in one pass, where a row
 // holds whole mask bytes and residual words (k % 8 == 0, resid 8-byte aligned): one thread per
 // group of eight codes of a row, each element divided once; x read 16 bytes at a time where
-// `vec` (x 16-byte aligned). Also the weight's codes (T float, no bias, no mask).
+// `vec` (x 16-byte aligned). Without a mask the code alone, dividing only near a half
+// (q4_code_fast): also the weight's codes (T float, no bias, no mask).
 template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
                  const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
-                 void *__restrict__ codes, uint8_t *__restrict__ mask,
-                 int8_t *__restrict__ resid) {
+                 void *__restrict__ codes, uint8_t *__restrict__ mask, int8_t *__restrict__ resid) {
     const int64_t groups = groups_of<I8>(ld), total = m * groups;
-    const float s = *scale;
+    const float s = *scale, inv = bie_q4_inverse(s);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = i / groups, c0 = (i - row * groups) * 8;
@@ -143,9 +145,13 @@ __global__ void __launch_bounds__(256)
             for (int j = 0; j < 8; j++) {
                 float v = xv[j];
                 if (bias) v = __fadd_rn(v, bias[c0 + j]);
-                bool clip;
-                w.set(j, q4_code_state(v, s, &clip, &r8[j]));
-                bits |= (unsigned)clip << j;
+                if (mask) {  // one division gives the code, the clip bit and the residual
+                    bool clip;
+                    w.set(j, q4_code_state(v, s, &clip, &r8[j]));
+                    bits |= (unsigned)clip << j;
+                } else {
+                    w.set(j, q4_code_fast(v, s, inv));
+                }
             }
             if (mask) {
                 mask[at >> 3] = (uint8_t)bits;
@@ -170,18 +176,17 @@ void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
 // x [m, k] (+ bias) to codes of rows of ld bytes (I8: int8 codes), with the clip bits and
 // residuals where mask is not NULL.
 template <typename T, bool I8>
-void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float *scale,
-                int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
+void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float *scale, int64_t ld,
+                uint8_t *codes, uint8_t *mask, int8_t *resid) {
     if (k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0)) {
         q4_act_state<T, I8><<<grid_for(m * groups_of<I8>(ld)), 256, 0, current_stream>>>(
-            x, m, k, ld, bias, scale, reinterpret_cast<uintptr_t>(x) % 16 == 0, codes, mask,
-            resid);
+            x, m, k, ld, bias, scale, reinterpret_cast<uintptr_t>(x) % 16 == 0, codes, mask, resid);
         return;
     }
     launch_pack<ActCodes<T>, I8>(ActCodes<T>{x, k, bias, scale}, m, k, ld, codes);
     if (mask)
         q4_act_mask<T><<<grid_for((m * k + 7) / 8), 256, 0, current_stream>>>(x, m, k, bias, scale,
-                                                                             mask, resid);
+                                                                              mask, resid);
 }
 
 template <typename T>

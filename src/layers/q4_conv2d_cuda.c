@@ -129,7 +129,8 @@ static bie_status forward_weight(bie_layer *l, const bie_conv_geom *g, bool impl
     if (l->training || c->d.qweight == NULL) {
         *codes = c->wcodes;
         if (!implicit)
-            return bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, scale_w, c->d.ld, false, c->wcodes);
+            return bie_cuda_q4_pack_weight(c->d.w_f32, l->out, K, scale_w, c->d.ld, false,
+                                           c->wcodes);
         BIE_TRY(reserve_taps(l));
         c->taps_cached = false;
         BIE_TRY(bie_cuda_q4_conv_pack_weight(c->d.w_f32, g, scale_w, c->d.ld, c->wcodes, c->wtaps));

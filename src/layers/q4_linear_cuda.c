@@ -145,10 +145,9 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, from_q, i8, row_bytes, &wcodes));
     if (i8)
-        BIE_TRY(bie_cuda_q4gemm_i8_launch(m, l->out, l->in, (const int8_t *)c->acodes,
-                                          (const int8_t *)wcodes, row_bytes, 0.0f,
-                                          scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
-                                          l->dtype, out->data, NULL));
+        BIE_TRY(bie_cuda_q4gemm_i8_launch(
+            m, l->out, l->in, (const int8_t *)c->acodes, (const int8_t *)wcodes, row_bytes, 0.0f,
+            scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data, NULL));
     else
         BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld,
                                        0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,

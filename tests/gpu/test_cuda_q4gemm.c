@@ -161,8 +161,8 @@ static uint8_t *i8_rows_of(const int8_t *codes, int64_t rows, int64_t k, int64_t
 /* Whether the device buffer d (poisoned first by the caller) holds the host bytes want. */
 static int device_equals(const bie_tensor *d, const uint8_t *want, int64_t bytes) {
     uint8_t *got = tu_alloc((size_t)bytes);
-    bie_tensor h = tu_view(got, BIE_U8, 1, bytes, 0, 0, 0), dv = tu_view(d->data, BIE_U8, 1,
-                                                                          bytes, 0, 0, 0);
+    bie_tensor h = tu_view(got, BIE_U8, 1, bytes, 0, 0, 0),
+               dv = tu_view(d->data, BIE_U8, 1, bytes, 0, 0, 0);
     dv.device = d->device;
     CHECK_OK(bie_cuda_synchronize());
     CHECK_OK(bie_tensor_copy(&h, &dv));
@@ -175,8 +175,8 @@ static int device_equals(const bie_tensor *d, const uint8_t *want, int64_t bytes
 static void poison_bytes(bie_tensor *d, int64_t bytes) {
     uint8_t *p = tu_alloc((size_t)bytes);
     memset(p, 0xa5, (size_t)bytes);
-    bie_tensor h = tu_view(p, BIE_U8, 1, bytes, 0, 0, 0), dv = tu_view(d->data, BIE_U8, 1,
-                                                                        bytes, 0, 0, 0);
+    bie_tensor h = tu_view(p, BIE_U8, 1, bytes, 0, 0, 0),
+               dv = tu_view(d->data, BIE_U8, 1, bytes, 0, 0, 0);
     dv.device = d->device;
     CHECK_OK(bie_tensor_copy(&dv, &h));
     free(p);
@@ -434,8 +434,9 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
         int64_t off = 0;
         for (int64_t i = 0; i < m * n; i++) off += outf[i] != (float)dots[i] * s;
         CHECK(off == 0);
-        if (off) fprintf(stderr, "  int8 rows: m=%lld n=%lld k=%lld: %lld differ\n", (long long)m,
-                         (long long)n, (long long)k, (long long)off);
+        if (off)
+            fprintf(stderr, "  int8 rows: m=%lld n=%lld k=%lld: %lld differ\n", (long long)m,
+                    (long long)n, (long long)k, (long long)off);
     }
     bie_tensor_free(&dout);
     bie_tensor_free(&dcodes8);
