@@ -126,7 +126,7 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const int64_t m = bie_tensor_numel(x) / l->in;
     int64_t bytes;
     /* The GEMM indexes rows in 32 bits, the backward's BLAS too. */
-    if (m > INT32_MAX || !bie_mul_ok(m, c->d.ld, &bytes))
+    if (m > INT32_MAX || !bie_mul_ok(m, c->ld8, &bytes)) /* ld8 >= d.ld: either layout */
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows are too many for the CUDA kernels", who,
                         (long long)m);
     const bool keep = l->training, from_q = !l->training && c->d.qweight;
