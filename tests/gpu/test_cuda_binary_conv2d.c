@@ -128,10 +128,11 @@ static void backward_matches(pair *p, int fp8) {
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
-    /* fp8: the FP8 tensor cores' sums are not f32-exact (bie.h), so 2e-4 on top of the e4m3
-     * rounding done above, as for the linear layer. */
+    /* fp8: the FP8 tensor cores' sums are not f32-exact (bie.h), and here they run over the
+     * whole reduction in the tensor cores' accumulator: up to 1.02e-3 of max|grad_x| measured
+     * (float16 output), so 4e-3 on top of the e4m3 rounding done above. */
     const double dtol = p->dt == BIE_F32 ? 1e-5 : p->dt == BIE_BF16 ? 8e-3 : 1e-3;
-    const double tol = fp8 ? fmax(2e-4, dtol) : dtol;
+    const double tol = fp8 ? fmax(4e-3, dtol) : dtol;
     download4(&ggx, got, p->nhwc);
     CHECK(compare_close("grad_x", got, cgx, nx, tol));
     bie_tensor a, b;
