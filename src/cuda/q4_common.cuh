@@ -27,10 +27,12 @@ __device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
     return inr;
 }
 
+// The code of a two's-complement nibble nib (0 .. 15).
+__device__ __forceinline__ int nibble_code(int nib) { return nib - ((nib & 8) << 1); }
+
 // Code i of flat two's-complement nibbles (even index in the low nibble).
 __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
-    const int nib = (codes[i >> 1] >> ((i & 1) * 4)) & 15;
-    return nib - ((nib & 8) << 1);
+    return nibble_code((codes[i >> 1] >> ((i & 1) * 4)) & 15);
 }
 
 // q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int nib = (w >> (4 * j)) & 15;
-                e[j] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+                e[j] = from_f32<T>((float)nibble_code(nib));
             }
         }
         T *out = dst + r * k + c0;

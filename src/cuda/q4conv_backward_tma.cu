@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(128)
     for (int i = threadIdx.x; i < kTaps * kC * kO; i += 128) {
         const int ol = i % kO, cl = (i / kO) % kC, t = i / (kO * kC), c = c0 + cl;
         const int e = cl * kTaps + t, nib = (tile[ol][e >> 1] >> ((e & 1) * 4)) & 15;
-        const float v = c < C ? (float)(nib - ((nib & 8) << 1)) : 0.0f;
+        const float v = c < C ? (float)nibble_code(nib) : 0.0f;
         wt[((int64_t)t * cp + c) * op + o0 + ol] = from_f32<T>(v);
     }
 }
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int nib = (int)(w >> (4 * j)) & 15;
-            v[j] = from_f32<T>((float)(nib - ((nib & 8) << 1)));
+            v[j] = from_f32<T>((float)nibble_code(nib));
         }
         *reinterpret_cast<uint4 *>(xs + i * 8) = *reinterpret_cast<const uint4 *>(v);
     }

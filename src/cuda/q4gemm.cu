@@ -19,6 +19,7 @@
 #include "epilogue.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "q4_common.cuh"
 #include "q4_rows.cuh"
 #include "q4_unpack.cuh"
 #include "wgmma_entry.cuh"
@@ -446,7 +447,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int c = (int)((nib >> (4 * j)) & 15u);
-                v |= (uint32_t)(uint8_t)(int8_t)(c - ((c & 8) << 1)) << (8 * j);
+                v |= (uint32_t)(uint8_t)(int8_t)nibble_code(c) << (8 * j);
             }
         }
         dst[i] = v;
