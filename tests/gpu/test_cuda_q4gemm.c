@@ -158,27 +158,16 @@ static uint8_t *i8_rows_of(const int8_t *codes, int64_t rows, int64_t k, int64_t
     return l;
 }
 
-/* Whether the device buffer d (poisoned first by the caller) holds the host bytes want. */
-static int device_equals(const bie_tensor *d, const uint8_t *want, int64_t bytes) {
-    uint8_t *got = tu_alloc((size_t)bytes);
-    bie_tensor h = tu_view(got, BIE_U8, 1, bytes, 0, 0, 0),
-               dv = tu_view(d->data, BIE_U8, 1, bytes, 0, 0, 0);
-    dv.device = d->device;
-    CHECK_OK(bie_cuda_synchronize());
-    CHECK_OK(bie_tensor_copy(&h, &dv));
-    const int same = memcmp(got, want, (size_t)bytes) == 0;
-    free(got);
-    return same;
-}
-
-/* Fills device buffer d with 0xa5. */
-static void poison_bytes(bie_tensor *d, int64_t bytes) {
+/* Fills device tensor d with 0xa5 (no code: an unwritten int8 code byte fails). */
+static void poison_bytes(bie_tensor *d) {
+    const int64_t bytes = bie_tensor_numel(d) * (int64_t)bie_dtype_size(d->dtype);
     uint8_t *p = tu_alloc((size_t)bytes);
     memset(p, 0xa5, (size_t)bytes);
-    bie_tensor h = tu_view(p, BIE_U8, 1, bytes, 0, 0, 0),
-               dv = tu_view(d->data, BIE_U8, 1, bytes, 0, 0, 0);
-    dv.device = d->device;
-    CHECK_OK(bie_tensor_copy(&dv, &h));
+    bie_tensor h = *d;
+    h.data = p;
+    h.device = bie_cpu();
+    h.owns_data = false;
+    CHECK_OK(bie_tensor_copy(d, &h));
     free(p);
 }
 
@@ -253,9 +242,10 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor dw = upload(w, BIE_F32, n * k);
     CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld, false, dwcodes.data));
     uint8_t *w8 = i8_rows_of(wcodes, n, k, ld8);
-    poison_bytes(&dwcodes8, n * ld8);
+    poison_bytes(&dwcodes8);
     CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld8, true, dwcodes8.data));
-    CHECK(device_equals(&dwcodes8, w8, n * ld8));
+    CHECK_OK(bie_cuda_synchronize());
+    CHECK(device_bytes_match(&dwcodes8, w8));
     free(w8);
     CHECK_OK(bie_cuda_synchronize());
     bie_tensor hw = tu_view(got, BIE_U8, 1, n * ld, 0, 0, 0),
@@ -347,18 +337,19 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             free(alayout);
             /* the same as int8 rows, with the clip bits and residuals written again */
             uint8_t *a8 = i8_rows_of(acodes, m, k, ld8);
-            poison_bytes(&dcodes8, m * ld8);
+            poison_bytes(&dcodes8);
             if (keep) {
-                poison_bytes(&dmask, (mk + 7) / 8);
-                poison_bytes(&dresid, mk);
+                poison_bytes(&dmask);
+                poison_bytes(&dresid);
             }
             CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
                                           ld8, true, dcodes8.data, keep ? dmask.data : NULL,
                                           keep ? dresid.data : NULL));
-            CHECK(device_equals(&dcodes8, a8, m * ld8));
+            CHECK_OK(bie_cuda_synchronize());
+            CHECK(device_bytes_match(&dcodes8, a8));
             if (keep) {
-                CHECK(device_equals(&dmask, mask, (mk + 7) / 8));
-                CHECK(device_equals(&dresid, (const uint8_t *)resid, mk));
+                CHECK(device_bytes_match(&dmask, mask));
+                CHECK(device_bytes_match(&dresid, resid));
             }
             free(a8);
         }
