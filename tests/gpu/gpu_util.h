@@ -90,11 +90,11 @@ static inline bie_tensor device_empty(bie_dtype dt, int64_t rows, int64_t cols) 
     return d;
 }
 
-/* Fill a device tensor with NaN-looking bytes, so an unwritten element fails a comparison. */
-static inline void poison_device(bie_tensor *d) {
+/* Fill a device tensor with `byte` in every byte. */
+static inline void poison_device_with(bie_tensor *d, uint8_t byte) {
     size_t bytes = (size_t)bie_tensor_numel(d) * bie_dtype_size(d->dtype);
     uint8_t *p = tu_alloc(bytes);
-    memset(p, 0xff, bytes);
+    memset(p, byte, bytes);
     bie_tensor h = *d;
     h.data = p;
     h.device = bie_cpu();
@@ -102,6 +102,9 @@ static inline void poison_device(bie_tensor *d) {
     CHECK_OK(bie_tensor_copy(d, &h));
     free(p);
 }
+
+/* Fill a device tensor with NaN-looking bytes, so an unwritten element fails a comparison. */
+static inline void poison_device(bie_tensor *d) { poison_device_with(d, 0xff); }
 
 static inline int compare_exact(const char *what, const float *got, const float *expect,
                                 int64_t n) {

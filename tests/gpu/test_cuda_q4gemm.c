@@ -158,19 +158,6 @@ static uint8_t *i8_rows_of(const int8_t *codes, int64_t rows, int64_t k, int64_t
     return l;
 }
 
-/* Fills device tensor d with 0xa5 (no code: an unwritten int8 code byte fails). */
-static void poison_bytes(bie_tensor *d) {
-    const int64_t bytes = bie_tensor_numel(d) * (int64_t)bie_dtype_size(d->dtype);
-    uint8_t *p = tu_alloc((size_t)bytes);
-    memset(p, 0xa5, (size_t)bytes);
-    bie_tensor h = *d;
-    h.data = p;
-    h.device = bie_cpu();
-    h.owns_data = false;
-    CHECK_OK(bie_tensor_copy(d, &h));
-    free(p);
-}
-
 /* x [m, k] of values around the quantization grid of s: ties (half steps), exact steps, out
  * of range, zero, NaN and infinities, plus uniform ones. */
 static void special_values(float *x, int64_t n, float s) {
@@ -242,7 +229,7 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
     bie_tensor dw = upload(w, BIE_F32, n * k);
     CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld, false, dwcodes.data));
     uint8_t *w8 = i8_rows_of(wcodes, n, k, ld8);
-    poison_bytes(&dwcodes8);
+    poison_device_with(&dwcodes8, 0xa5); /* no code byte: an unwritten one fails */
     CHECK_OK(bie_cuda_q4_pack_weight(dw.data, n, k, d_sw, ld8, true, dwcodes8.data));
     CHECK_OK(bie_cuda_synchronize());
     CHECK(device_bytes_match(&dwcodes8, w8));
@@ -337,10 +324,10 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
             free(alayout);
             /* the same as int8 rows, with the clip bits and residuals written again */
             uint8_t *a8 = i8_rows_of(acodes, m, k, ld8);
-            poison_bytes(&dcodes8);
+            poison_device_with(&dcodes8, 0xa5);
             if (keep) {
-                poison_bytes(&dmask);
-                poison_bytes(&dresid);
+                poison_device_with(&dmask, 0xa5);
+                poison_device_with(&dresid, 0xa5);
             }
             CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
                                           ld8, true, dcodes8.data, keep ? dmask.data : NULL,
