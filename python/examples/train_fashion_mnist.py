@@ -10,10 +10,18 @@ are trained by sign flips, everything else by Adam (bie.SignFlip).
     /usr/bin/python3 python/examples/train_fashion_mnist.py --epochs 1
     /usr/bin/python3 python/examples/train_fashion_mnist.py --limit 6000   # a quick run
 
+On a GPU, bie's layers compute in bfloat16 under ``torch.autocast`` (``--bf16``), optionally on
+channels-last activations, and ``--backward fp8`` takes the opt-in FP8 backward products of
+the binary layers (compare its test accuracy with ``--backward exact``, same seed):
+
+    BIE_LIBRARY=build-gpu/libbie.so python3 python/examples/train_fashion_mnist.py \
+        --device cuda --bf16 --channels-last --epochs 3 --backward fp8
+
 Data: Debian's dataset-fashion-mnist (IDX files in /usr/share/datasets/fashion-mnist).
 """
 
 import argparse
+import contextlib
 import gzip
 import pathlib
 import struct
@@ -48,39 +56,56 @@ def load(split, limit, data=DATA):
     return x, labels.long()
 
 
-def binary_cnn(width=32, dense=256):
-    c = width
+def binary_cnn(width=32, dense=256, device=None, dtype=torch.float32):
+    """The network; ``device`` and ``dtype`` are those of bie's layers (the float layers are
+    float32 on ``device``)."""
+    c, on = width, {"device": device, "dtype": dtype}
     return nn.Sequential(
-        bie.Q4Conv2dCutlass(1, c, 3, padding=1), nn.BatchNorm2d(c),
-        bie.BinaryConv2dCutlass(c, c, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(c),
-        bie.BinaryConv2dCutlass(c, 2 * c, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(2 * c),
-        bie.BinaryConv2dCutlass(2 * c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c),
+        bie.Q4Conv2dCutlass(1, c, 3, padding=1, **on), nn.BatchNorm2d(c),
+        bie.BinaryConv2dCutlass(c, c, 3, padding=1, **on), nn.MaxPool2d(2), nn.BatchNorm2d(c),
+        bie.BinaryConv2dCutlass(c, 2 * c, 3, padding=1, **on), nn.MaxPool2d(2),
+        nn.BatchNorm2d(2 * c),
+        bie.BinaryConv2dCutlass(2 * c, 2 * c, 3, padding=1, **on), nn.BatchNorm2d(2 * c),
         nn.Flatten(),
-        bie.BinaryLinearCutlass(2 * c * 7 * 7, dense), nn.BatchNorm1d(dense), nn.PReLU(dense),
-        nn.Linear(dense, 10))
+        bie.BinaryLinearCutlass(2 * c * 7 * 7, dense, **on), nn.BatchNorm1d(dense),
+        nn.PReLU(dense), nn.Linear(dense, 10)).to(device)
 
 
-def evaluate(model, x, y, batch_size):
+def evaluate(model, x, y, batch_size, autocast=contextlib.nullcontext()):
     model.eval()
     correct = 0
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         for i in range(0, len(x), batch_size):
             correct += int((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum())
     model.train()
     return correct / len(x)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--limit", type=int, default=60000, help="training images used")
     parser.add_argument("--width", type=int, default=32, help="channels of the first convs")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam's rate (float params)")
+    parser.add_argument("--binary-lr", type=float, default=1e-4,
+                        help="the sign-flip rate of the binary weights (SignFlip's lr; "
+                             "bie train uses 0.1)")
     parser.add_argument("--threads", type=int, default=0, help="bie and torch threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", type=pathlib.Path, default=DATA, help="folder of the IDX files")
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bie's layers in bfloat16 under torch.autocast (CUDA only)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="activations in channels_last (NHWC) memory")
+    parser.add_argument("--backward", choices=("exact", "fp8"), default="exact",
+                        help="the binary layers' backward products (fp8: opt-in, CUDA with "
+                             "FP8 tensor cores; elsewhere the exact products run)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.bf16 and device.type != "cuda":
+        parser.error("--bf16 needs --device cuda (bie's CPU layers compute in float32)")
     if args.threads:
         bie.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
@@ -88,18 +113,30 @@ def main():
 
     x_train, y_train = load("train", args.limit, args.data)
     x_test, y_test = load("test", 10000, args.data)
-    model = binary_cnn(args.width)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    x_train, x_test = (t.to(device).contiguous(memory_format=fmt) for t in (x_train, x_test))
+    y_train, y_test = y_train.to(device), y_test.to(device)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    autocast = (torch.autocast(device.type, dtype=dtype) if args.bf16
+                else contextlib.nullcontext())
+    model = binary_cnn(args.width, device=device, dtype=dtype).to(memory_format=fmt)
     for module in model.modules():  # bie's own generator, seeded from torch's
         if hasattr(module, "prepare_params"):
             module.reset_parameters()
     bie.prepare_bie_layers(model)  # binary weights become int8, before the optimizer
-    optimizer = bie.SignFlip(model.parameters(), float_lr=args.lr)
+    for module in model.modules():  # (the 4-bit layer has the exact backward only)
+        if args.backward != "exact" and isinstance(module, (bie.BinaryConv2dCutlass,
+                                                            bie.BinaryLinearCutlass)):
+            module.backward_mode = args.backward
+    optimizer = bie.SignFlip(model.parameters(), lr=args.binary_lr, float_lr=args.lr)
     steps = args.epochs * ((len(x_train) + args.batch_size - 1) // args.batch_size)
     print(f"libbie {bie.version()} ({bie.library_path()}), CPU kernels {bie.cpu_kernel_set()}, "
-          f"{len(x_train)} training images, {steps} steps")
+          f"{len(x_train)} training images, {steps} steps, {device.type}"
+          f"{', bfloat16' if args.bf16 else ''}{', channels-last' if args.channels_last else ''}"
+          f", {args.backward} backward")
     step = 0
     for epoch in range(args.epochs):
-        order = torch.randperm(len(x_train))
+        order = torch.randperm(len(x_train), device=device)
         start, total, flips = time.perf_counter(), 0.0, 0
         for i in range(0, len(x_train), args.batch_size):
             idx = order[i:i + args.batch_size]
@@ -109,14 +146,15 @@ def main():
                 group["float_lr"] = args.lr * 0.5 * (1 + torch.cos(torch.tensor(
                     torch.pi * step / steps)).item())
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+            with autocast:
+                loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
             loss.backward()
             optimizer.step()
             total += float(loss) * len(idx)
             flips += optimizer.flipped
             step += 1
         seconds = time.perf_counter() - start
-        accuracy = evaluate(model, x_test, y_test, 500)
+        accuracy = evaluate(model, x_test, y_test, 500, autocast)
         print(f"epoch {epoch + 1}: loss {total / len(x_train):.4f}, test accuracy "
               f"{100 * accuracy:.2f}%, {flips} sign flips, {seconds:.1f} s "
               f"({len(x_train) / seconds:.0f} images/s)")

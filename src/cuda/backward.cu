@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
@@ -46,9 +47,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// The fewest row groups of mask_reduce.
-constexpr int kColSplits = 64;
-
 // p[0 .. min(4, left)) = v in T: one 16- or 8-byte store when `vec`.
 template <typename T>
 __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float (&v)[4]) {
@@ -71,17 +69,19 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 
 // The clip mask applied to g [m, k] (grad_x before the mask, f32) and everything the backward
 // reduces from it, in one pass. Block (x, y) covers the 1024 columns 1024 x .. 1024 x + 1023
-// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp r of the
-// block takes every 8th row of the group from r. Lane l holds columns 128 i + 4 l .. + 3 for
-// i = 0 .. 7, so each of a warp's loads and stores is one contiguous run (512 bytes of g);
-// it loads the mask and sign word 32 x + l of the row and takes the words of its columns
-// from the lanes holding them. Writes grad_x (if asked), the group's column sums
-// col_part[y][c] (double; summed over the 8 warps in a fixed order) and the block's sum of
-// grad_x * sign(x') dot_part[y][x].
+// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp w of the
+// block owns the 128 columns 1024 x + 128 w .., lane l four of them (c = .. + 4 l), and walks
+// every row of the group, kMaskRows rows a step with all their loads issued first (a warp's load
+// of a row is 512 contiguous bytes of g; its store 256 or 512 bytes of grad_x). The mask and
+// sign bits of a lane's columns are four bits of one 32-bit word of the row (eight lanes load
+// the same word). Writes grad_x (if asked), the group's column sums col_part[y][c] (double,
+// each lane summing its rows in order) and the block's sum of grad_x * sign(x')
+// dot_part[y][x] (its lanes' sums added in a fixed order).
 // Q4 (the 4-bit layers): the clip bits are flat over the m k elements (bit r k + c), and the
 // dot is of grad_x with the rounding residuals resid [m, k] instead, each product exact in
 // double (the caller divides by 254); a lane's four clip bits come from one byte and its four
 // residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
+constexpr int kMaskRows = 8;
 template <typename T, bool Q4>
 __global__ void __launch_bounds__(256)
     mask_reduce(const float *__restrict__ g, int64_t m, int64_t k, int64_t ld,
@@ -90,79 +90,69 @@ __global__ void __launch_bounds__(256)
                 T *__restrict__ grad_x, double *__restrict__ col_part,
                 double *__restrict__ dot_part) {
     using Dot = std::conditional_t<Q4, double, float>;
-    __shared__ float sums[8][32][33];
     __shared__ double dots[256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t cb = (int64_t)blockIdx.x * 1024, words = (k + 31) / 32;
-    const int64_t w = (int64_t)blockIdx.x * 32 + lane;  // the word this lane loads
+    const int64_t c = (int64_t)blockIdx.x * 1024 + 128 * warp + 4 * lane, left = k - c;
     const int64_t y = blockIdx.y;
     const int64_t r0 = y * m / gridDim.y, r1 = (y + 1) * m / gridDim.y;
-    float col[32];  // col[4 i + e]: column cb + 128 i + 4 lane + e
+    double col[4] = {0.0, 0.0, 0.0, 0.0}, dot = 0.0;
+    if (left > 0) {
+        const int64_t w = c >> 5;
+        const int sh = (int)(c & 31);
+        for (int64_t r = r0; r < r1; r += kMaskRows) {
+            float v[kMaskRows][4];
+            unsigned mb[kMaskRows], sb[kMaskRows];
+            int rs[kMaskRows][4];
 #pragma unroll
-    for (int j = 0; j < 32; j++) col[j] = 0.0f;
-    double dot = 0.0;
-    for (int64_t r = r0 + warp; r < r1; r += 8) {
-        unsigned mw = 0u, sw = 0u;
-        if constexpr (!Q4) {
-            mw = w < words ? reinterpret_cast<const unsigned *>(mask + r * ld)[w] : 0u;
-            sw = w < words ? reinterpret_cast<const unsigned *>(signs + r * ld)[w] : 0u;
-        }
-        Dot rowdot = 0;
+            for (int i = 0; i < kMaskRows; i++) {
+                const int64_t row = r + i;
+                mb[i] = sb[i] = 0u;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            // Columns cb + 128 i + 4 lane .. + 3: word 32 x + 4 i + lane / 8, bits 4 (lane % 8) ..
-            const int src = 4 * i + (lane >> 3), sh = 4 * (lane & 7);
-            unsigned mb = 0u, sb = 0u;
-            if constexpr (!Q4) {
-                mb = __shfl_sync(0xffffffffu, mw, src) >> sh;
-                sb = __shfl_sync(0xffffffffu, sw, src) >> sh;
-            }
-            const int64_t c = cb + 128 * i + 4 * lane, left = k - c;
-            if (left <= 0) continue;
-            float v[4];
-            load_n(g + r * k + c, vec_g, left, v);
-            int rs[4] = {0, 0, 0, 0};
-            if constexpr (Q4) {
-                const int64_t at = r * k + c;
-                if (vec_r && left >= 4) {
-                    mb = (unsigned)mask[at >> 3] >> (at & 7);  // at % 4 == 0: one byte
-                    const char4 q = *reinterpret_cast<const char4 *>(resid + at);
-                    rs[0] = q.x, rs[1] = q.y, rs[2] = q.z, rs[3] = q.w;
-                } else {
-                    for (int e = 0; e < 4 && e < left; e++) {
-                        mb |= (unsigned)bit_at(mask, at + e) << e;
-                        rs[e] = resid[at + e];
-                    }
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < 4; e++) v[i][e] = 0.0f, rs[i][e] = 0;
+                if (row >= r1) continue;
+                load_n(g + row * k + c, vec_g, left, v[i]);
                 if constexpr (Q4) {
-                    const bool on = (mb >> e) & 1;
-                    v[e] = on ? v[e] : 0.0f;
-                    if (on) rowdot += (double)v[e] * (double)rs[e];
+                    const int64_t at = row * k + c;
+                    if (vec_r && left >= 4) {
+                        mb[i] = (unsigned)mask[at >> 3] >> (at & 7);  // at % 4 == 0: one byte
+                        const char4 q = *reinterpret_cast<const char4 *>(resid + at);
+                        rs[i][0] = q.x, rs[i][1] = q.y, rs[i][2] = q.z, rs[i][3] = q.w;
+                    } else {
+                        for (int e = 0; e < 4 && e < left; e++) {
+                            mb[i] |= (unsigned)bit_at(mask, at + e) << e;
+                            rs[i][e] = resid[at + e];
+                        }
+                    }
                 } else {
-                    v[e] = (mb >> e) & 1 ? v[e] : 0.0f;
-                    rowdot += (sb >> e) & 1 ? v[e] : -v[e];
+                    mb[i] = reinterpret_cast<const unsigned *>(mask + row * ld)[w] >> sh;
+                    sb[i] = reinterpret_cast<const unsigned *>(signs + row * ld)[w] >> sh;
                 }
-                col[4 * i + e] += v[e];
             }
-            if (grad_x) store4(grad_x + r * k + c, vec_x, left, v);
-        }
-        dot += rowdot;
-    }
 #pragma unroll
-    for (int j = 0; j < 32; j++) sums[warp][lane][j] = col[j];
+            for (int i = 0; i < kMaskRows; i++) {
+                if (r + i >= r1) break;
+                Dot rowdot = 0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const bool on = (mb[i] >> e) & 1;
+                    v[i][e] = on ? v[i][e] : 0.0f;
+                    if constexpr (Q4) {
+                        if (on) rowdot += (double)v[i][e] * (double)rs[i][e];
+                    } else {
+                        rowdot += (sb[i] >> e) & 1 ? v[i][e] : -v[i][e];
+                    }
+                    col[e] += v[i][e];
+                }
+                dot += rowdot;
+                if (grad_x) store4(grad_x + (r + i) * k + c, vec_x, left, v[i]);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (e < left) col_part[y * k + c + e] = col[e];
+    }
     dots[threadIdx.x] = dot;
     __syncthreads();
-    for (int cc = threadIdx.x; cc < 1024; cc += 256) {
-        const int64_t c = cb + cc;
-        if (c >= k) break;
-        const int l = (cc >> 2) & 31, j = ((cc >> 7) << 2) | (cc & 3);
-        double s = 0.0;
-        for (int r = 0; r < 8; r++) s += sums[r][l][j];
-        col_part[y * k + c] = s;
-    }
     for (int o = 128; o > 0; o >>= 1) {
         if ((int)threadIdx.x < o) dots[threadIdx.x] += dots[threadIdx.x + o];
         __syncthreads();
@@ -170,13 +160,24 @@ __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) dot_part[y * gridDim.x + blockIdx.x] = dots[0];
 }
 
-// out[c] = the sum of the parts partial column sums part[y][c], in order.
-__global__ void col_sums_final(const double *part, int parts, int64_t k, float *out) {
-    int64_t c = (int64_t)blockIdx.x * 256 + threadIdx.x;
-    if (c >= k) return;
+// out[c] = the sum of the parts partial column sums part[y][c], in order of y within each of
+// the 8 warps' strided shares (warp j: y = j, j + 8, ...), the shares added in warp order.
+// Block: 32 columns, lane = column (a warp's loads are 256 contiguous bytes).
+__global__ void __launch_bounds__(256)
+    col_sums_final(const double *part, int parts, int64_t k, float *out) {
+    __shared__ double sh[8][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t c = (int64_t)blockIdx.x * 32 + lane;
     double s = 0;
-    for (int y = 0; y < parts; y++) s += part[y * k + c];
-    out[c] = (float)s;
+    if (c < k)
+        for (int y = warp; y < parts; y += 8) s += part[y * k + c];
+    sh[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < k) {
+        double t = 0;
+        for (int j = 0; j < 8; j++) t += sh[j][lane];
+        out[c] = (float)t;
+    }
 }
 
 // grad_scale_a = sum(row_dot) / sqrt(m k), one block of 1024 threads (more loads in
@@ -333,12 +334,21 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     return ws.release(s);
 }
 
-MaskPass mask_pass_shape(int64_t m, int64_t k) {
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4) {
     MaskPass p;
     p.col_blocks = (unsigned)((k + 1023) / 1024);
-    // Row groups: 64, more for tall inputs (at most 32 rows a group, so that a 4096-row pass
-    // has 128 groups: blocks enough to keep every SM's loads in flight).
-    p.groups = (unsigned)std::min<int64_t>(4096, std::max<int64_t>(kColSplits, (m + 31) / 32));
+    // Row groups: one wave of long blocks on a 132-SM device (three resident blocks an SM for
+    // the binary form's registers, two for the 4-bit one's; each lane keeps kMaskRows rows of
+    // loads in flight), at least 16 rows a group. The same grid on every device, so that the
+    // sums come out the same. BIE_CUDA_MASK_BLOCKS=N asks for N blocks instead (to time one
+    // grid against another).
+    static const int64_t asked = [] {
+        const char *e = std::getenv("BIE_CUDA_MASK_BLOCKS");
+        return e ? (int64_t)std::max(1, std::atoi(e)) : (int64_t)0;
+    }();
+    const int64_t blocks = asked ? asked : q4 ? 256 : 384;
+    const int64_t want = (blocks + p.col_blocks - 1) / p.col_blocks;
+    p.groups = (unsigned)std::max<int64_t>(1, std::min<int64_t>(want, (m + 15) / 16));
     p.dot_bytes = (size_t)p.groups * p.col_blocks * sizeof(double);
     p.col_bytes = (size_t)p.groups * (size_t)k * sizeof(double);
     return p;
@@ -359,8 +369,8 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
         mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
                                                                 bits.signs, nullptr, vec_g, vec_x,
                                                                 false, grad_x, col_part, dot_part);
-    col_sums_final<<<(unsigned)((k + 255) / 256), 256, 0, current_stream>>>(col_part, (int)p.groups,
-                                                                            k, grad_bias);
+    col_sums_final<<<(unsigned)((k + 31) / 32), 256, 0, current_stream>>>(col_part, (int)p.groups,
+                                                                          k, grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
 }
 template void mask_pass<float>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
@@ -374,7 +384,7 @@ template void mask_pass<__half>(const MaskPass &, const float *, int64_t, int64_
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
     const int64_t m = a.m, n = a.n, k = a.k;
-    const MaskPass p = mask_pass_shape(m, k);
+    const MaskPass p = mask_pass_shape(m, k, false);
     // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
     // partial sums, amax partials.
     Workspace<4> ws;

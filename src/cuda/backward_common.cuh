@@ -50,7 +50,7 @@ struct MaskBits {
     int64_t ld;
     const int8_t *resid;  // set: the 4-bit form
 };
-MaskPass mask_pass_shape(int64_t m, int64_t k);
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4);
 template <typename T>
 void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const MaskBits &bits,
                T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,

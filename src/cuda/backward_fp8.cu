@@ -67,25 +67,40 @@ __global__ void __launch_bounds__(256)
 
 // Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
 // (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
-// 128 rows x one 32-bit word of columns; thread t writes 16 consecutive rows of column t / 8
-// with one 16-byte store (a warp: 4 columns x 128 contiguous bytes).
+// 128 rows x kSignWords 32-bit words of columns (256 columns, 32 KB of output). The block's
+// words are read first (eight threads a row: 32 contiguous bytes) into shared memory; then
+// each thread makes 16 consecutive rows of one column a step (one 16-byte store), eight
+// steps. A warp's step: 8 columns of one word x 64 rows (8 runs of 64 contiguous bytes), its
+// four row chunks 16 rows apart, which sign_at places in four banks.
+constexpr int kSignWords = 8;
+__device__ __forceinline__ int sign_at(int i, int wd) { return i * (kSignWords + 1) + wd + i / 32; }
 __global__ void __launch_bounds__(256)
     fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
-    __shared__ uint32_t words[128];
-    const int64_t r0 = (int64_t)blockIdx.y * 128, w = blockIdx.x;
-    if (threadIdx.x < 128) {
-        const int64_t r = r0 + threadIdx.x;
-        words[threadIdx.x] = r < rows ? reinterpret_cast<const uint32_t *>(bits + r * ld)[w] : 0u;
+    __shared__ uint32_t words[128 * (kSignWords + 1) + 4];
+    const int64_t r0 = (int64_t)blockIdx.y * 128, w0 = (int64_t)blockIdx.x * kSignWords;
+    const int64_t row_words = (k + 31) / 32;
+#pragma unroll
+    for (int q = 0; q < 128 * kSignWords / 256; q++) {
+        const int id = q * 256 + (int)threadIdx.x, i = id / kSignWords, wd = id % kSignWords;
+        const int64_t r = r0 + i, w = w0 + wd;
+        words[sign_at(i, wd)] =
+            r < rows && w < row_words ? reinterpret_cast<const uint32_t *>(bits + r * ld)[w] : 0u;
     }
     __syncthreads();
-    const int j = threadIdx.x >> 3, i0 = (threadIdx.x & 7) * 16;
-    const int64_t col = w * 32 + j;
-    if (col >= k || r0 + i0 >= rows) return;
-    uint32_t q[4] = {0, 0, 0, 0};
+    const int lane = (int)threadIdx.x & 31;
 #pragma unroll
-    for (int e = 0; e < 16; e++)
-        q[e / 4] |= ((words[i0 + e] >> j) & 1 ? 0x38u : 0xb8u) << (8 * (e % 4));
-    *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(q[0], q[1], q[2], q[3]);
+    for (int q = 0; q < 8; q++) {
+        const int task = q * 8 + ((int)threadIdx.x >> 5);  // 32 column groups x 2 row halves
+        const int j = (task >> 1) * 8 + (lane & 7), i0 = ((task & 1) * 4 + (lane >> 3)) * 16;
+        const int64_t col = w0 * 32 + j;
+        if (col >= k || r0 + i0 >= rows) continue;
+        uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int e = 0; e < 16; e++)
+            v[e / 4] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? 0x38u : 0xb8u)
+                        << (8 * (e % 4));
+        *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
 }
 
 thread_local cublasLtHandle_t lt = nullptr;
@@ -108,6 +123,42 @@ struct LtPlan {
 constexpr int kLtPlans = 8;
 thread_local LtPlan lt_plans[kLtPlans];
 thread_local int lt_plan_next = 0;
+
+// The heuristic's first kLtCandidates algorithms for a shape are timed once (two runs each on
+// the current stream, CUDA events, the host waiting: once per shape and thread) and the
+// fastest is kept, unless the stream is being captured into a graph (no waits allowed there:
+// the heuristic's first is kept) or BIE_CUDA_LT_TUNE=0.
+constexpr int kLtCandidates = 8;
+template <typename Run>
+bie_status fastest_algo(const cublasLtMatmulHeuristicResult_t *heur, int found, Run run,
+                        int *best) {
+    *best = 0;
+    static const bool tune = !env_is("BIE_CUDA_LT_TUNE", "0");
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (!tune || cudaStreamIsCapturing(current_stream, &cap) != cudaSuccess ||
+        cap != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return BIE_OK;
+    }
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    bie_status s = check(cudaEventCreate(&ev[0]), "cudaEventCreate");
+    if (s == BIE_OK) s = check(cudaEventCreate(&ev[1]), "cudaEventCreate");
+    float best_ms = 0;
+    for (int i = 0; i < found && s == BIE_OK; i++) {
+        if (heur[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        if (run(&heur[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skip refusals
+        s = check(cudaEventRecord(ev[0], current_stream), "cudaEventRecord");
+        const bool ran = run(&heur[i].algo) == CUBLAS_STATUS_SUCCESS;
+        if (s == BIE_OK) s = check(cudaEventRecord(ev[1], current_stream), "cudaEventRecord");
+        if (s == BIE_OK) s = check(cudaEventSynchronize(ev[1]), "cudaEventSynchronize");
+        float ms = 0;
+        if (s == BIE_OK) s = check(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
+        if (s == BIE_OK && ran && (best_ms == 0 || ms < best_ms)) best_ms = ms, *best = i;
+    }
+    for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+    return s;
+}
 
 // The largest power of two (at most 256) that divides the address: the alignment the
 // heuristic is told D has (its default is 256 bytes, and an algorithm chosen for that need
@@ -174,15 +225,25 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
         pset(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
         pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d);
         pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d);
-        cublasLtMatmulHeuristicResult_t heur = {};
+        cublasLtMatmulHeuristicResult_t heur[kLtCandidates] = {};
         int found = 0;
-        if (s == BIE_OK && cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &heur,
-                                                          &found) != CUBLAS_STATUS_SUCCESS)
+        if (s == BIE_OK &&
+            cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, kLtCandidates, heur,
+                                           &found) != CUBLAS_STATUS_SUCCESS)
             found = 0;
+        int best = 0;
+        if (s == BIE_OK && found > 1)
+            s = fastest_algo(
+                heur, found,
+                [&](const cublasLtMatmulAlgo_t *algo) {
+                    return cublasLtMatmul(lt, desc, alpha, a, la, b, lb, zero, d, ld, d, ld, algo,
+                                          workspace, ws, current_stream);
+                },
+                &best);
         if (s == BIE_OK) {
             plan = &lt_plans[lt_plan_next];
             lt_plan_next = (lt_plan_next + 1) % kLtPlans;
-            *plan = LtPlan{dev, mo, no, kr, align_d, found > 0, heur.algo};
+            *plan = LtPlan{dev, mo, no, kr, align_d, found > 0, heur[best].algo};
         }
     }
     if (s == BIE_OK && plan->found) {
@@ -219,7 +280,7 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    const unsigned words = (unsigned)((k + 31) / 32);
+    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
     fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
     fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
     s = check(cudaGetLastError(), "fp8 backward kernels");

@@ -66,7 +66,7 @@ void launch_values(const uint8_t *codes, int64_t ld, bool i8, int64_t rows, int6
 template <typename T>
 bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
     const int64_t m = a.m, n = a.n, k = a.k;
-    const MaskPass p = mask_pass_shape(m, k);
+    const MaskPass p = mask_pass_shape(m, k, true);
     // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask
     // [m, k] (f32), the mask pass's dot partials and column partial sums.
     Workspace<5> ws;
