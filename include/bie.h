@@ -368,11 +368,14 @@ BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *cha
  * exact in e4m3, grad_out is rounded to e4m3 with one per-tensor scale (amax / 448). Beyond
  * that rounding, the FP8 tensor cores sum at a lower precision than f32 (about 3e-5 of the
  * largest gradient element, measured on an H100). Shapes whose m, n or k is not a multiple
- * of 16 use EXACT. The binary conv2d on CUDA takes FP8 too: there grad_x (and grad_bias_a and
- * grad_scale_a, sums over it) runs on e4m3 with grad_out rounded the same way, where its
- * tensor-memory grad_x kernel takes the layer (16-bit, channels-last, compute capability 9.0);
- * there the tensor cores' lower-precision sum runs over the whole reduction (the taps x the
- * output channels): up to about 1e-3 of the largest grad_x element in the GPU tests
+ * of 16 use EXACT. The linear layer's first FP8 backward of each shape times the candidate
+ * cuBLASLt algorithms once (the host waits for that, once per shape and thread; not while the
+ * stream is being captured into a graph, nor with BIE_CUDA_LT_TUNE=0) and keeps the fastest,
+ * so two processes may round its sums differently. The binary conv2d on CUDA takes FP8 too: there
+ * grad_x (and grad_bias_a and grad_scale_a, sums over it) runs on e4m3 with grad_out rounded the
+ * same way, where its tensor-memory grad_x kernel takes the layer (16-bit, channels-last, compute
+ * capability 9.0); there the tensor cores' lower-precision sum runs over the whole reduction (the
+ * taps x the output channels): up to about 1e-3 of the largest grad_x element in the GPU tests
  * (measured on an H200). grad_w stays exact, and other layers run EXACT.
  * Other kinds and devices accept EXACT only (BIE_ERR_UNSUPPORTED). */
 typedef enum bie_backward_mode { BIE_BACKWARD_EXACT = 0, BIE_BACKWARD_FP8 = 1 } bie_backward_mode;

@@ -56,12 +56,21 @@ def load(split, limit, data=DATA):
     return x, labels.long()
 
 
-def binary_cnn(width=32, dense=256, device=None, dtype=torch.float32):
+class ChannelsLast(nn.Module):
+    """Its input in channels_last (NHWC) memory: bie's 4-bit conv returns NCHW, and the binary
+    convs' channels-last backward (where the FP8 grad_x applies) needs NHWC inputs."""
+
+    def forward(self, x):
+        return x.contiguous(memory_format=torch.channels_last)
+
+
+def binary_cnn(width=32, dense=256, device=None, dtype=torch.float32, channels_last=False):
     """The network; ``device`` and ``dtype`` are those of bie's layers (the float layers are
-    float32 on ``device``)."""
+    float32 on ``device``); ``channels_last``: NHWC activations after the 4-bit conv."""
     c, on = width, {"device": device, "dtype": dtype}
+    nhwc = [ChannelsLast()] if channels_last else []
     return nn.Sequential(
-        bie.Q4Conv2dCutlass(1, c, 3, padding=1, **on), nn.BatchNorm2d(c),
+        bie.Q4Conv2dCutlass(1, c, 3, padding=1, **on), *nhwc, nn.BatchNorm2d(c),
         bie.BinaryConv2dCutlass(c, c, 3, padding=1, **on), nn.MaxPool2d(2), nn.BatchNorm2d(c),
         bie.BinaryConv2dCutlass(c, 2 * c, 3, padding=1, **on), nn.MaxPool2d(2),
         nn.BatchNorm2d(2 * c),
@@ -106,6 +115,9 @@ def main(argv=None):
     device = torch.device(args.device)
     if args.bf16 and device.type != "cuda":
         parser.error("--bf16 needs --device cuda (bie's CPU layers compute in float32)")
+    if args.backward != "exact" and device.type != "cuda":
+        parser.error(f"--backward {args.backward} needs --device cuda (the CPU layers have the "
+                     "exact backward only)")
     if args.threads:
         bie.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
@@ -119,7 +131,8 @@ def main(argv=None):
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     autocast = (torch.autocast(device.type, dtype=dtype) if args.bf16
                 else contextlib.nullcontext())
-    model = binary_cnn(args.width, device=device, dtype=dtype).to(memory_format=fmt)
+    model = binary_cnn(args.width, device=device, dtype=dtype,
+                       channels_last=args.channels_last).to(memory_format=fmt)
     for module in model.modules():  # bie's own generator, seeded from torch's
         if hasattr(module, "prepare_params"):
             module.reset_parameters()

@@ -37,3 +37,28 @@ def test_model_trains_a_step_on_the_dataset(example):
         losses.append(float(loss))
     assert all(0 < v < 10 for v in losses)
     assert 0.0 <= example.evaluate(model, x, y, 32) <= 1.0
+
+
+def test_main_trains_an_epoch_channels_last(example, capsys):
+    if not (example.DATA / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip("dataset-fashion-mnist is not installed")
+    example.main(["--limit", "128", "--batch-size", "64", "--width", "4", "--channels-last",
+                  "--binary-lr", "0.1"])
+    out = capsys.readouterr().out
+    assert "channels-last, exact backward" in out
+    accuracy = float(out.split("test accuracy ")[1].split("%")[0])
+    assert 0.0 <= accuracy <= 100.0
+
+
+def test_channels_last_model_keeps_nhwc_after_the_4bit_conv(example):
+    model = example.binary_cnn(width=4, dense=16, channels_last=True)
+    x = torch.randn(2, 1, 28, 28).contiguous(memory_format=torch.channels_last)
+    h = model[1](model[0](x))  # the 4-bit conv, then the conversion
+    assert h.is_contiguous(memory_format=torch.channels_last) and h.shape == (2, 4, 28, 28)
+
+
+@pytest.mark.parametrize("flags", [["--bf16"], ["--backward", "fp8"]])
+def test_gpu_only_options_need_cuda(example, flags):
+    with pytest.raises(SystemExit) as stop:
+        example.main(["--device", "cpu", *flags])
+    assert stop.value.code == 2  # argparse's usage error, before any data is read
