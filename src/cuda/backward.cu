@@ -160,17 +160,17 @@ __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) dot_part[y * gridDim.x + blockIdx.x] = dots[0];
 }
 
-// out[c] = the sum of the parts partial column sums part[y][c], in order of y within each of
-// the 8 warps' strided shares (warp j: y = j, j + 8, ...), the shares added in warp order.
-// Block: 32 columns, lane = column (a warp's loads are 256 contiguous bytes).
+// out[c] = the sum of the parts partial column sums part[y][c] (the mask pass's row groups,
+// the conv backward's images): block b sums columns 32 b .. 32 b + 31 (lane = column, a
+// warp's loads 256 contiguous bytes), warp j the parts j, j + 8, ... in order, then the eight
+// shares in warp order.
 __global__ void __launch_bounds__(256)
-    col_sums_final(const double *part, int parts, int64_t k, float *out) {
+    col_sums_final(const double *part, int64_t parts, int64_t k, float *out) {
     __shared__ double sh[8][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t c = (int64_t)blockIdx.x * 32 + lane;
     double s = 0;
-    if (c < k)
-        for (int y = warp; y < parts; y += 8) s += part[y * k + c];
+    for (int64_t y = warp; y < parts && c < k; y += 8) s += part[y * k + c];
     sh[warp][lane] = s;
     __syncthreads();
     if (warp == 0 && c < k) {
@@ -369,8 +369,8 @@ void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const Ma
         mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
                                                                 bits.signs, nullptr, vec_g, vec_x,
                                                                 false, grad_x, col_part, dot_part);
-    col_sums_final<<<(unsigned)((k + 31) / 32), 256, 0, current_stream>>>(col_part, (int)p.groups,
-                                                                          k, grad_bias);
+    col_sums_final<<<(unsigned)((k + 31) / 32), 256, 0, current_stream>>>(col_part, p.groups, k,
+                                                                          grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
 }
 template void mask_pass<float>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
@@ -508,24 +508,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// grad_bias[c] = sum_n plane_sum[n][c]: block b sums channels 32 b .. 32 b + 31, warp r the
-// rows r, r + 8, ..., then the eight in order.
-__global__ void __launch_bounds__(256)
-    conv_bias_sums(const double *plane_sum, int64_t n, int64_t c, float *grad_bias) {
-    __shared__ double sh[8][32];
-    const int lane = threadIdx.x & 31, rg = threadIdx.x >> 5;
-    const int64_t ch = (int64_t)blockIdx.x * 32 + lane;
-    double s = 0;
-    for (int64_t i = rg; i < n && ch < c; i += 8) s += plane_sum[i * c + ch];
-    sh[rg][lane] = s;
-    __syncthreads();
-    if (rg == 0 && ch < c) {
-        double t = 0;
-        for (int r = 0; r < 8; r++) t += sh[r][lane];
-        grad_bias[ch] = (float)t;
-    }
-}
-
 template <typename T>
 bie_status conv_backward_typed(const bie_cuda_bconv_backward_args &a, cudaDataType_t ctype) {
     cudaStream_t st = current_stream;
@@ -608,7 +590,7 @@ void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_ge
 
 void conv_bias_scale_sums(const double *plane_sum, const double *plane_dot, int64_t n, int64_t c,
                           double denom, float *grad_bias, float *grad_scale) {
-    conv_bias_sums<<<(unsigned)((c + 31) / 32), 256, 0, current_stream>>>(plane_sum, n, c,
+    col_sums_final<<<(unsigned)((c + 31) / 32), 256, 0, current_stream>>>(plane_sum, n, c,
                                                                           grad_bias);
     sum_over(plane_dot, n * c, denom, grad_scale);
 }
