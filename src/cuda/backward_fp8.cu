@@ -124,10 +124,10 @@ constexpr int kLtPlans = 8;
 thread_local LtPlan lt_plans[kLtPlans];
 thread_local int lt_plan_next = 0;
 
-// The heuristic's first kLtCandidates algorithms for a shape are timed once (two runs each on
-// the current stream, CUDA events, the host waiting: once per shape and thread) and the
-// fastest is kept, unless the stream is being captured into a graph (no waits allowed there:
-// the heuristic's first is kept) or BIE_CUDA_LT_TUNE=0.
+// The heuristic's first kLtCandidates algorithms for a shape are timed once (a warm-up and a
+// timed run each on the current stream, CUDA events, the host waiting: once per shape and
+// thread) and the fastest is kept, unless the stream is being captured into a graph (no waits
+// allowed there: the heuristic's first is kept) or BIE_CUDA_LT_TUNE=0.
 constexpr int kLtCandidates = 8;
 template <typename Run>
 bie_status fastest_algo(const cublasLtMatmulHeuristicResult_t *heur, int found, Run run,
