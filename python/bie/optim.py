@@ -104,6 +104,13 @@ class SignFlip(torch.optim.Optimizer):
         for it here waits for the device (one synchronisation per device)."""
         return sum(int(t) for t in self._flip_counts)
 
+    @property
+    def flip_counts(self):
+        """The last step's flip counts as they lie: a tuple of int64 tensors, one per device of
+        the binary parameters (empty before the first step). Nothing waits for the device, so
+        a training loop can add them up on the device and read the total once an epoch."""
+        return tuple(self._flip_counts)
+
     @staticmethod
     def _sign(t):
         """sign with sign(0) = +1 (SPEC §1), as float."""

@@ -317,8 +317,10 @@ def test_flip_count_is_read_lazily_and_counts_sign_changes():
     assert all(torch.is_tensor(t) for t in opt._flip_counts)
     assert all(flipped == changed for flipped, changed in history)
     assert sum(flipped for flipped, _ in history) > 0
+    assert opt.flipped == sum(int(t) for t in opt.flip_counts) == history[-1][0]
+    assert all(t.dtype == torch.int64 and t.dim() == 0 for t in opt.flip_counts)
     fresh = bie.SignFlip([nn.Parameter(torch.ones(3))])
-    assert fresh.flipped == 0
+    assert fresh.flipped == 0 and fresh.flip_counts == ()
 
 
 @pytest.mark.parametrize("capturable", [False, True])
