@@ -109,8 +109,8 @@ def main(argv=None):
     parser.add_argument("--channels-last", action="store_true",
                         help="activations in channels_last (NHWC) memory")
     parser.add_argument("--backward", choices=("exact", "fp8"), default="exact",
-                        help="the binary layers' backward products (fp8: opt-in, CUDA with "
-                             "FP8 tensor cores; elsewhere the exact products run)")
+                        help="the binary layers' backward products (fp8: opt-in, CUDA only; "
+                             "layers or devices it does not apply to run the exact products)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.bf16 and device.type != "cuda":
