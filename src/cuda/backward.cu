@@ -67,7 +67,8 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
     }
 }
 
-// The clip mask applied to g [m, k] (grad_x before the mask, f32) and everything the backward
+// The clip mask applied to g [m, k] (grad_x before the mask, G: f32, or the layer's 16-bit type
+// where the FP8 products wrote it) and everything the backward
 // reduces from it, in one pass. Block (x, y) covers the 1024 columns 1024 x .. 1024 x + 1023
 // and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp w of the
 // block owns the 128 columns 1024 x + 128 w .., lane l four of them (c = .. + 4 l), and walks
@@ -82,9 +83,9 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 // double (the caller divides by 254); a lane's four clip bits come from one byte and its four
 // residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
 constexpr int kMaskRows = 8;
-template <typename T, bool Q4>
+template <typename T, typename G, bool Q4>
 __global__ void __launch_bounds__(256)
-    mask_reduce(const float *__restrict__ g, int64_t m, int64_t k, int64_t ld,
+    mask_reduce(const G *__restrict__ g, int64_t m, int64_t k, int64_t ld,
                 const uint8_t *__restrict__ mask, const uint8_t *__restrict__ signs,
                 const int8_t *__restrict__ resid, bool vec_g, bool vec_x, bool vec_r,
                 T *__restrict__ grad_x, double *__restrict__ col_part,
@@ -354,32 +355,34 @@ MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4) {
     return p;
 }
 
-template <typename T>
-void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const MaskBits &bits,
-               T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+template <typename T, typename G>
+void mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits, T *grad_x,
+               double *dot_part, double *col_part, double denom, float *grad_bias,
                float *grad_scale_a) {
     const dim3 grid(p.col_blocks, p.groups);
-    const bool vec_g = rows_aligned16<float>(g, k), vec_x = rows_aligned16<T>(grad_x, k);
+    const bool vec_g = rows_aligned16<G>(g, k), vec_x = rows_aligned16<T>(grad_x, k);
     const bool vec_r = k % 4 == 0 && reinterpret_cast<uintptr_t>(bits.resid) % 4 == 0;
     if (bits.resid)
-        mask_reduce<T, true><<<grid, 256, 0, current_stream>>>(g, m, k, 0, bits.mask, nullptr,
-                                                               bits.resid, vec_g, vec_x, vec_r,
-                                                               grad_x, col_part, dot_part);
+        mask_reduce<T, G, true><<<grid, 256, 0, current_stream>>>(g, m, k, 0, bits.mask, nullptr,
+                                                                  bits.resid, vec_g, vec_x, vec_r,
+                                                                  grad_x, col_part, dot_part);
     else
-        mask_reduce<T, false><<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask,
-                                                                bits.signs, nullptr, vec_g, vec_x,
-                                                                false, grad_x, col_part, dot_part);
+        mask_reduce<T, G, false>
+            <<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask, bits.signs, nullptr,
+                                               vec_g, vec_x, false, grad_x, col_part, dot_part);
     col_sums_final<<<(unsigned)((k + 31) / 32), 256, 0, current_stream>>>(col_part, p.groups, k,
                                                                           grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
 }
-template void mask_pass<float>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
-                               float *, double *, double *, double, float *, float *);
-template void mask_pass<__nv_bfloat16>(const MaskPass &, const float *, int64_t, int64_t,
-                                       const MaskBits &, __nv_bfloat16 *, double *, double *,
-                                       double, float *, float *);
-template void mask_pass<__half>(const MaskPass &, const float *, int64_t, int64_t, const MaskBits &,
-                                __half *, double *, double *, double, float *, float *);
+#define BIE_MASK_PASS(T, G)                                                                        \
+    template void mask_pass<T, G>(const MaskPass &, const G *, int64_t, int64_t, const MaskBits &, \
+                                  T *, double *, double *, double, float *, float *)
+BIE_MASK_PASS(float, float);
+BIE_MASK_PASS(__nv_bfloat16, float);
+BIE_MASK_PASS(__half, float);
+BIE_MASK_PASS(__nv_bfloat16, __nv_bfloat16);  // grad_x from the FP8 products
+BIE_MASK_PASS(__half, __half);
+#undef BIE_MASK_PASS
 
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
@@ -395,13 +398,19 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
 
     float *zero = nullptr;
     bie_status s = device_zero(&zero);
-    bool done = false;  // the products are in g and grad_w
-    if (s == BIE_OK && fp8_backward_fits(a)) s = fp8_backward_products(a, g, &done);
-    if (s == BIE_OK && !done) s = exact_products<T>(a, ctype, zero, g);
+    bool fp8 = false;  // the FP8 products are in g (as T) and grad_w
+    if (s == BIE_OK && fp8_backward_fits(a)) s = fp8_backward_products(a, g, &fp8);
+    if (s == BIE_OK && !fp8) s = exact_products<T>(a, ctype, zero, g);
     if (s != BIE_OK) return ws.release(s);
-    mask_pass(p, g, m, k, MaskBits{a.mask, a.signs, a.ld, nullptr}, static_cast<T *>(a.grad_x),
-              ws.at<double>(1), ws.at<double>(2), std::sqrt((double)m * (double)k), a.grad_bias,
-              a.grad_scale_a);
+    const MaskBits bits{a.mask, a.signs, a.ld, nullptr};
+    const double denom = std::sqrt((double)m * (double)k);
+    T *grad_x = static_cast<T *>(a.grad_x);
+    if (fp8)
+        mask_pass<T, T>(p, reinterpret_cast<const T *>(g), m, k, bits, grad_x, ws.at<double>(1),
+                        ws.at<double>(2), denom, a.grad_bias, a.grad_scale_a);
+    else
+        mask_pass<T, float>(p, g, m, k, bits, grad_x, ws.at<double>(1), ws.at<double>(2), denom,
+                            a.grad_bias, a.grad_scale_a);
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(3), a.grad_w_i8);
     return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }

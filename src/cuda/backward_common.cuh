@@ -35,7 +35,8 @@ bie_status blas_handle(cublasHandle_t *out);
 bie_status device_zero(float **out);
 // *out = sum of parts[0 .. count) / denom, in double and a fixed order, on the current stream.
 void sum_over(const double *parts, int64_t count, double denom, float *out);
-// The linear layers' mask pass (backward.cu): from grad_x before the mask g [m, k] (f32),
+// The linear layers' mask pass (backward.cu): from grad_x before the mask g [m, k] (G: f32, or
+// T where the FP8 products wrote it),
 // grad_x = g masked (in T; none where grad_x is NULL), grad_bias = its column sums, and
 // *grad_scale_a = its dot with sign(x') (binary: the clip mask and sign words of layout rows
 // of ld bytes) or with the rounding residuals (4-bit: resid [m, k], clip bits flat over m k),
@@ -51,9 +52,9 @@ struct MaskBits {
     const int8_t *resid;  // set: the 4-bit form
 };
 MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4);
-template <typename T>
-void mask_pass(const MaskPass &p, const float *g, int64_t m, int64_t k, const MaskBits &bits,
-               T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+template <typename T, typename G = float>
+void mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits, T *grad_x,
+               double *dot_part, double *col_part, double denom, float *grad_bias,
                float *grad_scale_a);
 // Convolutions: G [o][n oh ow] of grad_out [n][o][oh ow] (f32/bf16/f16), and from per-plane
 // sums and dots [n][c]: grad_bias[c] = sum_n plane_sum, *grad_scale = sum plane_dot / denom.
@@ -119,10 +120,11 @@ __device__ __forceinline__ float fp8_scale_of_partials(const float *part, float 
 }
 // The opt-in FP8 products of the binary linear backward (backward_fp8.cu): whether they
 // apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
-// before the mask into g [m, k] and grad_w; *done is false where cuBLASLt has no FP8
-// algorithm for the shape (nothing written: the exact products run instead).
+// before the mask into g [m, k] (in the layer's dtype) and grad_w; *done is false where
+// cuBLASLt has no FP8 algorithm for the shape (nothing written: the exact products run
+// instead).
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done);
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, void *g, bool *done);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);

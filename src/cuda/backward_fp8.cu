@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
@@ -115,6 +116,7 @@ bie_status lt_check(cublasStatus_t s, const char *what) {
 // host time on every backward call otherwise): a few recent shapes, replaced in turn.
 struct LtPlan {
     int device = -1;
+    cudaDataType_t dtype = CUDA_R_32F;
     int64_t mo = 0, no = 0, kr = 0;
     uint32_t align_d = 0;
     bool found = false;
@@ -168,12 +170,13 @@ uint32_t alignment_of(const void *p) {
     return (uint32_t)(v & (~v + 1));
 }
 
-// D [mo rows of ld mo, no columns] (column-major, f32) = *alpha * *scale_b * A^T B, with A
-// stored [kr, mo] and B [kr, no] (column-major, e4m3, K-major both; 256-byte aligned). *ok is
-// false where cuBLASLt offers no FP8 algorithm for the shape (nothing is launched then).
+// D [mo rows of ld mo, no columns] (column-major, of type dtype: f32, bf16 or f16) = *alpha *
+// *scale_b * A^T B, with A stored [kr, mo] and B [kr, no] (column-major, e4m3, K-major both;
+// 256-byte aligned). *ok is false where cuBLASLt offers no FP8 algorithm for the shape
+// (nothing is launched then).
 bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, const uint8_t *b,
-                       const float *alpha, const float *zero, const float *scale_b, float *d,
-                       void *workspace, bool *ok) {
+                       const float *alpha, const float *zero, const float *scale_b,
+                       cudaDataType_t dtype, void *d, void *workspace, bool *ok) {
     *ok = false;
     if (lt == nullptr) BIE_CUDA_TRY(lt_check(cublasLtCreate(&lt), "cublasLtCreate"));
     cublasLtMatmulDesc_t desc = nullptr;
@@ -206,14 +209,15 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
             cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)kr, (uint64_t)no, kr),
             "cublasLtMatrixLayoutCreate");
     if (s == BIE_OK)
-        s = lt_check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)mo, (uint64_t)no, mo),
+        s = lt_check(cublasLtMatrixLayoutCreate(&ld, dtype, (uint64_t)mo, (uint64_t)no, mo),
                      "cublasLtMatrixLayoutCreate");
     int dev = -1;
     if (s == BIE_OK) s = check(cudaGetDevice(&dev), "cudaGetDevice");
     const uint32_t align_d = alignment_of(d);
     LtPlan *plan = nullptr;
     for (LtPlan &p : lt_plans)
-        if (p.device == dev && p.mo == mo && p.no == no && p.kr == kr && p.align_d == align_d)
+        if (p.device == dev && p.dtype == dtype && p.mo == mo && p.no == no && p.kr == kr &&
+            p.align_d == align_d)
             plan = &p;
     if (s == BIE_OK && plan == nullptr) {
         s = lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -243,7 +247,7 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
         if (s == BIE_OK) {
             plan = &lt_plans[lt_plan_next];
             lt_plan_next = (lt_plan_next + 1) % kLtPlans;
-            *plan = LtPlan{dev, mo, no, kr, align_d, found > 0, heur[best].algo};
+            *plan = LtPlan{dev, dtype, mo, no, kr, align_d, found > 0, heur[best].algo};
         }
     }
     if (s == BIE_OK && plan->found) {
@@ -260,8 +264,16 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
     return s;
 }
 
+// grad_x before the mask goes out in T: one rounding, the one the masked grad_x had anyway,
+// and half the bytes of f32 for 16-bit layers (the mask pass's sums then add those values).
+template <typename T> constexpr cudaDataType_t lt_type() {
+    return std::is_same<T, float>::value           ? CUDA_R_32F
+           : std::is_same<T, __nv_bfloat16>::value ? CUDA_R_16BF
+                                                   : CUDA_R_16F;
+}
+
 template <typename T>
-bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool *done) {
+bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, void *g, bool *done) {
     const int64_t m = a.m, n = a.n, k = a.k;
     Workspace<7> ws;
     BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
@@ -288,12 +300,12 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, float *g, bool
     // grad_x before the mask, row-major [m, k] (column-major [k, m]) = scale_w sign(w)^T-major
     // x grad_out: A = sign(w) as [k][n] (K = n), B = grad_out as [m][n].
     if (s == BIE_OK)
-        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, g, ws.at<uint8_t>(6),
-                        &ok_x);
+        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, lt_type<T>(), g,
+                        ws.at<uint8_t>(6), &ok_x);
     // grad_w, row-major [n, k] = scale_a grad_out^T sign(x'): A = sign(x') as [k][m] (K = m),
     // B = grad_out^T as [n][m].
     if (s == BIE_OK && ok_x)
-        s = lt_fp8_gemm(k, n, m, sxt, g8t, a.saved_scales, zero, scales, a.grad_w,
+        s = lt_fp8_gemm(k, n, m, sxt, g8t, a.saved_scales, zero, scales, CUDA_R_32F, a.grad_w,
                         ws.at<uint8_t>(6), &ok_w);
     *done = s == BIE_OK && ok_x && ok_w;
     return ws.release(s);
@@ -305,7 +317,7 @@ bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;
 }
 
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, float *g, bool *done) {
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, void *g, bool *done) {
     switch (a.dtype) {
     case BIE_F32: return fp8_products_typed<float>(a, g, done);
     case BIE_BF16: return fp8_products_typed<__nv_bfloat16>(a, g, done);
