@@ -410,6 +410,18 @@ BIE_API bie_status bie_layer_backward(bie_layer *layer, const bie_tensor *grad_o
  * BIAS_A, SCALE_A. Errors: no backward yet, no such gradient. */
 BIE_API bie_status bie_layer_grad(bie_layer *layer, bie_param which, bie_tensor *view);
 
+/* Where the next successful backward puts the weight's gradient (the one bie_layer_grad(WEIGHT)
+ * views: I8 for a binary kind's int8 weight, else F32): also into `target`, memory of the
+ * caller's on the layer's device with the weight's element count (any shape). On CUDA the
+ * backward writes it there instead of into the layer's own buffer, and bie_layer_grad(WEIGHT)
+ * (and WEIGHT_FLOAT_GRAD for a float weight) views the target until the next backward, so it
+ * must stay valid that long; the CPU layers copy their gradient there. One backward only;
+ * NULL cancels. For a framework that hands the gradient on as a tensor of its own: no copy
+ * of it on the GPU. Errors: no training weight (BIE_ERR_STATE), target's device, dtype or
+ * element count; at the backward, BIE_ERR_STATE where the weight's gradient dtype changed
+ * since (prepare_params). */
+BIE_API bie_status bie_layer_set_weight_grad_target(bie_layer *layer, const bie_tensor *target);
+
 /* ------------------------------------- 7. batch norm, residual add and PReLU, fused */
 
 /* The unit that follows a binary convolution in residual binary networks, in one pass over

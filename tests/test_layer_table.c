@@ -2,7 +2,8 @@
  * references of layer_ref.h (SPEC §1-4): bie_layer_describe and bie_layer_output_shape,
  * prepare_params' scale_w, set_activation (scale_a and x + bias_a), the forward bit for bit,
  * the backward (grad_x, grad bias_a, grad scale_a, float and int8 weight gradients) within
- * float tolerance, and inference from the packed weight. Fresh random data for each case,
+ * float tolerance, the weight gradient into a caller's target, and inference from the packed
+ * weight. Fresh random data for each case,
  * odd sizes and batch 1, every output poisoned with NaN before each call. CUDA runs where
  * bie_cuda_device_count() > 0 (a printed note otherwise; --require-cuda makes that a
  * failure). One row of `kinds` per layer kind: adding a kind is adding a row. */
@@ -231,6 +232,72 @@ static void check_kernel(const case_info *ci, bie_layer *l, int id, const char *
     free(gb), free(gwf), free(gw), free(out), free(gx);
 }
 
+/* bie_layer_set_weight_grad_target: a backward with a target puts the same weight gradient
+ * (bit for bit: the same kernels on the same inputs) into the poisoned target, bie_layer_grad
+ * views the target on CUDA, the next backward without one uses the layer's own buffer again;
+ * bad targets fail and set nothing. After check_kernel's backward with the default kernel. */
+static void check_grad_target(const case_info *ci, bie_layer *l, bie_tensor *tx, bie_tensor *tout,
+                              bie_tensor *tg, bie_tensor *tgx) {
+    const bool on_cuda = ci->dev.type == BIE_DEVICE_CUDA;
+    const ref_geom *g = &ci->g;
+    const int64_t nw = g->o * ref_fan_in(g);
+    bie_tensor v;
+    void *want = read_tensor(l, BIE_PARAM_WEIGHT, true, &v);
+    if (want == NULL) return;
+    const bie_dtype dt = v.dtype;
+    const size_t bytes = (size_t)nw * bie_dtype_size(dt);
+    const int64_t flat[1] = {nw}, wrong[1] = {nw + 1};
+    bie_tensor target = dev_alloc(ci->dev, dt, 1, flat);
+    bie_tensor bad_dtype = dev_alloc(ci->dev, dt == BIE_I8 ? BIE_F32 : BIE_I8, 1, flat);
+    bie_tensor bad_size = dev_alloc(ci->dev, dt, 1, wrong);
+    uint8_t *poison_bytes = tu_alloc(bytes), *got = tu_alloc(bytes);
+    memset(poison_bytes, 0x7f, bytes);
+    put(&target, poison_bytes);
+    CHECK(bie_layer_set_weight_grad_target(l, &bad_dtype) == BIE_ERR_DTYPE);
+    CHECK(bie_layer_set_weight_grad_target(l, &bad_size) == BIE_ERR_SHAPE);
+    if (on_cuda) { /* host memory for a CUDA layer */
+        bie_tensor host = host_like(&target, got);
+        CHECK(bie_layer_set_weight_grad_target(l, &host) == BIE_ERR_DEVICE);
+    }
+    /* the failed calls set nothing: this backward leaves the target as it was */
+    CHECK_OK(bie_layer_forward(l, tx, tout));
+    CHECK_OK(bie_layer_backward(l, tg, tgx));
+    get(&target, got);
+    CHECK(memcmp(got, poison_bytes, bytes) == 0);
+
+    CHECK_OK(bie_layer_set_weight_grad_target(l, &target));
+    CHECK_OK(bie_layer_forward(l, tx, tout));
+    CHECK_OK(bie_layer_backward(l, tg, tgx));
+    get(&target, got);
+    const bool same = memcmp(got, want, bytes) == 0;
+    CHECK(same);
+    if (!same) fprintf(stderr, "  weight gradient in the target differs: %s\n", ci->what);
+    CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT, &v));
+    CHECK(v.dtype == dt && bie_tensor_numel(&v) == nw);
+    if (on_cuda) CHECK(v.data == target.data);
+    if (dt == BIE_F32 && on_cuda) {
+        CHECK_OK(bie_layer_grad(l, BIE_PARAM_WEIGHT_FLOAT_GRAD, &v));
+        CHECK(v.data == target.data);
+    }
+    /* one backward only: the next one writes the layer's own buffer, not the target */
+    put(&target, poison_bytes);
+    CHECK_OK(bie_layer_forward(l, tx, tout));
+    CHECK_OK(bie_layer_backward(l, tg, tgx));
+    get(&target, got);
+    CHECK(memcmp(got, poison_bytes, bytes) == 0);
+    void *again = read_tensor(l, BIE_PARAM_WEIGHT, true, &v);
+    CHECK(again != NULL && memcmp(again, want, bytes) == 0 && v.data != target.data);
+    /* NULL cancels a target */
+    CHECK_OK(bie_layer_set_weight_grad_target(l, &target));
+    CHECK_OK(bie_layer_set_weight_grad_target(l, NULL));
+    CHECK_OK(bie_layer_forward(l, tx, tout));
+    CHECK_OK(bie_layer_backward(l, tg, tgx));
+    get(&target, got);
+    CHECK(memcmp(got, poison_bytes, bytes) == 0);
+    bie_tensor_free(&target), bie_tensor_free(&bad_dtype), bie_tensor_free(&bad_size);
+    free(poison_bytes), free(got), free(want), free(again);
+}
+
 static void run_case(case_info *ci) {
     const kind_row *r = ci->row;
     const ref_geom *g = &ci->g;
@@ -327,6 +394,7 @@ static void run_case(case_info *ci) {
     put(&tg, go);
     int kernels = 0;
     check_kernel(ci, l, -1, "default", &tx, &tout, &tg, &tgx, expect, rgx, rgw, rgb, rgs, gs_tol);
+    check_grad_target(ci, l, &tx, &tout, &tg, &tgx);
     for (int i = 0; i < bie_kernel_count(); i++) {
         bie_kernel_info info;
         CHECK_OK(bie_kernel_get(i, &info));

@@ -194,6 +194,11 @@ class Layer:
         self._backward = _lib.function("bie_layer_backward")
         self._param = _lib.function("bie_layer_param")
         self._grad = _lib.function("bie_layer_grad")
+        self._set_wgrad_target = _lib.function("bie_layer_set_weight_grad_target")
+        # weight_grad_into: the tensor for the next backward (held until it runs), then a
+        # weak reference to it and its dtype while the layer's gradient views point into it
+        self._wgrad_pending = None
+        self._wgrad_target = None
         handle = ctypes.c_void_p()
         if self.is_cuda:
             _lib.enter_stream(self.device)
@@ -411,6 +416,8 @@ class Layer:
     def view(self, which, grad=False):
         """A torch tensor over a parameter (or, with grad, a gradient of the last backward)
         in the layer's memory; None when the layer has none (e.g. no qweight yet)."""
+        if grad:
+            self._check_grad_view(which)
         d = Tensor()
         status = (self._grad if grad else self._param)(self.handle, which, ctypes.byref(d))
         if status == _lib.ERR_STATE:
@@ -421,6 +428,7 @@ class Layer:
     def grad_copy(self, which):
         """A torch-owned copy of a gradient of the last backward (the layer overwrites its
         gradients on each backward); None before any backward."""
+        self._check_grad_view(which)
         d = self._grad_desc
         status = self._grad(self.handle, which, d)
         if status == _lib.ERR_STATE:
@@ -438,6 +446,29 @@ class Layer:
         out = torch.empty(d.shape[:d.ndim], dtype=_lib.torch_dtype(d.dtype))
         ctypes.memmove(out.data_ptr(), d.data, out.numel() * out.element_size())
         return out
+
+    def weight_grad_into(self, shape, dtype, device):
+        """A fresh torch tensor that the next backward puts the weight's gradient into
+        (``bie_layer_set_weight_grad_target``: on CUDA written there, no copy afterwards).
+        Only a weak reference is kept after the backward, so that autograd can hand the tensor
+        on as ``weight.grad`` without a copy; the layer's views of that gradient then fail
+        once it is gone (see _check_grad_view)."""
+        target = torch.empty(shape, dtype=dtype, device=device)
+        _lib.check(self._set_wgrad_target(self.handle, ctypes.byref(
+            describe(target, what="weight gradient"))))
+        self._wgrad_pending = target
+        return target
+
+    def _check_grad_view(self, which):
+        """On CUDA the last backward's weight gradient may live in a weight_grad_into tensor
+        (WEIGHT; WEIGHT_FLOAT_GRAD too for a float weight): fail if that tensor is gone."""
+        if self._wgrad_target is None or which not in (WEIGHT, WEIGHT_FLOAT_GRAD):
+            return
+        ref, dtype = self._wgrad_target
+        if (which == WEIGHT or dtype == torch.float32) and ref() is None:
+            fail(_lib.ERR_STATE, f"{self.kind}: the last backward wrote the weight's gradient "
+                 "into a tensor handed on as weight.grad, which has been freed since; read "
+                 "weight.grad instead")
 
     # -------------------------------------------------------------- forward / backward
 
@@ -491,7 +522,16 @@ class Layer:
                                  memory_format=fmt)
             gx_ptr = ctypes.byref(describe(grad_x, what="grad_input",
                                            channels_last=channels_last))
-        self._call(self._backward, ctypes.byref(gd), gx_ptr)
+        pending, self._wgrad_pending = self._wgrad_pending, None
+        try:
+            self._call(self._backward, ctypes.byref(gd), gx_ptr)
+        except BaseException:
+            if pending is not None:  # not left set for a later backward: the tensor may go
+                self._set_wgrad_target(self.handle, None)
+            raise
+        # where the layer's weight gradient views point now (CPU layers copy into the target)
+        self._wgrad_target = ((weakref.ref(pending), pending.dtype)
+                              if pending is not None and self.is_cuda else None)
         return grad_x
 
 

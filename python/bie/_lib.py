@@ -451,6 +451,7 @@ _PROTOTYPES = {
     "bie_layer_backward": ((_P, _T, _T), _I),
     "bie_layer_forward_again": ((_P, _T), _I),
     "bie_layer_grad": ((_P, _I, _T), _I),
+    "bie_layer_set_weight_grad_target": ((_P, _T), _I),
     # batch norm, residual add and PReLU, fused:
     # forward(p, y, res, save_mean, save_rstd, out),
     # backward(p, grad_out, y, res, save_mean, save_rstd, grad_y, grad_res, grad_gamma,

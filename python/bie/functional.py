@@ -128,12 +128,12 @@ def _shaped(t, shape):
     return t if t.shape == shape else t.reshape(shape)
 
 
-def _int8_weight_grad(layer, weight, held):
-    """The int8 gradient of an int8 weight after the layer's backward: the C backward's, or,
-    where an earlier float gradient is ``held``, the int8 quantization (SPEC §1) of the sum,
-    which the layer then reports as its gradients too."""
+def _int8_weight_grad(layer, weight, held, target):
+    """The int8 gradient of an int8 weight after the layer's backward: the C backward's (in
+    ``target``), or, where an earlier float gradient is ``held``, the int8 quantization (SPEC
+    §1) of the sum, which the layer then reports as its gradients too."""
     if held is None:
-        return _shaped(layer.grad_copy(WEIGHT), weight.shape)
+        return target
     total = layer.view(WEIGHT_FLOAT_GRAD, grad=True)
     total.add_(held.view(total.shape))
     q = distributed.quantize_int8(total)
@@ -153,6 +153,13 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     if reduced:
         distributed.before_backward(layer)
     _restore_state(ctx)
+    # The weight's gradient straight into the tensor handed on (no copy of the layer's),
+    # where it is handed on as the C backward leaves it.
+    target = None
+    if int8 and not reduced and held is None:
+        target = layer.weight_grad_into(weight.shape, torch.int8, weight.device)
+    elif not int8 and weight is not None and ctx.needs_input_grad[weight_index]:
+        target = layer.weight_grad_into(weight.shape, torch.float32, weight.device)
     if ctx.channels_last:  # the gradient in the forward's layout (a copy only if not so)
         g = grad_out.contiguous(memory_format=torch.channels_last)
     else:
@@ -166,9 +173,9 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
         # gradient averaged over the ranks (DDP skips int8 parameters).
         distributed.reduce_weight_grad(layer, weight, ctx.sync, held)
     elif int8:
-        set_int8_grad(weight, _int8_weight_grad(layer, weight, held), layer)
-    elif weight is not None and ctx.needs_input_grad[weight_index]:
-        grads[weight_index] = _shaped(layer.grad_copy(WEIGHT), weight.shape)
+        set_int8_grad(weight, _int8_weight_grad(layer, weight, held, target), layer)
+    elif target is not None:
+        grads[weight_index] = target
     if ctx.scale_a_shape is not None and ctx.needs_input_grad[scale_a_index]:
         grads[scale_a_index] = _shaped(layer.grad_copy(SCALE_A), ctx.scale_a_shape)
     if ctx.has_bias and ctx.needs_input_grad[bias_index]:

@@ -11,6 +11,7 @@ import torch
 
 import bie
 from bie import _lib
+from bie._layer import WEIGHT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -61,6 +62,39 @@ def test_cuda_layers_match_cpu_or_are_refused(cls, args, shape):
     cpu.set_weight_data(cpu.weight.detach().clone())
     x = torch.randn(*shape)
     assert torch.equal(gpu(x.cuda()).cpu(), cpu(x))
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_weight_gradient_is_written_where_autograd_keeps_it(prepare):
+    """On CUDA the backward writes the weight's gradient straight into the tensor autograd
+    makes weight.grad (no copy): the same values as a backward into the layer's own buffer,
+    weight_float_grad() reads it while it lives and fails clearly once it is gone."""
+    m = bie.BinaryLinearCutlass(64, 48, device="cuda")
+    if prepare:
+        m.prepare_params()  # int8 weight: weight.grad is the int8 gradient
+    x = torch.randn(16, 64, device="cuda")
+    g = torch.randn(16, 48, device="cuda")
+    m(x).backward(g)
+    first = m.weight.grad.clone()
+    float_first = m.weight_float_grad()
+    m.weight.grad = None
+    m(x).backward(g)
+    assert torch.equal(m.weight.grad, first)
+    ptr = m.weight.grad.data_ptr()
+    layer = m._layer
+    view = layer.view(WEIGHT, grad=True)
+    assert view.data_ptr() == ptr  # the layer's gradient is weight.grad's memory
+    torch.testing.assert_close(m.weight_float_grad(), float_first)
+    m.weight.grad = None  # the gradient's only holder lets it go
+    with pytest.raises(bie.BieError, match="freed"):
+        layer.view(WEIGHT, grad=True)
+    if not prepare:  # a float weight's float gradient is that tensor too
+        with pytest.raises(bie.BieError, match="freed"):
+            m.weight_float_grad()
+    else:  # an int8 weight's float gradient stays in the layer's own buffer
+        torch.testing.assert_close(m.weight_float_grad(), float_first)
+    m(x).backward(g)  # and the next backward starts over
+    assert torch.equal(m.weight.grad, first)
 
 
 @pytest.mark.parametrize("cls,args,shape", [

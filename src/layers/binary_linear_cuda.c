@@ -216,7 +216,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     if (l->saved_m > INT32_MAX)
         return bie_fail(BIE_ERR_OVERFLOW, "%s: %lld rows exceed the BLAS index range", who,
                         (long long)l->saved_m);
-    BIE_TRY(bie_cbw_reserve_grads(&c->d));
+    BIE_TRY(bie_cbw_reserve_grads(&c->d, l->wgrad_target));
     bie_cuda_bl_backward_args a = {
         .dtype = l->dtype,
         .m = l->saved_m,
@@ -229,14 +229,14 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .signs = c->abits,
         .mask = c->amask,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
-        .grad_w = c->d.g_w,
-        .grad_w_i8 = c->d.g_w_i8,
+        .grad_w = c->d.out_w,
+        .grad_w_i8 = c->d.out_w_i8,
         .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
         .fp8 = l->backward_mode == BIE_BACKWARD_FP8,
     };
     BIE_TRY(bie_cuda_binary_linear_backward(&a));
-    c->d.has_grads = true;
+    bie_cbw_grads_done(&c->d);
     return BIE_OK;
 }
 
@@ -248,5 +248,6 @@ const bie_layer_ops bie_binary_linear_cuda_ops = {
     .forward = forward,
     .forward_again = forward_again,
     .backward = backward,
+    .wgrad_target_direct = true,
     .check_backward_mode = bie_cuda_check_backward_mode,
 };

@@ -165,12 +165,16 @@ bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_
     const int64_t one = 1;
     if (!d->has_grads)
         return bie_fail(BIE_ERR_STATE, "%s: no gradients yet (run backward first)", d->module);
+    const bool f32_target = d->g_w_target && d->g_w_target_dtype == BIE_F32;
     switch (which) {
     case BIE_PARAM_WEIGHT:
+        if (d->g_w_target)
+            return bie_cbw_view(d->device, v, d->g_w_target, d->g_w_target_dtype, wndim, wshape);
         if (d->g_w_i8) return bie_cbw_view(d->device, v, d->g_w_i8, BIE_I8, wndim, wshape);
         return bie_cbw_view(d->device, v, d->g_w, BIE_F32, wndim, wshape);
     case BIE_PARAM_WEIGHT_FLOAT_GRAD:
-        return bie_cbw_view(d->device, v, d->g_w, BIE_F32, wndim, wshape);
+        return bie_cbw_view(d->device, v, f32_target ? d->g_w_target : d->g_w, BIE_F32, wndim,
+                            wshape);
     case BIE_PARAM_BIAS_A: return bie_cbw_view(d->device, v, d->g_bias, BIE_F32, 1, &d->bias_len);
     case BIE_PARAM_SCALE_A: return bie_cbw_view(d->device, v, d->g_scale, BIE_F32, 1, &one);
     default: break;
@@ -179,22 +183,34 @@ bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_
                     (int)which);
 }
 
-bie_status bie_cbw_reserve_grads(bie_cuda_bw *d) {
+bie_status bie_cbw_reserve_grads(bie_cuda_bw *d, void *target) {
     const size_t n = (size_t)(d->rows * d->cols);
-    if (d->g_w == NULL)
+    /* the float gradient: the target's place for a float weight, the layer's own for an int8
+     * one (the int8 quantization reads it; WEIGHT_FLOAT_GRAD views it) */
+    if (d->g_w == NULL && (d->w_i8 || target == NULL))
         BIE_TRY(bie_cbw_alloc((void **)&d->g_w, n * sizeof(float), d->module, "grad weight"));
     if (d->g_bias == NULL)
         BIE_TRY(bie_cbw_alloc((void **)&d->g_bias, (size_t)d->bias_len * sizeof(float), d->module,
                               "grad bias_a"));
     if (d->g_scale == NULL)
         BIE_TRY(bie_cbw_alloc((void **)&d->g_scale, sizeof(float), d->module, "grad scale_a"));
-    if (d->w_i8 && d->g_w_i8 == NULL)
+    if (d->w_i8 && d->g_w_i8 == NULL && target == NULL)
         BIE_TRY(bie_cbw_alloc((void **)&d->g_w_i8, n, d->module, "grad weight"));
     if (!d->w_i8) {
         bie_cbw_free_ptr(d->g_w_i8);
         d->g_w_i8 = NULL;
     }
+    d->out_w = d->w_i8 || target == NULL ? d->g_w : (float *)target;
+    d->out_w_i8 = d->w_i8 ? (target ? (int8_t *)target : d->g_w_i8) : NULL;
+    d->out_target = target;
     return BIE_OK;
+}
+
+void bie_cbw_grads_done(bie_cuda_bw *d) {
+    d->has_grads = true;
+    d->g_w_target = d->out_target;
+    d->g_w_target_dtype = d->w_i8 ? BIE_I8 : BIE_F32;
+    d->out_target = NULL;
 }
 
 bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a) {

@@ -30,10 +30,19 @@ typedef struct bie_cuda_bw {
      * writable view of scale_a was handed out (the value on the device then decides). */
     bool scale_a_known;
     unsigned version; /* bumped by every successful upload */
-    /* Gradients of the last backward. */
+    /* Gradients of the last backward. g_w_target: where that backward wrote the weight's
+     * gradient (bie_layer_set_weight_grad_target: caller memory of dtype g_w_target_dtype,
+     * in place of g_w_i8 for an int8 weight, else of g_w), or NULL. */
     bool has_grads;
     float *g_w, *g_bias, *g_scale;
     int8_t *g_w_i8;
+    void *g_w_target;
+    bie_dtype g_w_target_dtype;
+    /* The running backward's weight gradients (bie_cbw_reserve_grads): float and int8 (NULL
+     * for a float weight), and the target it was given. */
+    float *out_w;
+    int8_t *out_w_i8;
+    void *out_target;
 } bie_cuda_bw;
 
 /* Status of a CUDA runtime call, with `module` in the message. */
@@ -76,8 +85,13 @@ bie_status bie_cbw_param_common(bie_cuda_bw *d, bie_param which, int wndim, cons
 /* Gradient views of the last backward. */
 bie_status bie_cbw_grad(bie_cuda_bw *d, bie_param which, int wndim, const int64_t *wshape,
                         bie_tensor *v);
-/* Room for the gradients (int8 weight gradient only for an int8 weight). */
-bie_status bie_cbw_reserve_grads(bie_cuda_bw *d);
+/* Room for a backward's gradients (int8 weight gradient only for an int8 weight) and its
+ * weight-gradient destinations out_w / out_w_i8: `target` (the layer's wgrad_target, caller
+ * memory of the weight's gradient dtype, or NULL) in place of the layer's own buffer. */
+bie_status bie_cbw_reserve_grads(bie_cuda_bw *d, void *target);
+/* After a successful backward: its gradients are the layer's (views go to the target it was
+ * given, if any). */
+void bie_cbw_grads_done(bie_cuda_bw *d);
 
 bie_status bie_cbw_set_scale_a(bie_cuda_bw *d, float scale_a);
 /* scale_a = factor * mean|x| over n elements of x (device, dtype) when still 0. */

@@ -468,8 +468,65 @@ bie_status bie_layer_forward_again(bie_layer *l, bie_tensor *out) {
     return l->ops->forward_again(l, out);
 }
 
-bie_status bie_layer_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+/* The dtype of the weight's gradient (bie_layer_grad(WEIGHT)): I8 for an int8 training
+ * weight, else F32; an error where the layer has no training weight. */
+static bie_status weight_grad_dtype(const bie_layer *l, bie_dtype *dt, const char *who) {
+    if (!l->ops->weight->has_weight(l))
+        return bie_fail(BIE_ERR_STATE, "%s: the layer has no training weight", who);
+    *dt = l->ops->weight->weight_is_float(l) ? BIE_F32 : BIE_I8;
+    return BIE_OK;
+}
+
+bie_status bie_layer_set_weight_grad_target(bie_layer *l, const bie_tensor *target) {
+    static const char *who = "bie_layer_set_weight_grad_target";
     CHECK_LAYER(l);
+    if (target == NULL) {
+        l->wgrad_target = NULL;
+        return BIE_OK;
+    }
+    bie_dtype want = BIE_F32;
+    BIE_TRY(weight_grad_dtype(l, &want, who));
+    bie_tensor host;
+    BIE_TRY(l->ops->device->on_device(l, target, "target", who, &host));
+    if (target->dtype != want)
+        return bie_fail(BIE_ERR_DTYPE, "%s: target is %s, the weight's gradient %s", who,
+                        bie_dtype_name(target->dtype), bie_dtype_name(want));
+    int64_t shape[4];
+    const int ndim = bie_layer_weight_shape(l, shape);
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    if (bie_tensor_numel(target) != numel)
+        return bie_fail(BIE_ERR_SHAPE, "%s: target has %lld elements, the weight %lld", who,
+                        (long long)bie_tensor_numel(target), (long long)numel);
+    if (target->data == NULL && numel > 0)
+        return bie_fail(BIE_ERR_NULL_POINTER, "%s: target's data is NULL", who);
+    l->wgrad_target = target->data;
+    l->wgrad_target_dtype = want;
+    return BIE_OK;
+}
+
+bie_status bie_layer_backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x) {
+    static const char *who = "bie_layer_backward";
+    CHECK_LAYER(l);
+    if (l->wgrad_target) { /* prepare_params may have changed the weight since it was set */
+        bie_dtype now = BIE_F32;
+        BIE_TRY(weight_grad_dtype(l, &now, who));
+        if (now != l->wgrad_target_dtype)
+            return bie_fail(BIE_ERR_STATE,
+                            "%s: the weight's gradient target is %s but the gradient is now %s "
+                            "(set the target again)",
+                            who, bie_dtype_name(l->wgrad_target_dtype), bie_dtype_name(now));
+    }
     bie_blas_threads(); /* the CPU backward's float GEMMs (OpenBLAS) in this thread */
-    return l->ops->backward(l, grad_out, grad_x);
+    BIE_TRY(l->ops->backward(l, grad_out, grad_x));
+    if (l->wgrad_target && !l->ops->wgrad_target_direct) { /* host memory (CPU layers) */
+        bie_tensor v;
+        const bie_status st = bie_layer_grad(l, BIE_PARAM_WEIGHT, &v);
+        if (st == BIE_OK && bie_tensor_numel(&v) > 0)
+            memcpy(l->wgrad_target, v.data, (size_t)bie_tensor_numel(&v) * bie_dtype_size(v.dtype));
+        l->wgrad_target = NULL;
+        return st;
+    }
+    l->wgrad_target = NULL;
+    return BIE_OK;
 }

@@ -71,8 +71,12 @@ struct bie_layer {
     float saved_scale_a, saved_scale_w;
 
     bie_layer_grads grads; /* of the last backward (CPU) */
-    bie_workspace ws;      /* the forward's scratch memory, grown and reused */
-    void *backend;         /* device-private state (NULL on the CPU) */
+    /* bie_layer_set_weight_grad_target: where the next backward writes the weight's gradient
+     * (caller memory on the layer's device, of dtype wgrad_target_dtype), or NULL. */
+    void *wgrad_target;
+    bie_dtype wgrad_target_dtype;
+    bie_workspace ws; /* the forward's scratch memory, grown and reused */
+    void *backend;    /* device-private state (NULL on the CPU) */
 };
 
 /* The weight's operations on one device, shared by the kinds of one weight format. Each
@@ -122,6 +126,9 @@ struct bie_layer_ops {
     /* The last training forward's output again from what it kept (NULL: not offered). */
     bie_status (*forward_again)(bie_layer *l, bie_tensor *out);
     bie_status (*backward)(bie_layer *l, const bie_tensor *grad_out, bie_tensor *grad_x);
+    /* The backward writes the weight's gradient into l->wgrad_target itself when one is set
+     * (else bie_layer_backward copies it there afterwards). */
+    bool wgrad_target_direct;
     /* Whether the layer can run a non-exact backward mode (NULL: EXACT only). */
     bie_status (*check_backward_mode)(const bie_layer *l, int mode, const char *who);
     bool channels_last; /* forward and backward take NHWC activations (conv kinds) */

@@ -280,7 +280,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     int64_t cells;
     if (!bie_mul_ok(rows, K, &cells) || rows > INT32_MAX || cells > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_OVERFLOW, "%s: too large for the BLAS index range", who);
-    BIE_TRY(bie_cbw_reserve_grads(&c->d));
+    BIE_TRY(bie_cbw_reserve_grads(&c->d, l->wgrad_target));
     bie_cuda_q4conv_backward_args a = {
         .dtype = l->dtype,
         .g = g,
@@ -293,12 +293,12 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .mask = c->mask,
         .resid = c->resid,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
-        .grad_w = c->d.g_w,
+        .grad_w = c->d.out_w,
         .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_q4_conv2d_backward(&a));
-    c->d.has_grads = true;
+    bie_cbw_grads_done(&c->d);
     return BIE_OK;
 }
 
@@ -309,4 +309,5 @@ const bie_layer_ops bie_q4_conv2d_cuda_ops = {
     .release = release,
     .forward = forward,
     .backward = backward,
+    .wgrad_target_direct = true,
 };

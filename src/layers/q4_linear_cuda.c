@@ -177,7 +177,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
     if (grad_x)
         BIE_TRY(
             bie_cbw_check_tensor(l->device.index, grad_x, "grad_x", l->dtype, l->in, &like, who));
-    BIE_TRY(bie_cbw_reserve_grads(&c->d));
+    BIE_TRY(bie_cbw_reserve_grads(&c->d, l->wgrad_target));
     bie_cuda_q4l_backward_args a = {
         .dtype = l->dtype,
         .m = l->saved_m,
@@ -192,12 +192,12 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .mask = c->amask,
         .resid = c->aresid,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
-        .grad_w = c->d.g_w,
+        .grad_w = c->d.out_w,
         .grad_bias = c->d.g_bias,
         .grad_scale_a = c->d.g_scale,
     };
     BIE_TRY(bie_cuda_q4_linear_backward(&a));
-    c->d.has_grads = true;
+    bie_cbw_grads_done(&c->d);
     return BIE_OK;
 }
 
@@ -208,4 +208,5 @@ const bie_layer_ops bie_q4_linear_cuda_ops = {
     .release = release,
     .forward = forward,
     .backward = backward,
+    .wgrad_target_direct = true,
 };
