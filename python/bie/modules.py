@@ -54,6 +54,16 @@ def _seed_from_torch():
     return int(torch.randint(0, 2 ** 62, (1,)).item())
 
 
+def _parameter(name, view):
+    """The module's Parameter ``name`` over the layer's buffer ``view``; scale_a is marked
+    (``_bie_scale_a``) for SignFlip's ``scale_a_floor``."""
+    learnable = name in _LEARNABLE and view.is_floating_point()
+    p = nn.Parameter(view, requires_grad=learnable)
+    if name == "scale_a":
+        p._bie_scale_a = True
+    return p
+
+
 class _BieLayerModule(nn.Module):
     """What every bie module shares: the C layer, its parameters as torch views, life cycle."""
 
@@ -85,8 +95,7 @@ class _BieLayerModule(nn.Module):
             if (not force and current is not None and current.data_ptr() == view.data_ptr()
                     and current.dtype == view.dtype and current.shape == view.shape):
                 continue
-            learnable = name in _LEARNABLE and view.is_floating_point()
-            self._parameters[name] = nn.Parameter(view, requires_grad=learnable)
+            self._parameters[name] = _parameter(name, view)
         self._remember()
 
     def _remember(self):
@@ -131,8 +140,7 @@ class _BieLayerModule(nn.Module):
                 if grad is not None:
                     current.grad = grad.to(view.device)
             else:
-                learnable = name in _LEARNABLE and view.is_floating_point()
-                self._parameters[name] = nn.Parameter(view, requires_grad=learnable)
+                self._parameters[name] = _parameter(name, view)
         self._remember()
         self.device, self.dtype = new.device, new.dtype
         self._layer_args = (new.sizes, new.device, new.symmetric, new.dtype)

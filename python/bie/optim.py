@@ -70,11 +70,19 @@ class SignFlip(torch.optim.Optimizer):
     for any number of float parameters. The float parameters then differ from the default
     mode's in the last bits (float32 bias corrections), as in torch; the first step (it
     draws the sign-flip state) must run before a capture.
+
+    ``scale_a_floor=f`` (a fraction in (0, 1]; off by default, as SPEC §5 has none) keeps
+    each bie layer's ``scale_a`` at or above ``f`` times the value its first step left it
+    with, a projection after each step (``bie train`` does the same with 0.5). Adam moves a
+    parameter by about ``float_lr`` a step whatever its gradient's size, so an activation
+    scale of a few tenths can be driven through zero within a few epochs; the layer's
+    straight-through window then closes and training collapses.
     """
 
     def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), float_lr=1e-3,
                  float_betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 decoupled_weight_decay=True, seed=None, foreach=True, capturable=False):
+                 decoupled_weight_decay=True, seed=None, foreach=True, capturable=False,
+                 scale_a_floor=None):
         for name, value in (("lr", lr), ("float_lr", float_lr), ("eps", eps)):
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"SignFlip: {name} must be finite and > 0, got {value}")
@@ -83,10 +91,13 @@ class SignFlip(torch.optim.Optimizer):
                 raise ValueError(f"SignFlip: {name} must be two values in [0, 1), got {pair}")
         if not math.isfinite(weight_decay) or weight_decay < 0:
             raise ValueError(f"SignFlip: weight_decay must be finite and >= 0, got {weight_decay}")
+        if scale_a_floor is not None and not 0.0 < scale_a_floor <= 1.0:
+            raise ValueError(f"SignFlip: scale_a_floor must be None or in (0, 1], got "
+                             f"{scale_a_floor}")
         defaults = dict(lr=lr, betas=tuple(betas), float_lr=float_lr,
                         float_betas=tuple(float_betas), eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay,
-                        capturable=bool(capturable))
+                        capturable=bool(capturable), scale_a_floor=scale_a_floor)
         super().__init__(params, defaults)
         if seed is None:
             seed = _same_on_every_rank(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
@@ -159,6 +170,7 @@ class SignFlip(torch.optim.Optimizer):
             counts.setdefault(device, []).append(count)
         for (k, _, _), params in floats.items():
             self._adam(params, self.param_groups[k])
+            self._floor_scales(params, self.param_groups[k])
         self._flip_counts = [c[0] if len(c) == 1 else torch.stack(c).sum()
                              for c in counts.values()]
         return loss
@@ -188,6 +200,27 @@ class SignFlip(torch.optim.Optimizer):
                                     p.grad.to(torch.float32), group["lr"], beta1, beta2)
                   for p in params]
         return counts[0] if len(counts) == 1 else torch.stack(counts).sum()
+
+    def _floor_scales(self, params, group):
+        """scale_a_floor: every bie layer's scale_a among ``params`` (float parameters of
+        one device and dtype) at or above that fraction of its value after its first step;
+        on the device, no wait."""
+        fraction = group.get("scale_a_floor")
+        scales = [p for p in params if getattr(p, "_bie_scale_a", False)] if fraction else []
+        if not scales:
+            return
+        floors = []
+        for p in scales:
+            state = self.state[p]
+            if "scale_a_floor" not in state:  # its first step sets the floor
+                state["scale_a_floor"] = p.detach().mul(fraction)
+            floors.append(state["scale_a_floor"])
+        values = [p.detach() for p in scales]
+        if self.foreach and hasattr(torch, "_foreach_maximum_"):
+            torch._foreach_maximum_(values, floors)
+        else:
+            for value, floor in zip(values, floors):
+                torch.maximum(value, floor, out=value)
 
     @staticmethod
     def _flip_tensor(w, m, v, g, lr, beta1, beta2):

@@ -23,6 +23,7 @@ Data: Debian's dataset-fashion-mnist (IDX files in /usr/share/datasets/fashion-m
 import argparse
 import contextlib
 import gzip
+import math
 import pathlib
 import struct
 import sys
@@ -141,7 +142,10 @@ def main(argv=None):
         if args.backward != "exact" and isinstance(module, (bie.BinaryConv2dCutlass,
                                                             bie.BinaryLinearCutlass)):
             module.backward_mode = args.backward
-    optimizer = bie.SignFlip(model.parameters(), lr=args.binary_lr, float_lr=args.lr)
+    # scale_a kept at or above half its first value, as bie train does (Adam would drive an
+    # activation scale through zero within a few epochs, and the accuracy collapse)
+    optimizer = bie.SignFlip(model.parameters(), lr=args.binary_lr, float_lr=args.lr,
+                             scale_a_floor=0.5)
     steps = args.epochs * ((len(x_train) + args.batch_size - 1) // args.batch_size)
     print(f"libbie {bie.version()} ({bie.library_path()}), CPU kernels {bie.cpu_kernel_set()}, "
           f"{len(x_train)} training images, {steps} steps, {device.type}"
@@ -158,9 +162,12 @@ def main(argv=None):
             idx = order[i:i + args.batch_size]
             if len(idx) < 2:  # batch norm needs two samples
                 continue
-            for group in optimizer.param_groups:  # cosine decay of the float rate
-                group["float_lr"] = args.lr * 0.5 * (1 + torch.cos(torch.tensor(
-                    torch.pi * step / steps)).item())
+            # cosine decay of both rates, as bie train's schedule (a constant sign-flip rate
+            # of 0.1 keeps flipping a tenth of the weights an epoch and the accuracy collapses)
+            factor = 0.5 * (1 + math.cos(math.pi * step / steps))
+            for group in optimizer.param_groups:
+                group["float_lr"] = args.lr * factor
+                group["lr"] = args.binary_lr * factor
             optimizer.zero_grad()
             with autocast:
                 loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])

@@ -158,6 +158,41 @@ def test_bad_optimizer_options():
         bie.SignFlip([nn.Parameter(torch.ones(1))], betas=(0.9, 1.0))
 
 
+def test_scale_a_floor_keeps_the_activation_scales_up():
+    """scale_a_floor: each bie layer's scale_a stays at or above the fraction of its value
+    after the first step; other float parameters (bias_a) take plain Adam steps."""
+    torch.manual_seed(0)
+    layers = [bie.BinaryLinearCutlass(12, 5), bie.Q4LinearCutlass(12, 5)]
+    x = torch.randn(8, 12)
+    for layer in layers:
+        layer(x)  # scale_a measured from x
+    params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
+    free = [p.detach().clone() for p in params]
+    floored = bie.SignFlip(params, float_lr=0.05, scale_a_floor=0.5)
+    after_first = None
+    for step in range(40):  # a gradient that drives everything down
+        for p in params:
+            p.grad = torch.ones_like(p)
+        floored.step()
+        if step == 0:
+            after_first = [layer.scale_a.detach().clone() for layer in layers]
+    for layer, first in zip(layers, after_first):
+        assert float(first) > 0
+        torch.testing.assert_close(layer.scale_a.detach(), first * 0.5)
+        assert float(layer.bias_a.min()) < -1.0  # unfloored: 40 steps of about 0.05
+    # without the option the same steps take scale_a through zero
+    plain = [nn.Parameter(t) for t in free]
+    opt = bie.SignFlip(plain, float_lr=0.05)
+    for _ in range(40):
+        for p in plain:
+            p.grad = torch.ones_like(p)
+        opt.step()
+    assert min(float(p.min()) for p in plain if p.numel() == 1) < 0
+    for bad in (0.0, 1.5, -0.5):
+        with pytest.raises(ValueError):
+            bie.SignFlip(params, scale_a_floor=bad)
+
+
 def _model():
     return nn.Sequential(
         bie.BinaryConv2dCutlass(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.PReLU(),
