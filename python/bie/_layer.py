@@ -195,8 +195,9 @@ class Layer:
         self._param = _lib.function("bie_layer_param")
         self._grad = _lib.function("bie_layer_grad")
         self._set_wgrad_target = _lib.function("bie_layer_set_weight_grad_target")
-        # weight_grad_into: the tensor for the next backward (held until it runs), then a
-        # weak reference to it and its dtype while the layer's gradient views point into it
+        # weight_grad_into: (the tensor, its weight) for the next backward (held until it
+        # runs); then (a weak reference to the weight, the tensor's address, its dtype) while
+        # the layer's gradient views point into it
         self._wgrad_pending = None
         self._wgrad_target = None
         handle = ctypes.c_void_p()
@@ -447,28 +448,37 @@ class Layer:
         ctypes.memmove(out.data_ptr(), d.data, out.numel() * out.element_size())
         return out
 
-    def weight_grad_into(self, shape, dtype, device):
-        """A fresh torch tensor that the next backward puts the weight's gradient into
-        (``bie_layer_set_weight_grad_target``: on CUDA written there, no copy afterwards).
-        Only a weak reference is kept after the backward, so that autograd can hand the tensor
-        on as ``weight.grad`` without a copy; the layer's views of that gradient then fail
-        once it is gone (see _check_grad_view)."""
-        target = torch.empty(shape, dtype=dtype, device=device)
+    def weight_grad_into(self, weight, dtype):
+        """A fresh torch tensor shaped like ``weight`` that the next backward puts the
+        weight's gradient into (``bie_layer_set_weight_grad_target``: on CUDA written there,
+        no copy afterwards), for the caller to hand on as ``weight.grad``. Only a weak
+        reference to the weight is kept after the backward, so that autograd takes the tensor
+        as the gradient without a copy (it copies a tensor referenced elsewhere); the layer's
+        views of that gradient then fail once ``weight.grad`` is no longer it
+        (_check_grad_view)."""
+        target = torch.empty(weight.shape, dtype=dtype, device=weight.device)
         _lib.check(self._set_wgrad_target(self.handle, ctypes.byref(
             describe(target, what="weight gradient"))))
-        self._wgrad_pending = target
+        self._wgrad_pending = (target, weight)
         return target
 
     def _check_grad_view(self, which):
         """On CUDA the last backward's weight gradient may live in a weight_grad_into tensor
-        (WEIGHT; WEIGHT_FLOAT_GRAD too for a float weight): fail if that tensor is gone."""
+        (WEIGHT; WEIGHT_FLOAT_GRAD too for a float weight), valid while it is the weight's
+        ``.grad`` (autograd keeps it there, or adds it into an earlier gradient and lets it
+        go): fail if it is not."""
         if self._wgrad_target is None or which not in (WEIGHT, WEIGHT_FLOAT_GRAD):
             return
-        ref, dtype = self._wgrad_target
-        if (which == WEIGHT or dtype == torch.float32) and ref() is None:
+        ref, ptr, dtype = self._wgrad_target
+        if which == WEIGHT_FLOAT_GRAD and dtype != torch.float32:
+            return  # an int8 weight's float gradient stays in the layer's own buffer
+        weight = ref()
+        grad = weight.grad if weight is not None else None
+        if grad is None or grad.data_ptr() != ptr:
             fail(_lib.ERR_STATE, f"{self.kind}: the last backward wrote the weight's gradient "
-                 "into a tensor handed on as weight.grad, which has been freed since; read "
-                 "weight.grad instead")
+                 "into the tensor it handed on as weight.grad, which weight.grad no longer is "
+                 "(reset, replaced, or added into an earlier gradient) and which has been freed "
+                 "since; read weight.grad instead")
 
     # -------------------------------------------------------------- forward / backward
 
@@ -530,8 +540,10 @@ class Layer:
                 self._set_wgrad_target(self.handle, None)
             raise
         # where the layer's weight gradient views point now (CPU layers copy into the target)
-        self._wgrad_target = ((weakref.ref(pending), pending.dtype)
-                              if pending is not None and self.is_cuda else None)
+        self._wgrad_target = None
+        if pending is not None and self.is_cuda:
+            target, weight = pending
+            self._wgrad_target = (weakref.ref(weight), target.data_ptr(), target.dtype)
         return grad_x
 
 

@@ -157,9 +157,9 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     # where it is handed on as the C backward leaves it.
     target = None
     if int8 and not reduced and held is None:
-        target = layer.weight_grad_into(weight.shape, torch.int8, weight.device)
+        target = layer.weight_grad_into(weight, torch.int8)
     elif not int8 and weight is not None and ctx.needs_input_grad[weight_index]:
-        target = layer.weight_grad_into(weight.shape, torch.float32, weight.device)
+        target = layer.weight_grad_into(weight, torch.float32)
     if ctx.channels_last:  # the gradient in the forward's layout (a copy only if not so)
         g = grad_out.contiguous(memory_format=torch.channels_last)
     else:

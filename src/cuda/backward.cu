@@ -72,17 +72,50 @@ __device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float
 // reduces from it, in one pass. Block (x, y) covers the 1024 columns 1024 x .. 1024 x + 1023
 // and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp w of the
 // block owns the 128 columns 1024 x + 128 w .., lane l four of them (c = .. + 4 l), and walks
-// every row of the group, kMaskRows rows a step with all their loads issued first (a warp's load
-// of a row is 512 contiguous bytes of g; its store 256 or 512 bytes of grad_x). The mask and
-// sign bits of a lane's columns are four bits of one 32-bit word of the row (eight lanes load
-// the same word). Writes grad_x (if asked), the group's column sums col_part[y][c] (double,
-// each lane summing its rows in order) and the block's sum of grad_x * sign(x')
-// dot_part[y][x] (its lanes' sums added in a fixed order).
-// Q4 (the 4-bit layers): the clip bits are flat over the m k elements (bit r k + c), and the
-// dot is of grad_x with the rounding residuals resid [m, k] instead, each product exact in
-// double (the caller divides by 254); a lane's four clip bits come from one byte and its four
-// residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
+// every row of the group, kMaskRows rows a step (twice as many for 16-bit g) with all their loads
+// issued first (a warp's load of a row is 512 contiguous bytes of g; its store 256 or 512 bytes of
+// grad_x). The mask and sign bits of a lane's columns are four bits of one 32-bit word of the row
+// (eight lanes load the same word). Writes grad_x (if asked), the group's column sums
+// col_part[y][c] (double, each lane summing its rows in order) and the block's sum of grad_x *
+// sign(x') dot_part[y][x] (its lanes' sums added in a fixed order). Q4 (the 4-bit layers): the clip
+// bits are flat over the m k elements (bit r k + c), and the dot is of grad_x with the rounding
+// residuals resid [m, k] instead, each product exact in double (the caller divides by 254); a
+// lane's four clip bits come from one byte and its four residuals from one 4-byte load where vec_r
+// (k % 4 == 0, resid 4-byte aligned).
 constexpr int kMaskRows = 8;
+// A lane's four values of one row of g as loaded: f32 as floats; 16-bit values kept packed in
+// one 8-byte register pair until used, so that the 16-bit form keeps twice the rows (the same
+// bytes) in flight in about the same registers.
+template <typename G> struct Quad {
+    uint2 raw;
+    __device__ __forceinline__ void clear() { raw = make_uint2(0u, 0u); }
+    __device__ __forceinline__ void load(const G *p, bool vec, int64_t left) {
+        if (vec && left >= 4) {
+            raw = __ldg(reinterpret_cast<const uint2 *>(p));
+            return;
+        }
+        unsigned short h[4] = {0, 0, 0, 0};
+        for (int e = 0; e < 4 && e < left; e++)
+            h[e] = __ldg(reinterpret_cast<const unsigned short *>(p) + e);
+        raw = make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16);
+    }
+    __device__ __forceinline__ float at(int e) const {
+        const unsigned w = e < 2 ? raw.x : raw.y, bits = (e & 1) ? w >> 16 : w & 0xffffu;
+        if constexpr (std::is_same<G, __half>::value)
+            return __half2float(__ushort_as_half((unsigned short)bits));
+        else
+            return __uint_as_float(bits << 16);  // bfloat16: the high half of a float
+    }
+};
+template <> struct Quad<float> {
+    float v[4];
+    __device__ __forceinline__ void clear() { v[0] = v[1] = v[2] = v[3] = 0.0f; }
+    __device__ __forceinline__ void load(const float *p, bool vec, int64_t left) {
+        load_n(p, vec, left, v);
+    }
+    __device__ __forceinline__ float at(int e) const { return v[e]; }
+};
+
 template <typename T, typename G, bool Q4>
 __global__ void __launch_bounds__(256)
     mask_reduce(const G *__restrict__ g, int64_t m, int64_t k, int64_t ld,
@@ -97,21 +130,23 @@ __global__ void __launch_bounds__(256)
     const int64_t y = blockIdx.y;
     const int64_t r0 = y * m / gridDim.y, r1 = (y + 1) * m / gridDim.y;
     double col[4] = {0.0, 0.0, 0.0, 0.0}, dot = 0.0;
+    constexpr int R = sizeof(G) == 4 ? kMaskRows : 2 * kMaskRows;  // rows of loads in flight
     if (left > 0) {
         const int64_t w = c >> 5;
         const int sh = (int)(c & 31);
-        for (int64_t r = r0; r < r1; r += kMaskRows) {
-            float v[kMaskRows][4];
-            unsigned mb[kMaskRows], sb[kMaskRows];
-            int rs[kMaskRows][4];
+        for (int64_t r = r0; r < r1; r += R) {
+            Quad<G> q[R];
+            unsigned mb[R], sb[R];
+            int rs[R][4];
 #pragma unroll
-            for (int i = 0; i < kMaskRows; i++) {
+            for (int i = 0; i < R; i++) {
                 const int64_t row = r + i;
                 mb[i] = sb[i] = 0u;
+                q[i].clear();
 #pragma unroll
-                for (int e = 0; e < 4; e++) v[i][e] = 0.0f, rs[i][e] = 0;
+                for (int e = 0; e < 4; e++) rs[i][e] = 0;
                 if (row >= r1) continue;
-                load_n(g + row * k + c, vec_g, left, v[i]);
+                q[i].load(g + row * k + c, vec_g, left);
                 if constexpr (Q4) {
                     const int64_t at = row * k + c;
                     if (vec_r && left >= 4) {
@@ -130,22 +165,23 @@ __global__ void __launch_bounds__(256)
                 }
             }
 #pragma unroll
-            for (int i = 0; i < kMaskRows; i++) {
+            for (int i = 0; i < R; i++) {
                 if (r + i >= r1) break;
                 Dot rowdot = 0;
+                float v[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const bool on = (mb[i] >> e) & 1;
-                    v[i][e] = on ? v[i][e] : 0.0f;
+                    v[e] = on ? q[i].at(e) : 0.0f;
                     if constexpr (Q4) {
-                        if (on) rowdot += (double)v[i][e] * (double)rs[i][e];
+                        if (on) rowdot += (double)v[e] * (double)rs[i][e];
                     } else {
-                        rowdot += (sb[i] >> e) & 1 ? v[i][e] : -v[i][e];
+                        rowdot += (sb[i] >> e) & 1 ? v[e] : -v[e];
                     }
-                    col[e] += v[i][e];
+                    col[e] += v[e];
                 }
                 dot += rowdot;
-                if (grad_x) store4(grad_x + (r + i) * k + c, vec_x, left, v[i]);
+                if (grad_x) store4(grad_x + (r + i) * k + c, vec_x, left, v);
             }
         }
 #pragma unroll
@@ -335,19 +371,19 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     return ws.release(s);
 }
 
-MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4) {
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm) {
     MaskPass p;
     p.col_blocks = (unsigned)((k + 1023) / 1024);
     // Row groups: one wave of long blocks on a 132-SM device (three resident blocks an SM for
-    // the binary form's registers, two for the 4-bit one's; each lane keeps kMaskRows rows of
-    // loads in flight), at least 16 rows a group. The same grid on every device, so that the
-    // sums come out the same. BIE_CUDA_MASK_BLOCKS=N asks for N blocks instead (to time one
-    // grid against another).
+    // the binary form's registers on f32 g; two for the 4-bit form's and for 16-bit g, which
+    // keeps twice the rows of loads in flight), at least 16 rows a group. The same grid on every
+    // device, so that the sums come out the same. BIE_CUDA_MASK_BLOCKS=N asks for N blocks instead
+    // (to time one grid against another).
     static const int64_t asked = [] {
         const char *e = std::getenv("BIE_CUDA_MASK_BLOCKS");
         return e ? (int64_t)std::max(1, std::atoi(e)) : (int64_t)0;
     }();
-    const int64_t blocks = asked ? asked : q4 ? 256 : 384;
+    const int64_t blocks = asked ? asked : two_per_sm ? 256 : 384;
     const int64_t want = (blocks + p.col_blocks - 1) / p.col_blocks;
     p.groups = (unsigned)std::max<int64_t>(1, std::min<int64_t>(want, (m + 15) / 16));
     p.dot_bytes = (size_t)p.groups * p.col_blocks * sizeof(double);
@@ -387,7 +423,9 @@ BIE_MASK_PASS(__half, __half);
 template <typename T>
 bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
     const int64_t m = a.m, n = a.n, k = a.k;
-    const MaskPass p = mask_pass_shape(m, k, false);
+    // the FP8 products leave g in T: for 16-bit layers the mask pass's registers then allow
+    // two blocks an SM
+    const MaskPass p = mask_pass_shape(m, k, fp8_backward_fits(a) && sizeof(T) == 2);
     // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
     // partial sums, amax partials.
     Workspace<4> ws;

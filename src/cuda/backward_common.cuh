@@ -51,7 +51,9 @@ struct MaskBits {
     int64_t ld;
     const int8_t *resid;  // set: the 4-bit form
 };
-MaskPass mask_pass_shape(int64_t m, int64_t k, bool q4);
+// two_per_sm: the form whose registers allow two resident blocks an SM (the 4-bit one, and g
+// in 16 bits), else three.
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm);
 template <typename T, typename G = float>
 void mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits, T *grad_x,
                double *dot_part, double *col_part, double denom, float *grad_bias,
