@@ -47,67 +47,60 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// p[0 .. min(4, left)) = v in T: one 16- or 8-byte store when `vec`.
-template <typename T>
-__device__ __forceinline__ void store4(T *p, bool vec, int64_t left, const float (&v)[4]) {
-    if (vec && left >= 4) {
+// p[0 .. min(V, left)) = v in T: one store of V values where `vec` (16 bytes, or 8 for four
+// 16-bit values).
+template <typename T, int V>
+__device__ __forceinline__ void store_n(T *p, bool vec, int64_t left, const float (&v)[V]) {
+    static_assert(V * sizeof(T) == 16 || V * sizeof(T) == 8, "one 8- or 16-byte store");
+    if (vec && left >= V) {
         if constexpr (sizeof(T) == 4) {
             *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
         } else {
-            uint2 raw;
-            T *e = reinterpret_cast<T *>(&raw);
+            unsigned w[V / 2];
 #pragma unroll
-            for (int j = 0; j < 4; j++) e[j] = from_f32<T>(v[j]);
-            *reinterpret_cast<uint2 *>(p) = raw;
+            for (int j = 0; j < V / 2; j++)
+                w[j] = (unsigned)bits_of(from_f32<T>(v[2 * j])) |
+                       (unsigned)bits_of(from_f32<T>(v[2 * j + 1])) << 16;
+            if constexpr (V == 8)
+                *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+            else
+                *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
         }
     } else {
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+        for (int e = 0; e < V; e++)
             if (e < left) p[e] = from_f32<T>(v[e]);
     }
 }
 
-// The clip mask applied to g [m, k] (grad_x before the mask, G: f32, or the layer's 16-bit type
-// where the FP8 products wrote it) and everything the backward
-// reduces from it, in one pass. Block (x, y) covers the 1024 columns 1024 x .. 1024 x + 1023
-// and row group y of gridDim.y (rows y m / gridDim.y .. (y + 1) m / gridDim.y); warp w of the
-// block owns the 128 columns 1024 x + 128 w .., lane l four of them (c = .. + 4 l), and walks
-// every row of the group, kMaskRows rows a step (twice as many for 16-bit g) with all their loads
-// issued first (a warp's load of a row is 512 contiguous bytes of g; its store 256 or 512 bytes of
-// grad_x). The mask and sign bits of a lane's columns are four bits of one 32-bit word of the row
-// (eight lanes load the same word). Writes grad_x (if asked), the group's column sums
-// col_part[y][c] (double, each lane summing its rows in order) and the block's sum of grad_x *
-// sign(x') dot_part[y][x] (its lanes' sums added in a fixed order). Q4 (the 4-bit layers): the clip
-// bits are flat over the m k elements (bit r k + c), and the dot is of grad_x with the rounding
-// residuals resid [m, k] instead, each product exact in double (the caller divides by 254); a
-// lane's four clip bits come from one byte and its four residuals from one 4-byte load where vec_r
-// (k % 4 == 0, resid 4-byte aligned).
-constexpr int kMaskRows = 8;
-// A lane's four values of one row of g as loaded: f32 as floats; 16-bit values kept packed in
-// one 8-byte register pair until used, so that the 16-bit form keeps twice the rows (the same
-// bytes) in flight in about the same registers.
-template <typename G> struct Quad {
-    uint2 raw;
-    __device__ __forceinline__ void clear() { raw = make_uint2(0u, 0u); }
+// A lane's columns of one row of g as loaded: four f32 values; eight 16-bit values kept
+// packed in one 16-byte register quad until used (the same bytes a load, in fewer registers).
+template <typename G> struct LaneVals {
+    static constexpr int V = 8;
+    uint4 raw;
+    __device__ __forceinline__ void clear() { raw = make_uint4(0u, 0u, 0u, 0u); }
     __device__ __forceinline__ void load(const G *p, bool vec, int64_t left) {
-        if (vec && left >= 4) {
-            raw = __ldg(reinterpret_cast<const uint2 *>(p));
+        if (vec && left >= V) {
+            raw = __ldg(reinterpret_cast<const uint4 *>(p));
             return;
         }
-        unsigned short h[4] = {0, 0, 0, 0};
-        for (int e = 0; e < 4 && e < left; e++)
+        unsigned h[V] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int e = 0; e < V && e < left; e++)
             h[e] = __ldg(reinterpret_cast<const unsigned short *>(p) + e);
-        raw = make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16);
+        raw =
+            make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
     }
     __device__ __forceinline__ float at(int e) const {
-        const unsigned w = e < 2 ? raw.x : raw.y, bits = (e & 1) ? w >> 16 : w & 0xffffu;
+        const unsigned w = e < 2 ? raw.x : e < 4 ? raw.y : e < 6 ? raw.z : raw.w;
+        const unsigned bits = (e & 1) ? w >> 16 : w & 0xffffu;
         if constexpr (std::is_same<G, __half>::value)
             return __half2float(__ushort_as_half((unsigned short)bits));
         else
             return __uint_as_float(bits << 16);  // bfloat16: the high half of a float
     }
 };
-template <> struct Quad<float> {
+template <> struct LaneVals<float> {
+    static constexpr int V = 4;
     float v[4];
     __device__ __forceinline__ void clear() { v[0] = v[1] = v[2] = v[3] = 0.0f; }
     __device__ __forceinline__ void load(const float *p, bool vec, int64_t left) {
@@ -115,7 +108,24 @@ template <> struct Quad<float> {
     }
     __device__ __forceinline__ float at(int e) const { return v[e]; }
 };
+// Columns a lane of the mask pass takes: 4 of f32 g, 8 of 16-bit g (16 bytes a row either way).
+template <typename G> __host__ __device__ constexpr int mask_lane_cols() { return LaneVals<G>::V; }
 
+// The clip mask applied to g [m, k] (grad_x before the mask, G: f32, or the layer's 16-bit type
+// where the FP8 products wrote it) and everything the backward reduces from it, in one pass. A
+// lane owns V = mask_lane_cols<G>() columns (16 bytes of a row of g), a warp 32 V, a block 256 V:
+// block (x, y) covers columns 256 V x .. and row group y of gridDim.y (rows y m / gridDim.y ..
+// (y + 1) m / gridDim.y); warp w owns the columns 256 V x + 32 V w .., lane l those from
+// c = .. + V l, and walks every row of the group, kMaskRows rows a step with all their loads
+// issued first (a warp's load of a row is 512 contiguous bytes of g). The mask and sign bits of
+// a lane's columns are V bits of one 32-bit word of the row. Writes grad_x (if asked), the
+// group's column sums col_part[y][c] (double, each lane summing its rows in order) and the
+// block's sum of grad_x * sign(x') dot_part[y][x] (its lanes' sums added in a fixed order).
+// Q4 (the 4-bit layers, f32 g): the clip bits are flat over the m k elements (bit r k + c), and
+// the dot is of grad_x with the rounding residuals resid [m, k] instead, each product exact in
+// double (the caller divides by 254); a lane's four clip bits come from one byte and its four
+// residuals from one 4-byte load where vec_r (k % 4 == 0, resid 4-byte aligned).
+constexpr int kMaskRows = 8;
 template <typename T, typename G, bool Q4>
 __global__ void __launch_bounds__(256)
     mask_reduce(const G *__restrict__ g, int64_t m, int64_t k, int64_t ld,
@@ -123,19 +133,22 @@ __global__ void __launch_bounds__(256)
                 const int8_t *__restrict__ resid, bool vec_g, bool vec_x, bool vec_r,
                 T *__restrict__ grad_x, double *__restrict__ col_part,
                 double *__restrict__ dot_part) {
+    constexpr int V = mask_lane_cols<G>(), R = kMaskRows;
+    static_assert(!Q4 || V == 4, "the 4-bit form reads f32 g");
     using Dot = std::conditional_t<Q4, double, float>;
     __shared__ double dots[256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t c = (int64_t)blockIdx.x * 1024 + 128 * warp + 4 * lane, left = k - c;
+    const int64_t c = (int64_t)blockIdx.x * (256 * V) + 32 * V * warp + V * lane, left = k - c;
     const int64_t y = blockIdx.y;
     const int64_t r0 = y * m / gridDim.y, r1 = (y + 1) * m / gridDim.y;
-    double col[4] = {0.0, 0.0, 0.0, 0.0}, dot = 0.0;
-    constexpr int R = sizeof(G) == 4 ? kMaskRows : 2 * kMaskRows;  // rows of loads in flight
+    double col[V], dot = 0.0;
+#pragma unroll
+    for (int e = 0; e < V; e++) col[e] = 0.0;
     if (left > 0) {
         const int64_t w = c >> 5;
         const int sh = (int)(c & 31);
         for (int64_t r = r0; r < r1; r += R) {
-            Quad<G> q[R];
+            LaneVals<G> q[R];
             unsigned mb[R], sb[R];
             int rs[R][4];
 #pragma unroll
@@ -151,8 +164,8 @@ __global__ void __launch_bounds__(256)
                     const int64_t at = row * k + c;
                     if (vec_r && left >= 4) {
                         mb[i] = (unsigned)mask[at >> 3] >> (at & 7);  // at % 4 == 0: one byte
-                        const char4 q = *reinterpret_cast<const char4 *>(resid + at);
-                        rs[i][0] = q.x, rs[i][1] = q.y, rs[i][2] = q.z, rs[i][3] = q.w;
+                        const char4 qr = *reinterpret_cast<const char4 *>(resid + at);
+                        rs[i][0] = qr.x, rs[i][1] = qr.y, rs[i][2] = qr.z, rs[i][3] = qr.w;
                     } else {
                         for (int e = 0; e < 4 && e < left; e++) {
                             mb[i] |= (unsigned)bit_at(mask, at + e) << e;
@@ -168,9 +181,9 @@ __global__ void __launch_bounds__(256)
             for (int i = 0; i < R; i++) {
                 if (r + i >= r1) break;
                 Dot rowdot = 0;
-                float v[4];
+                float v[V];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < V; e++) {
                     const bool on = (mb[i] >> e) & 1;
                     v[e] = on ? q[i].at(e) : 0.0f;
                     if constexpr (Q4) {
@@ -181,11 +194,11 @@ __global__ void __launch_bounds__(256)
                     col[e] += v[e];
                 }
                 dot += rowdot;
-                if (grad_x) store4(grad_x + (r + i) * k + c, vec_x, left, v);
+                if (grad_x) store_n<T, V>(grad_x + (r + i) * k + c, vec_x, left, v);
             }
         }
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+        for (int e = 0; e < V; e++)
             if (e < left) col_part[y * k + c + e] = col[e];
     }
     dots[threadIdx.x] = dot;
@@ -371,9 +384,10 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     return ws.release(s);
 }
 
-MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm) {
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm, int lane_cols) {
     MaskPass p;
-    p.col_blocks = (unsigned)((k + 1023) / 1024);
+    p.lane_cols = lane_cols;
+    p.col_blocks = (unsigned)((k + 256 * lane_cols - 1) / (256 * lane_cols));
     // Row groups: one wave of long blocks on a 132-SM device (three resident blocks an SM for
     // the binary form's registers on f32 g; two for the 4-bit form's and for 16-bit g, which
     // keeps twice the rows of loads in flight), at least 16 rows a group. The same grid on every
@@ -392,27 +406,37 @@ MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm) {
 }
 
 template <typename T, typename G>
-void mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits, T *grad_x,
-               double *dot_part, double *col_part, double denom, float *grad_bias,
-               float *grad_scale_a) {
+bie_status mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits,
+                     T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+                     float *grad_scale_a) {
+    if (p.lane_cols != mask_lane_cols<G>())  // a shape made for the other form of g
+        return bie_fail(BIE_ERR_INTERNAL, "mask pass: a shape of %d columns a lane for g of %d",
+                        p.lane_cols, mask_lane_cols<G>());
     const dim3 grid(p.col_blocks, p.groups);
     const bool vec_g = rows_aligned16<G>(g, k), vec_x = rows_aligned16<T>(grad_x, k);
     const bool vec_r = k % 4 == 0 && reinterpret_cast<uintptr_t>(bits.resid) % 4 == 0;
-    if (bits.resid)
-        mask_reduce<T, G, true><<<grid, 256, 0, current_stream>>>(g, m, k, 0, bits.mask, nullptr,
-                                                                  bits.resid, vec_g, vec_x, vec_r,
-                                                                  grad_x, col_part, dot_part);
-    else
+    bool q4 = false;
+    if constexpr (sizeof(G) == 4) {
+        if (bits.resid) {  // the 4-bit form (f32 g only)
+            mask_reduce<T, G, true>
+                <<<grid, 256, 0, current_stream>>>(g, m, k, 0, bits.mask, nullptr, bits.resid,
+                                                   vec_g, vec_x, vec_r, grad_x, col_part, dot_part);
+            q4 = true;
+        }
+    }
+    if (!q4)
         mask_reduce<T, G, false>
             <<<grid, 256, 0, current_stream>>>(g, m, k, bits.ld, bits.mask, bits.signs, nullptr,
                                                vec_g, vec_x, false, grad_x, col_part, dot_part);
     col_sums_final<<<(unsigned)((k + 31) / 32), 256, 0, current_stream>>>(col_part, p.groups, k,
                                                                           grad_bias);
     sum_over(dot_part, (int64_t)p.groups * p.col_blocks, denom, grad_scale_a);
+    return BIE_OK;
 }
-#define BIE_MASK_PASS(T, G)                                                                        \
-    template void mask_pass<T, G>(const MaskPass &, const G *, int64_t, int64_t, const MaskBits &, \
-                                  T *, double *, double *, double, float *, float *)
+#define BIE_MASK_PASS(T, G)                                                                \
+    template bie_status mask_pass<T, G>(const MaskPass &, const G *, int64_t, int64_t,     \
+                                        const MaskBits &, T *, double *, double *, double, \
+                                        float *, float *)
 BIE_MASK_PASS(float, float);
 BIE_MASK_PASS(__nv_bfloat16, float);
 BIE_MASK_PASS(__half, float);
@@ -425,13 +449,15 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     const int64_t m = a.m, n = a.n, k = a.k;
     // the FP8 products leave g in T: for 16-bit layers the mask pass's registers then allow
     // two blocks an SM
-    const MaskPass p = mask_pass_shape(m, k, fp8_backward_fits(a) && sizeof(T) == 2);
+    const bool g16 = fp8_backward_fits(a) && sizeof(T) == 2;
+    const MaskPass p32 = mask_pass_shape(m, k, false, mask_lane_cols<float>()),
+                   p16 = g16 ? mask_pass_shape(m, k, true, mask_lane_cols<T>()) : p32;
     // Workspace: grad_x before the mask [m, k] (f32), the mask pass's dot partials and column
     // partial sums, amax partials.
     Workspace<4> ws;
-    BIE_CUDA_TRY(ws.alloc(
-        {(size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes, amax_workspace_bytes()},
-        "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc({(size_t)(m * k) * sizeof(float), std::max(p32.dot_bytes, p16.dot_bytes),
+                           std::max(p32.col_bytes, p16.col_bytes), amax_workspace_bytes()},
+                          "cudaMallocAsync (backward workspace)"));
     float *g = ws.at<float>(0);
 
     float *zero = nullptr;
@@ -443,12 +469,12 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     const MaskBits bits{a.mask, a.signs, a.ld, nullptr};
     const double denom = std::sqrt((double)m * (double)k);
     T *grad_x = static_cast<T *>(a.grad_x);
-    if (fp8)
-        mask_pass<T, T>(p, reinterpret_cast<const T *>(g), m, k, bits, grad_x, ws.at<double>(1),
-                        ws.at<double>(2), denom, a.grad_bias, a.grad_scale_a);
-    else
-        mask_pass<T, float>(p, g, m, k, bits, grad_x, ws.at<double>(1), ws.at<double>(2), denom,
-                            a.grad_bias, a.grad_scale_a);
+    s = fp8 ? mask_pass<T, T>(p16, reinterpret_cast<const T *>(g), m, k, bits, grad_x,
+                              ws.at<double>(1), ws.at<double>(2), denom, a.grad_bias,
+                              a.grad_scale_a)
+            : mask_pass<T, float>(p32, g, m, k, bits, grad_x, ws.at<double>(1), ws.at<double>(2),
+                                  denom, a.grad_bias, a.grad_scale_a);
+    if (s != BIE_OK) return ws.release(s);
     if (a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(3), a.grad_w_i8);
     return ws.release(check(cudaGetLastError(), "binary linear backward kernels"));
 }

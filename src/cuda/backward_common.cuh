@@ -36,13 +36,14 @@ bie_status device_zero(float **out);
 // *out = sum of parts[0 .. count) / denom, in double and a fixed order, on the current stream.
 void sum_over(const double *parts, int64_t count, double denom, float *out);
 // The linear layers' mask pass (backward.cu): from grad_x before the mask g [m, k] (G: f32, or
-// T where the FP8 products wrote it),
-// grad_x = g masked (in T; none where grad_x is NULL), grad_bias = its column sums, and
-// *grad_scale_a = its dot with sign(x') (binary: the clip mask and sign words of layout rows
-// of ld bytes) or with the rounding residuals (4-bit: resid [m, k], clip bits flat over m k),
-// divided by denom. Every sum in double and a fixed order; the workspace pieces dot_part and
-// col_part of the shape's sizes.
+// T where the FP8 products wrote it), grad_x = g masked (in T; none where grad_x is NULL),
+// grad_bias = its column sums, and *grad_scale_a = its dot with sign(x') (binary: the clip mask and
+// sign words of layout rows of ld bytes) or with the rounding residuals (4-bit: resid [m, k], clip
+// bits flat over m k), divided by denom. Every sum in double and a fixed order; the workspace
+// pieces dot_part and col_part of the shape's sizes, the shape made for G's columns a lane (4 for
+// f32, 8 for 16-bit g; BIE_ERR_INTERNAL otherwise, nothing queued).
 struct MaskPass {
+    int lane_cols;  // columns a lane: 4 for f32 g, 8 for 16-bit g
     unsigned col_blocks, groups;
     size_t dot_bytes, col_bytes;
 };
@@ -53,11 +54,11 @@ struct MaskBits {
 };
 // two_per_sm: the form whose registers allow two resident blocks an SM (the 4-bit one, and g
 // in 16 bits), else three.
-MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm);
+MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm, int lane_cols = 4);
 template <typename T, typename G = float>
-void mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits, T *grad_x,
-               double *dot_part, double *col_part, double denom, float *grad_bias,
-               float *grad_scale_a);
+bie_status mask_pass(const MaskPass &p, const G *g, int64_t m, int64_t k, const MaskBits &bits,
+                     T *grad_x, double *dot_part, double *col_part, double denom, float *grad_bias,
+                     float *grad_scale_a);
 // Convolutions: G [o][n oh ow] of grad_out [n][o][oh ow] (f32/bf16/f16), and from per-plane
 // sums and dots [n][c]: grad_bias[c] = sum_n plane_sum, *grad_scale = sum plane_dot / denom.
 void conv_grad_rows_any(bie_dtype dtype, const void *grad_out, const bie_conv_geom &g, void *dst);

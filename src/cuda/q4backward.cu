@@ -97,10 +97,10 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
                    "cublasGemmEx (4-bit grad_w)");
     if (s != BIE_OK) goto done;
     // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 m k): the pass sums grad_x * resid.
-    mask_pass(p, g, m, k, MaskBits{a.mask, nullptr, 0, a.resid}, static_cast<T *>(a.grad_x),
-              ws.at<double>(3), ws.at<double>(4), std::sqrt((double)m * (double)k * 7.0) * 254.0,
-              a.grad_bias, a.grad_scale_a);
-    s = check(cudaGetLastError(), "4-bit linear backward kernels");
+    s = mask_pass(p, g, m, k, MaskBits{a.mask, nullptr, 0, a.resid}, static_cast<T *>(a.grad_x),
+                  ws.at<double>(3), ws.at<double>(4),
+                  std::sqrt((double)m * (double)k * 7.0) * 254.0, a.grad_bias, a.grad_scale_a);
+    if (s == BIE_OK) s = check(cudaGetLastError(), "4-bit linear backward kernels");
 done:
     return ws.release(s);
 }
