@@ -389,10 +389,10 @@ MaskPass mask_pass_shape(int64_t m, int64_t k, bool two_per_sm, int lane_cols) {
     p.lane_cols = lane_cols;
     p.col_blocks = (unsigned)((k + 256 * lane_cols - 1) / (256 * lane_cols));
     // Row groups: one wave of long blocks on a 132-SM device (three resident blocks an SM for
-    // the binary form's registers on f32 g; two for the 4-bit form's and for 16-bit g, which
-    // keeps twice the rows of loads in flight), at least 16 rows a group. The same grid on every
-    // device, so that the sums come out the same. BIE_CUDA_MASK_BLOCKS=N asks for N blocks instead
-    // (to time one grid against another).
+    // the binary form's registers on f32 g; two for the 4-bit form's and for 16-bit g, whose
+    // lanes take eight columns each), at least 16 rows a group. The same grid on every device,
+    // so that the sums come out the same. BIE_CUDA_MASK_BLOCKS=N asks for N blocks instead (to
+    // time one grid against another).
     static const int64_t asked = [] {
         const char *e = std::getenv("BIE_CUDA_MASK_BLOCKS");
         return e ? (int64_t)std::max(1, std::atoi(e)) : (int64_t)0;
