@@ -153,8 +153,8 @@ def _backward(ctx, grad_out, weight_index, scale_a_index, bias_index):
     if reduced:
         distributed.before_backward(layer)
     _restore_state(ctx)
-    # The weight's gradient straight into the tensor handed on (no copy of the layer's),
-    # where it is handed on as the C backward leaves it.
+    # The weight's gradient straight into the tensor handed on as weight.grad (no copy of
+    # the layer's), where it is handed on as the C backward leaves it.
     target = None
     if int8 and not reduced and held is None:
         target = layer.weight_grad_into(weight, torch.int8)

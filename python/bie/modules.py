@@ -382,7 +382,9 @@ class _BieLayerModule(nn.Module):
 
     def weight_float_grad(self):
         """The float gradient of the weight from the last backward (binary layers also give
-        the int8-quantized one in ``weight.grad``); None before any backward."""
+        the int8-quantized one in ``weight.grad``); None before any backward. On CUDA a float
+        weight's gradient is written straight into ``weight.grad``, so it is read from there:
+        BieError once ``weight.grad`` has been reset or replaced since."""
         return self._layer.grad_copy(WEIGHT_FLOAT_GRAD)
 
     def train(self, mode=True):
