@@ -253,6 +253,10 @@ static void check_grad_target(const case_info *ci, bie_layer *l, bie_tensor *tx,
     uint8_t *poison_bytes = tu_alloc(bytes), *got = tu_alloc(bytes);
     memset(poison_bytes, 0x7f, bytes);
     put(&target, poison_bytes);
+    bie_tensor no_data = target;
+    no_data.data = NULL;
+    CHECK(bie_layer_set_weight_grad_target(NULL, &target) == BIE_ERR_NULL_POINTER);
+    CHECK(bie_layer_set_weight_grad_target(l, &no_data) == BIE_ERR_NULL_POINTER);
     CHECK(bie_layer_set_weight_grad_target(l, &bad_dtype) == BIE_ERR_DTYPE);
     CHECK(bie_layer_set_weight_grad_target(l, &bad_size) == BIE_ERR_SHAPE);
     if (on_cuda) { /* host memory for a CUDA layer */
@@ -294,6 +298,23 @@ static void check_grad_target(const case_info *ci, bie_layer *l, bie_tensor *tx,
     CHECK_OK(bie_layer_backward(l, tg, tgx));
     get(&target, got);
     CHECK(memcmp(got, poison_bytes, bytes) == 0);
+    if (ci->row->binary) { /* a float weight's target, the weight int8 since: the backward fails */
+        bie_layer *fresh = NULL;
+        CHECK_OK(ci->row->create(&fresh, g, ci->dev, ci->symmetric));
+        bie_tensor ftarget = dev_alloc(ci->dev, BIE_F32, 1, flat);
+        poison(&ftarget);
+        uint8_t *before = tu_alloc((size_t)nw * 4), *after = tu_alloc((size_t)nw * 4);
+        get(&ftarget, before);
+        CHECK_OK(bie_layer_set_weight_grad_target(fresh, &ftarget));
+        CHECK_OK(bie_layer_prepare_params(fresh));
+        CHECK_OK(bie_layer_forward(fresh, tx, tout));
+        CHECK(bie_layer_backward(fresh, tg, tgx) == BIE_ERR_STATE);
+        get(&ftarget, after);
+        CHECK(memcmp(before, after, (size_t)nw * 4) == 0);
+        bie_tensor_free(&ftarget);
+        bie_layer_free(fresh);
+        free(before), free(after);
+    }
     bie_tensor_free(&target), bie_tensor_free(&bad_dtype), bie_tensor_free(&bad_size);
     free(poison_bytes), free(got), free(want), free(again);
 }
@@ -410,6 +431,7 @@ static void run_case(case_info *ci) {
     float *out = tu_alloc((size_t)no * sizeof(float));
     CHECK_OK(bie_layer_set_training(l, false));
     CHECK_OK(bie_layer_generate_quantized_weight(l, true));
+    CHECK(bie_layer_set_weight_grad_target(l, &tgx) == BIE_ERR_STATE); /* no training weight */
     poison(&tout);
     CHECK_OK(bie_layer_forward(l, &tx, &tout));
     get(&tout, out);
