@@ -491,10 +491,7 @@ bie_status bie_layer_set_weight_grad_target(bie_layer *l, const bie_tensor *targ
     if (target->dtype != want)
         return bie_fail(BIE_ERR_DTYPE, "%s: target is %s, the weight's gradient %s", who,
                         bie_dtype_name(target->dtype), bie_dtype_name(want));
-    int64_t shape[4];
-    const int ndim = bie_layer_weight_shape(l, shape);
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    const int64_t numel = l->out * l->fan_in; /* the weight's elements */
     if (bie_tensor_numel(target) != numel)
         return bie_fail(BIE_ERR_SHAPE, "%s: target has %lld elements, the weight %lld", who,
                         (long long)bie_tensor_numel(target), (long long)numel);
