@@ -123,11 +123,30 @@ __device__ __forceinline__ float fp8_scale_of_partials(const float *part, float 
 }
 // The opt-in FP8 products of the binary linear backward (backward_fp8.cu): whether they
 // apply (FP8 mode, m, n, k multiples of 16, a device with FP8 tensor cores), and grad_x
-// before the mask into g [m, k] (in the layer's dtype) and grad_w; *done is false where
+// before the mask into g [m, k] (ctype: the layer's dtype) and grad_w; *done is false where
 // cuBLASLt has no FP8 algorithm for the shape (nothing written: the exact products run
 // instead).
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, void *g, bool *done);
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
+                                 void *g, bool *done);
+// From the fused linear backward's per-part column sums part_sum / part_dot [parts][k]
+// (float): grad_bias[c] = the sum over the parts, *grad_scale_a = the sum of all dots / denom
+// (each in double and a fixed order; dots: a workspace of k doubles).
+void linear_part_sums(const float *part_sum, const float *part_dot, int64_t parts, int64_t k,
+                      double denom, double *dots, float *grad_bias, float *grad_scale_a);
+// Sign bits of `rows` layout rows (rows a multiple of 16, ld bytes, k columns) -> the
+// transposed ±1 matrix out [k, rows] of B-byte values with the bit patterns one and minus
+// (backward_fp8.cu), on the current stream.
+template <int B>
+void signs_transposed(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
+                      unsigned minus, void *out);
+// Whether the linear layers' backward may take our fused kernels where they apply (not where
+// BIE_CUDA_LINEAR_FUSED=0: the cuBLAS / cuBLASLt products and the mask pass then).
+bool linear_fused_wanted();
+// The same backward whole on our own FP8 kernels (Hopper: the mask, its sums and grad_w's amax
+// in the products' epilogues), where usable (and linear_fused_wanted()): every gradient.
+bool fp8_backward_fused_usable();
+bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);

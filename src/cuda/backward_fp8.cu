@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
+#include <cmath>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
 #include "dtype.cuh"
+#include "epilogue.cuh"
+#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
 namespace {
@@ -67,16 +69,20 @@ __global__ void __launch_bounds__(256)
 }
 
 // Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
-// (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
-// 128 rows x kSignWords 32-bit words of columns (256 columns, 32 KB of output). The block's
-// words are read first (eight threads a row: 32 contiguous bytes) into shared memory; then
-// each thread makes 16 consecutive rows of one column a step (one 16-byte store), eight
-// steps. A warp's step: 8 columns of one word x 64 rows (8 runs of 64 contiguous bytes), its
-// four row chunks 16 rows apart, which sign_at places in four banks.
+// (r, j), j < k) -> the transposed ±1 matrix [k, rows] of B-byte values (one / minus: the bit
+// patterns of 1 and -1: e4m3 0x38 / 0xb8, bf16 0x3f80 / 0xbf80, f16 0x3c00 / 0xbc00). Block:
+// 128 rows x kSignWords 32-bit words of columns (256 columns). The block's words are read first
+// (eight threads a row: 32 contiguous bytes) into shared memory; then each thread makes 16
+// consecutive rows of one column a step (16 B bytes: one or two 16-byte stores), eight steps. A
+// warp's step: 8 columns of one word x 64 rows, its four row chunks 16 rows apart, which sign_at
+// places in four banks.
 constexpr int kSignWords = 8;
 __device__ __forceinline__ int sign_at(int i, int wd) { return i * (kSignWords + 1) + wd + i / 32; }
+template <int B>
 __global__ void __launch_bounds__(256)
-    fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
+    signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
+            unsigned minus, void *out) {
+    static_assert(B == 1 || B == 2, "8- or 16-bit values");
     __shared__ uint32_t words[128 * (kSignWords + 1) + 4];
     const int64_t r0 = (int64_t)blockIdx.y * 128, w0 = (int64_t)blockIdx.x * kSignWords;
     const int64_t row_words = (k + 31) / 32;
@@ -95,14 +101,32 @@ __global__ void __launch_bounds__(256)
         const int j = (task >> 1) * 8 + (lane & 7), i0 = ((task & 1) * 4 + (lane >> 3)) * 16;
         const int64_t col = w0 * 32 + j;
         if (col >= k || r0 + i0 >= rows) continue;
-        uint32_t v[4] = {0, 0, 0, 0};
+        constexpr int per = 4 / B;  // values a word
+        uint32_t v[4 * B] = {};
 #pragma unroll
         for (int e = 0; e < 16; e++)
-            v[e / 4] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? 0x38u : 0xb8u)
-                        << (8 * (e % 4));
-        *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(v[0], v[1], v[2], v[3]);
+            v[e / per] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? one : minus)
+                          << (8 * B * (e % per));
+        uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(out) + (col * rows + r0 + i0) * B);
+#pragma unroll
+        for (int h = 0; h < B; h++) o[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
     }
 }
+}  // namespace
+
+template <int B>
+void signs_transposed(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
+                      unsigned minus, void *out) {
+    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
+    signs_t<B><<<dim3(words, (unsigned)((rows + 127) / 128)), 256, 0, current_stream>>>(
+        bits, ld, rows, k, one, minus, out);
+}
+template void signs_transposed<1>(const uint8_t *, int64_t, int64_t, int64_t, unsigned, unsigned,
+                                  void *);
+template void signs_transposed<2>(const uint8_t *, int64_t, int64_t, int64_t, unsigned, unsigned,
+                                  void *);
+
+namespace {
 
 thread_local cublasLtHandle_t lt = nullptr;
 
@@ -264,27 +288,13 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
     return s;
 }
 
-// grad_x before the mask goes out in T: one rounding, the one the masked grad_x had anyway,
-// and half the bytes of f32 for 16-bit layers (the mask pass's sums then add those values).
-template <typename T> constexpr cudaDataType_t lt_type() {
-    return std::is_same<T, float>::value           ? CUDA_R_32F
-           : std::is_same<T, __nv_bfloat16>::value ? CUDA_R_16BF
-                                                   : CUDA_R_16F;
-}
-
+// grad_out's e4m3 copies g8 [m, n] and g8t [n, m] (with grad_out's amax partials part and
+// the scales: scales[0] the dequantization factor) and the transposed ±1 operands swt [k, n]
+// and sxt [k, m], on the current stream.
 template <typename T>
-bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, void *g, bool *done) {
+void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales, uint8_t *g8,
+                  uint8_t *g8t, uint8_t *swt, uint8_t *sxt) {
     const int64_t m = a.m, n = a.n, k = a.k;
-    Workspace<7> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
-                           amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
-                          "cudaMallocAsync (fp8 backward workspace)"));
-    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
-    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
-    float *part = ws.at<float>(4), *scales = ws.at<float>(5);
-    float *zero = nullptr;
-    bie_status s = device_zero(&zero);
-    if (s != BIE_OK) return ws.release(s);
     cudaStream_t st = current_stream;
     const T *go = static_cast<const T *>(a.grad_out);
     amax_partials(go, m * n, part);
@@ -292,15 +302,34 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, void *g, bool 
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
-    fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
-    fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
+    signs_transposed<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, swt);
+    signs_transposed<1>(a.signs, a.ld, m, k, 0x38u, 0xb8u, sxt);
+}
+
+// The products in cuBLASLt: grad_x before the mask into g (ctype: T's, so one rounding, the
+// one the masked grad_x had anyway, and half the bytes of f32 for 16-bit layers; the mask
+// pass's sums then add those values) and grad_w.
+template <typename T>
+bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype, void *g,
+                              bool *done) {
+    const int64_t m = a.m, n = a.n, k = a.k;
+    Workspace<7> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
+                           amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
+                          "cudaMallocAsync (fp8 backward workspace)"));
+    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
+    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
+    float *scales = ws.at<float>(5);
+    float *zero = nullptr;
+    bie_status s = device_zero(&zero);
+    if (s != BIE_OK) return ws.release(s);
+    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, swt, sxt);
     s = check(cudaGetLastError(), "fp8 backward kernels");
     bool ok_x = false, ok_w = false;
     // grad_x before the mask, row-major [m, k] (column-major [k, m]) = scale_w sign(w)^T-major
     // x grad_out: A = sign(w) as [k][n] (K = n), B = grad_out as [m][n].
     if (s == BIE_OK)
-        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, lt_type<T>(), g,
+        s = lt_fp8_gemm(k, m, n, swt, g8, a.saved_scales + 1, zero, scales, ctype, g,
                         ws.at<uint8_t>(6), &ok_x);
     // grad_w, row-major [n, k] = scale_a grad_out^T sign(x'): A = sign(x') as [k][m] (K = m),
     // B = grad_out^T as [n][m].
@@ -311,17 +340,74 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, void *g, bool 
     return ws.release(s);
 }
 
+// The whole backward on the kernels of linear_fp8_tma.cu: grad_x with the mask and its sums
+// in the first product's epilogue, grad_w with its amax partials in the second's, then the
+// column sums' final pass and the int8 quantization.
+template <typename T>
+bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
+    const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
+    Workspace<9> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
+                           amax_workspace_bytes(), 2 * sizeof(float),
+                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                           (size_t)k * sizeof(double) + amax_workspace_bytes()},
+                          "cudaMallocAsync (fp8 backward workspace)"));
+    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
+    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
+    float *scales = ws.at<float>(5), *part_sum = ws.at<float>(6), *part_dot = ws.at<float>(7);
+    double *dots = ws.at<double>(8);
+    float *wamax = reinterpret_cast<float *>(dots + k);
+    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, swt, sxt);
+    bie_status s = check(cudaGetLastError(), "fp8 backward kernels");
+    // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n].
+    BwdGemmArgs gx = {};
+    gx.op = kOpE4M3, gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
+    gx.s0 = a.saved_scales + 1, gx.s1 = scales, gx.out = a.grad_x;
+    gx.out_type = out_type_of(a.dtype), gx.sum_stored = true;
+    gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
+    gx.part_dot = part_dot;
+    if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
+    if (s == BIE_OK)
+        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k), dots,
+                         a.grad_bias, a.grad_scale_a);
+    // grad_w [n, k] = scale_a grad_out^T sign(x'): A = grad_out^T [n][m], B = sign(x') as [k][m].
+    BwdGemmArgs gw = {};
+    gw.op = kOpE4M3, gw.M = n, gw.N = k, gw.K = m, gw.a = g8t, gw.b = sxt;
+    gw.s0 = a.saved_scales, gw.s1 = scales;
+    gw.out = a.grad_w, gw.out_type = kOutF32, gw.amax_part = wamax;
+    if (s == BIE_OK) s = bwd_gemm_tma_launch(gw);
+    if (s == BIE_OK && a.grad_w_i8) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
+    if (s == BIE_OK) s = check(cudaGetLastError(), "fp8 backward kernels");
+    return ws.release(s);
+}
+
 }  // namespace
 
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;
 }
 
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, void *g, bool *done) {
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
+                                 void *g, bool *done) {
     switch (a.dtype) {
-    case BIE_F32: return fp8_products_typed<float>(a, g, done);
-    case BIE_BF16: return fp8_products_typed<__nv_bfloat16>(a, g, done);
-    default: return fp8_products_typed<__half>(a, g, done);
+    case BIE_F32: return fp8_products_typed<float>(a, ctype, g, done);
+    case BIE_BF16: return fp8_products_typed<__nv_bfloat16>(a, ctype, g, done);
+    default: return fp8_products_typed<__half>(a, ctype, g, done);
+    }
+}
+
+bool linear_fused_wanted() {
+    static const bool wanted = !env_is("BIE_CUDA_LINEAR_FUSED", "0");
+    return wanted;
+}
+
+bool fp8_backward_fused_usable() { return linear_fused_wanted() && bwd_gemm_tma_usable(); }
+
+bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a) {
+    switch (a.dtype) {
+    case BIE_F32: return fp8_fused_typed<float>(a);
+    case BIE_BF16: return fp8_fused_typed<__nv_bfloat16>(a);
+    default: return fp8_fused_typed<__half>(a);
     }
 }
 

@@ -33,6 +33,12 @@ bie_status bgemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const 
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda binary gemm: built without sm_90a code");
 }
 
+bool bwd_gemm_tma_usable() { return false; }
+int64_t bwd_gemm_parts(int64_t M) { return 2 * ((M + 127) / 128); }
+bie_status bwd_gemm_tma_launch(const BwdGemmArgs &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda linear backward gemm: built without sm_90a code");
+}
+
 size_t dgrad_halo_wgmma_smem(int, int, int, int, int, int) { return 0; }
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (wgmma): built without sm_90a code");

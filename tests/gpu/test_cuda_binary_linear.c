@@ -92,9 +92,11 @@ static void backward_matches(pair *p, int64_t m, int fp8) {
     CHECK(st == BIE_OK);
     if (st != BIE_OK) fprintf(stderr, "  backward: %s\n", bie_last_error());
     CHECK_OK(bie_layer_backward(p->cpu, &cg, &cgxv));
-    /* fp8: the tensor cores' FP8 sums are not f32-exact (about 3e-5 of the largest element
-     * measured on an H100; bie.h), so 2e-4 of it on top of the e4m3 rounding done above. */
-    const double wtol = fp8 ? 2e-4 : 1e-5, tol = fmax(wtol, p->dt == BIE_F32    ? 1e-5
+    /* fp8: the tensor cores' FP8 sums are not f32-exact (cuBLASLt: about 3e-5 of the largest
+     * element; the fused Hopper kernels, which sum the whole reduction in the tensor cores'
+     * accumulator: up to about 3e-4; bie.h), so 1e-3 of it on top of the e4m3 rounding done
+     * above. */
+    const double wtol = fp8 ? 1e-3 : 1e-5, tol = fmax(wtol, p->dt == BIE_F32    ? 1e-5
                                                             : p->dt == BIE_BF16 ? 8e-3
                                                                                 : 1e-3);
     download_as(&ggx, got);
@@ -293,7 +295,11 @@ int main(int argc, char **argv) {
                                         {20000, 40, 24},
                                         /* more FP8 backward shapes (multiples of 16) */
                                         {144, 48, 80},
-                                        {256, 1024, 512}};
+                                        {256, 1024, 512},
+                                        /* partial tiles of the fused FP8 kernels (rows not
+                                         * a multiple of 128, columns of 256, k blocks of 128) */
+                                        {272, 400, 144},
+                                        {16, 2064, 48}};
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
