@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t c = (int64_t)blockIdx.x * 32 + lane;
     double s = 0, t = 0;
-    for (int64_t y = warp; y < parts && c < k; y += 8) s += part_sum[y * k + c], t += part_dot[y * k + c];
+    for (int64_t y = warp; y < parts && c < k; y += 8)
+        s += part_sum[y * k + c], t += part_dot[y * k + c];
     sh[0][warp][lane] = s;
     sh[1][warp][lane] = t;
     __syncthreads();
@@ -387,15 +388,15 @@ void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
 // activations [m, k] in T), in cuBLAS.
 bie_status grad_w_product(cublasHandle_t h, const bie_cuda_bl_backward_args &a,
                           cudaDataType_t ctype, const void *xsign, const float *zero) {
-    return blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)a.k, (int)a.n, (int)a.m,
-                                   a.saved_scales, xsign, ctype, (int)a.k, a.grad_out, ctype,
-                                   (int)a.n, zero, a.grad_w, CUDA_R_32F, (int)a.k,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                      "cublasGemmEx (grad_w)");
+    return blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)a.k, (int)a.n, (int)a.m, a.saved_scales,
+                     xsign, ctype, (int)a.k, a.grad_out, ctype, (int)a.n, zero, a.grad_w,
+                     CUDA_R_32F, (int)a.k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (grad_w)");
 }
 
-template <typename T> void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k,
-                                        T *dst) {
+template <typename T>
+void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, T *dst) {
     const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
     signs_of_words<T><<<grid_for(rows * chunks), 256, 0, current_stream>>>(
         bits, ld, rows, k, rows_aligned16<T>(dst, k), dst);
@@ -430,9 +431,8 @@ bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
 // (Hopper; rows of grad_out whole 16-byte units, sign rows a multiple of 16; not where
 // BIE_CUDA_LINEAR_FUSED=0).
 template <typename T> bool exact_fused_fits(const bie_cuda_bl_backward_args &a) {
-    return sizeof(T) == 2 && a.n % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 && linear_fused_wanted() &&
-           bwd_gemm_tma_usable();
+    return sizeof(T) == 2 && a.n % 16 == 0 && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
+           linear_fused_wanted() && bwd_gemm_tma_usable();
 }
 
 // The exact backward with grad_x, the mask and its sums (of the f32 values, as the mask pass

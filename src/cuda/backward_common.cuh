@@ -127,8 +127,8 @@ __device__ __forceinline__ float fp8_scale_of_partials(const float *part, float 
 // cuBLASLt has no FP8 algorithm for the shape (nothing written: the exact products run
 // instead).
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a);
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
-                                 void *g, bool *done);
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype, void *g,
+                                 bool *done);
 // From the fused linear backward's per-part column sums part_sum / part_dot [parts][k]
 // (float): grad_bias[c] = the sum over the parts, *grad_scale_a = the sum of all dots / denom
 // (each in double and a fixed order; dots: a workspace of k doubles).

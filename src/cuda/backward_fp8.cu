@@ -79,9 +79,8 @@ __global__ void __launch_bounds__(256)
 constexpr int kSignWords = 8;
 __device__ __forceinline__ int sign_at(int i, int wd) { return i * (kSignWords + 1) + wd + i / 32; }
 template <int B>
-__global__ void __launch_bounds__(256)
-    signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
-            unsigned minus, void *out) {
+__global__ void __launch_bounds__(256) signs_t(const uint8_t *bits, int64_t ld, int64_t rows,
+                                               int64_t k, unsigned one, unsigned minus, void *out) {
     static_assert(B == 1 || B == 2, "8- or 16-bit values");
     __shared__ uint32_t words[128 * (kSignWords + 1) + 4];
     const int64_t r0 = (int64_t)blockIdx.y * 128, w0 = (int64_t)blockIdx.x * kSignWords;
@@ -107,9 +106,11 @@ __global__ void __launch_bounds__(256)
         for (int e = 0; e < 16; e++)
             v[e / per] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? one : minus)
                           << (8 * B * (e % per));
-        uint4 *o = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(out) + (col * rows + r0 + i0) * B);
+        uint4 *o =
+            reinterpret_cast<uint4 *>(static_cast<uint8_t *>(out) + (col * rows + r0 + i0) * B);
 #pragma unroll
-        for (int h = 0; h < B; h++) o[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
+        for (int h = 0; h < B; h++)
+            o[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
     }
 }
 }  // namespace
@@ -343,15 +344,14 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
 // The whole backward on the kernels of linear_fp8_tma.cu: grad_x with the mask and its sums
 // in the first product's epilogue, grad_w with its amax partials in the second's, then the
 // column sums' final pass and the int8 quantization.
-template <typename T>
-bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
+template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     Workspace<9> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
-                           amax_workspace_bytes(), 2 * sizeof(float),
-                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
-                           (size_t)k * sizeof(double) + amax_workspace_bytes()},
-                          "cudaMallocAsync (fp8 backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc(
+        {(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m), amax_workspace_bytes(),
+         2 * sizeof(float), (size_t)(parts * k) * sizeof(float),
+         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double) + amax_workspace_bytes()},
+        "cudaMallocAsync (fp8 backward workspace)"));
     uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
     uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
     float *scales = ws.at<float>(5), *part_sum = ws.at<float>(6), *part_dot = ws.at<float>(7);
@@ -387,8 +387,8 @@ bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;
 }
 
-bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
-                                 void *g, bool *done) {
+bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype, void *g,
+                                 bool *done) {
     switch (a.dtype) {
     case BIE_F32: return fp8_products_typed<float>(a, ctype, g, done);
     case BIE_BF16: return fp8_products_typed<__nv_bfloat16>(a, ctype, g, done);

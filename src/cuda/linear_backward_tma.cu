@@ -69,8 +69,7 @@ __device__ __forceinline__ float as_stored(float v, int type) {
 // (bn0..) into bits [64][16] (8 clip words, then 8 sign words a row): two 16-byte copies a
 // thread, in flight during the tile's products (cp.async; rows past M are not copied). Rows of
 // ld bytes, ld a multiple of 32, so a row's 32 bytes from bn0 / 8 lie inside it.
-__device__ __forceinline__ void fetch_bits(const BwdGemmArgs &p, unsigned bits, int row0,
-                                           int bn0) {
+__device__ __forceinline__ void fetch_bits(const BwdGemmArgs &p, unsigned bits, int row0, int bn0) {
     const int wt = threadIdx.x & 127;
 #pragma unroll
     for (int q = 0; q < 2; q++) {
@@ -91,9 +90,9 @@ __device__ __forceinline__ void fetch_bits(const BwdGemmArgs &p, unsigned bits, 
 // staging area once it has been read back.
 template <bool MASK>
 __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
-                                             const unsigned *bits, int row0, int bn0,
-                                             int64_t part, const BwdGemmArgs &p, float alpha,
-                                             float &amax, int bar) {
+                                             const unsigned *bits, int row0, int bn0, int64_t part,
+                                             const BwdGemmArgs &p, float alpha, float &amax,
+                                             int bar) {
     const int wt = threadIdx.x & 127, lane = wt & 31, er = wt >> 5, ec = 4 * lane;
     const int wr = er * 16 + (lane >> 2), t4 = lane & 3;  // this thread's accumulator rows
     const int M = (int)p.M, N = (int)p.N;
@@ -120,7 +119,8 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
                 const float4 q = *reinterpret_cast<const float4 *>(stg + r * kStgPitch + ec);
                 float v[4] = {q.x * alpha, q.y * alpha, q.z * alpha, q.w * alpha};
                 if constexpr (MASK) {
-                    const unsigned mw = bits[r * 16 + word] >> sh, sw = bits[r * 16 + 8 + word] >> sh;
+                    const unsigned mw = bits[r * 16 + word] >> sh,
+                                   sw = bits[r * 16 + 8 + word] >> sh;
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const float x = (mw >> e) & 1 ? v[e] : 0.0f, y = as_stored(x, type);
@@ -252,16 +252,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc(d);
         if (wt == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
         bwd_epilogue<MASK>(d, stg, reinterpret_cast<const unsigned *>(gbase + (bits - base)),
-                           tm * kBM + c * 64, tn * kBN, (int64_t)tm * 2 + c, p, alpha, amax,
-                           c + 1);
+                           tm * kBM + c * 64, tn * kBN, (int64_t)tm * 2 + c, p, alpha, amax, c + 1);
     }
     if constexpr (!MASK) {
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if ((tid & 31) == 0) atomicMax(&block_amax, __float_as_uint(amax));  // amax >= 0
-        asm volatile("bar.sync 3, 256;\n" ::: "memory");                   // both consumers
+        asm volatile("bar.sync 3, 256;\n" ::: "memory");                     // both consumers
         if (tid == 128) p.amax_part[blockIdx.x] = __uint_as_float(block_amax);
         if (blockIdx.x == 0)
-            for (int e = (int)gridDim.x + tid - 128; e < kAmaxBlocks; e += 256) p.amax_part[e] = 0.0f;
+            for (int e = (int)gridDim.x + tid - 128; e < kAmaxBlocks; e += 256)
+                p.amax_part[e] = 0.0f;
     }
 #else
     (void)map_a, (void)map_b, (void)p, (void)tiles_m, (void)tiles_n;
@@ -286,20 +286,22 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.M,
                         (long long)p.N, (long long)p.K);
     if (mask ? p.signs == nullptr || p.part_sum == nullptr || p.part_dot == nullptr || p.ld % 32 ||
-                   reinterpret_cast<uintptr_t>(p.mask) % 16 || reinterpret_cast<uintptr_t>(p.signs) % 16
+                   reinterpret_cast<uintptr_t>(p.mask) % 16 ||
+                   reinterpret_cast<uintptr_t>(p.signs) % 16
              : p.out == nullptr || p.amax_part == nullptr)
         return bie_fail(BIE_ERR_INTERNAL, "%s: epilogue arguments", who);
     CUtensorMap map_a, map_b;
     if (!tma_map_rows(&map_a, p.a, p.M, row_bytes, kBM) ||
         !tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    auto fn = p.op == kOpE4M3   ? (mask ? bwd_gemm<uint8_t, true> : bwd_gemm<uint8_t, false>)
-              : p.op == kOpBF16 ? (mask ? bwd_gemm<__nv_bfloat16, true>
-                                        : bwd_gemm<__nv_bfloat16, false>)
-                                : (mask ? bwd_gemm<__half, true> : bwd_gemm<__half, false>);
-    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-                       "cudaFuncSetAttribute"));
+    auto fn = p.op == kOpE4M3 ? (mask ? bwd_gemm<uint8_t, true> : bwd_gemm<uint8_t, false>)
+              : p.op == kOpBF16
+                  ? (mask ? bwd_gemm<__nv_bfloat16, true> : bwd_gemm<__nv_bfloat16, false>)
+                  : (mask ? bwd_gemm<__half, true> : bwd_gemm<__half, false>);
+    BIE_CUDA_TRY(
+        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
+              "cudaFuncSetAttribute"));
     // at most kAmaxBlocks blocks: one partial maximum each
     const int64_t blocks =
         std::min<int64_t>({tiles_m * tiles_n, (int64_t)device_sms(), (int64_t)kAmaxBlocks});

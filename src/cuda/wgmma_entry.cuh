@@ -55,8 +55,8 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
                               const Epilogue &ep);
 
 // The binary linear layer's backward products with their epilogues (linear_backward_tma.cu):
-// out [M][N] = *s0 * *s1 * A B^T (s1 NULL: 1), A [M][K] and B [N][K] rows of K values of type op (e4m3,
-// bf16 or f16; rows of a multiple of 16 bytes, 16-byte aligned). The mask epilogue (grad_x;
+// out [M][N] = *s0 * *s1 * A B^T (s1 NULL: 1), A [M][K] and B [N][K] rows of K values of type op
+// (e4m3, bf16 or f16; rows of a multiple of 16 bytes, 16-byte aligned). The mask epilogue (grad_x;
 // where mask is set): the values rounded to out_type, zero where the clip bit (bit j of row i
 // of mask, rows of ld bytes) is clear, stored where out is set, and part_sum / part_dot
 // [bwd_gemm_parts(M)][N] the column sums of those values (as stored where sum_stored, else
