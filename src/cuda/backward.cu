@@ -10,12 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <type_traits>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
-#include "epilogue.cuh"
-#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
 
@@ -384,90 +381,36 @@ void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
     quantize_i8_partials(x, n, workspace, q);
 }
 
-// grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a (xsign: the ±1
-// activations [m, k] in T), in cuBLAS.
-bie_status grad_w_product(cublasHandle_t h, const bie_cuda_bl_backward_args &a,
-                          cudaDataType_t ctype, const void *xsign, const float *zero) {
-    return blas_check(
-        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)a.k, (int)a.n, (int)a.m, a.saved_scales,
-                     xsign, ctype, (int)a.k, a.grad_out, ctype, (int)a.n, zero, a.grad_w,
-                     CUDA_R_32F, (int)a.k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx (grad_w)");
-}
-
-template <typename T>
-void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, T *dst) {
-    const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
-    signs_of_words<T><<<grid_for(rows * chunks), 256, 0, current_stream>>>(
-        bits, ld, rows, k, rows_aligned16<T>(dst, k), dst);
-}
-
 // The exact products (SPEC §2): grad_x before the mask, g [m, k] (f32), and grad_w, in cuBLAS
 // on ±1 operands expanded from the sign bits (a workspace of their own).
 template <typename T>
 bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
                           const float *zero, float *g) {
+    cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
     Workspace<2> ws;  // ±1 weight [n, k], ±1 activations [m, k] (T)
     BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T)},
                           "cudaMallocAsync (backward workspace)"));
     T *wsign = ws.at<T>(0), *xsign = ws.at<T>(1);
+    const bool vec = rows_aligned16<T>(wsign, k);  // the workspace pieces are 256-aligned
     cublasHandle_t h = nullptr;
     bie_status s = blas_handle(&h);
     if (s != BIE_OK) return ws.release(s);
-    expand_signs<T>(a.wbits, a.ld, n, k, wsign);
-    expand_signs<T>(a.signs, a.ld, m, k, xsign);
+    const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
+    signs_of_words<T><<<grid_for(n * chunks), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
+    signs_of_words<T><<<grid_for(m * chunks), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wsign,
                      ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F, (int)k,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (grad_x)");
-    if (s == BIE_OK) s = grad_w_product(h, a, ctype, xsign, zero);
-    return ws.release(s);
-}
-
-// Whether the exact backward of a 16-bit layer takes grad_x on linear_backward_tma.cu's kernel
-// (Hopper; rows of grad_out whole 16-byte units, sign rows a multiple of 16; not where
-// BIE_CUDA_LINEAR_FUSED=0).
-template <typename T> bool exact_fused_fits(const bie_cuda_bl_backward_args &a) {
-    return sizeof(T) == 2 && a.n % 16 == 0 && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
-           linear_fused_wanted() && bwd_gemm_tma_usable();
-}
-
-// The exact backward with grad_x, the mask and its sums (of the f32 values, as the mask pass
-// adds them) in the product's epilogue; grad_w in cuBLAS, then its int8 quantization.
-template <typename T>
-bie_status exact_fused(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype) {
-    const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
-    Workspace<6> ws;  // ±1 weight [k, n], ±1 activations [m, k] (T), the sums' parts, amax
-    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
-                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
-                           (size_t)k * sizeof(double), amax_workspace_bytes()},
-                          "cudaMallocAsync (backward workspace)"));
-    T *wst = ws.at<T>(0), *xsign = ws.at<T>(1);
-    float *part_sum = ws.at<float>(2), *part_dot = ws.at<float>(3);
-    cublasHandle_t h = nullptr;
-    float *zero = nullptr;
-    bie_status s = blas_handle(&h);
-    if (s == BIE_OK) s = device_zero(&zero);
     if (s != BIE_OK) return ws.release(s);
-    constexpr bool half = std::is_same<T, __half>::value;
-    signs_transposed<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
-                        wst);
-    expand_signs<T>(a.signs, a.ld, m, k, xsign);
-    BwdGemmArgs gx = {};
-    gx.op = half ? kOpF16 : kOpBF16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wst;
-    gx.s0 = a.saved_scales + 1, gx.out = a.grad_x, gx.out_type = out_type_of(a.dtype);
-    gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
-    gx.part_dot = part_dot;
-    s = bwd_gemm_tma_launch(gx);
-    if (s == BIE_OK)
-        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
-                         ws.at<double>(4), a.grad_bias, a.grad_scale_a);
-    if (s == BIE_OK) s = grad_w_product(h, a, ctype, xsign, zero);
-    if (s == BIE_OK && a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(5), a.grad_w_i8);
-    if (s == BIE_OK) s = check(cudaGetLastError(), "binary linear backward kernels");
+    // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
+                                xsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
+                                CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (grad_w)");
     return ws.release(s);
 }
 
@@ -536,7 +479,6 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     const int64_t m = a.m, n = a.n, k = a.k;
     const bool fp8_fits = fp8_backward_fits(a);
     if (fp8_fits && fp8_backward_fused_usable()) return fp8_backward_fused(a);
-    if (!fp8_fits && exact_fused_fits<T>(a)) return exact_fused<T>(a, ctype);
     // the FP8 products leave g in T: for 16-bit layers the mask pass's registers then allow
     // two blocks an SM
     const bool g16 = fp8_fits && sizeof(T) == 2;

@@ -134,12 +134,6 @@ bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataTyp
 // (each in double and a fixed order; dots: a workspace of k doubles).
 void linear_part_sums(const float *part_sum, const float *part_dot, int64_t parts, int64_t k,
                       double denom, double *dots, float *grad_bias, float *grad_scale_a);
-// Sign bits of `rows` layout rows (rows a multiple of 16, ld bytes, k columns) -> the
-// transposed ±1 matrix out [k, rows] of B-byte values with the bit patterns one and minus
-// (backward_fp8.cu), on the current stream.
-template <int B>
-void signs_transposed(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
-                      unsigned minus, void *out);
 // Whether the linear layers' backward may take our fused kernels where they apply (not where
 // BIE_CUDA_LINEAR_FUSED=0: the cuBLAS / cuBLASLt products and the mask pass then).
 bool linear_fused_wanted();

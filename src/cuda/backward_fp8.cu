@@ -69,19 +69,16 @@ __global__ void __launch_bounds__(256)
 }
 
 // Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
-// (r, j), j < k) -> the transposed ±1 matrix [k, rows] of B-byte values (one / minus: the bit
-// patterns of 1 and -1: e4m3 0x38 / 0xb8, bf16 0x3f80 / 0xbf80, f16 0x3c00 / 0xbc00). Block:
-// 128 rows x kSignWords 32-bit words of columns (256 columns). The block's words are read first
-// (eight threads a row: 32 contiguous bytes) into shared memory; then each thread makes 16
-// consecutive rows of one column a step (16 B bytes: one or two 16-byte stores), eight steps. A
-// warp's step: 8 columns of one word x 64 rows, its four row chunks 16 rows apart, which sign_at
-// places in four banks.
+// (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
+// 128 rows x kSignWords 32-bit words of columns (256 columns, 32 KB of output). The block's
+// words are read first (eight threads a row: 32 contiguous bytes) into shared memory; then
+// each thread makes 16 consecutive rows of one column a step (one 16-byte store), eight
+// steps. A warp's step: 8 columns of one word x 64 rows (8 runs of 64 contiguous bytes), its
+// four row chunks 16 rows apart, which sign_at places in four banks.
 constexpr int kSignWords = 8;
 __device__ __forceinline__ int sign_at(int i, int wd) { return i * (kSignWords + 1) + wd + i / 32; }
-template <int B>
-__global__ void __launch_bounds__(256) signs_t(const uint8_t *bits, int64_t ld, int64_t rows,
-                                               int64_t k, unsigned one, unsigned minus, void *out) {
-    static_assert(B == 1 || B == 2, "8- or 16-bit values");
+__global__ void __launch_bounds__(256)
+    fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
     __shared__ uint32_t words[128 * (kSignWords + 1) + 4];
     const int64_t r0 = (int64_t)blockIdx.y * 128, w0 = (int64_t)blockIdx.x * kSignWords;
     const int64_t row_words = (k + 31) / 32;
@@ -100,34 +97,14 @@ __global__ void __launch_bounds__(256) signs_t(const uint8_t *bits, int64_t ld, 
         const int j = (task >> 1) * 8 + (lane & 7), i0 = ((task & 1) * 4 + (lane >> 3)) * 16;
         const int64_t col = w0 * 32 + j;
         if (col >= k || r0 + i0 >= rows) continue;
-        constexpr int per = 4 / B;  // values a word
-        uint32_t v[4 * B] = {};
+        uint32_t v[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int e = 0; e < 16; e++)
-            v[e / per] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? one : minus)
-                          << (8 * B * (e % per));
-        uint4 *o =
-            reinterpret_cast<uint4 *>(static_cast<uint8_t *>(out) + (col * rows + r0 + i0) * B);
-#pragma unroll
-        for (int h = 0; h < B; h++)
-            o[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
+            v[e / 4] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? 0x38u : 0xb8u)
+                        << (8 * (e % 4));
+        *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(v[0], v[1], v[2], v[3]);
     }
 }
-}  // namespace
-
-template <int B>
-void signs_transposed(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, unsigned one,
-                      unsigned minus, void *out) {
-    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
-    signs_t<B><<<dim3(words, (unsigned)((rows + 127) / 128)), 256, 0, current_stream>>>(
-        bits, ld, rows, k, one, minus, out);
-}
-template void signs_transposed<1>(const uint8_t *, int64_t, int64_t, int64_t, unsigned, unsigned,
-                                  void *);
-template void signs_transposed<2>(const uint8_t *, int64_t, int64_t, int64_t, unsigned, unsigned,
-                                  void *);
-
-namespace {
 
 thread_local cublasLtHandle_t lt = nullptr;
 
@@ -303,8 +280,9 @@ void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    signs_transposed<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, swt);
-    signs_transposed<1>(a.signs, a.ld, m, k, 0x38u, 0xb8u, sxt);
+    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
+    fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
+    fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
 }
 
 // The products in cuBLASLt: grad_x before the mask into g (ctype: T's, so one rounding, the
@@ -361,9 +339,9 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     bie_status s = check(cudaGetLastError(), "fp8 backward kernels");
     // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n].
     BwdGemmArgs gx = {};
-    gx.op = kOpE4M3, gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
+    gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
     gx.s0 = a.saved_scales + 1, gx.s1 = scales, gx.out = a.grad_x;
-    gx.out_type = out_type_of(a.dtype), gx.sum_stored = true;
+    gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
     gx.part_dot = part_dot;
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
@@ -372,7 +350,7 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
                          a.grad_bias, a.grad_scale_a);
     // grad_w [n, k] = scale_a grad_out^T sign(x'): A = grad_out^T [n][m], B = sign(x') as [k][m].
     BwdGemmArgs gw = {};
-    gw.op = kOpE4M3, gw.M = n, gw.N = k, gw.K = m, gw.a = g8t, gw.b = sxt;
+    gw.M = n, gw.N = k, gw.K = m, gw.a = g8t, gw.b = sxt;
     gw.s0 = a.saved_scales, gw.s1 = scales;
     gw.out = a.grad_w, gw.out_type = kOutF32, gw.amax_part = wamax;
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gw);

@@ -1,17 +1,16 @@
-// The binary linear layer's backward products with the passes after them in their epilogues
-// (sm_90a): kernel 121's pipeline (bgemm_tma.cu: persistent blocks, a TMA producer warpgroup,
-// two consumer warpgroups of 64 rows, a three-stage ring of 128-byte k blocks) on rows of e4m3
-// values (the opt-in FP8 backward: four wgmma.m64n256k32.f32.e4m3.e4m3 a k block) or of 16-bit
-// floats (the exact one: four wgmma.m64n256k16.f32.bf16.bf16 / f16), f32 accumulators.
+// The binary linear layer's opt-in FP8 backward products with the passes after them in their
+// epilogues (sm_90a): kernel 121's pipeline (bgemm_tma.cu: persistent blocks, a TMA producer
+// warpgroup, two consumer warpgroups of 64 rows, a three-stage ring of 128-byte k blocks) on
+// e4m3 rows, four wgmma.m64n256k32.f32.e4m3.e4m3 a k block, f32 accumulators (the tensor
+// cores sum the whole reduction in their own accumulator: below f32, bie.h).
 //
-// out [M][N] = alpha A B^T with A [M][K] and B [N][K] rows of K values (K-major both, the only
-// layout 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the
-// layer's scale and, for FP8, grad_out's dequantization factor, read on the device; s1 may be
-// NULL: 1). Two
-// epilogues:
+// out [M][N] = alpha A B^T with A [M][K] and B [N][K] e4m3 rows of K bytes (K-major both, the
+// only layout 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the
+// layer's scale and grad_out's dequantization factor, read on the device; s1 may be NULL: 1).
+// Two epilogues:
 // - the mask (grad_x): each value rounded to the output dtype, zero where the clip bit is
 //   clear, stored (unless out is NULL); per consumer warpgroup of a tile row (64 rows) the
-//   column sums of those values (as stored, or before the rounding) and of their products
+//   column sums of those values (as stored) and of their products
 //   with sign(x') into part_sum / part_dot [2 tiles_m][N] (each column of a part written by
 //   the one block that owns it);
 // - the store (grad_w): the f32 values and, per block, the largest |value| into
@@ -23,7 +22,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <type_traits>
 
 #include "backward_common.cuh"
 #include "bgemm_wgmma.cuh"
@@ -123,11 +121,9 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
                                    sw = bits[r * 16 + 8 + word] >> sh;
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const float x = (mw >> e) & 1 ? v[e] : 0.0f, y = as_stored(x, type);
-                        const float u = p.sum_stored ? y : x;
-                        cs[e] += u;
-                        cd[e] += (sw >> e) & 1 ? u : -u;
-                        v[e] = y;
+                        v[e] = (mw >> e) & 1 ? as_stored(v[e], type) : 0.0f;
+                        cs[e] += v[e];
+                        cd[e] += (sw >> e) & 1 ? v[e] : -v[e];
                     }
                 } else {
 #pragma unroll
@@ -156,19 +152,7 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d += the products of one 32-byte k step of a 64-row A tile and a 256-row B tile.
-template <typename E>
-__device__ __forceinline__ void mma_step(float (&d)[128], uint64_t a, uint64_t b) {
-    if constexpr (std::is_same<E, uint8_t>::value)
-        wgmma_e4m3_ss_64x256x32(d, a, b);
-    else
-        wgmma_f16_ss<E, 256>(d, a, b);
-}
-#endif
-
-// E: uint8_t (e4m3 values), __nv_bfloat16 or __half.
-template <typename E, bool MASK>
+template <bool MASK>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
              BwdGemmArgs p, int tiles_m, int tiles_n) {
@@ -179,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
     const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int kblocks = (int)((p.K * (int64_t)sizeof(E) + kBKB - 1) / kBKB);
+    const int kblocks = (int)((p.K + kBKB - 1) / kBKB);
     const int my_tiles =
         (tiles_m * tiles_n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     auto origin = [&](int j, int &tm, int &tn) {
@@ -241,8 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_fence();
 #pragma unroll
             for (int q = 0; q < kBKB / 32; q++)
-                mma_step<E>(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
-                            smem_desc(b_tile + 32 * q, 16, 1024, 1));
+                wgmma_e4m3_ss_64x256x32(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
+                                        smem_desc(b_tile + 32 * q, 16, 1024, 1));
             wgmma_commit();
             wgmma_wait<1>();
             fence_acc(d);
@@ -280,8 +264,7 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
     if (!bwd_gemm_tma_usable())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
     const int64_t tiles_m = (p.M + kBM - 1) / kBM, tiles_n = (p.N + kBN - 1) / kBN;
-    const int64_t esize = p.op == kOpE4M3 ? 1 : 2, row_bytes = p.K * esize;
-    if (p.M < 1 || p.N < 1 || p.K < 1 || row_bytes % 16 != 0 || p.M > INT_MAX || p.N > INT_MAX ||
+    if (p.M < 1 || p.N < 1 || p.K < 1 || p.K % 16 != 0 || p.M > INT_MAX || p.N > INT_MAX ||
         tiles_m * tiles_n > INT_MAX || p.M * p.N > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.M,
                         (long long)p.N, (long long)p.K);
@@ -291,13 +274,9 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
              : p.out == nullptr || p.amax_part == nullptr)
         return bie_fail(BIE_ERR_INTERNAL, "%s: epilogue arguments", who);
     CUtensorMap map_a, map_b;
-    if (!tma_map_rows(&map_a, p.a, p.M, row_bytes, kBM) ||
-        !tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN))
+    if (!tma_map_rows(&map_a, p.a, p.M, p.K, kBM) || !tma_map_rows(&map_b, p.b, p.N, p.K, kBN))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    auto fn = p.op == kOpE4M3 ? (mask ? bwd_gemm<uint8_t, true> : bwd_gemm<uint8_t, false>)
-              : p.op == kOpBF16
-                  ? (mask ? bwd_gemm<__nv_bfloat16, true> : bwd_gemm<__nv_bfloat16, false>)
-                  : (mask ? bwd_gemm<__half, true> : bwd_gemm<__half, false>);
+    auto fn = mask ? bwd_gemm<true> : bwd_gemm<false>;
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),

@@ -54,24 +54,20 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
                               int64_t ld, const int *pa, int parts_a, const int *pb, int parts_b,
                               const Epilogue &ep);
 
-// The binary linear layer's backward products with their epilogues (linear_backward_tma.cu):
-// out [M][N] = *s0 * *s1 * A B^T (s1 NULL: 1), A [M][K] and B [N][K] rows of K values of type op
-// (e4m3, bf16 or f16; rows of a multiple of 16 bytes, 16-byte aligned). The mask epilogue (grad_x;
-// where mask is set): the values rounded to out_type, zero where the clip bit (bit j of row i
-// of mask, rows of ld bytes) is clear, stored where out is set, and part_sum / part_dot
-// [bwd_gemm_parts(M)][N] the column sums of those values (as stored where sum_stored, else
-// before the rounding) and of their products with the sign bits (signs, the same layout).
-// Otherwise the store epilogue (grad_w): out f32, and amax_part [kAmaxBlocks] the partial
-// maxima of |out|.
-enum BwdOperand { kOpE4M3 = 0, kOpBF16 = 1, kOpF16 = 2 };
+// The binary linear layer's opt-in FP8 products with their epilogues (linear_backward_tma.cu):
+// out [M][N] = *s0 * *s1 * A B^T (s1 NULL: 1), A [M][K] and B [N][K] e4m3 rows of K bytes (K a
+// multiple of 16, 16-byte aligned). The mask epilogue (grad_x; where mask is set): the values
+// rounded to out_type, zero where the clip bit (bit j of row i of mask, rows of ld bytes, ld a
+// multiple of 32) is clear, stored where out is set, and part_sum / part_dot
+// [bwd_gemm_parts(M)][N] the column sums of those values (as stored) and of their products with the
+// sign bits (signs, the same layout). Otherwise the store epilogue (grad_w): out f32, and amax_part
+// [kAmaxBlocks] the partial maxima of |out|.
 struct BwdGemmArgs {
-    int op;  // BwdOperand
     int64_t M, N, K;
     const void *a, *b;
     const float *s0, *s1;
     void *out;
     int out_type;  // OutType (the mask epilogue; the store epilogue writes f32)
-    bool sum_stored;
     const uint8_t *mask, *signs;
     int64_t ld;
     float *part_sum, *part_dot, *amax_part;
