@@ -366,14 +366,17 @@ BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *cha
  * opt-in fast mode for the binary linear layer on CUDA devices with FP8 tensor cores
  * (compute capability 8.9 or newer): both products run on e4m3 operands; the ±1 operands are
  * exact in e4m3, grad_out is rounded to e4m3 with one per-tensor scale (amax / 448). Beyond
- * that rounding, the FP8 tensor cores sum at a lower precision than f32 (about 3e-5 of the
- * largest gradient element, measured on an H100). For a 16-bit layer, grad_x before the mask
- * comes out of the product in the layer's dtype, and grad_bias_a and grad_scale_a sum those
- * rounded values. Shapes whose m, n or k is not a multiple of 16 use EXACT. The linear layer's
- * first FP8 backward of each shape times the candidate
- * cuBLASLt algorithms once (the host waits for that, once per shape and thread; not while the
- * stream is being captured into a graph, nor with BIE_CUDA_LT_TUNE=0) and keeps the fastest,
- * so two processes may round its sums differently. The binary conv2d on CUDA takes FP8 too: there
+ * that rounding, the FP8 tensor cores sum at a lower precision than f32. For a 16-bit layer,
+ * grad_bias_a and grad_scale_a sum grad_x as rounded to the layer's dtype. Shapes whose m, n
+ * or k is not a multiple of 16 use EXACT. On compute capability 9.0 the linear layer's
+ * products are bie's own kernels (the mask, those sums and grad_w's amax in their
+ * epilogues), where the tensor cores sum the whole reduction in their own accumulator: up to
+ * about 3e-4 of the largest gradient element in the GPU tests (H200). Elsewhere, or with the
+ * environment variable BIE_CUDA_LINEAR_FUSED=0, they run in cuBLASLt (about 3e-5, H100),
+ * whose first FP8 backward of each shape times the candidate algorithms once (the host waits
+ * for that, once per shape and thread; not while the stream is being captured into a graph,
+ * nor with BIE_CUDA_LT_TUNE=0) and keeps the fastest, so two processes may round its sums
+ * differently. The binary conv2d on CUDA takes FP8 too: there
  * grad_x (and grad_bias_a and grad_scale_a, sums over it) runs on e4m3 with grad_out rounded the
  * same way, where its tensor-memory grad_x kernel takes the layer (16-bit, channels-last, compute
  * capability 9.0); there the tensor cores' lower-precision sum runs over the whole reduction (the
