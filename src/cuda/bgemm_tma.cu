@@ -87,23 +87,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (wg == 0) {  // the producer
         setmaxnreg_dec<40>();
-        if (tid == 0) {
-            tma_prefetch_map(&map_a);
-            tma_prefetch_map(&map_b);
-            for (int j = 0, i = 0; j < my_tiles; j++) {
-                int bm0, bn0;
-                origin(j, bm0, bn0);
-                for (int kb = 0; kb < kblocks; kb++, i++) {
-                    const int s = i % kStages;
-                    const unsigned phase = (unsigned)(i / kStages) & 1u;
-                    mbar_wait(empty0 + 8 * s, phase ^ 1u);  // its last readers are done
-                    const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
-                    mbar_arrive_expect_tx(full, kStage);
-                    tma_load_2d(dst, &map_a, kb * kBKB, bm0, full);
-                    tma_load_2d(dst + kStageA, &map_b, kb * kBKB, bn0, full);
-                }
-            }
-        }
+        if (tid == 0)
+            tma_ring_produce(&map_a, &map_b, my_tiles, kblocks, kBKB, kStages, kStage, kStageA,
+                             base, full0, empty0, origin);
         return;
     }
 

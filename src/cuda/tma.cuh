@@ -68,6 +68,33 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap *map
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// The producer thread of a ring of `stages` stages at base (stage_bytes each: A's box of
+// stage_a bytes, then B's), with full and empty barriers at full0 / empty0 (8 bytes each): for
+// each of the block's my_tiles tiles (origin(j, row_a, row_b): tile j's first A and B rows)
+// and each of its kblocks k blocks of kb_bytes bytes, waits until the stage is free and issues
+// the two copies, which complete on the stage's full barrier.
+template <class Origin>
+__device__ __forceinline__ void tma_ring_produce(const CUtensorMap *map_a, const CUtensorMap *map_b,
+                                                 int my_tiles, int kblocks, int kb_bytes,
+                                                 int stages, unsigned stage_bytes, unsigned stage_a,
+                                                 unsigned base, unsigned full0, unsigned empty0,
+                                                 Origin origin) {
+    tma_prefetch_map(map_a);
+    tma_prefetch_map(map_b);
+    for (int j = 0, i = 0; j < my_tiles; j++) {
+        int row_a, row_b;
+        origin(j, row_a, row_b);
+        for (int kb = 0; kb < kblocks; kb++, i++) {
+            const int s = i % stages;
+            const unsigned phase = (unsigned)(i / stages) & 1u;
+            mbar_wait(empty0 + 8 * s, phase ^ 1u);  // its last readers are done
+            const unsigned full = full0 + 8 * s, dst = base + (unsigned)s * stage_bytes;
+            mbar_arrive_expect_tx(full, stage_bytes);
+            tma_load_2d(dst, map_a, kb * kb_bytes, row_a, full);
+            tma_load_2d(dst + stage_a, map_b, kb * kb_bytes, row_b, full);
+        }
+    }
+}
 // The warpgroup's registers per thread, lowered (producers) or raised (consumers).
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
