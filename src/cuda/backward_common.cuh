@@ -134,11 +134,9 @@ bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataTyp
 // (each in double and a fixed order; dots: a workspace of k doubles).
 void linear_part_sums(const float *part_sum, const float *part_dot, int64_t parts, int64_t k,
                       double denom, double *dots, float *grad_bias, float *grad_scale_a);
-// Whether the linear layers' backward may take our fused kernels where they apply (not where
-// BIE_CUDA_LINEAR_FUSED=0: the cuBLAS / cuBLASLt products and the mask pass then).
-bool linear_fused_wanted();
 // The same backward whole on our own FP8 kernels (Hopper: the mask, its sums and grad_w's amax
-// in the products' epilogues), where usable (and linear_fused_wanted()): every gradient.
+// in the products' epilogues), where usable and not turned off by BIE_CUDA_LINEAR_FUSED=0
+// (cuBLASLt and the mask pass then): every gradient.
 bool fp8_backward_fused_usable();
 bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels

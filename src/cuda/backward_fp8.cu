@@ -1,5 +1,7 @@
 // The opt-in FP8 backward products of the binary linear layer (bie_layer_set_backward_mode):
-// grad_x before the mask and grad_w on e4m3 tensor cores through cuBLASLt. The ±1 operands
+// grad_x and grad_w on e4m3 tensor cores, on Hopper through linear_backward_tma.cu's kernels
+// (the mask, its sums and grad_w's amax in their epilogues), elsewhere through cuBLASLt (grad_x
+// before the mask; the mask pass follows in backward.cu). The ±1 operands
 // are exact in e4m3; grad_out is rounded once to e4m3 after scaling by 448 / amax(grad_out)
 // (its largest magnitude becomes e4m3's largest finite value), and the GEMMs multiply the
 // result back by amax / 448. cuBLASLt's FP8 kernels want both operands K-major ("TN"), so
@@ -319,7 +321,7 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
     return ws.release(s);
 }
 
-// The whole backward on the kernels of linear_fp8_tma.cu: grad_x with the mask and its sums
+// The whole backward on the kernels of linear_backward_tma.cu: grad_x with the mask and its sums
 // in the first product's epilogue, grad_w with its amax partials in the second's, then the
 // column sums' final pass and the int8 quantization.
 template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
@@ -374,12 +376,10 @@ bie_status fp8_backward_products(const bie_cuda_bl_backward_args &a, cudaDataTyp
     }
 }
 
-bool linear_fused_wanted() {
+bool fp8_backward_fused_usable() {
     static const bool wanted = !env_is("BIE_CUDA_LINEAR_FUSED", "0");
-    return wanted;
+    return wanted && bwd_gemm_tma_usable();
 }
-
-bool fp8_backward_fused_usable() { return linear_fused_wanted() && bwd_gemm_tma_usable(); }
 
 bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a) {
     switch (a.dtype) {
