@@ -6,7 +6,7 @@
 //
 // out [M][N] = alpha A B^T with A [M][K] and B [N][K] e4m3 rows of K bytes (K-major both, the
 // only layout 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the
-// layer's scale and grad_out's dequantization factor, read on the device; s1 may be NULL: 1).
+// layer's scale and grad_out's dequantization factor, read on the device).
 // Two epilogues:
 // - the mask (grad_x): each value rounded to the output dtype, zero where the clip bit is
 //   clear, stored (unless out is NULL); per consumer warpgroup of a tile row (64 rows) the
@@ -51,7 +51,6 @@ constexpr int kBitsBytes = 64 * 16 * 4;
 constexpr int kBitsOffset = kRingBytes + 2 * kStgBytes;
 constexpr int kBarOffset = kBitsOffset + 2 * kBitsBytes;
 constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 2 * kStages * 8;
-static_assert(4 * 128 * 2 * 4 <= kStgBytes, "the warps' column sums fit the staging area");
 static_assert(kStage % 1024 == 0 && kStageA % 1024 == 0, "stages keep the swizzle alignment");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -81,26 +80,32 @@ __device__ __forceinline__ void fetch_bits(const BwdGemmArgs &p, unsigned bits, 
 }
 
 // One warpgroup's 64 x 256 accumulators (rows row0.., columns bn0..; the wgmma m64n256
-// layout) through its staging area, 128 columns at a time, as warpgroup_epilogue does: each
-// warp then takes rows er, er + 4, .. and each lane four consecutive columns. bar: the
-// warpgroup's named barrier. MASK: bits holds the tile's words (fetch_bits, waited for here),
-// part is the tile row's part of this warpgroup, and the warps' column sums meet in the
-// staging area once it has been read back.
+// layout) through its staging area, 128 columns at a time. bar: the warpgroup's named barrier.
+// - store (grad_w), as warpgroup_epilogue: warp er takes rows er, er + 4, .., each lane four
+//   consecutive columns;
+// - MASK (grad_x): warp er takes the 32 columns 32 er.. of every row, lane l the four columns
+//   4 (l % 8).. of rows 4 it + l / 8, so that a column's sum is the warp's own (two shuffles)
+//   and each lane reads one clip word and one sign word a row. bits holds the tile's words
+//   (fetch_bits, waited for here); part is the tile row's part of this warpgroup.
 template <bool MASK>
 __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
                                              const unsigned *bits, int row0, int bn0, int64_t part,
                                              const BwdGemmArgs &p, float alpha, float &amax,
                                              int bar) {
-    const int wt = threadIdx.x & 127, lane = wt & 31, er = wt >> 5, ec = 4 * lane;
+    const int wt = threadIdx.x & 127, lane = wt & 31, er = wt >> 5;
     const int wr = er * 16 + (lane >> 2), t4 = lane & 3;  // this thread's accumulator rows
     const int M = (int)p.M, N = (int)p.N;
     const int type = MASK ? p.out_type : (int)kOutF32;
     const size_t elem = type == kOutF32 ? 4 : 2;
     const bool aligned = p.out && reinterpret_cast<uintptr_t>(p.out) % (4 * elem) == 0;
+    // this lane's first column in the half, its first row and the step between its rows
+    const int ec = MASK ? 32 * er + 4 * (lane & 7) : 4 * lane;
+    const int r0 = MASK ? lane >> 3 : er;
     if constexpr (MASK) cp_async_wait<0>();  // this thread's copies; the barrier below: all
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int col = bn0 + 128 * half + ec, word = 4 * half + (lane >> 3), sh = ec & 31;
+        const int col = bn0 + 128 * half + ec;
+        const int word = MASK ? 4 * half + er : 0, sh = ec & 31;
 #pragma unroll
         for (int c = 0; c < 16; c++)
 #pragma unroll
@@ -112,7 +117,7 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
         if (col < N) {
 #pragma unroll
             for (int it = 0; it < 16; it++) {
-                const int r = er + 4 * it, row = row0 + r;
+                const int r = r0 + 4 * it, row = row0 + r;
                 if (row >= M) break;
                 const float4 q = *reinterpret_cast<const float4 *>(stg + r * kStgPitch + ec);
                 float v[4] = {q.x * alpha, q.y * alpha, q.z * alpha, q.w * alpha};
@@ -134,19 +139,23 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
                                type);
             }
         }
-        warpgroup_barrier(bar);  // the staging area read back
         if constexpr (MASK) {
-            float2 *s2 = reinterpret_cast<float2 *>(stg);  // [4 warps][128 columns]
+            // lanes l, l + 8, l + 16, l + 24 hold the same columns (every warp runs these)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s2[er * 128 + ec + e] = make_float2(cs[e], cd[e]);
-            warpgroup_barrier(bar);
-            const int cg = bn0 + 128 * half + wt;
-            float s = 0.0f, t = 0.0f;
+            for (int e = 0; e < 4; e++)
 #pragma unroll
-            for (int w = 0; w < 4; w++) s += s2[w * 128 + wt].x, t += s2[w * 128 + wt].y;
-            if (cg < N) p.part_sum[part * N + cg] = s, p.part_dot[part * N + cg] = t;
-            warpgroup_barrier(bar);  // the sums read before the staging area is written again
+                for (int o = 8; o < 32; o <<= 1) {
+                    cs[e] += __shfl_xor_sync(0xffffffffu, cs[e], o);
+                    cd[e] += __shfl_xor_sync(0xffffffffu, cd[e], o);
+                }
+            if (lane < 8)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (col + e < N)
+                        p.part_sum[part * N + col + e] = cs[e],
+                                                    p.part_dot[part * N + col + e] = cd[e];
         }
+        warpgroup_barrier(bar);  // the staging area read back before it is written again
     }
 }
 
@@ -197,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int c = wg - 1, wt = tid & 127;
     float *stg = reinterpret_cast<float *>(gbase + kRingBytes + c * kStgBytes);
     const unsigned bits = base + (unsigned)(kBitsOffset + c * kBitsBytes);
-    const float alpha = p.s1 ? p.s0[0] * p.s1[0] : p.s0[0];
+    const float alpha = p.s0[0] * p.s1[0];
     float amax = 0.0f;
     float d[128];
     for (int j = 0, i = 0; j < my_tiles; j++) {

@@ -55,7 +55,7 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
                               const Epilogue &ep);
 
 // The binary linear layer's opt-in FP8 products with their epilogues (linear_backward_tma.cu):
-// out [M][N] = *s0 * *s1 * A B^T (s1 NULL: 1), A [M][K] and B [N][K] e4m3 rows of K bytes (K a
+// out [M][N] = *s0 * *s1 * A B^T, A [M][K] and B [N][K] e4m3 rows of K bytes (K a
 // multiple of 16, 16-byte aligned). The mask epilogue (grad_x; where mask is set): the values
 // rounded to out_type, zero where the clip bit (bit j of row i of mask, rows of ld bytes, ld a
 // multiple of 32) is clear, stored where out is set, and part_sum / part_dot
