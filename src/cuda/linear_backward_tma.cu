@@ -43,23 +43,150 @@ constexpr int kBKB = 128;  // bytes per row per k block: four wgmma k steps of 3
 constexpr int kStages = 3;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kStageA = kBM * kBKB, kStage = (kBM + kBN) * kBKB;
-// Shared memory after the 1024-byte alignment: the ring, the two consumers' staging areas
-// (bgemm_wgmma.cuh's), their tiles' clip and sign words (64 rows x 8 + 8 words each, the mask
-// epilogue), the full and empty barriers.
+// Shared memory after the 1024-byte alignment: the ring; the staging area (the two consumers'
+// of bgemm_wgmma.cuh, or the whole tile's 16-bit values for the epilogue warps); the tile's
+// clip and sign words (8 KB); the full and empty barriers, then the staged and drained ones.
 constexpr int kRingBytes = kStages * kStage;
-constexpr int kBitsBytes = 64 * 16 * 4;
+constexpr int kBitsBytes = 64 * 16 * 4;   // a consumer's (the inline mask epilogue)
+constexpr int kTilePitch = 2 * kBN + 16;  // bytes a row of the 16-bit staged tile
 constexpr int kBitsOffset = kRingBytes + 2 * kStgBytes;
 constexpr int kBarOffset = kBitsOffset + 2 * kBitsBytes;
-constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 2 * kStages * 8;
+constexpr size_t kSmem = 1024 + (size_t)kBarOffset + (2 * kStages + 2) * 8;
+static_assert(kBM * kTilePitch <= 2 * kStgBytes, "the 16-bit tile fits the staging area");
 static_assert(kStage % 1024 == 0 && kStageA % 1024 == 0, "stages keep the swizzle alignment");
 
+// The epilogues: the store (grad_w), the mask in the consumers (grad_x in f32), the mask in
+// the producer warpgroup's spare warps while the consumers go on with the next tile (grad_x
+// in a 16-bit type: the tile's values, rounded to it, fit the staging area).
+enum Mode { kStore, kMaskInline, kMaskAsync };
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr int kEpiThreads = 96;  // warps 1 .. 3 of the producer warpgroup
+constexpr int kEpiBar = 4;       // their named barrier
 
 // v as the output dtype gives it back.
 __device__ __forceinline__ float as_stored(float v, int type) {
     return type == kOutBF16  ? __bfloat162float(__float2bfloat16(v))
            : type == kOutF16 ? __half2float(__float2half(v))
                              : v;
+}
+
+// kMaskAsync, a consumer: its 64 rows of the tile (alpha d rounded to out_type) into the
+// staged tile tile16 (rows of kTilePitch bytes), pairs of columns as the m64n256 layout holds
+// them (a warp's 32-bit stores: 8 rows x 4 words in 32 banks).
+__device__ __forceinline__ void stage_tile16(const float (&d)[128], uint8_t *tile16, int c,
+                                             float alpha, int type) {
+    const int wt = threadIdx.x & 127, lane = wt & 31;
+    const int row = 64 * c + (wt >> 5) * 16 + (lane >> 2), col = 2 * (lane & 3);
+#pragma unroll
+    for (int n8 = 0; n8 < 32; n8++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float x = d[4 * n8 + 2 * h] * alpha, y = d[4 * n8 + 2 * h + 1] * alpha;
+            uint32_t v;
+            if (type == kOutBF16) {
+                const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
+                v = *reinterpret_cast<const uint32_t *>(&b);
+            } else {
+                const __half2 b = __floats2half2_rn(x, y);
+                v = *reinterpret_cast<const uint32_t *>(&b);
+            }
+            *reinterpret_cast<uint32_t *>(tile16 + (row + 8 * h) * kTilePitch +
+                                          2 * (8 * n8 + col)) = v;
+        }
+}
+
+__device__ __forceinline__ float half_bits_f32(uint32_t b, int type) {
+    return type == kOutBF16 ? __bfloat162float(__ushort_as_bfloat16((unsigned short)b))
+                            : __half2float(__ushort_as_half((unsigned short)b));
+}
+
+// kMaskAsync, the epilogue warps (ew = thread - 32 of the producer warpgroup) on one staged
+// tile (rows row0.., columns bn0.., tile row tm): the clip and sign words into bits [16][128]
+// (word, then row: 8 clip words, 8 sign words), then warp e takes the 32-column blocks e, e + 3,
+// .. : lane l the four columns 4 (l % 8).. of rows 16 q + 4 (l / 8) + i (both reads free of bank
+// conflicts), masks, stores 8 bytes a row and sums; part 2 tm + h gets rows 64 h .. 64 h + 63.
+// ready(): waits until the tile is staged (after the words are requested).
+template <class Ready>
+__device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, int row0, int bn0,
+                                         int tm, const BwdGemmArgs &p, Ready ready) {
+    const int ew = (int)threadIdx.x - 32, lane = ew & 31, e = ew >> 5;
+    const int M = (int)p.M, N = (int)p.N, type = p.out_type;
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kEpiBar), "n"(kEpiThreads) : "memory");  // bits free
+#pragma unroll
+    for (int batch = 0; batch < 2; batch++) {  // 512 16-byte pieces (row, which, half), 3 + 3
+        uint4 w[3];
+#pragma unroll
+        for (int q = 0; q < 3; q++) {
+            const int id = ew + kEpiThreads * (3 * batch + q), r = id >> 2;
+            const int which = (id >> 1) & 1, hf = id & 1;
+            w[q] = make_uint4(0, 0, 0, 0);
+            if (id < 512 && row0 + r < M)
+                w[q] = __ldg(reinterpret_cast<const uint4 *>((which ? p.signs : p.mask) +
+                                                             (int64_t)(row0 + r) * p.ld + bn0 / 8) +
+                             hf);
+        }
+#pragma unroll
+        for (int q = 0; q < 3; q++) {
+            const int id = ew + kEpiThreads * (3 * batch + q), r = id >> 2;
+            const int wd = ((id >> 1) & 1) * 8 + (id & 1) * 4;
+            if (id >= 512) continue;
+            bits[(wd + 0) * kBM + r] = w[q].x, bits[(wd + 1) * kBM + r] = w[q].y;
+            bits[(wd + 2) * kBM + r] = w[q].z, bits[(wd + 3) * kBM + r] = w[q].w;
+        }
+    }
+    ready();
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kEpiBar), "n"(kEpiThreads) : "memory");  // bits in
+    const bool aligned = p.out && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
+    const int sh = 4 * (lane & 7);
+    for (int cb = e; cb < 8; cb += 3) {
+        const int col = bn0 + 32 * cb + sh;
+        const bool live = col < N;  // N a multiple of 16: all four columns or none
+#pragma unroll 1
+        for (int h = 0; h < 2; h++) {
+            float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int it = 0; it < 16; it++) {
+                const int r = 64 * h + 16 * (it >> 2) + 4 * (lane >> 3) + (it & 3), row = row0 + r;
+                if (!live || row >= M) continue;
+                const uint2 raw =
+                    *reinterpret_cast<const uint2 *>(tile16 + r * kTilePitch + 2 * (32 * cb + sh));
+                const uint32_t mw = bits[cb * kBM + r] >> sh, sw = bits[(8 + cb) * kBM + r] >> sh;
+                const uint32_t hb[4] = {raw.x & 0xffffu, raw.x >> 16, raw.y & 0xffffu, raw.y >> 16};
+                uint32_t kept[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    kept[q] = (mw >> q) & 1 ? hb[q] : 0u;  // +0 in both 16-bit types
+                    const float v = half_bits_f32(kept[q], type);
+                    cs[q] += v;
+                    cd[q] += (sw >> q) & 1 ? v : -v;
+                }
+                if (p.out) {
+                    const int64_t at = (int64_t)row * N + col;
+                    if (aligned)
+                        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.out) + at) =
+                            make_uint2(kept[0] | kept[1] << 16, kept[2] | kept[3] << 16);
+                    else
+#pragma unroll
+                        for (int q = 0; q < 4; q++)
+                            static_cast<uint16_t *>(p.out)[at + q] = (uint16_t)kept[q];
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int o = 8; o < 32; o <<= 1) {
+                    cs[q] += __shfl_xor_sync(0xffffffffu, cs[q], o);
+                    cd[q] += __shfl_xor_sync(0xffffffffu, cd[q], o);
+                }
+            if (lane < 8 && live) {
+                const int64_t at = (int64_t)(2 * tm + h) * N + col;
+#pragma unroll
+                for (int q = 0; q < 4; q++) p.part_sum[at + q] = cs[q], p.part_dot[at + q] = cd[q];
+            }
+        }
+    }
 }
 
 // The mask epilogue's clip and sign words of a warpgroup's 64 rows (row0..) and 256 columns
@@ -161,16 +288,20 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool MASK>
+template <int MODE>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
              BwdGemmArgs p, int tiles_m, int tiles_n) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool MASK = MODE != kStore, ASYNC = MODE == kMaskAsync;
     extern __shared__ uint8_t smem[];
     __shared__ unsigned block_amax;  // the store epilogue's largest |value| (float bits)
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
     const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
+    // kMaskAsync: the tile staged (every consumer thread arrives) and read back (every
+    // epilogue thread), once a tile each
+    const unsigned staged = empty0 + kStages * 8, drained = staged + 8;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int kblocks = (int)((p.K + kBKB - 1) / kBKB);
     const int my_tiles =
@@ -183,14 +314,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
             mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
         }
+        mbar_init(staged, 256);
+        mbar_init(drained, kEpiThreads);
         mbar_init_fence();
         block_amax = 0u;
     }
     __syncthreads();
     pdl_wait();  // the operands and scales come from the kernels just before (pdl.cuh)
+    uint8_t *tile16 = gbase + kRingBytes;  // kMaskAsync's staged tile
 
-    if (wg == 0) {  // the producer
-        setmaxnreg_dec<40>();
+    if (wg == 0) {  // the producer (thread 0) and, kMaskAsync, the epilogue warps (1 .. 3)
+        setmaxnreg_dec<ASYNC ? 72 : 40>();
         if (tid == 0)
             tma_ring_produce(&map_a, &map_b, my_tiles, kblocks, kBKB, kStages, kStage, kStageA,
                              base, full0, empty0, [&](int j, int &row_a, int &row_b) {
@@ -198,11 +332,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  origin(j, tm, tn);
                                  row_a = tm * kBM, row_b = tn * kBN;
                              });
+        if constexpr (ASYNC) {
+            if (tid >= 32)
+                for (int j = 0; j < my_tiles; j++) {
+                    int tm, tn;
+                    origin(j, tm, tn);
+                    epi_tile(tile16, reinterpret_cast<uint32_t *>(gbase + kBitsOffset), tm * kBM,
+                             tn * kBN, tm, p, [&] { mbar_wait(staged, (unsigned)j & 1u); });
+                    mbar_arrive(drained);
+                }
+        }
         return;
     }
 
     // A consumer: rows 64 c .. of each tile.
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<ASYNC ? 216 : 232>();
     const int c = wg - 1, wt = tid & 127;
     float *stg = reinterpret_cast<float *>(gbase + kRingBytes + c * kStgBytes);
     const unsigned bits = base + (unsigned)(kBitsOffset + c * kBitsBytes);
@@ -212,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0, i = 0; j < my_tiles; j++) {
         int tm, tn;
         origin(j, tm, tn);
-        if constexpr (MASK) fetch_bits(p, bits, tm * kBM + c * 64, tn * kBN);
+        if constexpr (MODE == kMaskInline) fetch_bits(p, bits, tm * kBM + c * 64, tn * kBN);
 #pragma unroll
         for (int x = 0; x < 128; x++) d[x] = 0.0f;
         for (int kb = 0; kb < kblocks; kb++, i++) {
@@ -234,8 +378,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_acc(d);
         if (wt == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
-        bwd_epilogue<MASK>(d, stg, reinterpret_cast<const unsigned *>(gbase + (bits - base)),
-                           tm * kBM + c * 64, tn * kBN, (int64_t)tm * 2 + c, p, alpha, amax, c + 1);
+        if constexpr (ASYNC) {
+            if (j > 0) mbar_wait(drained, (unsigned)(j - 1) & 1u);  // the last tile read back
+            stage_tile16(d, tile16, c, alpha, p.out_type);
+            mbar_arrive(staged);
+        } else {
+            bwd_epilogue<MASK>(d, stg, reinterpret_cast<const unsigned *>(gbase + (bits - base)),
+                               tm * kBM + c * 64, tn * kBN, (int64_t)tm * 2 + c, p, alpha, amax,
+                               c + 1);
+        }
     }
     if constexpr (!MASK) {
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -275,7 +426,10 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
     CUtensorMap map_a, map_b;
     if (!tma_map_rows(&map_a, p.a, p.M, p.K, kBM) || !tma_map_rows(&map_b, p.b, p.N, p.K, kBN))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    auto fn = mask ? bwd_gemm<true> : bwd_gemm<false>;
+    // the mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in
+    // the consumers)
+    const bool async = mask && p.out_type != kOutF32 && !env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
+    auto fn = !mask ? bwd_gemm<kStore> : async ? bwd_gemm<kMaskAsync> : bwd_gemm<kMaskInline>;
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
