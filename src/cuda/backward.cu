@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
@@ -406,36 +407,69 @@ void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
     quantize_i8_partials(x, n, workspace, q);
 }
 
+template <typename T> cudaDataType_t blas_type() {
+    return std::is_same<T, float>::value           ? CUDA_R_32F
+           : std::is_same<T, __nv_bfloat16>::value ? CUDA_R_16BF
+                                                   : CUDA_R_16F;
+}
+
+// ±1 rows [rows, k] of T from layout sign rows.
+template <typename T>
+void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, T *dst) {
+    const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
+    signs_of_words<T><<<grid_for(rows * chunks), 256, 0, current_stream>>>(
+        bits, ld, rows, k, rows_aligned16<T>(dst, k), dst);
+}
+
+// grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a (xsign: the ±1
+// activations [m, k] in T, expanded here), in cuBLAS.
+template <typename T>
+bie_status grad_w_product(cublasHandle_t h, const bie_cuda_bl_backward_args &a, T *xsign,
+                          const float *zero) {
+    const cudaDataType_t ctype = blas_type<T>();
+    expand_signs<T>(a.signs, a.ld, a.m, a.k, xsign);
+    return blas_check(
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)a.k, (int)a.n, (int)a.m, a.saved_scales,
+                     xsign, ctype, (int)a.k, a.grad_out, ctype, (int)a.n, zero, a.grad_w,
+                     CUDA_R_32F, (int)a.k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (grad_w)");
+}
+
+template <typename T> bie_status exact_grad_w(const bie_cuda_bl_backward_args &a) {
+    Workspace<1> ws;  // ±1 activations [m, k] (T)
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)(a.m * a.k) * sizeof(T)}, "cudaMallocAsync (backward workspace)"));
+    cublasHandle_t h = nullptr;
+    float *zero = nullptr;
+    bie_status s = blas_handle(&h);
+    if (s == BIE_OK) s = device_zero(&zero);
+    if (s == BIE_OK) s = grad_w_product<T>(h, a, ws.at<T>(0), zero);
+    return ws.release(s);
+}
+template bie_status exact_grad_w<__nv_bfloat16>(const bie_cuda_bl_backward_args &);
+template bie_status exact_grad_w<__half>(const bie_cuda_bl_backward_args &);
+
 // The exact products (SPEC §2): grad_x before the mask, g [m, k] (f32), and grad_w, in cuBLAS
 // on ±1 operands expanded from the sign bits (a workspace of their own).
 template <typename T>
 bie_status exact_products(const bie_cuda_bl_backward_args &a, cudaDataType_t ctype,
                           const float *zero, float *g) {
-    cudaStream_t st = current_stream;
     const int64_t m = a.m, n = a.n, k = a.k;
     Workspace<2> ws;  // ±1 weight [n, k], ±1 activations [m, k] (T)
     BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T)},
                           "cudaMallocAsync (backward workspace)"));
     T *wsign = ws.at<T>(0), *xsign = ws.at<T>(1);
-    const bool vec = rows_aligned16<T>(wsign, k);  // the workspace pieces are 256-aligned
     cublasHandle_t h = nullptr;
     bie_status s = blas_handle(&h);
     if (s != BIE_OK) return ws.release(s);
-    const int64_t chunks = (k * (int64_t)sizeof(T) + 15) / 16;  // signs_of_words's per row
-    signs_of_words<T><<<grid_for(n * chunks), 256, 0, st>>>(a.wbits, a.ld, n, k, vec, wsign);
-    signs_of_words<T><<<grid_for(m * chunks), 256, 0, st>>>(a.signs, a.ld, m, k, vec, xsign);
+    expand_signs<T>(a.wbits, a.ld, n, k, wsign);
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ sign(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wsign,
                      ctype, (int)k, a.grad_out, ctype, (int)n, zero, g, CUDA_R_32F, (int)k,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (grad_x)");
-    if (s != BIE_OK) return ws.release(s);
-    // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a
-    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
-                                xsign, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
-                                CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx (grad_w)");
+    if (s == BIE_OK) s = grad_w_product<T>(h, a, xsign, zero);
     return ws.release(s);
 }
 
@@ -504,6 +538,7 @@ bie_status backward_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t cty
     const int64_t m = a.m, n = a.n, k = a.k;
     const bool fp8_fits = fp8_backward_fits(a);
     if (fp8_fits && fp8_backward_fused_usable()) return fp8_backward_fused(a);
+    if (!fp8_fits && exact_fused_fits(a)) return exact_backward_fused(a);
     // the FP8 products leave g in T: for 16-bit layers the mask pass's registers then allow
     // two blocks an SM
     const bool g16 = fp8_fits && sizeof(T) == 2;

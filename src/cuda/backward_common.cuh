@@ -139,6 +139,14 @@ void linear_part_sums(const float *part_sum, const float *part_dot, int64_t part
 // (cuBLASLt and the mask pass then): every gradient.
 bool fp8_backward_fused_usable();
 bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a);
+// The exact backward of a 16-bit layer with grad_x, the mask and its sums on the same kernel
+// (16-bit operands; grad_w in cuBLAS): where it applies (bf16 / f16, n and k multiples of 16,
+// grad_out 16-byte aligned, the fused kernels usable), and the backward (every gradient).
+bool exact_fused_fits(const bie_cuda_bl_backward_args &a);
+bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a);
+// The exact grad_w [n, k] = scale_a grad_out^T sign(x') in cuBLAS (T: the layer's dtype), on
+// ±1 activations expanded from the sign bits (a workspace of its own).
+template <typename T> bie_status exact_grad_w(const bie_cuda_bl_backward_args &a);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);

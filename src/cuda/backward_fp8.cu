@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
@@ -70,17 +71,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// Sign bits of `rows` layout rows (rows a multiple of 16; ld bytes; bit j of row r: element
-// (r, j), j < k) -> the transposed ±1 matrix [k, rows] in e4m3 (0x38 = 1, 0xb8 = -1). Block:
-// 128 rows x kSignWords 32-bit words of columns (256 columns, 32 KB of output). The block's
-// words are read first (eight threads a row: 32 contiguous bytes) into shared memory; then
-// each thread makes 16 consecutive rows of one column a step (one 16-byte store), eight
-// steps. A warp's step: 8 columns of one word x 64 rows (8 runs of 64 contiguous bytes), its
-// four row chunks 16 rows apart, which sign_at places in four banks.
+// Sign bits of `rows` layout rows (bit j of row r: element (r, j), j < k; ld bytes) -> the
+// transposed ±1 matrix [k, rows] of ES-byte elements (pos / neg: the bits of +1 / -1; rows a
+// multiple of 16 / ES). Block: 128 rows x kSignWords 32-bit words of columns (256 columns).
+// The block's words are read first (eight threads a row: 32 contiguous bytes) into shared
+// memory; then each thread makes R = 16 / ES consecutive rows of one column a step (one
+// 16-byte store), 128 / R steps. A warp's step: 8 columns of one word x 4 R rows (8 runs of
+// 64 contiguous bytes), its four row chunks R rows apart, which sign_at spreads over banks.
 constexpr int kSignWords = 8;
 __device__ __forceinline__ int sign_at(int i, int wd) { return i * (kSignWords + 1) + wd + i / 32; }
+template <int ES>
 __global__ void __launch_bounds__(256)
-    fp8_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint8_t *out) {
+    signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint32_t pos, uint32_t neg,
+            uint8_t *out) {
+    constexpr int R = 16 / ES, CH = 128 / R;  // rows a store, row chunks a block
     __shared__ uint32_t words[128 * (kSignWords + 1) + 4];
     const int64_t r0 = (int64_t)blockIdx.y * 128, w0 = (int64_t)blockIdx.x * kSignWords;
     const int64_t row_words = (k + 31) / 32;
@@ -94,17 +98,19 @@ __global__ void __launch_bounds__(256)
     __syncthreads();
     const int lane = (int)threadIdx.x & 31;
 #pragma unroll
-    for (int q = 0; q < 8; q++) {
-        const int task = q * 8 + ((int)threadIdx.x >> 5);  // 32 column groups x 2 row halves
-        const int j = (task >> 1) * 8 + (lane & 7), i0 = ((task & 1) * 4 + (lane >> 3)) * 16;
+    for (int q = 0; q < CH; q++) {
+        const int t = q * 8 + ((int)threadIdx.x >> 5);  // 32 column groups x CH / 4 row groups
+        const int j = (t / (CH / 4)) * 8 + (lane & 7);
+        const int i0 = ((t % (CH / 4)) * 4 + (lane >> 3)) * R;
         const int64_t col = w0 * 32 + j;
         if (col >= k || r0 + i0 >= rows) continue;
         uint32_t v[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int e = 0; e < 16; e++)
-            v[e / 4] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? 0x38u : 0xb8u)
-                        << (8 * (e % 4));
-        *reinterpret_cast<uint4 *>(out + col * rows + r0 + i0) = make_uint4(v[0], v[1], v[2], v[3]);
+        for (int e = 0; e < R; e++)
+            v[e * ES / 4] |= ((words[sign_at(i0 + e, j / 32)] >> (j % 32)) & 1 ? pos : neg)
+                             << (8 * ES * (e % (4 / ES)));
+        *reinterpret_cast<uint4 *>(out + (col * rows + r0 + i0) * ES) =
+            make_uint4(v[0], v[1], v[2], v[3]);
     }
 }
 
@@ -283,8 +289,10 @@ void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
     const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
-    fp8_signs_t<<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, swt);
-    fp8_signs_t<<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, sxt);
+    signs_t<1><<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, 0x38u,
+                                                                         0xb8u, swt);
+    signs_t<1><<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, 0x38u,
+                                                                         0xb8u, sxt);
 }
 
 // The products in cuBLASLt: grad_x before the mask into g (ctype: T's, so one rounding, the
@@ -361,7 +369,51 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     return ws.release(s);
 }
 
+// The exact backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel:
+// grad_x [m, k] = scale_w grad_out sign(w) with A = grad_out [m][n] as it lies and B = sign(w)
+// as [k][n] in T (±1 exact), the mask and its sums in the epilogue (of the values as stored,
+// as a 16-bit grad_x tensor sums); grad_w in cuBLAS, then its int8 quantization.
+template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
+    const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
+    Workspace<5> ws;  // ±1 weight [k][n], the sums' parts, their dots, amax partials
+    BIE_CUDA_TRY(ws.alloc(
+        {(size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
+         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes()},
+        "cudaMallocAsync (backward workspace)"));
+    T *wst = ws.at<T>(0);
+    float *part_sum = ws.at<float>(1), *part_dot = ws.at<float>(2), *one = nullptr;
+    bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
+    if (s != BIE_OK) return ws.release(s);
+    constexpr bool half = std::is_same<T, __half>::value;
+    signs_t<2><<<dim3((unsigned)((k + 255) / 256), (unsigned)((n + 127) / 128)), 256, 0,
+                 current_stream>>>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u,
+                                   half ? 0xbc00u : 0xbf80u, reinterpret_cast<uint8_t *>(wst));
+    BwdGemmArgs gx = {};
+    gx.op = kOpSame16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wst;
+    gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
+    gx.out_type = out_type_of(a.dtype);
+    gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
+    gx.part_dot = part_dot;
+    s = bwd_gemm_tma_launch(gx);
+    if (s == BIE_OK)
+        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
+                         ws.at<double>(3), a.grad_bias, a.grad_scale_a);
+    if (s == BIE_OK) s = exact_grad_w<T>(a);
+    if (s == BIE_OK && a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(4), a.grad_w_i8);
+    if (s == BIE_OK) s = check(cudaGetLastError(), "binary linear backward kernels");
+    return ws.release(s);
+}
+
 }  // namespace
+
+bool exact_fused_fits(const bie_cuda_bl_backward_args &a) {
+    return (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.n % 16 == 0 && a.k % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 && fp8_backward_fused_usable();
+}
+
+bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a) {
+    return a.dtype == BIE_BF16 ? exact_fused_typed<__nv_bfloat16>(a) : exact_fused_typed<__half>(a);
+}
 
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;

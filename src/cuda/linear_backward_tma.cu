@@ -1,18 +1,20 @@
-// The binary linear layer's opt-in FP8 backward products with the passes after them in their
-// epilogues (sm_90a): kernel 121's pipeline (bgemm_tma.cu: persistent blocks, a TMA producer
-// warpgroup, two consumer warpgroups of 64 rows, a three-stage ring of 128-byte k blocks) on
-// e4m3 rows, four wgmma.m64n256k32.f32.e4m3.e4m3 a k block, f32 accumulators (the tensor
-// cores sum the whole reduction in their own accumulator: below f32, bie.h).
+// The binary linear layer's backward products with the passes after them in their epilogues
+// (sm_90a): kernel 121's pipeline (bgemm_tma.cu: persistent blocks, a TMA producer warpgroup,
+// two consumer warpgroups of 64 rows, a three-stage ring of 128-byte k blocks) on e4m3 rows
+// (the opt-in FP8 backward: four wgmma.m64n256k32.f32.e4m3.e4m3 a k block) or on 16-bit rows
+// (the exact grad_x of a 16-bit layer: four wgmma.m64n256k16.f32.bf16 / f16), f32 accumulators
+// (the tensor cores sum the whole reduction in their own accumulator: below f32, bie.h).
 //
-// out [M][N] = alpha A B^T with A [M][K] and B [N][K] e4m3 rows of K bytes (K-major both, the
-// only layout 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the
-// layer's scale and grad_out's dequantization factor, read on the device).
-// Two epilogues:
+// out [M][N] = alpha A B^T with A [M][K] and B [N][K] rows (K-major both, the only layout
+// 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the layer's
+// scale and grad_out's dequantization factor, read on the device). Three epilogues:
 // - the mask (grad_x): each value rounded to the output dtype, zero where the clip bit is
-//   clear, stored (unless out is NULL); per consumer warpgroup of a tile row (64 rows) the
-//   column sums of those values (as stored) and of their products
-//   with sign(x') into part_sum / part_dot [2 tiles_m][N] (each column of a part written by
-//   the one block that owns it);
+//   clear, stored (unless out is NULL); per 64 rows of a tile the column sums of those values
+//   (as stored) and of their products with sign(x') into part_sum / part_dot [2 tiles_m][N]
+//   (each column of a part written by the one block that owns it). For a 16-bit grad_x the
+//   consumers leave the rounded tile in shared memory and go on with their next tile while
+//   the producer warpgroup's three spare warps apply it (kMaskAsync); an f32 grad_x is done
+//   in the consumers (kMaskInline);
 // - the store (grad_w): the f32 values and, per block, the largest |value| into
 //   amax_part[blockIdx.x] (entries past the grid zero), ready for quantize_i8_partials.
 #include <cuda.h>
@@ -22,6 +24,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "backward_common.cuh"
 #include "bgemm_wgmma.cuh"
@@ -70,6 +73,15 @@ __device__ __forceinline__ float as_stored(float v, int type) {
     return type == kOutBF16  ? __bfloat162float(__float2bfloat16(v))
            : type == kOutF16 ? __half2float(__float2half(v))
                              : v;
+}
+
+// One 32-byte k step of a k block: wgmma m64n256k32 on e4m3 or m64n256k16 on 16-bit floats.
+template <typename E>
+__device__ __forceinline__ void mma_step(float (&d)[128], uint64_t a, uint64_t b) {
+    if constexpr (std::is_same<E, uint8_t>::value)
+        wgmma_e4m3_ss_64x256x32(d, a, b);
+    else
+        wgmma_f16_ss<E, 256>(d, a, b);
 }
 
 // kMaskAsync, a consumer: its 64 rows of the tile (alpha d rounded to out_type) into the
@@ -288,7 +300,8 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int MODE>
+// E: uint8_t (e4m3 operands), __nv_bfloat16 or __half.
+template <int MODE, typename E>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
              BwdGemmArgs p, int tiles_m, int tiles_n) {
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // epilogue thread), once a tile each
     const unsigned staged = empty0 + kStages * 8, drained = staged + 8;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int kblocks = (int)((p.K + kBKB - 1) / kBKB);
+    const int kblocks = (int)((p.K * (int64_t)sizeof(E) + kBKB - 1) / kBKB);
     const int my_tiles =
         (tiles_m * tiles_n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     auto origin = [&](int j, int &tm, int &tn) {
@@ -368,8 +381,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_fence();
 #pragma unroll
             for (int q = 0; q < kBKB / 32; q++)
-                wgmma_e4m3_ss_64x256x32(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
-                                        smem_desc(b_tile + 32 * q, 16, 1024, 1));
+                mma_step<E>(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
+                            smem_desc(b_tile + 32 * q, 16, 1024, 1));
             wgmma_commit();
             wgmma_wait<1>();
             fence_acc(d);
@@ -414,8 +427,12 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
     if (!bwd_gemm_tma_usable())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
     const int64_t tiles_m = (p.M + kBM - 1) / kBM, tiles_n = (p.N + kBN - 1) / kBN;
-    if (p.M < 1 || p.N < 1 || p.K < 1 || p.K % 16 != 0 || p.M > INT_MAX || p.N > INT_MAX ||
-        tiles_m * tiles_n > INT_MAX || p.M * p.N > ((int64_t)1 << 40))
+    const bool same16 = p.op == kOpSame16;
+    const int64_t row_bytes = p.K * (same16 ? 2 : 1);
+    if (same16 && (!mask || p.out_type == kOutF32))
+        return bie_fail(BIE_ERR_INTERNAL, "%s: 16-bit operands take the mask epilogue", who);
+    if (p.M < 1 || p.N < 1 || p.K < 1 || row_bytes % 16 != 0 || p.N % 16 != 0 || p.M > INT_MAX ||
+        p.N > INT_MAX || tiles_m * tiles_n > INT_MAX || p.M * p.N > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.M,
                         (long long)p.N, (long long)p.K);
     if (mask ? p.signs == nullptr || p.part_sum == nullptr || p.part_dot == nullptr || p.ld % 32 ||
@@ -424,12 +441,17 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
              : p.out == nullptr || p.amax_part == nullptr)
         return bie_fail(BIE_ERR_INTERNAL, "%s: epilogue arguments", who);
     CUtensorMap map_a, map_b;
-    if (!tma_map_rows(&map_a, p.a, p.M, p.K, kBM) || !tma_map_rows(&map_b, p.b, p.N, p.K, kBN))
+    if (!tma_map_rows(&map_a, p.a, p.M, row_bytes, kBM) ||
+        !tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     // the mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in
     // the consumers)
     const bool async = mask && p.out_type != kOutF32 && !env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
-    auto fn = !mask ? bwd_gemm<kStore> : async ? bwd_gemm<kMaskAsync> : bwd_gemm<kMaskInline>;
+    auto fn = same16  ? (p.out_type == kOutBF16 ? bwd_gemm<kMaskAsync, __nv_bfloat16>
+                                                : bwd_gemm<kMaskAsync, __half>)
+              : !mask ? bwd_gemm<kStore, uint8_t>
+              : async ? bwd_gemm<kMaskAsync, uint8_t>
+                      : bwd_gemm<kMaskInline, uint8_t>;
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),

@@ -55,14 +55,18 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
                               const Epilogue &ep);
 
 // The binary linear layer's opt-in FP8 products with their epilogues (linear_backward_tma.cu):
-// out [M][N] = *s0 * *s1 * A B^T, A [M][K] and B [N][K] e4m3 rows of K bytes (K a
-// multiple of 16, 16-byte aligned). The mask epilogue (grad_x; where mask is set): the values
-// rounded to out_type, zero where the clip bit (bit j of row i of mask, rows of ld bytes, ld a
-// multiple of 32) is clear, stored where out is set, and part_sum / part_dot
+// out [M][N] = *s0 * *s1 * A B^T, A [M][K] and B [N][K] rows of K operands (e4m3 or 16-bit:
+// op) in whole 16-byte units, 16-byte aligned; N a multiple of 16. The mask epilogue (grad_x; where
+// mask is set): the values rounded to out_type, zero where the clip bit (bit j of row i of mask,
+// rows of ld bytes, ld a multiple of 32) is clear, stored where out is set, and part_sum / part_dot
 // [bwd_gemm_parts(M)][N] the column sums of those values (as stored) and of their products with the
 // sign bits (signs, the same layout). Otherwise the store epilogue (grad_w): out f32, and amax_part
 // [kAmaxBlocks] the partial maxima of |out|.
+// The operands: e4m3 values (the FP8 backward) or 16-bit floats of the output's type (the
+// exact one, mask epilogue and a 16-bit out_type only), K of them a row.
+enum BwdOperands { kOpE4M3 = 0, kOpSame16 = 1 };
 struct BwdGemmArgs {
+    int op;  // BwdOperands
     int64_t M, N, K;
     const void *a, *b;
     const float *s0, *s1;
