@@ -114,6 +114,15 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// signs_t on the current stream: a block per 128 rows and kSignWords words of columns.
+template <int ES>
+void launch_signs_t(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, uint32_t pos,
+                    uint32_t neg, uint8_t *out) {
+    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
+    signs_t<ES><<<dim3(words, (unsigned)((rows + 127) / 128)), 256, 0, current_stream>>>(
+        bits, ld, rows, k, pos, neg, out);
+}
+
 thread_local cublasLtHandle_t lt = nullptr;
 
 bie_status lt_check(cublasStatus_t s, const char *what) {
@@ -288,11 +297,8 @@ void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    const unsigned words = (unsigned)((k + 32 * kSignWords - 1) / (32 * kSignWords));
-    signs_t<1><<<dim3(words, (unsigned)((n + 127) / 128)), 256, 0, st>>>(a.wbits, a.ld, n, k, 0x38u,
-                                                                         0xb8u, swt);
-    signs_t<1><<<dim3(words, (unsigned)((m + 127) / 128)), 256, 0, st>>>(a.signs, a.ld, m, k, 0x38u,
-                                                                         0xb8u, sxt);
+    launch_signs_t<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, swt);
+    launch_signs_t<1>(a.signs, a.ld, m, k, 0x38u, 0xb8u, sxt);
 }
 
 // The products in cuBLASLt: grad_x before the mask into g (ctype: T's, so one rounding, the
@@ -385,9 +391,8 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
     if (s != BIE_OK) return ws.release(s);
     constexpr bool half = std::is_same<T, __half>::value;
-    signs_t<2><<<dim3((unsigned)((k + 255) / 256), (unsigned)((n + 127) / 128)), 256, 0,
-                 current_stream>>>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u,
-                                   half ? 0xbc00u : 0xbf80u, reinterpret_cast<uint8_t *>(wst));
+    launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
+                      reinterpret_cast<uint8_t *>(wst));
     BwdGemmArgs gx = {};
     gx.op = kOpSame16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wst;
     gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
