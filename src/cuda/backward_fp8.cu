@@ -378,7 +378,8 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // The exact backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel:
 // grad_x [m, k] = scale_w grad_out sign(w) with A = grad_out [m][n] as it lies and B = sign(w)
 // as [k][n] in T (±1 exact), the mask and its sums in the epilogue (of the values as stored,
-// as a 16-bit grad_x tensor sums); grad_w in cuBLAS, then its int8 quantization.
+// as a 16-bit grad_x tensor sums); grad_w on linear_wgrad_tma.cu's kernel from grad_out and the
+// sign bits, then its int8 quantization.
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     Workspace<5> ws;  // ±1 weight [k][n], the sums' parts, their dots, amax partials
@@ -403,8 +404,19 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     if (s == BIE_OK)
         linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
                          ws.at<double>(3), a.grad_bias, a.grad_scale_a);
-    if (s == BIE_OK) s = exact_grad_w<T>(a);
-    if (s == BIE_OK && a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, ws.at<float>(4), a.grad_w_i8);
+    float *wamax = ws.at<float>(4);
+    // grad_w on linear_wgrad_tma.cu's kernel (its amax in the epilogue; BIE_CUDA_LINEAR_WGRAD=0:
+    // in cuBLAS, then an amax pass)
+    static const bool own_wgrad = !env_is("BIE_CUDA_LINEAR_WGRAD", "0");
+    if (s == BIE_OK && own_wgrad && linear_wgrad16_usable()) {
+        const WgradArgs wa = {half,           m,        n,    k, a.grad_out, a.signs, a.ld,
+                              a.saved_scales, a.grad_w, wamax};
+        s = linear_wgrad16_launch(wa);
+        if (s == BIE_OK && a.grad_w_i8) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
+    } else if (s == BIE_OK) {
+        s = exact_grad_w<T>(a);
+        if (s == BIE_OK && a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, wamax, a.grad_w_i8);
+    }
     if (s == BIE_OK) s = check(cudaGetLastError(), "binary linear backward kernels");
     return ws.release(s);
 }

@@ -172,17 +172,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 namespace {
 
-// A tensor map of bytes (rank dims, the innermost first) read in 128-byte-swizzled boxes, parts
-// outside the tensor zero-filled.
+// A tensor map of bytes (rank dims, the innermost first) read in 128-byte-swizzled boxes (or, with
+// swizzle false, boxes stored as they lie), parts outside the tensor zero-filled.
 bool encode_swizzled(CUtensorMap *map, const void *base, cuuint32_t rank, const cuuint64_t *dims,
                      const cuuint64_t *strides, const cuuint32_t *box,
-                     const cuuint32_t *unit = nullptr) {
+                     const cuuint32_t *unit = nullptr, bool swizzle = true) {
     const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
     const cuuint32_t ones[4] = {1, 1, 1, 1};
     if (unit == nullptr) unit = ones;
     return fn != nullptr && fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void *>(base),
                                dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -194,6 +195,15 @@ bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, 
     const cuuint64_t strides[1] = {(cuuint64_t)ld};
     const cuuint32_t box[2] = {128, (cuuint32_t)box_rows};
     return encode_swizzled(map, base, 2, dims, strides, box);
+}
+
+bool tma_map_bytes(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_bytes,
+                   int box_rows) {
+    if (rows < 1 || ld % 16 != 0 || box_bytes % 16 != 0) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)ld, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld};
+    const cuuint32_t box[2] = {(cuuint32_t)box_bytes, (cuuint32_t)box_rows};
+    return encode_swizzled(map, base, 2, dims, strides, box, nullptr, false);
 }
 
 bool tma_map_nhwc(CUtensorMap *map, const void *base, int64_t n, int64_t h, int64_t w, int64_t ld,

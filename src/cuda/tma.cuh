@@ -110,6 +110,10 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 // the wgmma descriptors read); rows past the end arrive as zeros. False where the driver
 // cannot make it.
 bool tma_map_rows(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_rows);
+// The same read in boxes of box_rows rows x box_bytes bytes (a multiple of 16, at most 256) stored
+// as they lie (no swizzle).
+bool tma_map_bytes(CUtensorMap *map, const void *base, int64_t rows, int64_t ld, int box_bytes,
+                   int box_rows);
 // A 4D tensor map of an NHWC-like tensor [n][h][w] of rows of `ld` bytes (16-byte aligned, ld a
 // multiple of 16), read in boxes of 128 bytes x bw x bh x bn pixels (taking every step-th pixel
 // along w and h: a box spans bw step x bh step, each at most 256) into 128-byte-swizzled

@@ -230,6 +230,17 @@ __device__ __forceinline__ void wgmma_f16_ss_mn64(float (&d)[32], uint64_t a, ui
         BIE_WGMMA_F16_SS("m64n64k16", "bf16", BIE_WG_NAMES32, BIE_WGF32, "%32", "%33", "%34",
                          "1, 1");
 }
+// The same over 64 x 256 x 16 (A: K rows of the 64 M values, B: K rows of the 256 N values in
+// four 64-value column blocks, LBO apart).
+template <typename T>
+__device__ __forceinline__ void wgmma_f16_ss_mn256(float (&d)[128], uint64_t a, uint64_t b) {
+    if constexpr (std::is_same<T, __half>::value)
+        BIE_WGMMA_F16_SS("m64n256k16", "f16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "1, 1");
+    else
+        BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "1, 1");
+}
 #undef BIE_WGMMA_F16
 #undef BIE_WGMMA_F16_SS
 #undef BIE_WGF4

@@ -80,6 +80,23 @@ bool bwd_gemm_tma_usable();
 int64_t bwd_gemm_parts(int64_t M);
 bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p);
 
+// The exact grad_w of a 16-bit binary linear layer (linear_wgrad_tma.cu): grad_w [n][k] (f32) =
+// *scale grad_out^T sign(x'), from grad_out [m][n] (f16 where half, else bf16; 16-byte aligned,
+// n a multiple of 8) and the sign bits of x' (bit j of row r: element (r, j); rows of ld bytes,
+// ld a multiple of 16), with amax_part [kAmaxBlocks] the partial maxima of |grad_w| (for
+// quantize_i8_partials).
+struct WgradArgs {
+    bool half;
+    int64_t m, n, k;
+    const void *grad_out;
+    const uint8_t *signs;
+    int64_t ld;
+    const float *scale;
+    float *grad_w, *amax_part;
+};
+bool linear_wgrad16_usable();
+bie_status linear_wgrad16_launch(const WgradArgs &p);
+
 // Binary conv2d grad_x, halo form (conv_dgrad_wgmma.cu): the arguments of conv_backward_mma.cu's
 // dgrad_halo_mma (gt, wt, grad_x in the layer's 16-bit type: half selects f16, else bf16), rb
 // 64-row blocks per warpgroup (tiles of 128 rb pixels) and nb input channels a block (64, or

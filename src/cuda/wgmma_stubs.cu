@@ -39,6 +39,11 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda linear backward gemm: built without sm_90a code");
 }
 
+bool linear_wgrad16_usable() { return false; }
+bie_status linear_wgrad16_launch(const WgradArgs &) {
+    return bie_fail(BIE_ERR_UNSUPPORTED, "cuda linear grad_w (wgmma): built without sm_90a code");
+}
+
 size_t dgrad_halo_wgmma_smem(int, int, int, int, int, int) { return 0; }
 bie_status dgrad_halo_wgmma_launch(const DgradHaloArgs &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda conv grad_x (wgmma): built without sm_90a code");

@@ -299,7 +299,10 @@ int main(int argc, char **argv) {
                                         /* partial tiles of the fused FP8 kernels (rows not
                                          * a multiple of 128, columns of 256, k blocks of 128) */
                                         {272, 400, 144},
-                                        {16, 2064, 48}};
+                                        {16, 2064, 48},
+                                        /* the exact grad_w kernel's partial tiles (batch
+                                         * rows of 64, features of 128, outputs of 256) */
+                                        {80, 144, 272}};
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
