@@ -377,14 +377,16 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 
 // The exact backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel:
 // grad_x [m, k] = scale_w grad_out sign(w) with A = grad_out [m][n] as it lies and B = sign(w)
-// as [k][n] in T (±1 exact), the mask and its sums in the epilogue (of the values as stored,
-// as a 16-bit grad_x tensor sums); grad_w on linear_wgrad_tma.cu's kernel from grad_out and the
-// sign bits, then its int8 quantization.
+// made on chip from the weight's sign bits (±1 exact; BIE_CUDA_LINEAR_BITS=0: from a ±1
+// matrix [k][n] in T written first), the mask and its sums in the epilogue (of the values as
+// stored, as a 16-bit grad_x tensor sums); grad_w on linear_wgrad_tma.cu's kernel from
+// grad_out and the sign bits, then its int8 quantization.
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
-    Workspace<5> ws;  // ±1 weight [k][n], the sums' parts, their dots, amax partials
+    static const bool on_chip = !env_is("BIE_CUDA_LINEAR_BITS", "0");
+    Workspace<5> ws;  // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax
     BIE_CUDA_TRY(ws.alloc(
-        {(size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
+        {on_chip ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
          (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes()},
         "cudaMallocAsync (backward workspace)"));
     T *wst = ws.at<T>(0);
@@ -392,10 +394,14 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
     if (s != BIE_OK) return ws.release(s);
     constexpr bool half = std::is_same<T, __half>::value;
-    launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
-                      reinterpret_cast<uint8_t *>(wst));
     BwdGemmArgs gx = {};
-    gx.op = kOpSame16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wst;
+    gx.op = kOpBits16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = a.wbits;
+    gx.ldb = a.ld;
+    if (!on_chip) {
+        launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
+                          reinterpret_cast<uint8_t *>(wst));
+        gx.op = kOpSame16, gx.b = wst;
+    }
     gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
     gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;

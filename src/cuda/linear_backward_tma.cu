@@ -3,7 +3,9 @@
 // two consumer warpgroups of 64 rows, a three-stage ring of 128-byte k blocks) on e4m3 rows
 // (the opt-in FP8 backward: four wgmma.m64n256k32.f32.e4m3.e4m3 a k block) or on 16-bit rows
 // (the exact grad_x of a 16-bit layer: four wgmma.m64n256k16.f32.bf16 / f16), f32 accumulators
-// (the tensor cores sum the whole reduction in their own accumulator: below f32, bie.h).
+// (the tensor cores sum the whole reduction in their own accumulator: below f32, bie.h). For
+// the exact grad_x, B (the ±1 weight) is made in each stage by the consumers from the weight's
+// sign bits, which the producer brings with A (kOpBits16: no ±1 matrix in memory).
 //
 // out [M][N] = alpha A B^T with A [M][K] and B [N][K] rows (K-major both, the only layout
 // 8-bit wgmma reads; the tensor maps zero-fill past K) and alpha = *s0 * *s1 (the layer's
@@ -49,14 +51,25 @@ constexpr int kStageA = kBM * kBKB, kStage = (kBM + kBN) * kBKB;
 // Shared memory after the 1024-byte alignment: the ring; the staging area (the two consumers'
 // of bgemm_wgmma.cuh, or the whole tile's 16-bit values for the epilogue warps); the tile's
 // clip and sign words (8 KB); the full and empty barriers, then the staged and drained ones.
-constexpr int kRingBytes = kStages * kStage;
+// With B from sign bits (kOpBits16), a stage also holds the k block's bits (64 rows x 32
+// bytes) after B, and the staging area only the 16-bit tile.
 constexpr int kBitsBytes = 64 * 16 * 4;   // a consumer's (the inline mask epilogue)
 constexpr int kTilePitch = 2 * kBN + 16;  // bytes a row of the 16-bit staged tile
-constexpr int kBitsOffset = kRingBytes + 2 * kStgBytes;
-constexpr int kBarOffset = kBitsOffset + 2 * kBitsBytes;
-constexpr size_t kSmem = 1024 + (size_t)kBarOffset + (2 * kStages + 2) * 8;
+constexpr int kBBits = 64 * kBN / 8;      // kOpBits16: a k block's sign bits of B
+__host__ __device__ constexpr int stage_bytes(bool bits) { return kStage + (bits ? kBBits : 0); }
+__host__ __device__ constexpr int ring_bytes(bool bits) { return kStages * stage_bytes(bits); }
+__host__ __device__ constexpr int bits_offset(bool bits) {
+    return ring_bytes(bits) + (bits ? kBM * kTilePitch : 2 * kStgBytes);
+}
+__host__ __device__ constexpr int bar_offset(bool bits) {
+    return bits_offset(bits) + 2 * kBitsBytes;
+}
+constexpr size_t smem_bytes(bool bits) {
+    return 1024 + (size_t)bar_offset(bits) + (2 * kStages + 2) * 8;
+}
 static_assert(kBM * kTilePitch <= 2 * kStgBytes, "the 16-bit tile fits the staging area");
-static_assert(kStage % 1024 == 0 && kStageA % 1024 == 0, "stages keep the swizzle alignment");
+static_assert(stage_bytes(true) % 1024 == 0 && kStage % 1024 == 0 && kStageA % 1024 == 0,
+              "stages keep the swizzle alignment");
 
 // The epilogues: the store (grad_w), the mask in the consumers (grad_x in f32), the mask in
 // the producer warpgroup's spare warps while the consumers go on with the next tile (grad_x
@@ -75,13 +88,36 @@ __device__ __forceinline__ float as_stored(float v, int type) {
                              : v;
 }
 
-// One 32-byte k step of a k block: wgmma m64n256k32 on e4m3 or m64n256k16 on 16-bit floats.
-template <typename E>
+// One 32-byte k step of a k block: wgmma m64n256k32 on e4m3 or m64n256k16 on 16-bit floats
+// (BN: B N-major, 16 rows of the k block from b on).
+template <typename E, bool BN>
 __device__ __forceinline__ void mma_step(float (&d)[128], uint64_t a, uint64_t b) {
     if constexpr (std::is_same<E, uint8_t>::value)
         wgmma_e4m3_ss_64x256x32(d, a, b);
+    else if constexpr (BN)
+        wgmma_f16_ss_bn256<E>(d, a, b);
     else
         wgmma_f16_ss<E, 256>(d, a, b);
+}
+
+// kOpBits16: consumer c's half of B (the k block's 64 rows x columns 128 c .. 128 c + 127, ±1
+// of the 16-bit type, one2 its +1 in both halves; +1 where the bit is set) from the block's
+// sign bits (bits, 64 rows of 32 bytes) into b (N-major, four 64-column boxes of 64 rows x 128
+// bytes, 128-byte swizzled): one byte of bits is a row's 16-byte chunk; thread wt writes
+// chunks wt, wt + 128, .. (a warp: four whole rows of a box, free of bank conflicts).
+__device__ __forceinline__ void make_b(const uint8_t *bits, uint8_t *b, int c, int wt,
+                                       unsigned one2) {
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int id = wt + 128 * u, q = 2 * c + (id >> 9), r = (id >> 3) & 63, x = id & 7;
+        const unsigned nb = ~(unsigned)bits[r * 32 + 8 * q + x];
+        uint4 v;
+        v.x = one2 | (nb & 1u) << 15 | (nb >> 1 & 1u) << 31;
+        v.y = one2 | (nb >> 2 & 1u) << 15 | (nb >> 3 & 1u) << 31;
+        v.z = one2 | (nb >> 4 & 1u) << 15 | (nb >> 5 & 1u) << 31;
+        v.w = one2 | (nb >> 6 & 1u) << 15 | (nb >> 7 & 1u) << 31;
+        *reinterpret_cast<uint4 *>(b + q * 64 * 128 + r * 128 + ((x ^ (r & 7)) << 4)) = v;
+    }
 }
 
 // kMaskAsync, a consumer: its 64 rows of the tile (alpha d rounded to out_type) into the
@@ -300,18 +336,22 @@ __device__ __forceinline__ void bwd_epilogue(const float (&d)[128], float *stg,
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// E: uint8_t (e4m3 operands), __nv_bfloat16 or __half.
-template <int MODE, typename E>
+// E: uint8_t (e4m3 operands), __nv_bfloat16 or __half. BITS (16-bit E, kMaskAsync): B from the
+// sign bits (map_b: their rows, boxes of 64 rows x 32 bytes), written into each stage by the
+// consumers.
+template <int MODE, typename E, bool BITS = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-             BwdGemmArgs p, int tiles_m, int tiles_n) {
+             const __grid_constant__ BwdGemmArgs p, int tiles_m, int tiles_n) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool MASK = MODE != kStore, ASYNC = MODE == kMaskAsync;
+    static_assert(!BITS || (ASYNC && !std::is_same<E, uint8_t>::value), "16-bit B from bits");
+    constexpr int kSt = stage_bytes(BITS);
     extern __shared__ uint8_t smem[];
     __shared__ unsigned block_amax;  // the store epilogue's largest |value| (float bits)
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
-    const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
+    const unsigned full0 = base + bar_offset(BITS), empty0 = full0 + kStages * 8;
     // kMaskAsync: the tile staged (every consumer thread arrives) and read back (every
     // epilogue thread), once a tile each
     const unsigned staged = empty0 + kStages * 8, drained = staged + 8;
@@ -334,24 +374,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     pdl_wait();  // the operands and scales come from the kernels just before (pdl.cuh)
-    uint8_t *tile16 = gbase + kRingBytes;  // kMaskAsync's staged tile
+    uint8_t *tile16 = gbase + ring_bytes(BITS);  // kMaskAsync's staged tile
 
     if (wg == 0) {  // the producer (thread 0) and, kMaskAsync, the epilogue warps (1 .. 3)
-        setmaxnreg_dec<ASYNC ? 72 : 40>();
-        if (tid == 0)
+        setmaxnreg_dec<ASYNC ? 80 : 40>();
+        if (tid == 0 && BITS) {
+            tma_prefetch_map(&map_a);
+            tma_prefetch_map(&map_b);
+            for (int j = 0, i = 0; j < my_tiles; j++) {
+                int tm, tn;
+                origin(j, tm, tn);
+                for (int kb = 0; kb < kblocks; kb++, i++) {
+                    const int s = i % kStages;
+                    mbar_wait(empty0 + 8 * s, ((unsigned)(i / kStages) & 1u) ^ 1u);
+                    const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kSt);
+                    mbar_arrive_expect_tx(full, kStageA + kBBits);
+                    tma_load_2d(dst, &map_a, kb * kBKB, tm * kBM, full);
+                    tma_load_2d(dst + kStage, &map_b, tn * (kBN / 8), kb * 64, full);
+                }
+            }
+        } else if (tid == 0) {
             tma_ring_produce(&map_a, &map_b, my_tiles, kblocks, kBKB, kStages, kStage, kStageA,
                              base, full0, empty0, [&](int j, int &row_a, int &row_b) {
                                  int tm, tn;
                                  origin(j, tm, tn);
                                  row_a = tm * kBM, row_b = tn * kBN;
                              });
+        }
         if constexpr (ASYNC) {
             if (tid >= 32)
                 for (int j = 0; j < my_tiles; j++) {
                     int tm, tn;
                     origin(j, tm, tn);
-                    epi_tile(tile16, reinterpret_cast<uint32_t *>(gbase + kBitsOffset), tm * kBM,
-                             tn * kBN, tm, p, [&] { mbar_wait(staged, (unsigned)j & 1u); });
+                    epi_tile(tile16, reinterpret_cast<uint32_t *>(gbase + bits_offset(BITS)),
+                             tm * kBM, tn * kBN, tm, p,
+                             [&] { mbar_wait(staged, (unsigned)j & 1u); });
                     mbar_arrive(drained);
                 }
         }
@@ -359,10 +416,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // A consumer: rows 64 c .. of each tile.
-    setmaxnreg_inc<ASYNC ? 216 : 232>();
+    setmaxnreg_inc<ASYNC ? 208 : 232>();
     const int c = wg - 1, wt = tid & 127;
-    float *stg = reinterpret_cast<float *>(gbase + kRingBytes + c * kStgBytes);
-    const unsigned bits = base + (unsigned)(kBitsOffset + c * kBitsBytes);
+    float *stg = reinterpret_cast<float *>(gbase + ring_bytes(BITS) + c * kStgBytes);
+    const unsigned bits = base + (unsigned)(bits_offset(BITS) + c * kBitsBytes);
     const float alpha = p.s0[0] * p.s1[0];
     float amax = 0.0f;
     float d[128];
@@ -375,14 +432,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < kblocks; kb++, i++) {
             const int s = i % kStages;
             mbar_wait(full0 + 8 * s, (unsigned)(i / kStages) & 1u);
-            const unsigned stage = base + (unsigned)(s * kStage);
+            const unsigned stage = base + (unsigned)(s * kSt);
             const unsigned a_tile = stage + (unsigned)(c * 64 * kBKB), b_tile = stage + kStageA;
+            if constexpr (BITS) {  // both halves of B written before either consumer reads it
+                make_b(gbase + (stage - base) + kStage, gbase + (b_tile - base), c, wt,
+                       std::is_same<E, __half>::value ? 0x3c003c00u : 0x3f803f80u);
+                fence_proxy_async();
+                asm volatile("bar.sync 5, 256;\n" ::: "memory");
+            }
             fence_acc(d);
             wgmma_fence();
 #pragma unroll
-            for (int q = 0; q < kBKB / 32; q++)
-                mma_step<E>(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
-                            smem_desc(b_tile + 32 * q, 16, 1024, 1));
+            for (int q = 0; q < kBKB / 32; q++)  // B N-major: 16 rows (2048 bytes) a step
+                mma_step<E, BITS>(d, smem_desc(a_tile + 32 * q, 16, 1024, 1),
+                                  BITS ? smem_desc(b_tile + 2048 * q, 64 * 128, 1024, 1)
+                                       : smem_desc(b_tile + 32 * q, 16, 1024, 1));
             wgmma_commit();
             wgmma_wait<1>();
             fence_acc(d);
@@ -419,7 +483,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int64_t bwd_gemm_parts(int64_t M) { return 2 * ((M + kBM - 1) / kBM); }
 
-bool bwd_gemm_tma_usable() { return bgemm_tma_usable() && kSmem <= max_smem(); }
+bool bwd_gemm_tma_usable() {
+    return bgemm_tma_usable() && std::max(smem_bytes(false), smem_bytes(true)) <= max_smem();
+}
 
 bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
     const char *who = "cuda linear backward gemm (wgmma, TMA)";
@@ -427,7 +493,7 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
     if (!bwd_gemm_tma_usable())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
     const int64_t tiles_m = (p.M + kBM - 1) / kBM, tiles_n = (p.N + kBN - 1) / kBN;
-    const bool same16 = p.op == kOpSame16;
+    const bool from_bits = p.op == kOpBits16, same16 = p.op == kOpSame16 || from_bits;
     const int64_t row_bytes = p.K * (same16 ? 2 : 1);
     if (same16 && (!mask || p.out_type == kOutF32))
         return bie_fail(BIE_ERR_INTERNAL, "%s: 16-bit operands take the mask epilogue", who);
@@ -441,25 +507,30 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
              : p.out == nullptr || p.amax_part == nullptr)
         return bie_fail(BIE_ERR_INTERNAL, "%s: epilogue arguments", who);
     CUtensorMap map_a, map_b;
+    if (from_bits && (p.ldb % 16 || p.ldb * 8 < p.N || reinterpret_cast<uintptr_t>(p.b) % 16))
+        return bie_fail(BIE_ERR_INTERNAL, "%s: the sign bits of B", who);
     if (!tma_map_rows(&map_a, p.a, p.M, row_bytes, kBM) ||
-        !tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN))
+        !(from_bits ? tma_map_bytes(&map_b, p.b, p.K, p.ldb, kBN / 8, 64)
+                    : tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN)))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     // the mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in
     // the consumers)
     const bool async = mask && p.out_type != kOutF32 && !env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
-    auto fn = same16  ? (p.out_type == kOutBF16 ? bwd_gemm<kMaskAsync, __nv_bfloat16>
-                                                : bwd_gemm<kMaskAsync, __half>)
-              : !mask ? bwd_gemm<kStore, uint8_t>
-              : async ? bwd_gemm<kMaskAsync, uint8_t>
-                      : bwd_gemm<kMaskInline, uint8_t>;
-    BIE_CUDA_TRY(
-        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
-              "cudaFuncSetAttribute"));
+    const bool bf16 = p.out_type == kOutBF16;
+    auto fn = from_bits ? (bf16 ? bwd_gemm<kMaskAsync, __nv_bfloat16, true>
+                                : bwd_gemm<kMaskAsync, __half, true>)
+              : same16 ? (bf16 ? bwd_gemm<kMaskAsync, __nv_bfloat16> : bwd_gemm<kMaskAsync, __half>)
+              : !mask  ? bwd_gemm<kStore, uint8_t>
+              : async  ? bwd_gemm<kMaskAsync, uint8_t>
+                       : bwd_gemm<kMaskInline, uint8_t>;
+    const size_t smem = smem_bytes(from_bits);
+    BIE_CUDA_TRY(check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                       "cudaFuncSetAttribute"));
     // at most kAmaxBlocks blocks: one partial maximum each
     const int64_t blocks =
         std::min<int64_t>({tiles_m * tiles_n, (int64_t)device_sms(), (int64_t)kAmaxBlocks});
-    BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)blocks), dim3(kThreads), kSmem, map_a, map_b,
+    BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)blocks), dim3(kThreads), smem, map_a, map_b,
                                     p, (int)tiles_m, (int)tiles_n),
                        who));
     return check(cudaGetLastError(), who);

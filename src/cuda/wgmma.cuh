@@ -241,6 +241,17 @@ __device__ __forceinline__ void wgmma_f16_ss_mn256(float (&d)[128], uint64_t a, 
         BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
                          "1, 1");
 }
+// The same with A K-major and B N-major (B: K rows of the 256 N values in four 64-value column
+// blocks, LBO apart).
+template <typename T>
+__device__ __forceinline__ void wgmma_f16_ss_bn256(float (&d)[128], uint64_t a, uint64_t b) {
+    if constexpr (std::is_same<T, __half>::value)
+        BIE_WGMMA_F16_SS("m64n256k16", "f16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "0, 1");
+    else
+        BIE_WGMMA_F16_SS("m64n256k16", "bf16", BIE_WG_NAMES128, BIE_WGF128, "%128", "%129", "%130",
+                         "0, 1");
+}
 #undef BIE_WGMMA_F16
 #undef BIE_WGMMA_F16_SS
 #undef BIE_WGF4

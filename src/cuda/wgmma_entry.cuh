@@ -64,7 +64,9 @@ bie_status bgemm_wgmma_launch(int64_t m, int64_t n, int64_t k, const uint8_t *a,
 // [kAmaxBlocks] the partial maxima of |out|.
 // The operands: e4m3 values (the FP8 backward) or 16-bit floats of the output's type (the
 // exact one, mask epilogue and a 16-bit out_type only), K of them a row.
-enum BwdOperands { kOpE4M3 = 0, kOpSame16 = 1 };
+// kOpBits16: A 16-bit, B the ±1 matrix of sign bits b (bit j of row r: B's element (j, r), rows of
+// ldb bytes, ldb a multiple of 16; +1 where set), made on chip.
+enum BwdOperands { kOpE4M3 = 0, kOpSame16 = 1, kOpBits16 = 2 };
 struct BwdGemmArgs {
     int op;  // BwdOperands
     int64_t M, N, K;
@@ -75,6 +77,7 @@ struct BwdGemmArgs {
     const uint8_t *mask, *signs;
     int64_t ld;
     float *part_sum, *part_dot, *amax_part;
+    int64_t ldb;  // kOpBits16: B's rows of sign bits
 };
 bool bwd_gemm_tma_usable();
 int64_t bwd_gemm_parts(int64_t M);
