@@ -76,10 +76,13 @@ __device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int c, i
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <typename T>
+// TMA_OUT: grad_w leaves through map_w (rows of 128 bytes x 128, 128-byte swizzled) in bulk
+// tensor stores, which the consumers do not wait for past their reads of the staging area.
+template <typename T, bool TMA_OUT>
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad16(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_s,
-            WgradArgs p, int tiles_m, int tiles_n) {
+            const __grid_constant__ CUtensorMap map_w, const __grid_constant__ WgradArgs p,
+            int tiles_m, int tiles_n) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem[];
     __shared__ unsigned block_amax;  // the largest |grad_w| (float bits)
@@ -165,38 +168,75 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_acc(d);
         if (wt == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
-        // D rows 64 c + 16 w + g (+ 8), columns 8 n8 + 2 t (+ 1): staged as [output][feature]
-        // (a warp's 32 stores in 32 banks: kPitch = 4 mod 16), then each warp takes whole staged
-        // rows, a lane four features.
         const int j0 = tm * kBM, i0 = tn * kBN;
+        if constexpr (TMA_OUT) {
+            // D rows 64 c + 16 w + g (+ 8) are features j, columns 8 n8 + 2 t (+ 1) outputs i:
+            // half a tile (128 outputs) staged as four boxes [i][32 features] of 128-byte rows,
+            // their 16-byte chunks swizzled as the tensor map reads them (a warp's stores in 32
+            // banks), then stored by thread 128. The largest |value| of the features < K.
+            const int jr = 64 * c + 16 * w + g, box = jr >> 5;
+            const bool live0 = j0 + jr < K, live1 = j0 + jr + 8 < K;
+            const unsigned stg_s = base + (unsigned)(kStages * kStage);
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");  // staging free
+            for (int half = 0; half < 2; half++) {
+                if (tid == 128) tma_store_wait<0, true>();  // the last half read out
+                asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");
 #pragma unroll
-            for (int n8 = 0; n8 < 16; n8++)
+                for (int n8 = 0; n8 < 16; n8++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        stg[(8 * n8 + 2 * t + e) * kPitch + 64 * c + 16 * w + g + 8 * h] =
-                            d[4 * (n8 + 16 * half) + 2 * h + e] * alpha;
-            asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");  // staged
-            const int col = j0 + 4 * lane;
-            for (int r = (tid - 128) >> 5; r < kBN / 2; r += 8) {
-                const int row = i0 + 128 * half + r;
-                if (row >= N || col >= K) continue;  // K a multiple of 4: all four or none
-                const float4 v = *reinterpret_cast<const float4 *>(stg + r * kPitch + 4 * lane);
-                amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y))),
-                             fmaxf(fabsf(v.z), fabsf(v.w)));
-                float *out = p.grad_w + (int64_t)row * K + col;
-                if (vec) {
-                    *reinterpret_cast<float4 *>(out) = v;
-                } else {
-                    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+                        for (int e = 0; e < 2; e++) {
+                            const int ir = 8 * n8 + 2 * t + e, jj = (jr + 8 * h) & 31;
+                            const float v = d[4 * (n8 + 16 * half) + 2 * h + e] * alpha;
+                            if (h ? live1 : live0) amax = fmaxf(amax, fabsf(v));
+                            stg[box * 4096 + ir * 32 + (((jj >> 2) ^ (ir & 7)) << 2) + (jj & 3)] =
+                                v;
+                        }
+                fence_proxy_async();  // the generic writes, before the bulk copy's reads
+                asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");
+                if (tid == 128) {
+#pragma unroll
+                    for (int b = 0; b < 4; b++)
+                        tma_store_2d(&map_w, (j0 + 32 * b) * 4, i0 + 128 * half,
+                                     stg_s + (unsigned)(b * 16384));
+                    tma_store_commit();
+                }
+            }
+        } else {
+            // D rows 64 c + 16 w + g (+ 8), columns 8 n8 + 2 t (+ 1): staged as [output][feature]
+            // (a warp's 32 stores in 32 banks: kPitch = 4 mod 16), then each warp takes whole
+            // staged rows, a lane four features.
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");  // staging free
+#pragma unroll
+                for (int n8 = 0; n8 < 16; n8++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            stg[(8 * n8 + 2 * t + e) * kPitch + 64 * c + 16 * w + g + 8 * h] =
+                                d[4 * (n8 + 16 * half) + 2 * h + e] * alpha;
+                asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");  // staged
+                const int col = j0 + 4 * lane;
+                for (int r = (tid - 128) >> 5; r < kBN / 2; r += 8) {
+                    const int row = i0 + 128 * half + r;
+                    if (row >= N || col >= K) continue;  // K a multiple of 4: all four or none
+                    const float4 v = *reinterpret_cast<const float4 *>(stg + r * kPitch + 4 * lane);
+                    amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y))),
+                                 fmaxf(fabsf(v.z), fabsf(v.w)));
+                    float *out = p.grad_w + (int64_t)row * K + col;
+                    if (vec) {
+                        *reinterpret_cast<float4 *>(out) = v;
+                    } else {
+                        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+                    }
                 }
             }
         }
     }
+    if (TMA_OUT && tid == 128) tma_store_wait<0, false>();  // grad_w written
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (lane == 0) atomicMax(&block_amax, __float_as_uint(amax));  // amax >= 0
     asm volatile("bar.sync %0, 256;\n" ::"n"(kEpiBar) : "memory");
@@ -204,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (blockIdx.x == 0)
         for (int e = (int)gridDim.x + tid - 128; e < kAmaxBlocks; e += 256) p.amax_part[e] = 0.0f;
 #else
-    (void)map_g, (void)map_s, (void)p, (void)tiles_m, (void)tiles_n;
+    (void)map_g, (void)map_s, (void)map_w, (void)p, (void)tiles_m, (void)tiles_n;
 #endif
 }
 
@@ -222,11 +262,17 @@ bie_status linear_wgrad16_launch(const WgradArgs &p) {
         reinterpret_cast<uintptr_t>(p.grad_out) % 16 || reinterpret_cast<uintptr_t>(p.signs) % 16)
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.m,
                         (long long)p.n, (long long)p.k);
-    CUtensorMap map_g, map_s;
+    CUtensorMap map_g, map_s, map_w = {};
     if (!tma_map_rows(&map_g, p.grad_out, p.m, p.n * 2, kBK) ||
         !tma_map_bytes(&map_s, p.signs, p.m, p.ld, kBM / 8, kBK))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    auto fn = p.half ? wgrad16<__half> : wgrad16<__nv_bfloat16>;
+    // grad_w through bulk tensor stores where it is 16-byte aligned (and not
+    // BIE_CUDA_LINEAR_WGRAD_TMA=0)
+    static const bool tma_wanted = !env_is("BIE_CUDA_LINEAR_WGRAD_TMA", "0");
+    const bool tma_out = tma_wanted && reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0 &&
+                         tma_map_rows(&map_w, p.grad_w, p.n, p.k * 4, kBN / 2);
+    auto fn = p.half ? (tma_out ? wgrad16<__half, true> : wgrad16<__half, false>)
+                     : (tma_out ? wgrad16<__nv_bfloat16, true> : wgrad16<__nv_bfloat16, false>);
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),
@@ -235,7 +281,7 @@ bie_status linear_wgrad16_launch(const WgradArgs &p) {
     const int64_t blocks =
         std::min<int64_t>({tiles_m * tiles_n, (int64_t)device_sms(), (int64_t)kAmaxBlocks});
     BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)blocks), dim3(kThreads), kSmem, map_g, map_s,
-                                    p, (int)tiles_m, (int)tiles_n),
+                                    map_w, p, (int)tiles_m, (int)tiles_n),
                        who));
     return check(cudaGetLastError(), who);
 }

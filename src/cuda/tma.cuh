@@ -65,6 +65,26 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap *map
         "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(bar)
         : "memory");
 }
+// A 2D box of shared memory at src (laid out as tma_load_2d would have written it) to the tensor
+// map at (x, y), parts outside the tensor dropped; in the calling thread's bulk group.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int x, int y, unsigned src) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+            reinterpret_cast<uint64_t>(map)),
+        "r"(x), "r"(y), "r"(src)
+        : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until the calling thread's bulk groups but the last N have read their shared memory
+// (READ) or completed.
+template <int N, bool READ> __device__ __forceinline__ void tma_store_wait() {
+    if constexpr (READ)
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+    else
+        asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
