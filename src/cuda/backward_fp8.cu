@@ -377,13 +377,14 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 
 // The exact backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel:
 // grad_x [m, k] = scale_w grad_out sign(w) with A = grad_out [m][n] as it lies and B = sign(w)
-// made on chip from the weight's sign bits (±1 exact; BIE_CUDA_LINEAR_BITS=0: from a ±1
-// matrix [k][n] in T written first), the mask and its sums in the epilogue (of the values as
-// stored, as a 16-bit grad_x tensor sums); grad_w on linear_wgrad_tma.cu's kernel from
-// grad_out and the sign bits, then its int8 quantization.
+// from a ±1 matrix [k][n] in T written first (BIE_CUDA_LINEAR_BITS=1: made in each stage by
+// the consumers from the weight's sign bits, exact too but slower: 262 against 182 + 13 us at
+// 4096^3 on an H200, the consumers' writes in the products' path), the mask and its sums in the
+// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w on
+// linear_wgrad_tma.cu's kernel from grad_out and the sign bits, then its int8 quantization.
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
-    static const bool on_chip = !env_is("BIE_CUDA_LINEAR_BITS", "0");
+    static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
     Workspace<5> ws;  // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax
     BIE_CUDA_TRY(ws.alloc(
         {on_chip ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),

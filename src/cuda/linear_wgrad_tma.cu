@@ -3,14 +3,18 @@
 // grad_out, so that both operands are M/N-major as they lie in memory and the wgmma transposes
 // them as it reads: B is grad_out's [m][n] rows, brought by the tensor memory accelerator in
 // boxes of 64 rows x 64 values (one 128-byte swizzle row each); A is the ±1 matrix [m rows][the
-// tile's 128 features], which the consumers write into the stage from the k block's sign bits
-// (one byte of bits is one 16-byte row chunk of A), so that no ±1 matrix exists in memory.
+// tile's 128 features], which the producer warpgroup's three spare warps write into the stage
+// from the k block's sign bits (one byte of bits is one 16-byte row chunk of A) while the
+// consumers multiply the stages before it, so that no ±1 matrix exists in memory and the
+// consumers issue nothing but the products.
 //
 // Kernel 121's shape otherwise (bgemm_tma.cu): persistent blocks over 128 x 256 tiles of D
 // (128 input features j, 256 outputs i), a TMA producer thread, two consumer warpgroups of 64
 // features, a ring of three stages, each a k block of 64 batch rows: grad_out's four boxes
 // (32 KB), the consumers' A tiles (2 x 8 KB) and the rows' sign bits for the tile's features
-// (1 KB). The f32 accumulators sum the whole reduction (bie.h). The epilogue writes D
+// (1 KB). A stage is full for the expanding warps when its copies land (full), for the
+// consumers when the A tiles are written too (made), and free again when both consumers are
+// done with it (empty). The f32 accumulators sum the whole reduction (bie.h). The epilogue writes D
 // transposed: half a tile (128 outputs) at a time through shared memory, so that each warp
 // stores whole 512-byte runs of grad_w rows, and keeps the largest |grad_w| for the int8
 // quantization (amax_part[blockIdx.x]; entries past the grid zero).
@@ -47,7 +51,7 @@ constexpr int kStage = kBBytes + kABytes + kBitsBytes;
 constexpr int kPitch = kBM + 4;  // floats a staged grad_w row (conflict-free stores, below)
 constexpr int kStgBytes = kBN / 2 * kPitch * 4;  // half a tile: 128 grad_w rows
 constexpr int kBarOffset = kStages * kStage + kStgBytes;
-constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 2 * kStages * 8;
+constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 3 * kStages * 8;
 static_assert(kStage % 1024 == 0, "stages keep the swizzle alignment");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -55,22 +59,26 @@ static_assert(kStage % 1024 == 0, "stages keep the swizzle alignment");
 constexpr int kEpiBar = 5;       // the consumers' named barrier (256 threads)
 constexpr int kBox = kBK * 128;  // one box of grad_out (8 KB)
 
-// A consumer's ±1 tile of one k block (a, 64 batch rows of 128 bytes, 128-byte swizzled: its 64
-// features j, +1 where the bit is set) from the block's sign bits (bits, 64 rows of 16 bytes;
-// the consumer's features are bytes 8 c ..): chunk (r, b) of a row is byte b, eight values;
-// thread wt writes chunks wt, wt + 128, .. (a warp: four whole rows, free of bank conflicts).
-__device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int c, int wt,
-                                       unsigned one2) {
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int r = (wt >> 3) + 16 * u, b = wt & 7;
+constexpr int kMakers = 96;  // the producer warpgroup's warps 1-3
+
+// The consumers' ±1 tiles of one k block (a: consumer c's 64 batch rows of 128 bytes at 8192 c,
+// 128-byte swizzled, its 64 features j, +1 where the bit is set) from the block's sign bits
+// (bits, 64 rows of 16 bytes; consumer c's features are bytes 8 c ..): chunk (c, r, b) is byte
+// b of c's eight, eight values; thread et writes chunks et, et + 96, .. (a warp: four whole
+// rows, free of bank conflicts).
+__device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int et, unsigned one2) {
+#pragma unroll 2
+    for (int u = 0; u < (kABytes / 16 + kMakers - 1) / kMakers; u++) {
+        const int idx = et + kMakers * u;
+        if (idx >= kABytes / 16) break;
+        const int c = idx >> 9, r = (idx >> 3) & 63, b = idx & 7;
         const unsigned nb = ~(unsigned)bits[r * 16 + 8 * c + b];
         uint4 v;
         v.x = one2 | (nb & 1u) << 15 | (nb >> 1 & 1u) << 31;
         v.y = one2 | (nb >> 2 & 1u) << 15 | (nb >> 3 & 1u) << 31;
         v.z = one2 | (nb >> 4 & 1u) << 15 | (nb >> 5 & 1u) << 31;
         v.w = one2 | (nb >> 6 & 1u) << 15 | (nb >> 7 & 1u) << 31;
-        *reinterpret_cast<uint4 *>(a + r * 128 + ((b ^ (r & 7)) << 4)) = v;
+        *reinterpret_cast<uint4 *>(a + c * (kABytes / 2) + r * 128 + ((b ^ (r & 7)) << 4)) = v;
     }
 }
 
@@ -88,7 +96,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ unsigned block_amax;  // the largest |grad_w| (float bits)
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
-    const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
+    const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8,
+                   made0 = empty0 + kStages * 8;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int kblocks = (int)((p.m + kBK - 1) / kBK);
     const int my_tiles =
@@ -100,6 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < kStages; s++) {
             mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
             mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
+            mbar_init(made0 + 8 * s, kMakers / 32);  // one per expanding warp
         }
         mbar_init_fence();
         block_amax = 0u;
@@ -127,6 +137,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                     tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8), kb * kBK, full);
                 }
             }
+        } else if (tid >= 32) {  // warps 1-3: the ±1 tiles of each stage as its bits land
+            const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
+            const int stages = my_tiles * kblocks;
+            for (int i = 0; i < stages; i++) {
+                const int s = i % kStages;
+                mbar_wait(full0 + 8 * s, (unsigned)(i / kStages) & 1u);
+                uint8_t *st = gbase + s * kStage;
+                make_a(st + kBBytes + kABytes, st + kBBytes, tid - 32, one2);
+                fence_proxy_async();  // the generic writes, before the wgmma's reads
+                __syncwarp();
+                if ((tid & 31) == 0) mbar_arrive(made0 + 8 * s);
+            }
         }
         return;
     }
@@ -134,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A consumer: features 64 c .. of each tile; warp w its rows 16 w .., lane (g, t).
     setmaxnreg_inc<232>();
     const int c = wg - 1, wt = tid & 127, w = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
     const int K = (int)p.k, N = (int)p.n;
     const bool vec = reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0;
     float *stg = reinterpret_cast<float *>(gbase + kStages * kStage);
@@ -149,11 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < kblocks; kb++, i++) {
             const int s = i % kStages;
             mbar_wait(full0 + 8 * s, (unsigned)(i / kStages) & 1u);
+            mbar_wait(made0 + 8 * s, (unsigned)(i / kStages) & 1u);
             const unsigned stage = base + (unsigned)(s * kStage);
             const unsigned a_tile = stage + (unsigned)(kBBytes + c * (kABytes / 2));
-            make_a(gbase + s * kStage + kBBytes + kABytes, gbase + (a_tile - base), c, wt, one2);
-            fence_proxy_async();  // the generic writes, before the wgmma's reads
-            warpgroup_barrier(c + 1);
             fence_acc(d);
             wgmma_fence();
 #pragma unroll

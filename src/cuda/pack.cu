@@ -81,6 +81,29 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// Eight elements of T as they lie in memory (one 8-byte or one or two 16-byte loads).
+template <typename T> struct Raw8 {
+    static constexpr int kWords = 2 * (int)sizeof(T);
+    unsigned w[kWords];
+    __device__ __forceinline__ void load(const T *p) {  // p aligned to 8 elements
+        if constexpr (kWords == 2) {
+            const uint2 q = __ldg(reinterpret_cast<const uint2 *>(p));
+            w[0] = q.x, w[1] = q.y;
+        } else {
+#pragma unroll
+            for (int i = 0; i < kWords / 4; i++) {
+                const uint4 q = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+                w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
+            }
+        }
+    }
+    __device__ __forceinline__ void unpack(float (&v)[8]) const {
+        const T *e = reinterpret_cast<const T *>(w);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = to_f32(e[j]);
+    }
+};
+
 // The long-row form of pack_rows (slices of 1024 bytes, m > 16): block (rows, slice) packs
 // bytes of the slice of RB = rb rows (rows of 64 or 128 words share a block, so that no
 // thread idles), per = 256 / rb threads a row. Thread t of a row makes bytes t, t + per,
@@ -101,16 +124,12 @@ __global__ void __launch_bounds__(256)
     if (row < rows) {
         uint8_t *sbytes = reinterpret_cast<uint8_t *>(bits) + row * ld + b0;
         uint8_t *mbytes = mask ? reinterpret_cast<uint8_t *>(mask) + row * ld + b0 : nullptr;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t byte = t + (int64_t)j * per;
-            if (byte >= slice) break;
-            const int64_t c0 = (b0 + byte) * 8, left = k - c0;
-            float v[8];
-            load_n(x + row * k + c0, vec_x, left, v);
+        const T *xr = x + row * k + b0 * 8;
+        // One byte of bits (and of the mask) from its 8 values v (left of them inside the row).
+        auto pack_byte = [&](int byte, float(&v)[8], int64_t left) {
             if (ACT && bias) {
                 float b[8];
-                load_n(bias + c0, vec_bias, left, b);
+                load_n(bias + (b0 + byte) * 8, vec_bias, left, b);
 #pragma unroll
                 for (int e = 0; e < 8; e++) v[e] += b[e];
             }
@@ -124,6 +143,33 @@ __global__ void __launch_bounds__(256)
             sbytes[byte] = (uint8_t)sb;
             if (ACT && mask) mbytes[byte] = (uint8_t)mb;
             count += __popc(sb);
+        };
+        if (vec_x && t + 3 * per < slice && (b0 + t + 3 * per) * 8 + 8 <= k) {
+            // All four bytes inside the row: the loads of D bytes in flight at once, as raw
+            // words (a quarter of the registers of their floats).
+            constexpr int D = sizeof(T) == 4 ? 2 : 4;
+#pragma unroll
+            for (int j0 = 0; j0 < 4; j0 += D) {
+                Raw8<T> raw[D];
+#pragma unroll
+                for (int j = 0; j < D; j++) raw[j].load(xr + (t + (j0 + j) * per) * 8);
+#pragma unroll
+                for (int j = 0; j < D; j++) {
+                    float v[8];
+                    raw[j].unpack(v);
+                    pack_byte(t + (j0 + j) * per, v, 8);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int byte = t + j * per;
+                if (byte >= slice) break;
+                const int64_t left = k - (b0 + byte) * 8;
+                float v[8];
+                load_n(xr + byte * 8, vec_x, left, v);
+                pack_byte(byte, v, left);
+            }
         }
     }
     // Per row: its per / 32 warps' counts, in warp order.
