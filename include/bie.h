@@ -384,9 +384,10 @@ BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *cha
  * (measured on an H200). grad_w stays exact, and other layers run EXACT.
  * Other kinds and devices accept EXACT only (BIE_ERR_UNSUPPORTED).
  * EXACT on compute capability 9.0, for a bf16 or f16 binary linear layer whose n and k are
- * multiples of 16: both products run on bie's own 16-bit tensor-core kernels, which make the
- * ±1 operands from the sign bits on chip (f32 accumulators over the whole reduction, as
- * cuBLAS), grad_x with the mask in its epilogue and grad_w with its amax in its own;
+ * multiples of 16: grad_x runs on bie's own 16-bit tensor-core kernel on a ±1 weight matrix
+ * made from the sign bits (f32 accumulators over the whole reduction, as cuBLAS), the mask in
+ * its epilogue, and grad_w in cuBLAS on the ±1 activations (BIE_CUDA_LINEAR_WGRAD=1: on bie's
+ * kernel, which makes them on chip from the sign bits, its amax in its epilogue; slower today);
  * grad_bias_a and grad_scale_a then sum grad_x as rounded to the layer's dtype (as a sum over
  * the stored 16-bit grad_x tensor does); BIE_CUDA_LINEAR_FUSED=0 keeps cuBLAS and the f32
  * sums. */

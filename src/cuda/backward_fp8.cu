@@ -380,8 +380,9 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // from a ±1 matrix [k][n] in T written first (BIE_CUDA_LINEAR_BITS=1: made in each stage by
 // the consumers from the weight's sign bits, exact too but slower: 262 against 182 + 13 us at
 // 4096^3 on an H200, the consumers' writes in the products' path), the mask and its sums in the
-// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w on
-// linear_wgrad_tma.cu's kernel from grad_out and the sign bits, then its int8 quantization.
+// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w in cuBLAS on
+// a ±1 activation matrix (or on linear_wgrad_tma.cu's kernel from the sign bits), then its
+// int8 quantization.
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
@@ -412,9 +413,10 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
         linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
                          ws.at<double>(3), a.grad_bias, a.grad_scale_a);
     float *wamax = ws.at<float>(4);
-    // grad_w on linear_wgrad_tma.cu's kernel (its amax in the epilogue; BIE_CUDA_LINEAR_WGRAD=0:
-    // in cuBLAS, then an amax pass)
-    static const bool own_wgrad = !env_is("BIE_CUDA_LINEAR_WGRAD", "0");
+    // grad_w in cuBLAS, then an amax pass (BIE_CUDA_LINEAR_WGRAD=1: on linear_wgrad_tma.cu's
+    // kernel, its amax in the epilogue; exact too but slower: 204 against 168 + 19 + 12 us of
+    // cuBLAS, the amax and the ±1 activations at 4096^3 on an H200)
+    static const bool own_wgrad = env_is("BIE_CUDA_LINEAR_WGRAD", "1");
     if (s == BIE_OK && own_wgrad && linear_wgrad16_usable()) {
         const WgradArgs wa = {half,           m,        n,    k, a.grad_out, a.signs, a.ld,
                               a.saved_scales, a.grad_w, wamax};

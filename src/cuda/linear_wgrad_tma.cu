@@ -3,22 +3,17 @@
 // grad_out, so that both operands are M/N-major as they lie in memory and the wgmma transposes
 // them as it reads: B is grad_out's [m][n] rows, brought by the tensor memory accelerator in
 // boxes of 64 rows x 64 values (one 128-byte swizzle row each); A is the ±1 matrix [m rows][the
-// tile's 128 features], which the producer warpgroup's three spare warps write into the stage
-// from the k block's sign bits (one byte of bits is one 16-byte row chunk of A) while the
-// consumers multiply the stages before it, so that no ±1 matrix exists in memory and the
-// consumers issue nothing but the products.
+// tile's 128 features], which the consumers write into the stage from the k block's sign bits
+// (one byte of bits is one 16-byte row chunk of A), so that no ±1 matrix exists in memory.
 //
 // Kernel 121's shape otherwise (bgemm_tma.cu): persistent blocks over 128 x 256 tiles of D
 // (128 input features j, 256 outputs i), a TMA producer thread, two consumer warpgroups of 64
 // features, a ring of three stages, each a k block of 64 batch rows: grad_out's four boxes
-// (32 KB) and the consumers' A tiles (2 x 8 KB); the rows' sign bits for the tile's features
-// (1 KB a k block) have a ring of their own, eight deep, loaded five k blocks ahead, so that
-// the expanding warps write a stage's A tiles as soon as the consumers free it (empty), not
-// after its grad_out lands (full); the consumers wait for both (full, made). The f32 accumulators
-// sum the whole reduction (bie.h). The epilogue writes D transposed: half a tile (128 outputs) at a
-// time through shared memory, so that each warp stores whole 512-byte runs of grad_w rows, and
-// keeps the largest |grad_w| for the int8 quantization (amax_part[blockIdx.x]; entries past the
-// grid zero).
+// (32 KB), the consumers' A tiles (2 x 8 KB) and the rows' sign bits for the tile's features
+// (1 KB). The f32 accumulators sum the whole reduction (bie.h). The epilogue writes D
+// transposed: half a tile (128 outputs) at a time through shared memory, so that each warp
+// stores whole 512-byte runs of grad_w rows, and keeps the largest |grad_w| for the int8
+// quantization (amax_part[blockIdx.x]; entries past the grid zero).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,13 +43,11 @@ constexpr int kThreads = 384;              // producer warpgroup + two consumer 
 constexpr int kBBytes = kBN * kBK * 2;     // grad_out's four boxes of 64 x 64 values
 constexpr int kABytes = kBM * kBK * 2;     // the two consumers' ±1 tiles of 64 x 64
 constexpr int kBitsBytes = kBK * kBM / 8;  // the k block's sign bits: 64 rows x 16 bytes
-constexpr int kStage = kBBytes + kABytes;
-constexpr int kBitStages = 8, kBitLead = 5;  // the bits' own ring, loaded kBitLead k blocks ahead
+constexpr int kStage = kBBytes + kABytes + kBitsBytes;
 constexpr int kPitch = kBM + 4;  // floats a staged grad_w row (conflict-free stores, below)
 constexpr int kStgBytes = kBN / 2 * kPitch * 4;  // half a tile: 128 grad_w rows
-constexpr int kBitsOffset = kStages * kStage, kStgOffset = kBitsOffset + kBitStages * kBitsBytes;
-constexpr int kBarOffset = kStgOffset + kStgBytes;
-constexpr size_t kSmem = 1024 + (size_t)kBarOffset + (3 * kStages + 2 * kBitStages) * 8;
+constexpr int kBarOffset = kStages * kStage + kStgBytes;
+constexpr size_t kSmem = 1024 + (size_t)kBarOffset + 2 * kStages * 8;
 static_assert(kStage % 1024 == 0, "stages keep the swizzle alignment");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -62,26 +55,22 @@ static_assert(kStage % 1024 == 0, "stages keep the swizzle alignment");
 constexpr int kEpiBar = 5;       // the consumers' named barrier (256 threads)
 constexpr int kBox = kBK * 128;  // one box of grad_out (8 KB)
 
-constexpr int kMakers = 96;  // the producer warpgroup's warps 1-3
-
-// The consumers' ±1 tiles of one k block (a: consumer c's 64 batch rows of 128 bytes at 8192 c,
-// 128-byte swizzled, its 64 features j, +1 where the bit is set) from the block's sign bits
-// (bits, 64 rows of 16 bytes; consumer c's features are bytes 8 c ..): chunk (c, r, b) is byte
-// b of c's eight, eight values; thread et writes chunks et, et + 96, .. (a warp: four whole
-// rows, free of bank conflicts).
-__device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int et, unsigned one2) {
-#pragma unroll 2
-    for (int u = 0; u < (kABytes / 16 + kMakers - 1) / kMakers; u++) {
-        const int idx = et + kMakers * u;
-        if (idx >= kABytes / 16) break;
-        const int c = idx >> 9, r = (idx >> 3) & 63, b = idx & 7;
+// A consumer's ±1 tile of one k block (a, 64 batch rows of 128 bytes, 128-byte swizzled: its 64
+// features j, +1 where the bit is set) from the block's sign bits (bits, 64 rows of 16 bytes;
+// the consumer's features are bytes 8 c ..): chunk (r, b) of a row is byte b, eight values;
+// thread wt writes chunks wt, wt + 128, .. (a warp: four whole rows, free of bank conflicts).
+__device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int c, int wt,
+                                       unsigned one2) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int r = (wt >> 3) + 16 * u, b = wt & 7;
         const unsigned nb = ~(unsigned)bits[r * 16 + 8 * c + b];
         uint4 v;
         v.x = one2 | (nb & 1u) << 15 | (nb >> 1 & 1u) << 31;
         v.y = one2 | (nb >> 2 & 1u) << 15 | (nb >> 3 & 1u) << 31;
         v.z = one2 | (nb >> 4 & 1u) << 15 | (nb >> 5 & 1u) << 31;
         v.w = one2 | (nb >> 6 & 1u) << 15 | (nb >> 7 & 1u) << 31;
-        *reinterpret_cast<uint4 *>(a + c * (kABytes / 2) + r * 128 + ((b ^ (r & 7)) << 4)) = v;
+        *reinterpret_cast<uint4 *>(a + r * 128 + ((b ^ (r & 7)) << 4)) = v;
     }
 }
 
@@ -99,14 +88,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ unsigned block_amax;  // the largest |grad_w| (float bits)
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
-    const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8,
-                   made0 = empty0 + kStages * 8, bfull0 = made0 + kStages * 8,
-                   bempty0 = bfull0 + kBitStages * 8;
+    const unsigned full0 = base + kBarOffset, empty0 = full0 + kStages * 8;
     const int tid = threadIdx.x, wg = tid >> 7;
     const int kblocks = (int)((p.m + kBK - 1) / kBK);
     const int my_tiles =
         (tiles_m * tiles_n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int steps = my_tiles * kblocks;  // this block's k blocks over all its tiles
     auto origin = [&](int j, int &tm, int &tn) {
         grouped_tile((int)blockIdx.x + j * (int)gridDim.x, tiles_m, tiles_n, tm, tn);
     };
@@ -114,11 +100,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int s = 0; s < kStages; s++) {
             mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
             mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
-            mbar_init(made0 + 8 * s, kMakers / 32);  // one per expanding warp
-        }
-        for (int s = 0; s < kBitStages; s++) {
-            mbar_init(bfull0 + 8 * s, 1);              // the producer's (and the bytes)
-            mbar_init(bempty0 + 8 * s, kMakers / 32);  // one per expanding warp
         }
         mbar_init_fence();
         block_amax = 0u;
@@ -131,45 +112,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_s);
-            // k block q's sign bits into the bits ring (kBitLead blocks before its grad_out)
-            auto load_bits = [&](int q) {
-                int tm, tn;
-                origin(q / kblocks, tm, tn);
-                const int bs = q % kBitStages;
-                mbar_wait(bempty0 + 8 * bs, ((unsigned)(q / kBitStages) & 1u) ^ 1u);
-                mbar_arrive_expect_tx(bfull0 + 8 * bs, kBitsBytes);
-                tma_load_2d(base + (unsigned)(kBitsOffset + bs * kBitsBytes), &map_s,
-                            tm * (kBM / 8), (q % kblocks) * kBK, bfull0 + 8 * bs);
-            };
-            for (int q = 0; q < kBitLead && q < steps; q++) load_bits(q);
             for (int j = 0, i = 0; j < my_tiles; j++) {
                 int tm, tn;
                 origin(j, tm, tn);
                 for (int kb = 0; kb < kblocks; kb++, i++) {
-                    if (i + kBitLead < steps) load_bits(i + kBitLead);
                     const int s = i % kStages;
                     mbar_wait(empty0 + 8 * s, ((unsigned)(i / kStages) & 1u) ^ 1u);
                     const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
-                    mbar_arrive_expect_tx(full, kBBytes);
+                    mbar_arrive_expect_tx(full, kBBytes + kBitsBytes);
 #pragma unroll
                     for (int q = 0; q < kBN / 64; q++)  // byte columns of the 64 outputs
                         tma_load_2d(dst + (unsigned)(q * kBox), &map_g, (tn * kBN + 64 * q) * 2,
                                     kb * kBK, full);
-                }
-            }
-        } else if (tid >= 32) {  // warps 1-3: each stage's ±1 tiles as soon as it is free
-            const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
-            for (int i = 0; i < steps; i++) {
-                const int s = i % kStages, bs = i % kBitStages;
-                mbar_wait(bfull0 + 8 * bs, (unsigned)(i / kBitStages) & 1u);
-                mbar_wait(empty0 + 8 * s, ((unsigned)(i / kStages) & 1u) ^ 1u);
-                make_a(gbase + kBitsOffset + bs * kBitsBytes, gbase + s * kStage + kBBytes,
-                       tid - 32, one2);
-                fence_proxy_async();  // the generic writes, before the wgmma's reads
-                __syncwarp();
-                if ((tid & 31) == 0) {
-                    mbar_arrive(made0 + 8 * s);
-                    mbar_arrive(bempty0 + 8 * bs);
+                    tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8), kb * kBK, full);
                 }
             }
         }
@@ -179,9 +134,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A consumer: features 64 c .. of each tile; warp w its rows 16 w .., lane (g, t).
     setmaxnreg_inc<232>();
     const int c = wg - 1, wt = tid & 127, w = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
     const int K = (int)p.k, N = (int)p.n;
     const bool vec = reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0;
-    float *stg = reinterpret_cast<float *>(gbase + kStgOffset);
+    float *stg = reinterpret_cast<float *>(gbase + kStages * kStage);
     const float alpha = p.scale[0];
     float amax = 0.0f;
     float d[128];
@@ -193,9 +149,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < kblocks; kb++, i++) {
             const int s = i % kStages;
             mbar_wait(full0 + 8 * s, (unsigned)(i / kStages) & 1u);
-            mbar_wait(made0 + 8 * s, (unsigned)(i / kStages) & 1u);
             const unsigned stage = base + (unsigned)(s * kStage);
             const unsigned a_tile = stage + (unsigned)(kBBytes + c * (kABytes / 2));
+            make_a(gbase + s * kStage + kBBytes + kABytes, gbase + (a_tile - base), c, wt, one2);
+            fence_proxy_async();  // the generic writes, before the wgmma's reads
+            warpgroup_barrier(c + 1);
             fence_acc(d);
             wgmma_fence();
 #pragma unroll
@@ -218,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             // banks), then stored by thread 128. The largest |value| of the features < K.
             const int jr = 64 * c + 16 * w + g, box = jr >> 5;
             const bool live0 = j0 + jr < K, live1 = j0 + jr + 8 < K;
-            const unsigned stg_s = base + (unsigned)kStgOffset;
+            const unsigned stg_s = base + (unsigned)(kStages * kStage);
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 if (tid == 128) tma_store_wait<0, true>();  // the last half read out
@@ -322,9 +280,6 @@ bie_status linear_wgrad16_launch(const WgradArgs &p) {
     // at most kAmaxBlocks blocks: one partial maximum each
     const int64_t blocks =
         std::min<int64_t>({tiles_m * tiles_n, (int64_t)device_sms(), (int64_t)kAmaxBlocks});
-    if ((tiles_m * tiles_n + blocks - 1) / blocks * ((p.m + kBK - 1) / kBK) > INT_MAX)
-        return bie_fail(BIE_ERR_INTERNAL, "%s: %lld k blocks a block", who,
-                        (long long)((tiles_m * tiles_n + blocks - 1) / blocks * (p.m / kBK)));
     BIE_CUDA_TRY(check(launch_after(fn, dim3((unsigned)blocks), dim3(kThreads), kSmem, map_g, map_s,
                                     map_w, p, (int)tiles_m, (int)tiles_n),
                        who));
