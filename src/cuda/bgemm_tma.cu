@@ -76,10 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bm0 = tm * kBM, bn0 = tn * kBN;
     };
     if (tid == 0) {
-        for (int s = 0; s < kStages; s++) {
-            mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
-            mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
-        }
+        tma_ring_init(full0, empty0, kStages, 2);
         mbar_init_fence();
     }
     __syncthreads();

@@ -363,10 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         grouped_tile((int)blockIdx.x + j * (int)gridDim.x, tiles_m, tiles_n, tm, tn);
     };
     if (tid == 0) {
-        for (int s = 0; s < kStages; s++) {
-            mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
-            mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
-        }
+        tma_ring_init(full0, empty0, kStages, 2);
         mbar_init(staged, 256);
         mbar_init(drained, kEpiThreads);
         mbar_init_fence();
@@ -381,18 +378,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0 && BITS) {
             tma_prefetch_map(&map_a);
             tma_prefetch_map(&map_b);
-            for (int j = 0, i = 0; j < my_tiles; j++) {
-                int tm, tn;
-                origin(j, tm, tn);
-                for (int kb = 0; kb < kblocks; kb++, i++) {
-                    const int s = i % kStages;
-                    mbar_wait(empty0 + 8 * s, ((unsigned)(i / kStages) & 1u) ^ 1u);
-                    const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kSt);
-                    mbar_arrive_expect_tx(full, kStageA + kBBits);
-                    tma_load_2d(dst, &map_a, kb * kBKB, tm * kBM, full);
-                    tma_load_2d(dst + kStage, &map_b, tn * (kBN / 8), kb * 64, full);
-                }
-            }
+            tma_ring_walk(my_tiles, kblocks, kStages, full0, empty0, origin,
+                          [&](int s, int kb, int tm, int tn, unsigned full) {
+                              const unsigned dst = base + (unsigned)(s * kSt);
+                              mbar_arrive_expect_tx(full, kStageA + kBBits);
+                              tma_load_2d(dst, &map_a, kb * kBKB, tm * kBM, full);
+                              tma_load_2d(dst + kStage, &map_b, tn * (kBN / 8), kb * 64, full);
+                          });
         } else if (tid == 0) {
             tma_ring_produce(&map_a, &map_b, my_tiles, kblocks, kBKB, kStages, kStage, kStageA,
                              base, full0, empty0, [&](int j, int &row_a, int &row_b) {

@@ -97,10 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         grouped_tile((int)blockIdx.x + j * (int)gridDim.x, tiles_m, tiles_n, tm, tn);
     };
     if (tid == 0) {
-        for (int s = 0; s < kStages; s++) {
-            mbar_init(full0 + 8 * s, 1);   // the producer's arrival (and the copies' bytes)
-            mbar_init(empty0 + 8 * s, 2);  // one arrival per consumer warpgroup
-        }
+        tma_ring_init(full0, empty0, kStages, 2);
         mbar_init_fence();
         block_amax = 0u;
     }
@@ -112,21 +109,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) {
             tma_prefetch_map(&map_g);
             tma_prefetch_map(&map_s);
-            for (int j = 0, i = 0; j < my_tiles; j++) {
-                int tm, tn;
-                origin(j, tm, tn);
-                for (int kb = 0; kb < kblocks; kb++, i++) {
-                    const int s = i % kStages;
-                    mbar_wait(empty0 + 8 * s, ((unsigned)(i / kStages) & 1u) ^ 1u);
-                    const unsigned full = full0 + 8 * s, dst = base + (unsigned)(s * kStage);
-                    mbar_arrive_expect_tx(full, kBBytes + kBitsBytes);
+            tma_ring_walk(my_tiles, kblocks, kStages, full0, empty0, origin,
+                          [&](int s, int kb, int tm, int tn, unsigned full) {
+                              const unsigned dst = base + (unsigned)(s * kStage);
+                              mbar_arrive_expect_tx(full, kBBytes + kBitsBytes);
 #pragma unroll
-                    for (int q = 0; q < kBN / 64; q++)  // byte columns of the 64 outputs
-                        tma_load_2d(dst + (unsigned)(q * kBox), &map_g, (tn * kBN + 64 * q) * 2,
-                                    kb * kBK, full);
-                    tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8), kb * kBK, full);
-                }
-            }
+                              for (int q = 0; q < kBN / 64; q++)  // byte columns of the 64 outputs
+                                  tma_load_2d(dst + (unsigned)(q * kBox), &map_g,
+                                              (tn * kBN + 64 * q) * 2, kb * kBK, full);
+                              tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8), kb * kBK,
+                                          full);
+                          });
         }
         return;
     }

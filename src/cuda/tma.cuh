@@ -88,6 +88,32 @@ template <int N, bool READ> __device__ __forceinline__ void tma_store_wait() {
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// A ring's barriers (8 bytes each at full0 / empty0): full waits for the producer's arrival
+// and the copies' bytes, empty for one arrival per consumer warpgroup. One thread calls it.
+__device__ __forceinline__ void tma_ring_init(unsigned full0, unsigned empty0, int stages,
+                                              unsigned consumers) {
+    for (int s = 0; s < stages; s++) {
+        mbar_init(full0 + 8 * s, 1);
+        mbar_init(empty0 + 8 * s, consumers);
+    }
+}
+// The producer thread's walk over a ring of `stages` stages: for each of the block's my_tiles
+// tiles (origin(j, ta, tb): tile j's coordinates) and each of its kblocks k blocks, waits
+// until the stage is free, then issue(s, kb, ta, tb, full), which arms the stage's full
+// barrier with its copies' bytes and issues them.
+template <class Origin, class Issue>
+__device__ __forceinline__ void tma_ring_walk(int my_tiles, int kblocks, int stages, unsigned full0,
+                                              unsigned empty0, Origin origin, Issue issue) {
+    for (int j = 0, i = 0; j < my_tiles; j++) {
+        int ta, tb;
+        origin(j, ta, tb);
+        for (int kb = 0; kb < kblocks; kb++, i++) {
+            const int s = i % stages;
+            mbar_wait(empty0 + 8 * s, ((unsigned)(i / stages) & 1u) ^ 1u);  // its readers done
+            issue(s, kb, ta, tb, full0 + 8 * s);
+        }
+    }
+}
 // The producer thread of a ring of `stages` stages at base (stage_bytes each: A's box of
 // stage_a bytes, then B's), with full and empty barriers at full0 / empty0 (8 bytes each): for
 // each of the block's my_tiles tiles (origin(j, row_a, row_b): tile j's first A and B rows)
@@ -101,19 +127,13 @@ __device__ __forceinline__ void tma_ring_produce(const CUtensorMap *map_a, const
                                                  Origin origin) {
     tma_prefetch_map(map_a);
     tma_prefetch_map(map_b);
-    for (int j = 0, i = 0; j < my_tiles; j++) {
-        int row_a, row_b;
-        origin(j, row_a, row_b);
-        for (int kb = 0; kb < kblocks; kb++, i++) {
-            const int s = i % stages;
-            const unsigned phase = (unsigned)(i / stages) & 1u;
-            mbar_wait(empty0 + 8 * s, phase ^ 1u);  // its last readers are done
-            const unsigned full = full0 + 8 * s, dst = base + (unsigned)s * stage_bytes;
-            mbar_arrive_expect_tx(full, stage_bytes);
-            tma_load_2d(dst, map_a, kb * kb_bytes, row_a, full);
-            tma_load_2d(dst + stage_a, map_b, kb * kb_bytes, row_b, full);
-        }
-    }
+    tma_ring_walk(my_tiles, kblocks, stages, full0, empty0, origin,
+                  [&](int s, int kb, int row_a, int row_b, unsigned full) {
+                      const unsigned dst = base + (unsigned)s * stage_bytes;
+                      mbar_arrive_expect_tx(full, stage_bytes);
+                      tma_load_2d(dst, map_a, kb * kb_bytes, row_a, full);
+                      tma_load_2d(dst + stage_a, map_b, kb * kb_bytes, row_b, full);
+                  });
 }
 // The warpgroup's registers per thread, lowered (producers) or raised (consumers).
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
