@@ -294,18 +294,6 @@ __global__ void __launch_bounds__(kAmaxThreads)
     a = block_max<kAmaxThreads>(a);
     if (threadIdx.x == 0) part[blockIdx.x] = a;
 }
-// rint(x * 127 / amax) as the CPU rounds it (a float division), given inv = 1 / amax: the
-// product by inv is within 3e-5 of that quotient (|quotient| <= 127 for |x| <= amax), so
-// only where it lies that close to a half-integer (or is not finite) does the division run.
-__device__ __forceinline__ int8_t quantize_one(float x, float amax, float inv) {
-    float v = 0.0f;
-    if (amax > 0) {
-        const float y = x * 127.0f, fast = y * inv;
-        v = rintf(fast);
-        if (!(fabsf(fabsf(fast - v) - 0.5f) >= 1e-4f)) v = rintf(y / amax);
-    }
-    return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-}
 // q = quantization of x with the amax that is the largest of the kAmaxBlocks partial maxima
 // in part (each block reduces them itself: no pass between); four elements per step when
 // `vec`.

@@ -100,6 +100,18 @@ template <int THREADS> __device__ __forceinline__ float block_max(float a) {
     for (int i = 1; i < THREADS / 32; i++) a = fmaxf(a, sh[i]);
     return a;
 }
+// rint(x * 127 / amax) as the CPU rounds it (a float division), given inv = 1 / amax: the
+// product by inv is within 3e-5 of that quotient (|quotient| <= 127 for |x| <= amax), so
+// only where it lies that close to a half-integer (or is not finite) does the division run.
+__device__ __forceinline__ int8_t quantize_one(float x, float amax, float inv) {
+    float v = 0.0f;
+    if (amax > 0) {
+        const float y = x * 127.0f, fast = y * inv;
+        v = rintf(fast);
+        if (!(fabsf(fabsf(fast - v) - 0.5f) >= 1e-4f)) v = rintf(y / amax);
+    }
+    return (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+}
 size_t amax_workspace_bytes();
 // part[0 .. kAmaxBlocks) = partial maxima of |x| over x [n] (float32, bfloat16 or float16;
 // any split of x among them), on the current stream.

@@ -335,9 +335,27 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
     return ws.release(s);
 }
 
-// The whole backward on the kernels of linear_backward_tma.cu: grad_x with the mask and its sums
-// in the first product's epilogue, grad_w with its amax partials in the second's, then the
-// column sums' final pass and the int8 quantization.
+// grad_w's int8 quantization (into q, of grad_w [count]) as the side job of grad_x's kernel gx
+// (BIE_CUDA_LINEAR_SIDE=0: a pass of its own after it): by the partial maxima part where
+// sync is NULL, else by an amax found there too (sync: a counter of the workspace, zeroed
+// here). Returns whether gx takes it.
+bool side_quantization(BwdGemmArgs &gx, const float *grad_w, int64_t count, int8_t *q, float *part,
+                       unsigned *sync) {
+    static const bool off = env_is("BIE_CUDA_LINEAR_SIDE", "0");
+    if (q == nullptr || off) return false;
+    gx.side_x = grad_w, gx.side_q = q, gx.side_n = count, gx.side_part = part;
+    gx.side_sync = sync;
+    if (!bwd_gemm_side_taken(gx)) {
+        gx.side_q = nullptr;
+        return false;
+    }
+    if (sync) (void)cudaMemsetAsync(sync, 0, sizeof(unsigned), current_stream);
+    return true;
+}
+
+// The whole backward on the kernels of linear_backward_tma.cu: grad_w with its amax partials
+// in the first product's epilogue, grad_x with the mask and its sums in the second's and
+// grad_w's int8 quantization as its side job, then the column sums' final pass.
 template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     Workspace<9> ws;
@@ -353,24 +371,27 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     float *wamax = reinterpret_cast<float *>(dots + k);
     fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, swt, sxt);
     bie_status s = check(cudaGetLastError(), "fp8 backward kernels");
-    // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n].
-    BwdGemmArgs gx = {};
-    gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
-    gx.s0 = a.saved_scales + 1, gx.s1 = scales, gx.out = a.grad_x;
-    gx.out_type = out_type_of(a.dtype);
-    gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
-    gx.part_dot = part_dot;
-    if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
-    if (s == BIE_OK)
-        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k), dots,
-                         a.grad_bias, a.grad_scale_a);
     // grad_w [n, k] = scale_a grad_out^T sign(x'): A = grad_out^T [n][m], B = sign(x') as [k][m].
     BwdGemmArgs gw = {};
     gw.M = n, gw.N = k, gw.K = m, gw.a = g8t, gw.b = sxt;
     gw.s0 = a.saved_scales, gw.s1 = scales;
     gw.out = a.grad_w, gw.out_type = kOutF32, gw.amax_part = wamax;
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gw);
-    if (s == BIE_OK && a.grad_w_i8) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
+    // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n];
+    // grad_w's quantization its side job where it takes one
+    BwdGemmArgs gx = {};
+    gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
+    gx.s0 = a.saved_scales + 1, gx.s1 = scales, gx.out = a.grad_x;
+    gx.out_type = out_type_of(a.dtype);
+    gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
+    gx.part_dot = part_dot;
+    const bool side = side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax, nullptr);
+    if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
+    if (s == BIE_OK)
+        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k), dots,
+                         a.grad_bias, a.grad_scale_a);
+    if (s == BIE_OK && a.grad_w_i8 && !side)
+        quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
     if (s == BIE_OK) s = check(cudaGetLastError(), "fp8 backward kernels");
     return ws.release(s);
 }
@@ -380,51 +401,59 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // from a ±1 matrix [k][n] in T written first (BIE_CUDA_LINEAR_BITS=1: made in each stage by
 // the consumers from the weight's sign bits, exact too but slower: 262 against 182 + 13 us at
 // 4096^3 on an H200, the consumers' writes in the products' path), the mask and its sums in the
-// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w in cuBLAS on
-// a ±1 activation matrix (or on linear_wgrad_tma.cu's kernel from the sign bits), then its
-// int8 quantization.
+// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w before it, in
+// cuBLAS on a ±1 activation matrix (or on linear_wgrad_tma.cu's kernel from the sign bits),
+// its amax and int8 quantization the side job of grad_x's kernel.
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
-    Workspace<5> ws;  // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax
-    BIE_CUDA_TRY(ws.alloc(
-        {on_chip ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
-         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes()},
-        "cudaMallocAsync (backward workspace)"));
+    // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter
+    Workspace<6> ws;
+    BIE_CUDA_TRY(ws.alloc({on_chip ? 0 : (size_t)(k * n) * sizeof(T),
+                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                           (size_t)k * sizeof(double), amax_workspace_bytes(), sizeof(unsigned)},
+                          "cudaMallocAsync (backward workspace)"));
     T *wst = ws.at<T>(0);
     float *part_sum = ws.at<float>(1), *part_dot = ws.at<float>(2), *one = nullptr;
+    float *wamax = ws.at<float>(4);
     bie_status s = check(cudaGetSymbolAddress((void **)&one, kFp8One), "cudaGetSymbolAddress");
     if (s != BIE_OK) return ws.release(s);
     constexpr bool half = std::is_same<T, __half>::value;
     BwdGemmArgs gx = {};
     gx.op = kOpBits16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = a.wbits;
     gx.ldb = a.ld;
-    if (!on_chip) {
-        launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
-                          reinterpret_cast<uint8_t *>(wst));
-        gx.op = kOpSame16, gx.b = wst;
-    }
     gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
     gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
     gx.part_dot = part_dot;
-    s = bwd_gemm_tma_launch(gx);
-    if (s == BIE_OK)
-        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
-                         ws.at<double>(3), a.grad_bias, a.grad_scale_a);
-    float *wamax = ws.at<float>(4);
-    // grad_w in cuBLAS, then an amax pass (BIE_CUDA_LINEAR_WGRAD=1: on linear_wgrad_tma.cu's
-    // kernel, its amax in the epilogue; exact too but slower: 204 against 168 + 19 + 12 us of
-    // cuBLAS, the amax and the ±1 activations at 4096^3 on an H200)
+    // grad_w in cuBLAS (BIE_CUDA_LINEAR_WGRAD=1: on linear_wgrad_tma.cu's kernel, its amax in
+    // the epilogue; exact too but slower: 204 against 168 + 19 + 12 us of cuBLAS, the amax and
+    // the ±1 activations at 4096^3 on an H200)
     static const bool own_wgrad = env_is("BIE_CUDA_LINEAR_WGRAD", "1");
-    if (s == BIE_OK && own_wgrad && linear_wgrad16_usable()) {
+    const bool own = own_wgrad && linear_wgrad16_usable();
+    const bool side = side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax,
+                                        own ? nullptr : ws.at<unsigned>(5));
+    if (own) {
         const WgradArgs wa = {half,           m,        n,    k, a.grad_out, a.signs, a.ld,
                               a.saved_scales, a.grad_w, wamax};
         s = linear_wgrad16_launch(wa);
-        if (s == BIE_OK && a.grad_w_i8) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
-    } else if (s == BIE_OK) {
+    } else {
         s = exact_grad_w<T>(a);
-        if (s == BIE_OK && a.grad_w_i8) quantize_grad_i8(a.grad_w, n * k, wamax, a.grad_w_i8);
+    }
+    if (s == BIE_OK && !on_chip) {
+        launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
+                          reinterpret_cast<uint8_t *>(wst));
+        gx.op = kOpSame16, gx.b = wst;
+    }
+    if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
+    if (s == BIE_OK)
+        linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
+                         ws.at<double>(3), a.grad_bias, a.grad_scale_a);
+    if (s == BIE_OK && a.grad_w_i8 && !side) {
+        if (own)
+            quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
+        else
+            quantize_grad_i8(a.grad_w, n * k, wamax, a.grad_w_i8);
     }
     if (s == BIE_OK) s = check(cudaGetLastError(), "binary linear backward kernels");
     return ws.release(s);

@@ -237,6 +237,125 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
     }
 }
 
+// The side job (BwdGemmArgs::side_q), in the epilogue warps (ew = thread - 32 of the
+// producer warpgroup) between their tiles: this block's share [u0, u1) of side_x in units of
+// four elements (vec: side_x 16-byte and side_q 4-byte aligned) or of one; the last block also
+// takes the elements past the last whole unit (tail..side_n). Four 16-byte loads a thread in
+// flight (the warps' register budget), from L2: each step's bytes are prefetched there
+// kAhead steps before; the loads stream (evict first: kept out of the GEMM's L2 share).
+struct SideSlice {
+    int64_t u0, u1, tail;
+    bool vec;
+};
+__device__ __forceinline__ SideSlice side_slice(const BwdGemmArgs &p) {
+    SideSlice s;
+    s.vec = (reinterpret_cast<uintptr_t>(p.side_x) % 16 |
+             reinterpret_cast<uintptr_t>(p.side_q) % 4) == 0;
+    const int64_t units = s.vec ? p.side_n / 4 : p.side_n, g = gridDim.x;
+    const int64_t per = (units + g - 1) / g;
+    s.u0 = min(units, per * blockIdx.x);
+    s.u1 = min(units, s.u0 + per);
+    s.tail = blockIdx.x == gridDim.x - 1 ? (s.vec ? units * 4 : p.side_n) : p.side_n;
+    return s;
+}
+constexpr int kSideLoads = 4, kAhead = 6;
+
+// f over the values of units [a0, a1) (vec) and of elements [tail, side_n), thread ew's share:
+// f(unit or element index, its values, how many).
+template <class F>
+__device__ __forceinline__ void side_walk(const BwdGemmArgs &p, const SideSlice &s, int64_t a0,
+                                          int64_t a1, bool tail, int ew, F f) {
+    if (s.vec) {
+        const float4 *x = reinterpret_cast<const float4 *>(p.side_x);
+        constexpr int64_t kStep = kSideLoads * kEpiThreads;
+        // each step's units brought into L2 kAhead steps before they are loaded
+        auto ahead = [&](int64_t from) {
+            if (ew == 0 && from < a1)
+                bulk_prefetch_l2(x + from, (unsigned)(16 * min(kStep, a1 - from)));
+        };
+        for (int i = 0; i < kAhead; i++) ahead(a0 + i * kStep);
+        for (int64_t u = a0 + ew; u < a1; u += kStep) {
+            ahead(u - ew + kAhead * kStep);
+            float4 v[kSideLoads];
+#pragma unroll
+            for (int i = 0; i < kSideLoads; i++)
+                v[i] = u + i * kEpiThreads < a1 ? __ldcs(x + u + i * kEpiThreads)
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int i = 0; i < kSideLoads; i++)
+                if (u + i * kEpiThreads < a1) f(u + i * kEpiThreads, v[i], 4);
+        }
+    } else {
+        for (int64_t u = a0 + ew; u < a1; u += kEpiThreads)
+            f(u, make_float4(__ldcs(p.side_x + u), 0.0f, 0.0f, 0.0f), 1);
+    }
+    if (tail)
+        for (int64_t e = s.tail + ew; e < p.side_n; e += kEpiThreads)
+            f(e, make_float4(__ldcs(p.side_x + e), 0.0f, 0.0f, 0.0f), -1);
+}
+
+// With side_sync: the block's largest |value| into side_part[blockIdx.x], then counted.
+__device__ __forceinline__ void side_amax(const BwdGemmArgs &p, int ew, float *red) {
+    const SideSlice s = side_slice(p);
+    float a = 0.0f;
+    side_walk(p, s, s.u0, s.u1, true, ew, [&](int64_t, float4 v, int n) {
+        a = fmaxf(a, fabsf(v.x));
+        if (n == 4) a = fmaxf(fmaxf(a, fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    });
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((ew & 31) == 0) red[ew >> 5] = a;
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kEpiBar), "n"(kEpiThreads) : "memory");
+    if (ew == 0) {
+        p.side_part[blockIdx.x] = fmaxf(fmaxf(red[0], red[1]), red[2]);
+        __threadfence();
+        atomicAdd(p.side_sync, 1u);
+    }
+}
+
+// The amax the quantization divides by: the largest of the partial maxima (with side_sync,
+// once every block has counted its own), in every epilogue thread.
+__device__ __forceinline__ float side_global_amax(const BwdGemmArgs &p, int ew) {
+    int parts = kAmaxBlocks;
+    if (p.side_sync) {
+        parts = (int)gridDim.x;
+        if (ew == 0) {
+            unsigned n;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                             : "=r"(n)
+                             : "l"(p.side_sync)
+                             : "memory");
+                if (n >= gridDim.x) break;
+                __nanosleep(128);
+            }
+        }
+        asm volatile("bar.sync %0, %1;\n" ::"n"(kEpiBar), "n"(kEpiThreads) : "memory");
+    }
+    float a = 0.0f;
+    for (int i = ew & 31; i < parts; i += 32) a = fmaxf(a, __ldcg(p.side_part + i));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    return a;
+}
+
+// Part q of Q of the block's share quantized by amax (as quantize_i8_partials does it).
+__device__ __forceinline__ void side_quantize(const BwdGemmArgs &p, int q, int Q, float amax,
+                                              int ew) {
+    const SideSlice s = side_slice(p);
+    const float inv = 1.0f / amax;
+    const int64_t len = s.u1 - s.u0;
+    side_walk(p, s, s.u0 + len * q / Q, s.u0 + len * (q + 1) / Q, q == Q - 1, ew,
+              [&](int64_t u, float4 v, int n) {
+                  if (n == 4) {
+                      char4 o;
+                      o.x = quantize_one(v.x, amax, inv), o.y = quantize_one(v.y, amax, inv);
+                      o.z = quantize_one(v.z, amax, inv), o.w = quantize_one(v.w, amax, inv);
+                      __stcs(reinterpret_cast<char4 *>(p.side_q) + u, o);
+                  } else {
+                      p.side_q[u] = quantize_one(v.x, amax, inv);
+                  }
+              });
+}
+
 // The mask epilogue's clip and sign words of a warpgroup's 64 rows (row0..) and 256 columns
 // (bn0..) into bits [64][16] (8 clip words, then 8 sign words a row): two 16-byte copies a
 // thread, in flight during the tile's products (cp.async; rows past M are not copied). Rows of
@@ -349,6 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kSt = stage_bytes(BITS);
     extern __shared__ uint8_t smem[];
     __shared__ unsigned block_amax;  // the store epilogue's largest |value| (float bits)
+    __shared__ float side_red[kEpiThreads / 32];  // the side job's amax, a warp each
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     uint8_t *gbase = smem + (base - smem_u32(smem));  // the same address, generic
     const unsigned full0 = base + bar_offset(BITS), empty0 = full0 + kStages * 8;
@@ -374,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t *tile16 = gbase + ring_bytes(BITS);  // kMaskAsync's staged tile
 
     if (wg == 0) {  // the producer (thread 0) and, kMaskAsync, the epilogue warps (1 .. 3)
-        setmaxnreg_dec<ASYNC ? 80 : 40>();
+        setmaxnreg_dec<ASYNC ? 88 : 40>();  // 88 + 2 x 208 = 3 x 168
         if (tid == 0 && BITS) {
             tma_prefetch_map(&map_a);
             tma_prefetch_map(&map_b);
@@ -394,8 +514,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                              });
         }
         if constexpr (ASYNC) {
-            if (tid >= 32)
+            if (tid >= 32) {
+                // the side job: with side_sync, the amax share before the first tile, then
+                // the quantization in Q parts, one before each of the remaining tiles (and
+                // whatever is left after the last)
+                const int ew = tid - 32, first = p.side_sync ? 1 : 0;
+                const int Q = max(my_tiles - first, 1);
+                float amax = -1.0f;
+                auto side_part = [&](int q) {
+                    if (amax < 0.0f) amax = side_global_amax(p, ew);
+                    side_quantize(p, q, Q, amax, ew);
+                };
                 for (int j = 0; j < my_tiles; j++) {
+                    if (p.side_q && j == 0 && first) side_amax(p, ew, side_red);
+                    if (p.side_q && j >= first) side_part(j - first);
                     int tm, tn;
                     origin(j, tm, tn);
                     epi_tile(tile16, reinterpret_cast<uint32_t *>(gbase + bits_offset(BITS)),
@@ -403,6 +535,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                              [&] { mbar_wait(staged, (unsigned)j & 1u); });
                     mbar_arrive(drained);
                 }
+                if (p.side_q && first && my_tiles == 0) side_amax(p, ew, side_red);
+                if (p.side_q)
+                    for (int q = max(my_tiles - first, 0); q < Q; q++) side_part(q);
+            }
         }
         return;
     }
@@ -475,6 +611,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 int64_t bwd_gemm_parts(int64_t M) { return 2 * ((M + kBM - 1) / kBM); }
 
+namespace {
+// The mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in the
+// consumers).
+bool async_epilogue(const BwdGemmArgs &p) {
+    static const bool off = env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
+    return p.mask != nullptr && p.out_type != kOutF32 && !off;
+}
+}  // namespace
+
+bool bwd_gemm_side_taken(const BwdGemmArgs &p) {
+    return p.side_q != nullptr && bwd_gemm_tma_usable() && async_epilogue(p);
+}
+
 bool bwd_gemm_tma_usable() {
     return bgemm_tma_usable() && std::max(smem_bytes(false), smem_bytes(true)) <= max_smem();
 }
@@ -505,9 +654,9 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
         !(from_bits ? tma_map_bytes(&map_b, p.b, p.K, p.ldb, kBN / 8, 64)
                     : tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN)))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
-    // the mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in
-    // the consumers)
-    const bool async = mask && p.out_type != kOutF32 && !env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
+    const bool async = async_epilogue(p);
+    if (p.side_q && (!async || p.side_x == nullptr || p.side_part == nullptr || p.side_n < 0))
+        return bie_fail(BIE_ERR_INTERNAL, "%s: the side job's arguments", who);
     const bool bf16 = p.out_type == kOutBF16;
     auto fn = from_bits ? (bf16 ? bwd_gemm<kMaskAsync, __nv_bfloat16, true>
                                 : bwd_gemm<kMaskAsync, __half, true>)

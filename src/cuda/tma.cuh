@@ -85,6 +85,11 @@ template <int N, bool READ> __device__ __forceinline__ void tma_store_wait() {
     else
         asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// bytes (a multiple of 16) from p (16-byte aligned) on into L2, with no registers or shared
+// memory held while they come.
+__device__ __forceinline__ void bulk_prefetch_l2(const void *p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

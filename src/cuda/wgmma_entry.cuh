@@ -78,9 +78,21 @@ struct BwdGemmArgs {
     int64_t ld;
     float *part_sum, *part_dot, *amax_part;
     int64_t ldb;  // kOpBits16: B's rows of sign bits
+    // The side job of the mask epilogue's warps (where bwd_gemm_side_taken; side_q NULL: none),
+    // done in the time their tiles leave them: side_q [side_n] = the int8 quantization (SPEC §1)
+    // of side_x [side_n] (f32, written before the launch) by the largest of the partial maxima
+    // side_part [kAmaxBlocks] (side_sync NULL), or, with side_sync (a counter, zero at the
+    // launch), by side_x's own amax, each block's share of it into side_part[blockIdx.x].
+    const float *side_x;
+    int8_t *side_q;
+    int64_t side_n;
+    float *side_part;
+    unsigned *side_sync;
 };
 bool bwd_gemm_tma_usable();
 int64_t bwd_gemm_parts(int64_t M);
+// Whether the launch of p runs its side job (the mask epilogue in the producer's spare warps).
+bool bwd_gemm_side_taken(const BwdGemmArgs &p);
 bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p);
 
 // The exact grad_w of a 16-bit binary linear layer (linear_wgrad_tma.cu): grad_w [n][k] (f32) =

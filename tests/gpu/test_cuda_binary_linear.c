@@ -106,13 +106,29 @@ static void backward_matches(pair *p, int64_t m, int fp8) {
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT_FLOAT_GRAD, &b));
     download_as(&a, got);
     CHECK(compare_close("grad_w", got, b.data, n * k, wtol));
+    /* the int8 gradient: exactly the quantization (SPEC §1) of the float one the layer gave */
+    float wmax = 0.0f;
+    for (int64_t i = 0; i < n * k; i++) wmax = fmaxf(wmax, fabsf(got[i]));
+    int8_t *want = tu_alloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) {
+        const float v = wmax > 0 ? rintf(got[i] * 127.0f / wmax) : 0.0f;
+        want[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    }
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_WEIGHT, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_WEIGHT, &b));
     CHECK(a.dtype == BIE_I8 && b.dtype == BIE_I8);
     download_as(&a, got);
-    int64_t off = 0;
-    for (int64_t i = 0; i < n * k; i++) off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
+    int64_t off = 0, unequal = 0;
+    for (int64_t i = 0; i < n * k; i++) {
+        off += fabsf(got[i] - (float)((int8_t *)b.data)[i]) > 1.0f;
+        unequal += got[i] != (float)want[i];
+    }
     CHECK(off == 0);
+    CHECK(unequal == 0);
+    if (unequal)
+        fprintf(stderr, "  %lld int8 grad_w codes differ from the float grad_w's (m=%lld)\n",
+                (long long)unequal, (long long)m);
+    free(want);
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
@@ -302,7 +318,11 @@ int main(int argc, char **argv) {
                                         {16, 2064, 48},
                                         /* the exact grad_w kernel's partial tiles (batch
                                          * rows of 64, features of 128, outputs of 256) */
-                                        {80, 144, 272}};
+                                        {80, 144, 272},
+                                        /* more grad_x tiles than blocks (the int8 grad_w
+                                         * the side job of its epilogue warps), exact and FP8 */
+                                        {4100, 2064, 48},
+                                        {4096, 2048, 32}};
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
