@@ -240,9 +240,10 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
 // The side job (BwdGemmArgs::side_q), in the epilogue warps (ew = thread - 32 of the
 // producer warpgroup) between their tiles: this block's share [u0, u1) of side_x in units of
 // four elements (vec: side_x 16-byte and side_q 4-byte aligned) or of one; the last block also
-// takes the elements past the last whole unit (tail..side_n). Four 16-byte loads a thread in
-// flight (the warps' register budget), from L2: each step's bytes are prefetched there
-// kAhead steps before; the loads stream (evict first: kept out of the GEMM's L2 share).
+// takes the elements past the last whole unit (tail..side_n). A thread's 16-byte loads four at a
+// time, the next four in flight while these are used (the warps' register budget), from L2:
+// each step's bytes are prefetched there kAhead steps before; the loads stream (evict first:
+// kept out of the GEMM's L2 share).
 struct SideSlice {
     int64_t u0, u1, tail;
     bool vec;
@@ -274,16 +275,26 @@ __device__ __forceinline__ void side_walk(const BwdGemmArgs &p, const SideSlice 
                 bulk_prefetch_l2(x + from, (unsigned)(16 * min(kStep, a1 - from)));
         };
         for (int i = 0; i < kAhead; i++) ahead(a0 + i * kStep);
-        for (int64_t u = a0 + ew; u < a1; u += kStep) {
-            ahead(u - ew + kAhead * kStep);
-            float4 v[kSideLoads];
+        // this thread's units a0 + ew + kEpiThreads i (i < cnt), kSideLoads at a time, the
+        // next ones' loads in flight while these are used
+        const int cnt = a1 > a0 + ew ? (int)((a1 - a0 - ew + kEpiThreads - 1) / kEpiThreads) : 0;
+        const float4 *px = x + a0 + ew;
+        float4 cur[kSideLoads], nxt[kSideLoads];
+        auto load = [&](float4(&v)[kSideLoads], int i0) {
 #pragma unroll
             for (int i = 0; i < kSideLoads; i++)
-                v[i] = u + i * kEpiThreads < a1 ? __ldcs(x + u + i * kEpiThreads)
-                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v[i] = i0 + i < cnt ? __ldcs(px + (i0 + i) * kEpiThreads)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        };
+        load(cur, 0);
+        for (int i0 = 0; i0 < cnt; i0 += kSideLoads) {
+            ahead(a0 + (int64_t)(i0 / kSideLoads + kAhead) * kStep);
+            load(nxt, i0 + kSideLoads);
 #pragma unroll
             for (int i = 0; i < kSideLoads; i++)
-                if (u + i * kEpiThreads < a1) f(u + i * kEpiThreads, v[i], 4);
+                if (i0 + i < cnt) f(a0 + ew + (int64_t)(i0 + i) * kEpiThreads, cur[i], 4);
+#pragma unroll
+            for (int i = 0; i < kSideLoads; i++) cur[i] = nxt[i];
         }
     } else {
         for (int64_t u = a0 + ew; u < a1; u += kEpiThreads)
@@ -494,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t *tile16 = gbase + ring_bytes(BITS);  // kMaskAsync's staged tile
 
     if (wg == 0) {  // the producer (thread 0) and, kMaskAsync, the epilogue warps (1 .. 3)
-        setmaxnreg_dec<ASYNC ? 88 : 40>();  // 88 + 2 x 208 = 3 x 168
+        setmaxnreg_dec<ASYNC ? 104 : 40>();  // 104 + 2 x 200 = 3 x 168
         if (tid == 0 && BITS) {
             tma_prefetch_map(&map_a);
             tma_prefetch_map(&map_b);
@@ -544,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // A consumer: rows 64 c .. of each tile.
-    setmaxnreg_inc<ASYNC ? 208 : 232>();
+    setmaxnreg_inc<ASYNC ? 200 : 232>();
     const int c = wg - 1, wt = tid & 127;
     float *stg = reinterpret_cast<float *>(gbase + ring_bytes(BITS) + c * kStgBytes);
     const unsigned bits = base + (unsigned)(bits_offset(BITS) + c * kBitsBytes);

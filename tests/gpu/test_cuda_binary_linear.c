@@ -322,7 +322,7 @@ int main(int argc, char **argv) {
                                         /* more grad_x tiles than blocks (the int8 grad_w
                                          * the side job of its epilogue warps), exact and FP8 */
                                         {4100, 2064, 48},
-                                        {4096, 2048, 32}};
+                                        {1024, 8192, 32}};
     const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
