@@ -51,34 +51,39 @@ template <> __device__ __forceinline__ __half of_bits<__half>(uint16_t b) {
     return __ushort_as_half(b);
 }
 
-// N consecutive elements p[0 .. N) as float (0 past `left`): 16-byte loads (one 8-byte load
-// where N elements are 8 bytes) when `vec` (p aligned to N elements of T, at most 16 bytes, and
-// all N inside), else one load per element.
-template <int N, typename T>
-__device__ __forceinline__ void load_n(const T *p, bool vec, int64_t left, float (&v)[N]) {
-    constexpr int kBytes = N * (int)sizeof(T);
+// N consecutive elements of T (8 bytes, or whole 16-byte units) as raw words: one load per 8 or
+// 16 bytes (p aligned to that), all of them in flight until unpack() turns them into floats.
+template <int N, typename T> struct RawN {
+    static constexpr int kBytes = N * (int)sizeof(T);
     static_assert(kBytes == 8 || kBytes % 16 == 0, "one 8-byte or whole 16-byte loads");
-    if (vec && left >= N) {
+    unsigned w[kBytes / 4];
+    __device__ __forceinline__ void load(const T *p) {
         if constexpr (kBytes == 8) {
-            const uint2 raw = __ldg(reinterpret_cast<const uint2 *>(p));
-            const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-            for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);
-        } else if constexpr (std::is_same<T, float>::value) {
+            const uint2 q = __ldg(reinterpret_cast<const uint2 *>(p));
+            w[0] = q.x, w[1] = q.y;
+        } else {
 #pragma unroll
             for (int i = 0; i < kBytes / 16; i++) {
-                const float4 q = __ldg(reinterpret_cast<const float4 *>(p) + i);
-                v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+                const uint4 q = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+                w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
             }
-        } else {
-            uint4 raw[kBytes / 16];
-#pragma unroll
-            for (int i = 0; i < kBytes / 16; i++)
-                raw[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
-            const T *e = reinterpret_cast<const T *>(raw);
-#pragma unroll
-            for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);
         }
+    }
+    __device__ __forceinline__ void unpack(float (&v)[N]) const {
+        const T *e = reinterpret_cast<const T *>(w);
+#pragma unroll
+        for (int j = 0; j < N; j++) v[j] = to_f32(e[j]);
+    }
+};
+
+// N consecutive elements p[0 .. N) as float (0 past `left`): RawN's loads when `vec` (p aligned
+// to N elements of T, at most 16 bytes, and all N inside), else one load per element.
+template <int N, typename T>
+__device__ __forceinline__ void load_n(const T *p, bool vec, int64_t left, float (&v)[N]) {
+    if (vec && left >= N) {
+        RawN<N, T> raw;
+        raw.load(p);
+        raw.unpack(v);
     } else {
 #pragma unroll
         for (int j = 0; j < N; j++) v[j] = j < left ? to_f32(p[j]) : 0.0f;

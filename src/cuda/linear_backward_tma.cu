@@ -507,9 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {  // the producer (thread 0) and, kMaskAsync, the epilogue warps (1 .. 3)
         setmaxnreg_dec<ASYNC ? 104 : 40>();  // 104 + 2 x 200 = 3 x 168
         if (tid == 0 && BITS) {
-            tma_prefetch_map(&map_a);
-            tma_prefetch_map(&map_b);
-            tma_ring_walk(my_tiles, kblocks, kStages, full0, empty0, origin,
+            tma_ring_walk(&map_a, &map_b, my_tiles, kblocks, kStages, full0, empty0, origin,
                           [&](int s, int kb, int tm, int tn, unsigned full) {
                               const unsigned dst = base + (unsigned)(s * kSt);
                               mbar_arrive_expect_tx(full, kStageA + kBBits);

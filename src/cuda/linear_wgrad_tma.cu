@@ -107,9 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {  // the producer
         setmaxnreg_dec<40>();
         if (tid == 0) {
-            tma_prefetch_map(&map_g);
-            tma_prefetch_map(&map_s);
-            tma_ring_walk(my_tiles, kblocks, kStages, full0, empty0, origin,
+            tma_ring_walk(&map_g, &map_s, my_tiles, kblocks, kStages, full0, empty0, origin,
                           [&](int s, int kb, int tm, int tn, unsigned full) {
                               const unsigned dst = base + (unsigned)(s * kStage);
                               mbar_arrive_expect_tx(full, kBBytes + kBitsBytes);

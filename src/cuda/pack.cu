@@ -81,29 +81,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// Eight elements of T as they lie in memory (one 8-byte or one or two 16-byte loads).
-template <typename T> struct Raw8 {
-    static constexpr int kWords = 2 * (int)sizeof(T);
-    unsigned w[kWords];
-    __device__ __forceinline__ void load(const T *p) {  // p aligned to 8 elements
-        if constexpr (kWords == 2) {
-            const uint2 q = __ldg(reinterpret_cast<const uint2 *>(p));
-            w[0] = q.x, w[1] = q.y;
-        } else {
-#pragma unroll
-            for (int i = 0; i < kWords / 4; i++) {
-                const uint4 q = __ldg(reinterpret_cast<const uint4 *>(p) + i);
-                w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
-            }
-        }
-    }
-    __device__ __forceinline__ void unpack(float (&v)[8]) const {
-        const T *e = reinterpret_cast<const T *>(w);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = to_f32(e[j]);
-    }
-};
-
 // The long-row form of pack_rows (slices of 1024 bytes, m > 16): block (rows, slice) packs
 // bytes of the slice of RB = rb rows (rows of 64 or 128 words share a block, so that no
 // thread idles), per = 256 / rb threads a row. Thread t of a row makes bytes t, t + per,
@@ -150,7 +127,7 @@ __global__ void __launch_bounds__(256)
             constexpr int D = sizeof(T) == 4 ? 2 : 4;
 #pragma unroll
             for (int j0 = 0; j0 < 4; j0 += D) {
-                Raw8<T> raw[D];
+                RawN<8, T> raw[D];
 #pragma unroll
                 for (int j = 0; j < D; j++) raw[j].load(xr + (t + (j0 + j) * per) * 8);
 #pragma unroll

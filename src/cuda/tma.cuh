@@ -102,13 +102,16 @@ __device__ __forceinline__ void tma_ring_init(unsigned full0, unsigned empty0, i
         mbar_init(empty0 + 8 * s, consumers);
     }
 }
-// The producer thread's walk over a ring of `stages` stages: for each of the block's my_tiles
-// tiles (origin(j, ta, tb): tile j's coordinates) and each of its kblocks k blocks, waits
-// until the stage is free, then issue(s, kb, ta, tb, full), which arms the stage's full
-// barrier with its copies' bytes and issues them.
+// The producer thread's walk over a ring of `stages` stages that two tensor maps feed (both
+// prefetched first): for each of the block's my_tiles tiles (origin(j, ta, tb): tile j's
+// coordinates) and each of its kblocks k blocks, waits until the stage is free, then issue(s, kb,
+// ta, tb, full), which arms the stage's full barrier with its copies' bytes and issues them.
 template <class Origin, class Issue>
-__device__ __forceinline__ void tma_ring_walk(int my_tiles, int kblocks, int stages, unsigned full0,
+__device__ __forceinline__ void tma_ring_walk(const CUtensorMap *map_a, const CUtensorMap *map_b,
+                                              int my_tiles, int kblocks, int stages, unsigned full0,
                                               unsigned empty0, Origin origin, Issue issue) {
+    tma_prefetch_map(map_a);
+    tma_prefetch_map(map_b);
     for (int j = 0, i = 0; j < my_tiles; j++) {
         int ta, tb;
         origin(j, ta, tb);
@@ -130,9 +133,7 @@ __device__ __forceinline__ void tma_ring_produce(const CUtensorMap *map_a, const
                                                  int stages, unsigned stage_bytes, unsigned stage_a,
                                                  unsigned base, unsigned full0, unsigned empty0,
                                                  Origin origin) {
-    tma_prefetch_map(map_a);
-    tma_prefetch_map(map_b);
-    tma_ring_walk(my_tiles, kblocks, stages, full0, empty0, origin,
+    tma_ring_walk(map_a, map_b, my_tiles, kblocks, stages, full0, empty0, origin,
                   [&](int s, int kb, int row_a, int row_b, unsigned full) {
                       const unsigned dst = base + (unsigned)s * stage_bytes;
                       mbar_arrive_expect_tx(full, stage_bytes);
