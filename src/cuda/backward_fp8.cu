@@ -335,14 +335,17 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
     return ws.release(s);
 }
 
-// grad_w's int8 quantization (into q, of grad_w [count]) as the side job of grad_x's kernel gx
-// (BIE_CUDA_LINEAR_SIDE=0: a pass of its own after it): by the partial maxima part where
-// sync is NULL, else by an amax found there too (sync: a counter of the workspace, zeroed
-// here). Returns whether gx takes it.
+// BIE_CUDA_LINEAR_SIDE=1: grad_w's int8 quantization (into q, of grad_w [count]) as the side
+// job of grad_x's kernel gx, by the partial maxima part where sync is NULL, else by an amax
+// found there too (sync: a counter of the workspace, zeroed here). Returns whether gx takes it
+// (else the passes of their own follow gx). Exact, but slower at 4096^3 on an H200: the
+// kernel's three epilogue warps do it at a few GB/s an SM, and grad_x's kernel took 236
+// against 181 us (exact, amax and quantization) and 175 against 107 (FP8, the quantization),
+// where the passes take 19 + 21.5 and 24 us.
 bool side_quantization(BwdGemmArgs &gx, const float *grad_w, int64_t count, int8_t *q, float *part,
                        unsigned *sync) {
-    static const bool off = env_is("BIE_CUDA_LINEAR_SIDE", "0");
-    if (q == nullptr || off) return false;
+    static const bool on = env_is("BIE_CUDA_LINEAR_SIDE", "1");
+    if (q == nullptr || !on) return false;
     gx.side_x = grad_w, gx.side_q = q, gx.side_n = count, gx.side_part = part;
     gx.side_sync = sync;
     if (!bwd_gemm_side_taken(gx)) {
@@ -354,8 +357,9 @@ bool side_quantization(BwdGemmArgs &gx, const float *grad_w, int64_t count, int8
 }
 
 // The whole backward on the kernels of linear_backward_tma.cu: grad_w with its amax partials
-// in the first product's epilogue, grad_x with the mask and its sums in the second's and
-// grad_w's int8 quantization as its side job, then the column sums' final pass.
+// in the first product's epilogue, grad_x with the mask and its sums in the second's, then the
+// column sums' final pass and grad_w's int8 quantization (BIE_CUDA_LINEAR_SIDE=1: the side
+// job of grad_x's kernel).
 template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     Workspace<9> ws;
@@ -377,8 +381,7 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     gw.s0 = a.saved_scales, gw.s1 = scales;
     gw.out = a.grad_w, gw.out_type = kOutF32, gw.amax_part = wamax;
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gw);
-    // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n];
-    // grad_w's quantization its side job where it takes one
+    // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n]
     BwdGemmArgs gx = {};
     gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
     gx.s0 = a.saved_scales + 1, gx.s1 = scales, gx.out = a.grad_x;
@@ -403,7 +406,8 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // 4096^3 on an H200, the consumers' writes in the products' path), the mask and its sums in the
 // epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w before it, in
 // cuBLAS on a ±1 activation matrix (or on linear_wgrad_tma.cu's kernel from the sign bits),
-// its amax and int8 quantization the side job of grad_x's kernel.
+// then its amax and int8 quantization (BIE_CUDA_LINEAR_SIDE=1: the side job of grad_x's
+// kernel).
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");

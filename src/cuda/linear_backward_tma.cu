@@ -19,6 +19,8 @@
 //   in the consumers (kMaskInline);
 // - the store (grad_w): the f32 values and, per block, the largest |value| into
 //   amax_part[blockIdx.x] (entries past the grid zero), ready for quantize_i8_partials.
+// kMaskAsync also takes a side job (BwdGemmArgs::side_q, BIE_CUDA_LINEAR_SIDE=1): grad_w's
+// int8 quantization, and its amax before it, in the epilogue warps between their tiles.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
