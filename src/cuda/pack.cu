@@ -85,9 +85,10 @@ __global__ void __launch_bounds__(256)
 // bytes of the slice of RB = rb rows (rows of 64 or 128 words share a block, so that no
 // thread idles), per = 256 / rb threads a row. Thread t of a row makes bytes t, t + per,
 // t + 2 per, t + 3 per of the slice, each from 8 elements: a warp's loads are contiguous
-// (512 bytes of bf16) and its byte stores too. The same arithmetic and outputs as pack_rows.
+// (512 bytes of bf16) and its byte stores too. The same arithmetic and outputs as pack_rows. At
+// most 64 registers: four blocks an SM.
 template <typename T, bool ACT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 4)
     pack_words(const T *__restrict__ x, int64_t rows, int64_t k, const float *__restrict__ bias,
                const float *__restrict__ scale_a, const float *__restrict__ scale_w,
                float *saved_scales, int64_t ld, int rb, bool vec_x, bool vec_bias,
@@ -102,9 +103,10 @@ __global__ void __launch_bounds__(256)
         uint8_t *sbytes = reinterpret_cast<uint8_t *>(bits) + row * ld + b0;
         uint8_t *mbytes = mask ? reinterpret_cast<uint8_t *>(mask) + row * ld + b0 : nullptr;
         const T *xr = x + row * k + b0 * 8;
-        // One byte of bits (and of the mask) from its 8 values v (left of them inside the row).
-        auto pack_byte = [&](int byte, float(&v)[8], int64_t left) {
-            if (ACT && bias) {
+        // One byte of bits (and of the mask) from its 8 values v (left of them inside the row;
+        // biased: bias_a already added).
+        auto pack_byte = [&](int byte, float(&v)[8], int64_t left, bool biased = false) {
+            if (ACT && bias && !biased) {
                 float b[8];
                 load_n(bias + (b0 + byte) * 8, vec_bias, left, b);
 #pragma unroll
@@ -123,18 +125,29 @@ __global__ void __launch_bounds__(256)
         };
         if (vec_x && t + 3 * per < slice && (b0 + t + 3 * per) * 8 + 8 <= k) {
             // All four bytes inside the row: the loads of D bytes in flight at once, as raw
-            // words (a quarter of the registers of their floats).
+            // words (a quarter of the registers of their floats), and with them bias_a's.
             constexpr int D = sizeof(T) == 4 ? 2 : 4;
+            const bool with_bias = ACT && bias && vec_bias;
 #pragma unroll
             for (int j0 = 0; j0 < 4; j0 += D) {
                 RawN<8, T> raw[D];
+                RawN<8, float> rbias[D];
 #pragma unroll
-                for (int j = 0; j < D; j++) raw[j].load(xr + (t + (j0 + j) * per) * 8);
+                for (int j = 0; j < D; j++) {
+                    raw[j].load(xr + (t + (j0 + j) * per) * 8);
+                    if (with_bias) rbias[j].load(bias + (b0 + t + (j0 + j) * per) * 8);
+                }
 #pragma unroll
                 for (int j = 0; j < D; j++) {
                     float v[8];
                     raw[j].unpack(v);
-                    pack_byte(t + (j0 + j) * per, v, 8);
+                    if (with_bias) {
+                        float b[8];
+                        rbias[j].unpack(b);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) v[e] += b[e];
+                    }
+                    pack_byte(t + (j0 + j) * per, v, 8, with_bias);
                 }
             }
         } else {
