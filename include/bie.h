@@ -387,7 +387,8 @@ BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *cha
  * multiples of 16: grad_x runs on bie's own 16-bit tensor-core kernel on a ±1 weight matrix
  * made from the sign bits (f32 accumulators over the whole reduction, as cuBLAS), the mask in
  * its epilogue, and grad_w in cuBLAS on the ±1 activations (BIE_CUDA_LINEAR_WGRAD=1: on bie's
- * kernel, which makes them on chip from the sign bits, its amax in its epilogue; slower today),
+ * kernel, which makes them on chip from the sign bits, its amax in its epilogue; slower today;
+ * BIE_CUDA_LINEAR_WGRAD=mem: that kernel reading the ±1 activations, its amax in its epilogue),
  * then grad_w's amax and int8 quantization (BIE_CUDA_LINEAR_SIDE=1: in grad_x's kernel, in the
  * warps its tiles leave idle; the same int8 values, slower today);
  * grad_bias_a and grad_scale_a then sum grad_x as rounded to the layer's dtype (as a sum over

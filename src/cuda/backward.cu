@@ -408,6 +408,9 @@ void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, T *d
     signs_of_words<T><<<grid_for(rows * chunks), 256, 0, current_stream>>>(
         bits, ld, rows, k, rows_aligned16<T>(dst, k), dst);
 }
+template void expand_signs<__nv_bfloat16>(const uint8_t *, int64_t, int64_t, int64_t,
+                                          __nv_bfloat16 *);
+template void expand_signs<__half>(const uint8_t *, int64_t, int64_t, int64_t, __half *);
 
 // grad_w, row-major [n, k] = grad_out^T [n, m] @ sign(x') [m, k] * scale_a (xsign: the ±1
 // activations [m, k] in T, expanded here), in cuBLAS.

@@ -159,6 +159,9 @@ bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a);
 // The exact grad_w [n, k] = scale_a grad_out^T sign(x') in cuBLAS (T: the layer's dtype), on
 // ±1 activations expanded from the sign bits (a workspace of its own).
 template <typename T> bie_status exact_grad_w(const bie_cuda_bl_backward_args &a);
+// ±1 rows [rows, k] of T (bf16 or f16) from layout sign rows of ld bytes (backward.cu).
+template <typename T>
+void expand_signs(const uint8_t *bits, int64_t ld, int64_t rows, int64_t k, T *dst);
 // The binary conv2d backward on tensor cores (conv_backward_mma.cu): 16-bit dtypes, kernels
 // of 1 to 3; fits says whether it applies.
 bool conv_backward_mma_fits(const bie_cuda_bconv_backward_args &a);

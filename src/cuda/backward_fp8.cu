@@ -411,12 +411,22 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
-    // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter
-    Workspace<6> ws;
-    BIE_CUDA_TRY(ws.alloc({on_chip ? 0 : (size_t)(k * n) * sizeof(T),
-                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
-                           (size_t)k * sizeof(double), amax_workspace_bytes(), sizeof(unsigned)},
-                          "cudaMallocAsync (backward workspace)"));
+    // grad_w (BIE_CUDA_LINEAR_WGRAD): "mem", on linear_wgrad_tma.cu's kernel from a ±1
+    // activation matrix, its amax in the epilogue; "1", that kernel from the sign bits (exact
+    // too but slower: 204 against 168 + 19 + 12 us of cuBLAS, the amax and the ±1 activations
+    // at 4096^3 on an H200); else cuBLAS on the ±1 activations, then the amax pass
+    static const int wgrad_form = env_is("BIE_CUDA_LINEAR_WGRAD", "mem") ? 2
+                                  : env_is("BIE_CUDA_LINEAR_WGRAD", "1") ? 1
+                                                                         : 0;
+    const bool own = wgrad_form > 0 && linear_wgrad16_usable(), wgrad_mem = own && wgrad_form == 2;
+    // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter,
+    // ±1 activations [m][k] (for grad_w's own kernel from memory)
+    Workspace<7> ws;
+    BIE_CUDA_TRY(ws.alloc(
+        {on_chip ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
+         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes(),
+         sizeof(unsigned), wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
+        "cudaMallocAsync (backward workspace)"));
     T *wst = ws.at<T>(0);
     float *part_sum = ws.at<float>(1), *part_dot = ws.at<float>(2), *one = nullptr;
     float *wamax = ws.at<float>(4);
@@ -430,16 +440,15 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
     gx.part_dot = part_dot;
-    // grad_w in cuBLAS (BIE_CUDA_LINEAR_WGRAD=1: on linear_wgrad_tma.cu's kernel, its amax in
-    // the epilogue; exact too but slower: 204 against 168 + 19 + 12 us of cuBLAS, the amax and
-    // the ±1 activations at 4096^3 on an H200)
-    static const bool own_wgrad = env_is("BIE_CUDA_LINEAR_WGRAD", "1");
-    const bool own = own_wgrad && linear_wgrad16_usable();
     const bool side = side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax,
                                         own ? nullptr : ws.at<unsigned>(5));
     if (own) {
-        const WgradArgs wa = {half,           m,        n,    k, a.grad_out, a.signs, a.ld,
-                              a.saved_scales, a.grad_w, wamax};
+        WgradArgs wa = {half,           m,        n,     k,      a.grad_out, a.signs, a.ld,
+                        a.saved_scales, a.grad_w, wamax, nullptr};
+        if (wgrad_mem) {
+            expand_signs<T>(a.signs, a.ld, m, k, ws.at<T>(6));
+            wa.xsign = ws.at<T>(6);
+        }
         s = linear_wgrad16_launch(wa);
     } else {
         s = exact_grad_w<T>(a);

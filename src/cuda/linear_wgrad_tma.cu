@@ -78,7 +78,9 @@ __device__ __forceinline__ void make_a(const uint8_t *bits, uint8_t *a, int c, i
 
 // TMA_OUT: grad_w leaves through map_w (rows of 128 bytes x 128, 128-byte swizzled) in bulk
 // tensor stores, which the consumers do not wait for past their reads of the staging area.
-template <typename T, bool TMA_OUT>
+// FROM_MEM: A comes from a ±1 matrix [m][k] in T (map_s: boxes of 64 rows x 64 values, as
+// grad_out's) instead of the consumers' writes from the sign bits (map_s: the bits).
+template <typename T, bool TMA_OUT, bool FROM_MEM>
 __global__ void __launch_bounds__(kThreads, 1)
     wgrad16(const __grid_constant__ CUtensorMap map_g, const __grid_constant__ CUtensorMap map_s,
             const __grid_constant__ CUtensorMap map_w, const __grid_constant__ WgradArgs p,
@@ -110,13 +112,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_ring_walk(&map_g, &map_s, my_tiles, kblocks, kStages, full0, empty0, origin,
                           [&](int s, int kb, int tm, int tn, unsigned full) {
                               const unsigned dst = base + (unsigned)(s * kStage);
-                              mbar_arrive_expect_tx(full, kBBytes + kBitsBytes);
+                              mbar_arrive_expect_tx(full,
+                                                    kBBytes + (FROM_MEM ? kABytes : kBitsBytes));
 #pragma unroll
                               for (int q = 0; q < kBN / 64; q++)  // byte columns of the 64 outputs
                                   tma_load_2d(dst + (unsigned)(q * kBox), &map_g,
                                               (tn * kBN + 64 * q) * 2, kb * kBK, full);
-                              tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8), kb * kBK,
-                                          full);
+                              if constexpr (FROM_MEM) {
+#pragma unroll
+                                  for (int q = 0; q < 2; q++)  // each consumer's 64 features
+                                      tma_load_2d(dst + kBBytes + (unsigned)(q * kBox), &map_s,
+                                                  (tm * kBM + 64 * q) * 2, kb * kBK, full);
+                              } else {
+                                  tma_load_2d(dst + kBBytes + kABytes, &map_s, tm * (kBM / 8),
+                                              kb * kBK, full);
+                              }
                           });
         }
         return;
@@ -126,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<232>();
     const int c = wg - 1, wt = tid & 127, w = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
+    (void)one2;
     const int K = (int)p.k, N = (int)p.n;
     const bool vec = reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0;
     float *stg = reinterpret_cast<float *>(gbase + kStages * kStage);
@@ -142,9 +153,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_wait(full0 + 8 * s, (unsigned)(i / kStages) & 1u);
             const unsigned stage = base + (unsigned)(s * kStage);
             const unsigned a_tile = stage + (unsigned)(kBBytes + c * (kABytes / 2));
-            make_a(gbase + s * kStage + kBBytes + kABytes, gbase + (a_tile - base), c, wt, one2);
-            fence_proxy_async();  // the generic writes, before the wgmma's reads
-            warpgroup_barrier(c + 1);
+            if constexpr (!FROM_MEM) {
+                make_a(gbase + s * kStage + kBBytes + kABytes, gbase + (a_tile - base), c, wt,
+                       one2);
+                fence_proxy_async();  // the generic writes, before the wgmma's reads
+                warpgroup_barrier(c + 1);
+            }
             fence_acc(d);
             wgmma_fence();
 #pragma unroll
@@ -239,6 +253,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+template <typename T> auto pick_wgrad(bool tma_out, bool mem) {
+    return tma_out ? (mem ? wgrad16<T, true, true> : wgrad16<T, true, false>)
+                   : (mem ? wgrad16<T, false, true> : wgrad16<T, false, false>);
+}
+
 }  // namespace
 
 bool linear_wgrad16_usable() { return bgemm_tma_usable() && kSmem <= max_smem(); }
@@ -248,22 +267,25 @@ bie_status linear_wgrad16_launch(const WgradArgs &p) {
     if (!linear_wgrad16_usable())
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: needs a device of compute capability 9.0", who);
     const int64_t tiles_m = (p.k + kBM - 1) / kBM, tiles_n = (p.n + kBN - 1) / kBN;
-    if (p.m < 1 || p.n < 1 || p.k < 1 || p.n % 8 || p.k % 4 || p.ld % 16 || p.n > INT_MAX ||
-        p.k > INT_MAX || p.m > INT_MAX - kBK || tiles_m * tiles_n > INT_MAX ||
+    const bool mem = p.xsign != nullptr;
+    if (p.m < 1 || p.n < 1 || p.k < 1 || p.n % 8 || p.k % (mem ? 8 : 4) || p.ld % 16 ||
+        p.n > INT_MAX || reinterpret_cast<uintptr_t>(p.xsign) % 16 || p.k > INT_MAX ||
+        p.m > INT_MAX - kBK || tiles_m * tiles_n > INT_MAX ||
         reinterpret_cast<uintptr_t>(p.grad_out) % 16 || reinterpret_cast<uintptr_t>(p.signs) % 16)
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.m,
                         (long long)p.n, (long long)p.k);
     CUtensorMap map_g, map_s, map_w = {};
     if (!tma_map_rows(&map_g, p.grad_out, p.m, p.n * 2, kBK) ||
-        !tma_map_bytes(&map_s, p.signs, p.m, p.ld, kBM / 8, kBK))
+        !(mem ? tma_map_rows(&map_s, p.xsign, p.m, p.k * 2, kBK)
+              : tma_map_bytes(&map_s, p.signs, p.m, p.ld, kBM / 8, kBK)))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     // grad_w through bulk tensor stores where it is 16-byte aligned (and not
     // BIE_CUDA_LINEAR_WGRAD_TMA=0)
     static const bool tma_wanted = !env_is("BIE_CUDA_LINEAR_WGRAD_TMA", "0");
     const bool tma_out = tma_wanted && reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0 &&
                          tma_map_rows(&map_w, p.grad_w, p.n, p.k * 4, kBN / 2);
-    auto fn = p.half ? (tma_out ? wgrad16<__half, true> : wgrad16<__half, false>)
-                     : (tma_out ? wgrad16<__nv_bfloat16, true> : wgrad16<__nv_bfloat16, false>);
+    auto fn = pick_wgrad<__half>(tma_out, mem);
+    if (!p.half) fn = pick_wgrad<__nv_bfloat16>(tma_out, mem);
     BIE_CUDA_TRY(
         check(cudaFuncSetAttribute(reinterpret_cast<const void *>(fn),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem),

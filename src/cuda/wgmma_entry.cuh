@@ -99,7 +99,8 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p);
 // *scale grad_out^T sign(x'), from grad_out [m][n] (f16 where half, else bf16; 16-byte aligned,
 // n a multiple of 8) and the sign bits of x' (bit j of row r: element (r, j); rows of ld bytes,
 // ld a multiple of 16), with amax_part [kAmaxBlocks] the partial maxima of |grad_w| (for
-// quantize_i8_partials).
+// quantize_i8_partials). xsign, where not null: sign(x') as a ±1 matrix [m][k] in the same
+// type (16-byte aligned, k a multiple of 8), read instead of the bits.
 struct WgradArgs {
     bool half;
     int64_t m, n, k;
@@ -108,6 +109,7 @@ struct WgradArgs {
     int64_t ld;
     const float *scale;
     float *grad_w, *amax_part;
+    const void *xsign;
 };
 bool linear_wgrad16_usable();
 bie_status linear_wgrad16_launch(const WgradArgs &p);
