@@ -386,10 +386,10 @@ BIE_API bie_status bie_layer_get_channels_last(const bie_layer *layer, bool *cha
  * EXACT on compute capability 9.0, for a bf16 or f16 binary linear layer whose n and k are
  * multiples of 16: grad_x runs on bie's own 16-bit tensor-core kernel on a ±1 weight matrix
  * made from the sign bits (f32 accumulators over the whole reduction, as cuBLAS), the mask in
- * its epilogue, and grad_w in cuBLAS on the ±1 activations (BIE_CUDA_LINEAR_WGRAD=1: on bie's
- * kernel, which makes them on chip from the sign bits, its amax in its epilogue; slower today;
- * BIE_CUDA_LINEAR_WGRAD=mem: that kernel reading the ±1 activations, its amax in its epilogue),
- * then grad_w's amax and int8 quantization (BIE_CUDA_LINEAR_SIDE=1: in grad_x's kernel, in the
+ * its epilogue, and grad_w on bie's kernel of the same shape reading the ±1 activations, the
+ * amax of grad_w in its epilogue (BIE_CUDA_LINEAR_WGRAD=cublas: in cuBLAS, then an amax pass;
+ * =1: bie's kernel making the ±1 activations on chip from the sign bits; both slower today),
+ * then grad_w's int8 quantization (BIE_CUDA_LINEAR_SIDE=1: in grad_x's kernel, in the
  * warps its tiles leave idle; the same int8 values, slower today);
  * grad_bias_a and grad_scale_a then sum grad_x as rounded to the layer's dtype (as a sum over
  * the stored 16-bit grad_x tensor does); BIE_CUDA_LINEAR_FUSED=0 keeps cuBLAS and the f32

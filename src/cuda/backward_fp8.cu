@@ -411,13 +411,13 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
-    // grad_w (BIE_CUDA_LINEAR_WGRAD): "mem", on linear_wgrad_tma.cu's kernel from a ±1
-    // activation matrix, its amax in the epilogue; "1", that kernel from the sign bits (exact
-    // too but slower: 204 against 168 + 19 + 12 us of cuBLAS, the amax and the ±1 activations
-    // at 4096^3 on an H200); else cuBLAS on the ±1 activations, then the amax pass
-    static const int wgrad_form = env_is("BIE_CUDA_LINEAR_WGRAD", "mem") ? 2
-                                  : env_is("BIE_CUDA_LINEAR_WGRAD", "1") ? 1
-                                                                         : 0;
+    // grad_w (BIE_CUDA_LINEAR_WGRAD): by default on linear_wgrad_tma.cu's kernel from a ±1
+    // activation matrix, its amax in the epilogue (181 against 174 + 21 us of cuBLAS and the
+    // amax pass at 4096^3 on an H200); "1", that kernel from the sign bits (exact too but
+    // slower: 204); "cublas", cuBLAS on the ±1 activations, then the amax pass
+    static const int wgrad_form = env_is("BIE_CUDA_LINEAR_WGRAD", "cublas") ? 0
+                                  : env_is("BIE_CUDA_LINEAR_WGRAD", "1")    ? 1
+                                                                            : 2;
     const bool own = wgrad_form > 0 && linear_wgrad16_usable(), wgrad_mem = own && wgrad_form == 2;
     // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter,
     // ±1 activations [m][k] (for grad_w's own kernel from memory)
