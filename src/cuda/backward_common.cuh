@@ -152,8 +152,8 @@ void linear_part_sums(const float *part_sum, const float *part_dot, int64_t part
 bool fp8_backward_fused_usable();
 bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a);
 // The exact backward of a 16-bit layer with grad_x, the mask and its sums on the same kernel
-// (16-bit operands; grad_w in cuBLAS): where it applies (bf16 / f16, n and k multiples of 16,
-// grad_out 16-byte aligned, the fused kernels usable), and the backward (every gradient).
+// (16-bit operands; grad_w on its own kernel): where it applies (bf16 / f16, n and k multiples of
+// 16, grad_out 16-byte aligned, the fused kernels usable), and the backward (every gradient).
 bool exact_fused_fits(const bie_cuda_bl_backward_args &a);
 bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a);
 // The exact grad_w [n, k] = scale_a grad_out^T sign(x') in cuBLAS (T: the layer's dtype), on

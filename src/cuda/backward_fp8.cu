@@ -404,10 +404,9 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // from a ±1 matrix [k][n] in T written first (BIE_CUDA_LINEAR_BITS=1: made in each stage by
 // the consumers from the weight's sign bits, exact too but slower: 262 against 182 + 13 us at
 // 4096^3 on an H200, the consumers' writes in the products' path), the mask and its sums in the
-// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w before it, in
-// cuBLAS on a ±1 activation matrix (or on linear_wgrad_tma.cu's kernel from the sign bits),
-// then its amax and int8 quantization (BIE_CUDA_LINEAR_SIDE=1: the side job of grad_x's
-// kernel).
+// epilogue (of the values as stored, as a 16-bit grad_x tensor sums); grad_w before it, on
+// linear_wgrad_tma.cu's kernel (the forms below), then its int8 quantization
+// (BIE_CUDA_LINEAR_SIDE=1: the side job of grad_x's kernel).
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");

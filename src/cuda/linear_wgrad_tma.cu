@@ -1,10 +1,11 @@
-// The exact grad_w of a 16-bit binary linear layer on Hopper (sm_90a), reading the sign bits:
+// The exact grad_w of a 16-bit binary linear layer on Hopper (sm_90a):
 // grad_w [n][k] = scale_a grad_out^T sign(x'), computed transposed, D [k][n] = sign(x')^T
 // grad_out, so that both operands are M/N-major as they lie in memory and the wgmma transposes
 // them as it reads: B is grad_out's [m][n] rows, brought by the tensor memory accelerator in
 // boxes of 64 rows x 64 values (one 128-byte swizzle row each); A is the ±1 matrix [m rows][the
-// tile's 128 features], which the consumers write into the stage from the k block's sign bits
-// (one byte of bits is one 16-byte row chunk of A), so that no ±1 matrix exists in memory.
+// tile's 128 features], brought the same way from a ±1 matrix in memory (FROM_MEM, the default)
+// or written into the stage by the consumers from the k block's sign bits (one byte of bits is
+// one 16-byte row chunk of A), so that no ±1 matrix exists in memory.
 //
 // Kernel 121's shape otherwise (bgemm_tma.cu): persistent blocks over 128 x 256 tiles of D
 // (128 input features j, 256 outputs i), a TMA producer thread, two consumer warpgroups of 64
@@ -135,8 +136,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A consumer: features 64 c .. of each tile; warp w its rows 16 w .., lane (g, t).
     setmaxnreg_inc<232>();
     const int c = wg - 1, wt = tid & 127, w = wt >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const unsigned one2 = std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
-    (void)one2;
     const int K = (int)p.k, N = (int)p.n;
     const bool vec = reinterpret_cast<uintptr_t>(p.grad_w) % 16 == 0;
     float *stg = reinterpret_cast<float *>(gbase + kStages * kStage);
@@ -154,6 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             const unsigned stage = base + (unsigned)(s * kStage);
             const unsigned a_tile = stage + (unsigned)(kBBytes + c * (kABytes / 2));
             if constexpr (!FROM_MEM) {
+                constexpr unsigned one2 =
+                    std::is_same<T, __half>::value ? 0x3c003c00u : 0x3f803f80u;
                 make_a(gbase + s * kStage + kBBytes + kABytes, gbase + (a_tile - base), c, wt,
                        one2);
                 fence_proxy_async();  // the generic writes, before the wgmma's reads
