@@ -13,7 +13,8 @@
 // - the mask (grad_x): each value rounded to the output dtype, zero where the clip bit is
 //   clear, stored (unless out is NULL); per 64 rows of a tile the column sums of those values
 //   (as stored) and of their products with sign(x') into part_sum / part_dot [2 tiles_m][N]
-//   (each column of a part written by the one block that owns it). For a 16-bit grad_x the
+//   (each column of a part written by the one block that owns it; the 4-bit layers' form: of
+//   their products with the rounding residuals). For a 16-bit grad_x the
 //   consumers leave the rounded tile in shared memory and go on with their next tile while
 //   the producer warpgroup's three spare warps apply it (kMaskAsync); an f32 grad_x is done
 //   in the consumers (kMaskInline);
@@ -157,8 +158,11 @@ __device__ __forceinline__ float half_bits_f32(uint32_t b, int type) {
 // (word, then row: 8 clip words, 8 sign words), then warp e takes the 32-column blocks e, e + 3,
 // .. : lane l the four columns 4 (l % 8).. of rows 16 q + 4 (l / 8) + i (both reads free of bank
 // conflicts), masks, stores 8 bytes a row and sums; part 2 tm + h gets rows 64 h .. 64 h + 63.
-// ready(): waits until the tile is staged (after the words are requested).
-template <class Ready>
+// The 4-bit form (Q4, p.resid): no sign words; the dot takes each value times its residual: the
+// tile's residual lines are prefetched to L2 with the words, and a lane loads its 16 rows' four
+// residuals at once before it uses them (one latency per 16 rows, not one per row). ready():
+// waits until the tile is staged (after the words are requested).
+template <bool Q4, class Ready>
 __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, int row0, int bn0,
                                          int tm, const BwdGemmArgs &p, Ready ready) {
     const int ew = (int)threadIdx.x - 32, lane = ew & 31, e = ew >> 5;
@@ -172,7 +176,7 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
             const int id = ew + kEpiThreads * (3 * batch + q), r = id >> 2;
             const int which = (id >> 1) & 1, hf = id & 1;
             w[q] = make_uint4(0, 0, 0, 0);
-            if (id < 512 && row0 + r < M)
+            if (id < 512 && row0 + r < M && !(which && Q4))
                 w[q] = __ldg(reinterpret_cast<const uint4 *>((which ? p.signs : p.mask) +
                                                              (int64_t)(row0 + r) * p.ld + bn0 / 8) +
                              hf);
@@ -186,6 +190,15 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
             bits[(wd + 2) * kBM + r] = w[q].z, bits[(wd + 3) * kBM + r] = w[q].w;
         }
     }
+    const int8_t *resid = p.resid;
+    if (Q4)  // the residual rows' 128-byte lines: the bytes at 0, 128 and 255 of the span touch
+             // each
+        for (int id = ew; id < 3 * kBM; id += kEpiThreads) {
+            const int r = id / 3, at = min(bn0 + 128 * (id % 3) - (id % 3 == 2), N - 1);
+            if (row0 + r < M)
+                asm volatile(
+                    "prefetch.global.L2 [%0];\n" ::"l"(resid + (int64_t)(row0 + r) * N + at));
+        }
     ready();
     asm volatile("bar.sync %0, %1;\n" ::"n"(kEpiBar), "n"(kEpiThreads) : "memory");  // bits in
     const bool aligned = p.out && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
@@ -196,7 +209,16 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
 #pragma unroll 1
         for (int h = 0; h < 2; h++) {
             float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
+            uint32_t rq[16];  // the 4-bit form: four residuals a row
+            if (Q4)
+#pragma unroll
+                for (int it = 0; it < 16; it++) {
+                    const int row = row0 + 64 * h + 16 * (it >> 2) + 4 * (lane >> 3) + (it & 3);
+                    rq[it] = live && row < M ? __ldg(reinterpret_cast<const uint32_t *>(
+                                                   resid + (int64_t)row * N + col))
+                                             : 0u;
+                }
+#pragma unroll(Q4 ? 16 : 4)
             for (int it = 0; it < 16; it++) {
                 const int r = 64 * h + 16 * (it >> 2) + 4 * (lane >> 3) + (it & 3), row = row0 + r;
                 if (!live || row >= M) continue;
@@ -210,7 +232,10 @@ __device__ __forceinline__ void epi_tile(const uint8_t *tile16, uint32_t *bits, 
                     kept[q] = (mw >> q) & 1 ? hb[q] : 0u;  // +0 in both 16-bit types
                     const float v = half_bits_f32(kept[q], type);
                     cs[q] += v;
-                    cd[q] += (sw >> q) & 1 ? v : -v;
+                    if (Q4)
+                        cd[q] += v * (float)(int8_t)(rq[it] >> 8 * q);
+                    else
+                        cd[q] += (sw >> q) & 1 ? v : -v;
                 }
                 if (p.out) {
                     const int64_t at = (int64_t)row * N + col;
@@ -541,9 +566,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (p.side_q && j >= first) side_part(j - first);
                     int tm, tn;
                     origin(j, tm, tn);
-                    epi_tile(tile16, reinterpret_cast<uint32_t *>(gbase + bits_offset(BITS)),
-                             tm * kBM, tn * kBN, tm, p,
-                             [&] { mbar_wait(staged, (unsigned)j & 1u); });
+                    uint32_t *bits = reinterpret_cast<uint32_t *>(gbase + bits_offset(BITS));
+                    auto ready = [&] { mbar_wait(staged, (unsigned)j & 1u); };
+                    if (p.resid)
+                        epi_tile<true>(tile16, bits, tm * kBM, tn * kBN, tm, p, ready);
+                    else
+                        epi_tile<false>(tile16, bits, tm * kBM, tn * kBN, tm, p, ready);
                     mbar_arrive(drained);
                 }
                 if (p.side_q && first && my_tiles == 0) side_amax(p, ew, side_red);
@@ -625,11 +653,16 @@ int64_t bwd_gemm_parts(int64_t M) { return 2 * ((M + kBM - 1) / kBM); }
 namespace {
 // The mask in the epilogue warps where grad_x is 16-bit (BIE_CUDA_LINEAR_ASYNC_EPI=0: in the
 // consumers).
-bool async_epilogue(const BwdGemmArgs &p) {
+bool async_epilogue_off() {
     static const bool off = env_is("BIE_CUDA_LINEAR_ASYNC_EPI", "0");
-    return p.mask != nullptr && p.out_type != kOutF32 && !off;
+    return off;
+}
+bool async_epilogue(const BwdGemmArgs &p) {
+    return p.mask != nullptr && p.out_type != kOutF32 && !async_epilogue_off();
 }
 }  // namespace
+
+bool bwd_gemm_q4_usable() { return bwd_gemm_tma_usable() && !async_epilogue_off(); }
 
 bool bwd_gemm_side_taken(const BwdGemmArgs &p) {
     return p.side_q != nullptr && bwd_gemm_tma_usable() && async_epilogue(p);
@@ -653,9 +686,10 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
         p.N > INT_MAX || tiles_m * tiles_n > INT_MAX || p.M * p.N > ((int64_t)1 << 40))
         return bie_fail(BIE_ERR_INTERNAL, "%s: shape %lld x %lld x %lld", who, (long long)p.M,
                         (long long)p.N, (long long)p.K);
-    if (mask ? p.signs == nullptr || p.part_sum == nullptr || p.part_dot == nullptr || p.ld % 32 ||
-                   reinterpret_cast<uintptr_t>(p.mask) % 16 ||
-                   reinterpret_cast<uintptr_t>(p.signs) % 16
+    if (mask ? (p.signs == nullptr && p.resid == nullptr) || p.part_sum == nullptr ||
+                   p.part_dot == nullptr || p.ld % 32 || reinterpret_cast<uintptr_t>(p.mask) % 16 ||
+                   reinterpret_cast<uintptr_t>(p.signs) % 16 ||
+                   reinterpret_cast<uintptr_t>(p.resid) % 4
              : p.out == nullptr || p.amax_part == nullptr)
         return bie_fail(BIE_ERR_INTERNAL, "%s: epilogue arguments", who);
     CUtensorMap map_a, map_b;
@@ -666,6 +700,8 @@ bie_status bwd_gemm_tma_launch(const BwdGemmArgs &p) {
                     : tma_map_rows(&map_b, p.b, p.N, row_bytes, kBN)))
         return bie_fail(BIE_ERR_UNSUPPORTED, "%s: the driver cannot describe the operands", who);
     const bool async = async_epilogue(p);
+    if (p.resid && !async)
+        return bie_fail(BIE_ERR_INTERNAL, "%s: the 4-bit sums take the 16-bit epilogue", who);
     if (p.side_q && (!async || p.side_x == nullptr || p.side_part == nullptr || p.side_n < 0))
         return bie_fail(BIE_ERR_INTERNAL, "%s: the side job's arguments", who);
     const bool bf16 = p.out_type == kOutBF16;

@@ -8,11 +8,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backward_common.cuh"
 #include "cuda_internal.h"
 #include "q4_common.cuh"
+#include "wgmma_entry.cuh"
 
 namespace bie_cuda {
 
@@ -63,8 +65,115 @@ void launch_values(const uint8_t *codes, int64_t ld, bool i8, int64_t rows, int6
         values_of_codes<T, false><<<grid, 256, 0, current_stream>>>(codes, ld, rows, k, vec, dst);
 }
 
+// The transposed values [k][rows] (T, 16-bit) of the code rows (ld bytes; I8: one int8 code a
+// byte, else eight codes a 32-bit word), rows a multiple of 8, dst 16-byte aligned: a block per
+// 64 x 64 tile. Thread t reads 16 codes of row t / 4 (one load) into tile [row][col] (a pitch of
+// 65 values, so that the reads below meet no bank conflict), then writes two 16-byte pieces of
+// eight rows of one column (a warp: four columns x 128 contiguous bytes).
+template <typename T, bool I8>
+__global__ void __launch_bounds__(256)
+    values_of_codes_t(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
+    constexpr int kP = 65;
+    __shared__ T tile[64 * kP];
+    const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
+    const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64;
+    float v[16];
+    if (r0 + r < rows) {
+        const uint8_t *row = codes + (r0 + r) * ld;
+        if (I8) {
+            const uint4 w = *reinterpret_cast<const uint4 *>(row + c0 + c16);
+            const int8_t *b = reinterpret_cast<const int8_t *>(&w);
+#pragma unroll
+            for (int j = 0; j < 16; j++) v[j] = (float)b[j];
+        } else {
+            const uint2 w = *reinterpret_cast<const uint2 *>(row + (c0 + c16) / 2);
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                v[j] = (float)nibble_code(((j < 8 ? w.x : w.y) >> (4 * (j & 7))) & 15);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) tile[r * kP + c16 + j] = from_f32<T>(v[j]);
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int id = t + 256 * q, col = id >> 3, x = id & 7;
+        if (c0 + col >= k || r0 + 8 * x >= rows) continue;
+        T e[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) e[i] = tile[(8 * x + i) * kP + col];
+        *reinterpret_cast<uint4 *>(dst + (c0 + col) * rows + r0 + 8 * x) =
+            *reinterpret_cast<const uint4 *>(e);
+    }
+}
+
+// The 4-bit linear backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel
+// (its 4-bit form): grad_x [m, k] = scale_w grad_out q4(w) with B the weight's values
+// transposed [k][n] (T), the clip bits and the sums of grad_x (as stored) and of its products
+// with the residuals in the epilogue, which takes the place of the f32 grad_x and the mask pass
+// (BIE_CUDA_Q4_FUSED=0: those); grad_w in cuBLAS as below. Where it applies: bf16 / f16, n a
+// multiple of 16, k of 256 (the flat clip bits are then rows of k / 8 bytes, a multiple of 32),
+// the operands aligned, the kernel usable.
+__device__ float kQ4One = 1.0f;  // the kernel's second factor of alpha
+bool q4_fused_fits(const bie_cuda_q4l_backward_args &a) {
+    static const bool off = env_is("BIE_CUDA_Q4_FUSED", "0");
+    return !off && (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.n % 16 == 0 && a.k % 256 == 0 &&
+           a.m <= INT_MAX && a.k <= INT_MAX && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.mask) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.resid) % 4 == 0 && bwd_gemm_q4_usable();
+}
+
+template <typename T>
+bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
+    const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
+    // Workspace: weight values transposed [k, n], activation values [m, k] (T), the sums'
+    // parts and their dots [parts, k] (f32), the dots' column sums (k doubles).
+    Workspace<5> ws;
+    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
+                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                           (size_t)k * sizeof(double)},
+                          "cudaMallocAsync (4-bit backward workspace)"));
+    T *wvalt = ws.at<T>(0), *xval = ws.at<T>(1);
+    float *part_sum = ws.at<float>(2), *part_dot = ws.at<float>(3), *one = nullptr, *zero = nullptr;
+    cublasHandle_t h = nullptr;
+    bie_status s = check(cudaGetSymbolAddress((void **)&one, kQ4One), "cudaGetSymbolAddress");
+    if (s == BIE_OK) s = device_zero(&zero);
+    if (s == BIE_OK) s = blas_handle(&h);
+    if (s != BIE_OK) return ws.release(s);
+    launch_values<T>(a.xcodes, a.ld, a.i8, m, k, xval);
+    // grad_w, row-major [n, k] = grad_out^T [n, m] @ q4(x') [m, k] * scale_a
+    s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
+                                xval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
+                                CUDA_R_32F, (int)k, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (4-bit grad_w)");
+    if (s != BIE_OK) return ws.release(s);
+    const dim3 grid((unsigned)((k + 63) / 64), (unsigned)((n + 63) / 64));
+    if (a.i8)
+        values_of_codes_t<T, true><<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, wvalt);
+    else
+        values_of_codes_t<T, false><<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, wvalt);
+    BwdGemmArgs gx = {};
+    gx.op = kOpSame16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wvalt;
+    gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
+    gx.out_type = out_type_of(a.dtype);
+    gx.mask = a.mask, gx.ld = k / 8, gx.resid = a.resid;
+    gx.part_sum = part_sum, gx.part_dot = part_dot;
+    s = bwd_gemm_tma_launch(gx);
+    // grad_scale_a = sum of grad_x * resid / 254 over sqrt(7 m k)
+    if (s == BIE_OK)
+        linear_part_sums(part_sum, part_dot, parts, k,
+                         std::sqrt((double)m * (double)k * 7.0) * 254.0, ws.at<double>(4),
+                         a.grad_bias, a.grad_scale_a);
+    if (s == BIE_OK) s = check(cudaGetLastError(), "4-bit linear backward kernels");
+    return ws.release(s);
+}
+
 template <typename T>
 bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
+    if (q4_fused_fits(a)) return q4_fused_typed<T>(a, ctype);
     const int64_t m = a.m, n = a.n, k = a.k;
     const MaskPass p = mask_pass_shape(m, k, true);
     // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask

@@ -78,6 +78,10 @@ struct BwdGemmArgs {
     int64_t ld;
     float *part_sum, *part_dot, *amax_part;
     int64_t ldb;  // kOpBits16: B's rows of sign bits
+    // The 4-bit form of the mask epilogue (16-bit out_type only; signs then unused): part_dot
+    // the column sums of the values (as stored) times resid [M][N] (int8, 4-byte aligned; the
+    // 4-bit layers' rounding residuals) instead of the sign bits' ±1.
+    const int8_t *resid;
     // The side job of the mask epilogue's warps (where bwd_gemm_side_taken; side_q NULL: none),
     // done in the time their tiles leave them: side_q [side_n] = the int8 quantization (SPEC §1)
     // of side_x [side_n] (f32, written before the launch) by the largest of the partial maxima
@@ -90,6 +94,9 @@ struct BwdGemmArgs {
     unsigned *side_sync;
 };
 bool bwd_gemm_tma_usable();
+// Whether the 4-bit form (BwdGemmArgs::resid) runs: the kernel usable and its 16-bit epilogue
+// in the epilogue warps (not turned off by BIE_CUDA_LINEAR_ASYNC_EPI=0).
+bool bwd_gemm_q4_usable();
 int64_t bwd_gemm_parts(int64_t M);
 // Whether the launch of p runs its side job (the mask epilogue in the producer's spare warps).
 bool bwd_gemm_side_taken(const BwdGemmArgs &p);

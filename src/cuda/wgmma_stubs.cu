@@ -34,6 +34,8 @@ bie_status bgemm_wgmma_launch(int64_t, int64_t, int64_t, const uint8_t *, const 
 }
 
 bool bwd_gemm_tma_usable() { return false; }
+bool bwd_gemm_q4_usable() { return false; }
+bool bwd_gemm_side_taken(const BwdGemmArgs &) { return false; }
 int64_t bwd_gemm_parts(int64_t M) { return 2 * ((M + 127) / 128); }
 bie_status bwd_gemm_tma_launch(const BwdGemmArgs &) {
     return bie_fail(BIE_ERR_UNSUPPORTED, "cuda linear backward gemm: built without sm_90a code");

@@ -122,17 +122,25 @@ static void backward_matches(pair *p, int64_t m, int with_grad_x) {
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_BIAS_A, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_BIAS_A, &b));
     download_as(&a, got);
-    CHECK(compare_close("grad_bias_a", got, b.data, k, 1e-5));
+    /* Where 16-bit grad_x comes from the GEMM's epilogue (k a multiple of 256, n of 16), the
+     * sums are of grad_x as stored (SPEC: grad_bias_a = the sum of grad_x), so they carry its
+     * rounding. */
+    CHECK(compare_close("grad_bias_a", got, b.data, k, p->dt == BIE_F32 ? 1e-5 : tol));
     CHECK_OK(bie_layer_grad(p->gpu, BIE_PARAM_SCALE_A, &a));
     CHECK_OK(bie_layer_grad(p->cpu, BIE_PARAM_SCALE_A, &b));
     download_as(&a, got);
     const float ref = *(float *)b.data;
-    /* The mean |grad_x| bounds the size of a rounding difference in the sum. */
-    double gmean = 0;
+    /* The mean |grad_x| bounds the size of a rounding difference in the sum; with the sums of
+     * 16-bit grad_x as stored, the terms' magnitude (|resid| / 254 <= 1/2) times its rounding. */
+    double gmean = 0, mag = 0;
     for (int64_t i = 0; i < m * k; i++) gmean += fabs(cgx[i]);
+    mag = gmean * 0.5 / sqrt(7.0 * (double)m * (double)k);
     gmean /= (double)(m * k);
-    const int ok = fabs(got[0] - ref) <= 1e-4 * fabs(ref) + 1e-5 * gmean;
-    if (!ok) fprintf(stderr, "  grad_scale_a: %.9g vs %.9g\n", (double)got[0], (double)ref);
+    const double slack = p->dt == BIE_F32 ? 0 : tol * mag;
+    const int ok = fabs(got[0] - ref) <= 1e-4 * fabs(ref) + 1e-5 * gmean + slack;
+    if (!ok)
+        fprintf(stderr, "  grad_scale_a: %.9g vs %.9g (%s m=%lld k=%lld n=%lld)\n", (double)got[0],
+                (double)ref, bie_dtype_name(p->dt), (long long)m, (long long)k, (long long)n);
     CHECK(ok);
     bie_tensor_free(&gg);
     bie_tensor_free(&ggx);
@@ -325,12 +333,14 @@ static void bad_input(void) {
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (gpu_missing()) return TU_SKIP;
-    static const int64_t shapes[][3] = {/* m, k, n */
-                                        {1, 1, 1},     {1, 300, 77},    {3, 63, 5},
-                                        {16, 256, 8},  {17, 257, 9},    {5, 1000, 300},
-                                        {64, 512, 64}, {33, 4099, 200}, {130, 513, 129},
-                                        {1, 8192, 64}, {16, 3001, 40},  {257, 1536, 96}};
-    const int count = small ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+    /* {16, 256, 16} and those with k a multiple of 256 and n of 16 take the 16-bit grad_x
+     * of the GEMM with the mask epilogue (the first four: --small). */
+    static const int64_t shapes[][3] = {
+        /* m, k, n */
+        {1, 1, 1},      {1, 300, 77},    {3, 63, 5},      {16, 256, 16},   {17, 257, 9},
+        {5, 1000, 300}, {64, 512, 64},   {33, 4099, 200}, {130, 513, 129}, {1, 8192, 64},
+        {16, 3001, 40}, {257, 1536, 96}, {300, 768, 272}, {129, 2304, 48}, {16, 256, 8}};
+    const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++) {
         for (int i = 0; i < count; i++)
             check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2], !small && i % 3 == 1);
