@@ -111,6 +111,13 @@ bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64
 /* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4), rows as bie_cuda_q4_pack_act. */
 bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
                                    int64_t ld, bool i8, uint8_t *codes);
+/* In a training forward where bie_cuda_q4_weight_values_wanted: the codes as
+ * bie_cuda_q4_pack_weight and, in the same pass, their values transposed, valt [k][n] (dtype, a
+ * 16-bit one), which the backward's grad_x product takes (bie_cuda_q4l_backward_args.wvalt). */
+bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, int64_t n, int64_t k);
+bie_status bie_cuda_q4_pack_weight_values(const float *w, int64_t n, int64_t k,
+                                          const float *scale_w, bool i8, bie_dtype dtype,
+                                          uint8_t *codes, void *valt);
 /* int8 codes in [-8, 7] (rows of `stride` elements; other values count modulo 16). */
 bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,
                                   int64_t ld, uint8_t *codes);
@@ -260,6 +267,7 @@ typedef struct bie_cuda_q4l_backward_args {
     void *grad_x;              /* [m, k] or NULL */
     const uint8_t *wcodes;     /* the forward's weight codes */
     const uint8_t *xcodes;     /* the forward's activation codes */
+    const void *wvalt;         /* the weight's values transposed [k][n], or NULL */
     const uint8_t *mask;       /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
     const int8_t *resid;       /* rounding residuals * 254, flat over m k */
     const float *saved_scales; /* {scale_a, scale_w} of the forward */

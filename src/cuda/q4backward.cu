@@ -118,25 +118,32 @@ __global__ void __launch_bounds__(256)
 // multiple of 16, k of 256 (the flat clip bits are then rows of k / 8 bytes, a multiple of 32),
 // the operands aligned, the kernel usable.
 __device__ float kQ4One = 1.0f;  // the kernel's second factor of alpha
-bool q4_fused_fits(const bie_cuda_q4l_backward_args &a) {
+bool q4_fused_shape(bie_dtype dtype, int64_t n, int64_t k) {
     static const bool off = env_is("BIE_CUDA_Q4_FUSED", "0");
-    return !off && (a.dtype == BIE_BF16 || a.dtype == BIE_F16) && a.n % 16 == 0 && a.k % 256 == 0 &&
-           a.m <= INT_MAX && a.k <= INT_MAX && reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
+    return !off && (dtype == BIE_BF16 || dtype == BIE_F16) && n % 16 == 0 && k % 256 == 0 &&
+           k <= INT_MAX && bwd_gemm_q4_usable();
+}
+bool q4_fused_fits(const bie_cuda_q4l_backward_args &a) {
+    return q4_fused_shape(a.dtype, a.n, a.k) && a.m <= INT_MAX &&
+           reinterpret_cast<uintptr_t>(a.grad_out) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(a.mask) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(a.resid) % 4 == 0 && bwd_gemm_q4_usable();
+           reinterpret_cast<uintptr_t>(a.resid) % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(a.wvalt) % 16 == 0;
 }
 
 template <typename T>
 bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ctype) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
-    // Workspace: weight values transposed [k, n], activation values [m, k] (T), the sums'
-    // parts and their dots [parts, k] (f32), the dots' column sums (k doubles).
+    // Workspace: weight values transposed [k, n] (unless the forward wrote them, a.wvalt),
+    // activation values [m, k] (T), the sums' parts and their dots [parts, k] (f32), the dots'
+    // column sums (k doubles).
     Workspace<5> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
+    BIE_CUDA_TRY(ws.alloc({a.wvalt ? 0 : (size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
                            (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
                            (size_t)k * sizeof(double)},
                           "cudaMallocAsync (4-bit backward workspace)"));
-    T *wvalt = ws.at<T>(0), *xval = ws.at<T>(1);
+    T *xval = ws.at<T>(1);
+    const T *wvalt = a.wvalt ? static_cast<const T *>(a.wvalt) : ws.at<T>(0);
     float *part_sum = ws.at<float>(2), *part_dot = ws.at<float>(3), *one = nullptr, *zero = nullptr;
     cublasHandle_t h = nullptr;
     bie_status s = check(cudaGetSymbolAddress((void **)&one, kQ4One), "cudaGetSymbolAddress");
@@ -151,10 +158,12 @@ bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ct
                    "cublasGemmEx (4-bit grad_w)");
     if (s != BIE_OK) return ws.release(s);
     const dim3 grid((unsigned)((k + 63) / 64), (unsigned)((n + 63) / 64));
-    if (a.i8)
-        values_of_codes_t<T, true><<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, wvalt);
-    else
-        values_of_codes_t<T, false><<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, wvalt);
+    if (!a.wvalt && a.i8)
+        values_of_codes_t<T, true>
+            <<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, ws.at<T>(0));
+    else if (!a.wvalt)
+        values_of_codes_t<T, false>
+            <<<grid, 256, 0, current_stream>>>(a.wcodes, a.ld, n, k, ws.at<T>(0));
     BwdGemmArgs gx = {};
     gx.op = kOpSame16, gx.M = m, gx.N = k, gx.K = n, gx.a = a.grad_out, gx.b = wvalt;
     gx.s0 = a.saved_scales + 1, gx.s1 = one, gx.out = a.grad_x;
@@ -339,6 +348,12 @@ done:
 }  // namespace bie_cuda
 
 using namespace bie_cuda;
+
+// BIE_CUDA_Q4_WVALUES=0: the backward makes the weight's values itself (values_of_codes_t).
+extern "C" bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, int64_t n, int64_t k) {
+    static const bool off = env_is("BIE_CUDA_Q4_WVALUES", "0");
+    return !off && q4_fused_shape(dtype, n, k) && n / 64 < 65535;
+}
 
 extern "C" bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args) {
     switch (args->dtype) {

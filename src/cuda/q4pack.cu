@@ -162,6 +162,62 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// The training forward's weight pass where the fused backward takes the weight's values
+// (q4backward.cu): the codes of w [n, k] (T float, no bias) in rows of ld = k bytes (I8) or
+// k / 2 (4-bit layout), and their values transposed, valt [k][n] (V, 16-bit), in one read of
+// w instead of the codes' pass and a second one over them in the backward. A block per
+// 64 x 64 tile (k % 256 == 0, so that ld is the codes' row stride in either layout; n % 8 == 0, w
+// 16-byte aligned): thread t reads 16 floats of row t / 4 (four 16-byte loads), stores their codes
+// in one piece and their values into tile [row][col] (a pitch of 65 values: the column reads below
+// meet no bank conflict), then writes two 16-byte pieces of eight rows of one column (a warp: four
+// columns x 128 bytes).
+template <typename V, bool I8>
+__global__ void __launch_bounds__(256)
+    q4_weight_values(const float *__restrict__ w, int64_t n, int64_t k, int64_t ld,
+                     const float *__restrict__ scale, uint8_t *__restrict__ codes,
+                     V *__restrict__ valt) {
+    constexpr int kP = 65;
+    __shared__ V tile[64 * kP];
+    const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
+    const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64;
+    const float s = *scale, inv = bie_q4_inverse(s);
+    int q[16];
+    if (r0 + r < n) {
+        const float4 *src = reinterpret_cast<const float4 *>(w + (r0 + r) * k + c0 + c16);
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 f = src[i];
+            v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
+        }
+        CodeGroup<I8> g[2];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            q[j] = q4_code_fast(v[j], s, inv);
+            g[j >> 3].set(j & 7, q[j]);
+        }
+        const int64_t i0 = ((r0 + r) * ld + (I8 ? c0 + c16 : (c0 + c16) / 2)) / (I8 ? 8 : 4);
+        g[0].store(codes, i0);
+        g[1].store(codes, i0 + 1);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) q[j] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) tile[r * kP + c16 + j] = from_f32<V>((float)q[j]);
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int id = t + 256 * h, col = id >> 3, x = id & 7;
+        if (r0 + 8 * x >= n) continue;
+        V e[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) e[i] = tile[(8 * x + i) * kP + col];
+        *reinterpret_cast<uint4 *>(valt + (c0 + col) * n + r0 + 8 * x) =
+            *reinterpret_cast<const uint4 *>(e);
+    }
+}
+
 unsigned grid_for(int64_t items) {
     const int64_t blocks = (items + 255) / 256;
     return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
@@ -224,6 +280,33 @@ bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const f
     /* q4(w, scale_w) is the activations' q4 without a bias (q4_common.cuh) */
     launch_act_any<float>(i8, w, n, k, NULL, scale_w, ld, codes, NULL, NULL);
     return check(cudaGetLastError(), "cuda 4-bit pack weight");
+}
+
+bie_status bie_cuda_q4_pack_weight_values(const float *w, int64_t n, int64_t k,
+                                          const float *scale_w, bool i8, bie_dtype dtype,
+                                          uint8_t *codes, void *valt) {
+    if (k % 256 || n % 8 || n / 64 >= 65535 || reinterpret_cast<uintptr_t>(w) % 16 ||
+        reinterpret_cast<uintptr_t>(valt) % 16 || (dtype != BIE_BF16 && dtype != BIE_F16))
+        return bie_fail(BIE_ERR_INTERNAL, "cuda 4-bit weight values: a %lld x %lld %s weight",
+                        (long long)n, (long long)k, bie_dtype_name(dtype));
+    const dim3 grid((unsigned)(k / 64), (unsigned)((n + 63) / 64));
+    const int64_t ld = i8 ? k : k / 2;
+#define BIE_WV(V, I8)       \
+    q4_weight_values<V, I8> \
+        <<<grid, 256, 0, current_stream>>>(w, n, k, ld, scale_w, codes, static_cast<V *>(valt))
+    if (dtype == BIE_BF16) {
+        if (i8)
+            BIE_WV(__nv_bfloat16, true);
+        else
+            BIE_WV(__nv_bfloat16, false);
+    } else {
+        if (i8)
+            BIE_WV(__half, true);
+        else
+            BIE_WV(__half, false);
+    }
+#undef BIE_WV
+    return check(cudaGetLastError(), "cuda 4-bit weight values");
 }
 
 bie_status bie_cuda_q4_pack_codes(const int8_t *src, int64_t stride, int64_t rows, int64_t k,

@@ -158,13 +158,27 @@ static uint8_t *i8_rows_of(const int8_t *codes, int64_t rows, int64_t k, int64_t
     return l;
 }
 
+/* v moved by steps ulps (negative: down). */
+static float nudge(float v, int steps) {
+    for (; steps > 0; steps--) v = nextafterf(v, INFINITY);
+    for (; steps < 0; steps++) v = nextafterf(v, -INFINITY);
+    return v;
+}
+
 /* x [m, k] of values around the quantization grid of s: ties (half steps), exact steps, out
- * of range, zero, NaN and infinities, plus uniform ones. */
+ * of range, zero, NaN and infinities; a few ulps around the steps where the residual
+ * (rint(q) - q) * 254 is half an integer, around the clip bounds -8 and 7 and around the
+ * half steps (where the pack's product by 1 / s must give way to the division); plus uniform
+ * ones. */
 static void special_values(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = tu_next();
         int j = (int)((r >> 8) % 24) - 12;
-        switch (r & 7) {
+        const int ulps = (int)((r >> 52) % 9) - 4, h = (int)((r >> 16) % 254) - 127;
+        switch (r & 15) {
+        case 4: x[i] = nudge(((float)j - ((float)h + 0.5f) / 254.0f) * s, ulps); break;
+        case 5: x[i] = nudge((r >> 40 & 1 ? 7.0f : -8.0f) * s, ulps); break;
+        case 6: x[i] = nudge(((float)j + 0.5f) * s, ulps); break;
         case 0: x[i] = ((float)j + 0.5f) * s; break;
         case 1: x[i] = (float)j * s; break;
         case 2: x[i] = (r >> 40 & 1) ? 1e30f : -7.75f * s; break;
