@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda_common.cuh"
 #include "cuda_internal.h"
 #include "q4_common.cuh"
@@ -121,18 +123,32 @@ __global__ void __launch_bounds__(256)
 // The codes and, where mask is not NULL, the clip bits and residuals in one pass, where a row
 // holds whole mask bytes and residual words (k % 8 == 0, resid 8-byte aligned): one thread per
 // group of eight codes of a row, each element divided once; x read 16 bytes at a time where
-// `vec` (x 16-byte aligned). Without a mask the code alone, dividing only near a half
-// (q4_code_fast): also the weight's codes (T float, no bias, no mask).
+// `vec` (x 16-byte aligned), the group's eight biases once, in two 16-byte loads (bias 16-byte
+// aligned, else one at a time). Block (x, y) takes groups 256 x .. 256 x + 255 of rows y,
+// y + gridDim.y, ... (no division of a flat index). Without a mask the code alone, dividing
+// only near a half (q4_code_fast): also the weight's codes (T float, no bias, no mask).
 template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
                  const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
                  void *__restrict__ codes, uint8_t *__restrict__ mask, int8_t *__restrict__ resid) {
-    const int64_t groups = groups_of<I8>(ld), total = m * groups;
+    const int64_t groups = groups_of<I8>(ld);
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, c0 = g * 8;
+    if (g >= groups) return;
     const float s = *scale, inv = bie_q4_inverse(s);
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = i / groups, c0 = (i - row * groups) * 8;
+    float b[8] = {};
+    if (bias && c0 < k) {
+        if (reinterpret_cast<uintptr_t>(bias) % 16 == 0) {
+            const float4 b0 = reinterpret_cast<const float4 *>(bias + c0)[0];
+            const float4 b1 = reinterpret_cast<const float4 *>(bias + c0)[1];
+            b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w;
+            b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) b[j] = bias[c0 + j];
+        }
+    }
+    for (int64_t row = blockIdx.y; row < m; row += gridDim.y) {
         CodeGroup<I8> w;
         if (c0 < k) {
             const int64_t at = row * k + c0;
@@ -144,7 +160,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float v = xv[j];
-                if (bias) v = __fadd_rn(v, bias[c0 + j]);
+                if (bias) v = __fadd_rn(v, b[j]);
                 if (mask) {  // one division gives the code, the clip bit and the residual
                     bool clip;
                     w.set(j, q4_code_state(v, s, &clip, &r8[j]));
@@ -158,7 +174,7 @@ __global__ void __launch_bounds__(256)
                 *reinterpret_cast<uint2 *>(resid + at) = rw;
             }
         }
-        w.store(codes, i);
+        w.store(codes, row * groups + g);
     }
 }
 
@@ -235,7 +251,9 @@ template <typename T, bool I8>
 void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float *scale, int64_t ld,
                 uint8_t *codes, uint8_t *mask, int8_t *resid) {
     if (k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0)) {
-        q4_act_state<T, I8><<<grid_for(m * groups_of<I8>(ld)), 256, 0, current_stream>>>(
+        const dim3 grid((unsigned)((groups_of<I8>(ld) + 255) / 256),
+                        (unsigned)std::max<int64_t>(1, std::min<int64_t>(m, 65535)));
+        q4_act_state<T, I8><<<grid, 256, 0, current_stream>>>(
             x, m, k, ld, bias, scale, reinterpret_cast<uintptr_t>(x) % 16 == 0, codes, mask, resid);
         return;
     }
