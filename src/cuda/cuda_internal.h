@@ -111,10 +111,11 @@ bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64
 /* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4), rows as bie_cuda_q4_pack_act. */
 bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
                                    int64_t ld, bool i8, uint8_t *codes);
-/* In a training forward where bie_cuda_q4_weight_values_wanted: the codes as
- * bie_cuda_q4_pack_weight and, in the same pass, their values transposed, valt [k][n] (dtype, a
- * 16-bit one), which the backward's grad_x product takes (bie_cuda_q4l_backward_args.wvalt). */
-bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, int64_t n, int64_t k);
+/* In a training forward where bie_cuda_q4_weight_values_wanted (the fused backward's shape,
+ * w 16-byte aligned): the codes as bie_cuda_q4_pack_weight and, in the same pass, their values
+ * transposed, valt [k][n] (dtype, a 16-bit one), which the backward's grad_x product takes
+ * (bie_cuda_q4l_backward_args.wvalt). */
+bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, const float *w, int64_t n, int64_t k);
 bie_status bie_cuda_q4_pack_weight_values(const float *w, int64_t n, int64_t k,
                                           const float *scale_w, bool i8, bie_dtype dtype,
                                           uint8_t *codes, void *valt);

@@ -350,9 +350,11 @@ done:
 using namespace bie_cuda;
 
 // BIE_CUDA_Q4_WVALUES=0: the backward makes the weight's values itself (values_of_codes_t).
-extern "C" bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, int64_t n, int64_t k) {
+extern "C" bool bie_cuda_q4_weight_values_wanted(bie_dtype dtype, const float *w, int64_t n,
+                                                 int64_t k) {
     static const bool off = env_is("BIE_CUDA_Q4_WVALUES", "0");
-    return !off && q4_fused_shape(dtype, n, k) && n / 64 < 65535;
+    return !off && q4_fused_shape(dtype, n, k) && n / 64 < 65535 &&
+           reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
 extern "C" bie_status bie_cuda_q4_linear_backward(const bie_cuda_q4l_backward_args *args) {

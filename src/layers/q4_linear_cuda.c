@@ -109,9 +109,8 @@ static bie_status forward_weight(bie_layer *l, bool from_q, bool i8, int64_t row
     struct bie_q4l_cuda *c = CU(l);
     const float *scale_w = c->d.scalars + BIE_CBW_SCALE_W;
     c->valt_ok = false;
-    /* The pass reads the weight 16 bytes at a time (the layer's own allocation is aligned). */
-    if (!from_q && l->training && ((uintptr_t)c->d.w_f32 & 15) == 0 &&
-        bie_cuda_q4_weight_values_wanted(l->dtype, l->out, l->in)) {
+    if (!from_q && l->training &&
+        bie_cuda_q4_weight_values_wanted(l->dtype, c->d.w_f32, l->out, l->in)) {
         if (c->valt == NULL)
             BIE_TRY(bie_cbw_alloc(&c->valt, (size_t)(l->out * l->in) * 2, MODULE, "weight values"));
         BIE_TRY(bie_cuda_q4_pack_weight_values(c->d.w_f32, l->out, l->in, scale_w, i8, l->dtype,
