@@ -67,14 +67,12 @@ void launch_values(const uint8_t *codes, int64_t ld, bool i8, int64_t rows, int6
 
 // The transposed values [k][rows] (T, 16-bit) of the code rows (ld bytes; I8: one int8 code a
 // byte, else eight codes a 32-bit word), rows a multiple of 8, dst 16-byte aligned: a block per
-// 64 x 64 tile. Thread t reads 16 codes of row t / 4 (one load) into tile [row][col] (a pitch of
-// 65 values, so that the reads below meet no bank conflict), then writes two 16-byte pieces of
-// eight rows of one column (a warp: four columns x 128 contiguous bytes).
+// 64 x 64 tile, thread t reading 16 codes of row t / 4 (one load), through tile_put and
+// tile_store_t (q4_common.cuh).
 template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     values_of_codes_t(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
-    constexpr int kP = 65;
-    __shared__ T tile[64 * kP];
+    __shared__ T tile[64 * kTilePitch];
     const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
     const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64;
     float v[16];
@@ -95,19 +93,9 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int j = 0; j < 16; j++) v[j] = 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < 16; j++) tile[r * kP + c16 + j] = from_f32<T>(v[j]);
+    tile_put(tile, t, v);
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-        const int id = t + 256 * q, col = id >> 3, x = id & 7;
-        if (c0 + col >= k || r0 + 8 * x >= rows) continue;
-        T e[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) e[i] = tile[(8 * x + i) * kP + col];
-        *reinterpret_cast<uint4 *>(dst + (c0 + col) * rows + r0 + 8 * x) =
-            *reinterpret_cast<const uint4 *>(e);
-    }
+    tile_store_t(tile, t, r0, c0, rows, k, dst);
 }
 
 // The 4-bit linear backward of a 16-bit layer with grad_x on linear_backward_tma.cu's kernel

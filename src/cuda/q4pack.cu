@@ -184,20 +184,17 @@ __global__ void __launch_bounds__(256)
 // w instead of the codes' pass and a second one over them in the backward. A block per
 // 64 x 64 tile (k % 256 == 0, so that ld is the codes' row stride in either layout; n % 8 == 0, w
 // 16-byte aligned): thread t reads 16 floats of row t / 4 (four 16-byte loads), stores their codes
-// in one piece and their values into tile [row][col] (a pitch of 65 values: the column reads below
-// meet no bank conflict), then writes two 16-byte pieces of eight rows of one column (a warp: four
-// columns x 128 bytes).
+// in one piece and their values through tile_put and tile_store_t (q4_common.cuh).
 template <typename V, bool I8>
 __global__ void __launch_bounds__(256)
     q4_weight_values(const float *__restrict__ w, int64_t n, int64_t k, int64_t ld,
                      const float *__restrict__ scale, uint8_t *__restrict__ codes,
                      V *__restrict__ valt) {
-    constexpr int kP = 65;
-    __shared__ V tile[64 * kP];
+    __shared__ V tile[64 * kTilePitch];
     const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
     const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64;
     const float s = *scale, inv = bie_q4_inverse(s);
-    int q[16];
+    float q[16];
     if (r0 + r < n) {
         const float4 *src = reinterpret_cast<const float4 *>(w + (r0 + r) * k + c0 + c16);
         float v[16];
@@ -209,29 +206,20 @@ __global__ void __launch_bounds__(256)
         CodeGroup<I8> g[2];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            q[j] = q4_code_fast(v[j], s, inv);
-            g[j >> 3].set(j & 7, q[j]);
+            const int c = q4_code_fast(v[j], s, inv);
+            g[j >> 3].set(j & 7, c);
+            q[j] = (float)c;
         }
         const int64_t i0 = ((r0 + r) * ld + (I8 ? c0 + c16 : (c0 + c16) / 2)) / (I8 ? 8 : 4);
         g[0].store(codes, i0);
         g[1].store(codes, i0 + 1);
     } else {
 #pragma unroll
-        for (int j = 0; j < 16; j++) q[j] = 0;
+        for (int j = 0; j < 16; j++) q[j] = 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < 16; j++) tile[r * kP + c16 + j] = from_f32<V>((float)q[j]);
+    tile_put(tile, t, q);
     __syncthreads();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int id = t + 256 * h, col = id >> 3, x = id & 7;
-        if (r0 + 8 * x >= n) continue;
-        V e[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) e[i] = tile[(8 * x + i) * kP + col];
-        *reinterpret_cast<uint4 *>(valt + (c0 + col) * n + r0 + 8 * x) =
-            *reinterpret_cast<const uint4 *>(e);
-    }
+    tile_store_t(tile, t, r0, c0, n, k, valt);
 }
 
 unsigned grid_for(int64_t items) {
