@@ -1,6 +1,7 @@
 /* Bit-packing: layout (SPEC §1) against a direct bit-by-bit check, round trips for every
  * word size and odd row lengths, from float32 and int8; the division-free 4-bit
- * quantization against the defining one. */
+ * quantization and the division-free quotient of the 4-bit backward state against the defining
+ * ones. */
 #include "../src/core/formats.h"
 #include "test_util.h"
 
@@ -109,9 +110,74 @@ static void check_q4_fast(void) {
     CHECK(bie_q4_inverse(2.0f) == 0.5f);
 }
 
+/* The 4-bit backward state of a quotient q (the CUDA activation pass's q4_state_of): code,
+ * clip bit, residual. */
+static int q4_state(float q, int *clip, int *resid) {
+    const float r = rintf(q);
+    *clip = q >= -8.0f && q <= 7.0f;
+    *resid = *clip ? (int)(int8_t)rintf((r - q) * 254.0f) : 0;
+    if (!(r == r)) return 0;
+    return (int)(r < -8.0f ? -8.0f : r > 7.0f ? 7.0f : r);
+}
+
+/* bie_q4_quotient against the division for one scale: the quotient bit for bit wherever
+ * |v / s| >= 2^-40 (NaN for NaN), the state always. */
+static int64_t check_quotient_scale(float s) {
+    const float y = bie_q4_reciprocal(s);
+    int64_t bad = 0;
+    float v = 0.0f;
+    for (int i = 0; i < 60000; i++) {
+        const int kind = i % 6;
+        if (kind == 0) { /* at and around every multiple of s / 2 of the code range and past it */
+            v = (float)((i / 6) % 81 - 40) * 0.5f * s;
+            for (int u = (i / 486) % 13; u > 0; u--)
+                v = nextafterf(v, ((i / 6) & 1) ? INFINITY : -INFINITY);
+        } else if (kind == 1) {
+            v = tu_uniform(-12.0f, 12.0f) * s;
+        } else if (kind == 2) { /* any bit pattern */
+            const uint32_t u = (uint32_t)tu_next();
+            memcpy(&v, &u, 4);
+        } else if (kind == 3) { /* any magnitude */
+            v = ldexpf(tu_uniform(-1.0f, 1.0f), (int)(tu_next() % 300) - 150);
+        } else if (kind == 4) { /* a residual at the int8 rounding edge: q = n + (j + 0.5) / 254 */
+            const float q =
+                (float)((int)(tu_next() % 17) - 8) + ((float)(tu_next() % 254) + 0.5f) / 254.0f;
+            v = q * s;
+            for (int u = (int)(tu_next() % 5); u > 0; u--) v = nextafterf(v, INFINITY);
+        } else {
+            const float sp[] = {0.0f,  -0.0f,  INFINITY, -INFINITY,      NAN,     1e-45f, -1e-40f,
+                                3e38f, -3e38f, 0x1p60f,  0x1.000002p60f, -0x1p61f};
+            v = sp[(i / 6) % 12];
+        }
+        const float a = v / s, b = bie_q4_quotient(v, s, y);
+        int ca, ra, cb, rb;
+        const int ka = q4_state(a, &ca, &ra), kb = q4_state(b, &cb, &rb);
+        bad += ka != kb || ca != cb || ra != rb;
+        if (a == a ? fabsf(a) >= 0x1p-40f && memcmp(&a, &b, 4) != 0 : b == b) bad++;
+    }
+    return bad;
+}
+
+static void check_q4_quotient(void) {
+    int64_t bad = 0;
+    for (int i = 0; i < 100; i++) bad += check_quotient_scale(tu_uniform(1e-3f, 4.0f));
+    for (int i = 0; i < 100; i++) /* any scale of the range and past it */
+        bad += check_quotient_scale(ldexpf(tu_uniform(1.0f, 2.0f), (int)(tu_next() % 140) - 70));
+    const float scales[] = {0.37f,    1.7f,    0.013f,      2.5e-3f, 3e-5f,          1e-18f, 1.0f,
+                            0x1p-60f, 0x1p60f, 0x1p-61f,    0x1p61f, 1e-45f,         0.0f,   -0.37f,
+                            INFINITY, NAN,     1.0f / 3.0f, 7.0f,    0x1.fffffep-61f};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++)
+        bad += check_quotient_scale(scales[i]);
+    CHECK(bad == 0);
+    if (bad) fprintf(stderr, "  bie_q4_quotient: %lld differences\n", (long long)bad);
+    CHECK(bie_q4_reciprocal(0x1p-61f) != bie_q4_reciprocal(0x1p-61f)); /* out of range: NaN */
+    CHECK(bie_q4_reciprocal(4.0f) == 0.25f);
+}
+
 int main(void) {
     if (tu_forced_set_missing()) return TU_SKIP;
     check_q4_fast();
+    check_q4_quotient();
     tu_seed(1);
     const int64_t cols_list[] = {1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 200, 1000, 4099};
     const int words[] = {8, 32, 64};

@@ -75,6 +75,39 @@ BIE_HOST_DEVICE static inline int8_t bie_q4_fast(float v, float s, float inv) {
     return bie_q4(v, s);
 }
 
+/* v / s without a division, for the 4-bit backward state (whose clip bit and residual need the
+ * correctly rounded quotient, not only its code): y = bie_q4_reciprocal(s) once per scale
+ * (NaN where |s| is outside [2^-60, 2^60]), then bie_q4_quotient(v, s, y). q0 = v y is within a
+ * few ulps of v / s; one fused correction by the exact remainder v - s q makes it faithful, a
+ * second correctly rounded (Markstein: y within half an ulp of 1 / s, the remainder exact in a
+ * fused multiply-add). With |v| <= 2^60 and s in range nothing overflows; where |v| is below
+ * about 2^-100 or the quotient below the normal range, the remainder or the quotient can lose
+ * bits to underflow and differ from the division's in its last place: such a quotient is below
+ * 2^-40 in magnitude, where the code (0), the clip bit (1) and the residual (0) are the same
+ * either way. NaN, infinities, |v| > 2^60 and scales out of range take the division.
+ * tests/test_pack.c checks both against the division on the CPU. */
+#ifdef __CUDA_ARCH__
+#define BIE_FMAF __fmaf_rn
+#define BIE_FMUL __fmul_rn
+#define BIE_FRCP __frcp_rn
+#define BIE_FDIV __fdiv_rn
+#else
+#define BIE_FMAF fmaf
+#define BIE_FMUL(a, b) ((a) * (b))
+#define BIE_FRCP(a) (1.0f / (a))
+#define BIE_FDIV(a, b) ((a) / (b))
+#endif
+BIE_HOST_DEVICE static inline float bie_q4_reciprocal(float s) {
+    const float a = s < 0.0f ? -s : s;
+    return a >= 0x1p-60f && a <= 0x1p60f ? BIE_FRCP(s) : NAN;
+}
+BIE_HOST_DEVICE static inline float bie_q4_quotient(float v, float s, float y) {
+    if (!(v <= 0x1p60f && v >= -0x1p60f) || !(y == y)) return BIE_FDIV(v, s);
+    const float q0 = BIE_FMUL(v, y);
+    const float q1 = BIE_FMAF(y, BIE_FMAF(-s, q0, v), q0);
+    return BIE_FMAF(y, BIE_FMAF(-s, q1, v), q1);
+}
+
 /* Two's complement nibbles, two per byte, even index in the low nibble. */
 static inline int8_t bie_nibble_get(const uint8_t *row, int64_t i) {
     int v = (row[i >> 1] >> ((i & 1) * 4)) & 15;

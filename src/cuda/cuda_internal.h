@@ -108,6 +108,16 @@ bool bie_cuda_q4_kernel_fits(int id, int64_t k);
 bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                                 const float *bias, const float *scale_a, int64_t ld, bool i8,
                                 uint8_t *codes, uint8_t *mask, int8_t *resid);
+/* Whether a training forward of a dtype input with k columns can write its codes' values with
+ * the codes (bie_cuda_q4_pack_act_values; 16-bit dtypes, k % 8 == 0): opt-in until timed on a
+ * GPU (BIE_CUDA_Q4_XVALUES=1; by default the backward makes them from the codes). */
+bool bie_cuda_q4_act_values_wanted(bie_dtype dtype, int64_t k);
+/* bie_cuda_q4_pack_act with, where values is not NULL (then also mask and resid, resid 8-byte
+ * and values 16-byte aligned, bie_cuda_q4_act_values_wanted), the codes' values in dtype [m, k]
+ * (bie_cuda_q4l_backward_args.xval), written in the same pass. */
+bie_status bie_cuda_q4_pack_act_values(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                                       const float *bias, const float *scale_a, int64_t ld, bool i8,
+                                       uint8_t *codes, uint8_t *mask, int8_t *resid, void *values);
 /* codes = q4(w, *scale_w) of a float weight [n, k] (SPEC §4), rows as bie_cuda_q4_pack_act. */
 bie_status bie_cuda_q4_pack_weight(const float *w, int64_t n, int64_t k, const float *scale_w,
                                    int64_t ld, bool i8, uint8_t *codes);
@@ -269,6 +279,7 @@ typedef struct bie_cuda_q4l_backward_args {
     const uint8_t *wcodes;     /* the forward's weight codes */
     const uint8_t *xcodes;     /* the forward's activation codes */
     const void *wvalt;         /* the weight's values transposed [k][n], or NULL */
+    const void *xval;          /* the activation codes' values [m, k] (dtype), or NULL */
     const uint8_t *mask;       /* clip bits, flat over m k (bie_cuda_q4_pack_act) */
     const int8_t *resid;       /* rounding residuals * 254, flat over m k */
     const float *saved_scales; /* {scale_a, scale_w} of the forward */

@@ -35,13 +35,27 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
     return nibble_code((codes[i >> 1] >> ((i & 1) * 4)) & 15);
 }
 
-// q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.
-__device__ __forceinline__ int q4_code_state(float v, float s, bool *clip, int8_t *resid) {
-    const float q = __fdiv_rn(v, s), r = rintf(q);
+// q4_code and q4_clip_resid of an input whose quotient q = v / s is already known: the code,
+// *clip and *resid.
+__device__ __forceinline__ int q4_state_of(float q, bool *clip, int8_t *resid) {
+    const float r = rintf(q);
     *clip = q >= -8.0f && q <= 7.0f;
     *resid = *clip ? (int8_t)rintf(__fmul_rn(__fsub_rn(r, q), 254.0f)) : (int8_t)0;
     if (!(r == r)) return 0;
     return (int)(r < -8.0f ? -8.0f : r > 7.0f ? 7.0f : r);
+}
+
+// q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.
+__device__ __forceinline__ int q4_code_state(float v, float s, bool *clip, int8_t *resid) {
+    return q4_state_of(__fdiv_rn(v, s), clip, resid);
+}
+
+// The quotient v / s from y = q4_reciprocal(s), computed once per thread, without a division
+// (bie_q4_quotient of src/core/formats.h: the division's result wherever a code, clip bit or
+// residual can tell).
+__device__ __forceinline__ float q4_reciprocal(float s) { return bie_q4_reciprocal(s); }
+__device__ __forceinline__ float q4_quotient(float v, float s, float y) {
+    return bie_q4_quotient(v, s, y);
 }
 
 // 64 x 64 tiles of 16-bit values transposed through shared memory (the weight's values [k][n]

@@ -126,11 +126,12 @@ bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ct
     // activation values [m, k] (T), the sums' parts and their dots [parts, k] (f32), the dots'
     // column sums (k doubles).
     Workspace<5> ws;
-    BIE_CUDA_TRY(ws.alloc({a.wvalt ? 0 : (size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
-                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
-                           (size_t)k * sizeof(double)},
-                          "cudaMallocAsync (4-bit backward workspace)"));
-    T *xval = ws.at<T>(1);
+    BIE_CUDA_TRY(
+        ws.alloc({a.wvalt ? 0 : (size_t)(n * k) * sizeof(T),
+                  a.xval ? 0 : (size_t)(m * k) * sizeof(T), (size_t)(parts * k) * sizeof(float),
+                  (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double)},
+                 "cudaMallocAsync (4-bit backward workspace)"));
+    const T *xval = a.xval ? static_cast<const T *>(a.xval) : ws.at<T>(1);
     const T *wvalt = a.wvalt ? static_cast<const T *>(a.wvalt) : ws.at<T>(0);
     float *part_sum = ws.at<float>(2), *part_dot = ws.at<float>(3), *one = nullptr, *zero = nullptr;
     cublasHandle_t h = nullptr;
@@ -138,7 +139,7 @@ bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ct
     if (s == BIE_OK) s = device_zero(&zero);
     if (s == BIE_OK) s = blas_handle(&h);
     if (s != BIE_OK) return ws.release(s);
-    launch_values<T>(a.xcodes, a.ld, a.i8, m, k, xval);
+    if (!a.xval) launch_values<T>(a.xcodes, a.ld, a.i8, m, k, ws.at<T>(1));
     // grad_w, row-major [n, k] = grad_out^T [n, m] @ q4(x') [m, k] * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
                                 xval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
@@ -176,10 +177,11 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     // Workspace: weight values [n, k], activation values [m, k] (T), grad_x before the mask
     // [m, k] (f32), the mask pass's dot partials and column partial sums.
     Workspace<5> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), (size_t)(m * k) * sizeof(T),
+    BIE_CUDA_TRY(ws.alloc({(size_t)(n * k) * sizeof(T), a.xval ? 0 : (size_t)(m * k) * sizeof(T),
                            (size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes},
                           "cudaMallocAsync (4-bit backward workspace)"));
-    T *wval = ws.at<T>(0), *xval = ws.at<T>(1);
+    T *wval = ws.at<T>(0);
+    const T *xval = a.xval ? static_cast<const T *>(a.xval) : ws.at<T>(1);
     float *g = ws.at<float>(2);
 
     bie_status s = BIE_OK;
@@ -188,7 +190,7 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     launch_values<T>(a.wcodes, a.ld, a.i8, n, k, wval);
-    launch_values<T>(a.xcodes, a.ld, a.i8, m, k, xval);
+    if (!a.xval) launch_values<T>(a.xcodes, a.ld, a.i8, m, k, ws.at<T>(1));
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wval,

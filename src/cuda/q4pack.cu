@@ -122,20 +122,24 @@ __global__ void __launch_bounds__(256)
 
 // The codes and, where mask is not NULL, the clip bits and residuals in one pass, where a row
 // holds whole mask bytes and residual words (k % 8 == 0, resid 8-byte aligned): one thread per
-// group of eight codes of a row, each element divided once; x read 16 bytes at a time where
+// group of eight codes of a row, each element divided once (QUOT: its quotient from the scale's
+// reciprocal, taken once per thread: bie_q4_quotient); x read 16 bytes at a time where
 // `vec` (x 16-byte aligned), the group's eight biases once, in two 16-byte loads (bias 16-byte
 // aligned, else one at a time). Block (x, y) takes groups 256 x .. 256 x + 255 of rows y,
-// y + gridDim.y, ... (no division of a flat index). Without a mask the code alone, dividing
-// only near a half (q4_code_fast): also the weight's codes (T float, no bias, no mask).
-template <typename T, bool I8>
+// y + gridDim.y, ... (no division of a flat index). With values (16-bit T, a mask too), also
+// the codes' values as T in the inputs' layout [m][k] (one 16-byte store per group), which the
+// backward's grad_w product takes. Without a mask the code alone, dividing only near a half
+// (q4_code_fast): also the weight's codes (T float, no bias, no mask).
+template <typename T, bool I8, bool QUOT>
 __global__ void __launch_bounds__(256)
     q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
                  const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
-                 void *__restrict__ codes, uint8_t *__restrict__ mask, int8_t *__restrict__ resid) {
+                 void *__restrict__ codes, uint8_t *__restrict__ mask, int8_t *__restrict__ resid,
+                 T *__restrict__ values) {
     const int64_t groups = groups_of<I8>(ld);
     const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, c0 = g * 8;
     if (g >= groups) return;
-    const float s = *scale, inv = bie_q4_inverse(s);
+    const float s = *scale, inv = bie_q4_inverse(s), y = QUOT ? q4_reciprocal(s) : 0.0f;
     float b[8] = {};
     if (bias && c0 < k) {
         if (reinterpret_cast<uintptr_t>(bias) % 16 == 0) {
@@ -156,14 +160,18 @@ __global__ void __launch_bounds__(256)
             uint2 rw;
             int8_t *r8 = reinterpret_cast<int8_t *>(&rw);
             float xv[8];
+            T vv[8];
             load_n(x + at, vec, 8, xv);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float v = xv[j];
                 if (bias) v = __fadd_rn(v, b[j]);
-                if (mask) {  // one division gives the code, the clip bit and the residual
+                if (mask) {  // one quotient gives the code, the clip bit and the residual
                     bool clip;
-                    w.set(j, q4_code_state(v, s, &clip, &r8[j]));
+                    const int code = QUOT ? q4_state_of(q4_quotient(v, s, y), &clip, &r8[j])
+                                          : q4_code_state(v, s, &clip, &r8[j]);
+                    w.set(j, code);
+                    vv[j] = from_f32<T>((float)code);
                     bits |= (unsigned)clip << j;
                 } else {
                     w.set(j, q4_code_fast(v, s, inv));
@@ -172,6 +180,10 @@ __global__ void __launch_bounds__(256)
             if (mask) {
                 mask[at >> 3] = (uint8_t)bits;
                 *reinterpret_cast<uint2 *>(resid + at) = rw;
+                if constexpr (sizeof(T) == 2)
+                    if (values)
+                        *reinterpret_cast<uint4 *>(values + at) =
+                            *reinterpret_cast<const uint4 *>(vv);
             }
         }
         w.store(codes, row * groups + g);
@@ -233,16 +245,30 @@ void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
         <<<grid_for(rows * groups_of<I8>(ld)), 256, 0, current_stream>>>(src, rows, k, ld, dst);
 }
 
+// Whether launch_act takes its one-pass form (q4_act_state), the only one that writes values.
+// BIE_CUDA_Q4_QUOTIENT=1: that pass's quotients without divisions (q4_quotient; the same codes,
+// clip bits and residuals, checked on the CPU, not yet timed against the division on a GPU).
+bool act_one_pass(int64_t k, const uint8_t *mask, const int8_t *resid) {
+    return k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0);
+}
+
 // x [m, k] (+ bias) to codes of rows of ld bytes (I8: int8 codes), with the clip bits and
-// residuals where mask is not NULL.
+// residuals where mask is not NULL, and the codes' values where values is not NULL (the caller
+// checked act_one_pass and that mask is not NULL).
 template <typename T, bool I8>
 void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float *scale, int64_t ld,
-                uint8_t *codes, uint8_t *mask, int8_t *resid) {
-    if (k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0)) {
+                uint8_t *codes, uint8_t *mask, int8_t *resid, T *values) {
+    if (act_one_pass(k, mask, resid)) {
         const dim3 grid((unsigned)((groups_of<I8>(ld) + 255) / 256),
                         (unsigned)std::max<int64_t>(1, std::min<int64_t>(m, 65535)));
-        q4_act_state<T, I8><<<grid, 256, 0, current_stream>>>(
-            x, m, k, ld, bias, scale, reinterpret_cast<uintptr_t>(x) % 16 == 0, codes, mask, resid);
+        static const bool quot = env_is("BIE_CUDA_Q4_QUOTIENT", "1");
+        const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+        if (quot)
+            q4_act_state<T, I8, true><<<grid, 256, 0, current_stream>>>(
+                x, m, k, ld, bias, scale, vec, codes, mask, resid, values);
+        else
+            q4_act_state<T, I8, false><<<grid, 256, 0, current_stream>>>(
+                x, m, k, ld, bias, scale, vec, codes, mask, resid, values);
         return;
     }
     launch_pack<ActCodes<T>, I8>(ActCodes<T>{x, k, bias, scale}, m, k, ld, codes);
@@ -253,12 +279,14 @@ void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float
 
 template <typename T>
 void launch_act_any(bool i8, const void *x, int64_t m, int64_t k, const float *bias,
-                    const float *scale, int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid) {
+                    const float *scale, int64_t ld, uint8_t *codes, uint8_t *mask, int8_t *resid,
+                    void *values = nullptr) {
     const T *xt = static_cast<const T *>(x);
+    T *vt = static_cast<T *>(values);
     if (i8)
-        launch_act<T, true>(xt, m, k, bias, scale, ld, codes, mask, resid);
+        launch_act<T, true>(xt, m, k, bias, scale, ld, codes, mask, resid, vt);
     else
-        launch_act<T, false>(xt, m, k, bias, scale, ld, codes, mask, resid);
+        launch_act<T, false>(xt, m, k, bias, scale, ld, codes, mask, resid, vt);
 }
 
 }  // namespace bie_cuda
@@ -270,12 +298,31 @@ extern "C" {
 bie_status bie_cuda_q4_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t k,
                                 const float *bias, const float *scale_a, int64_t ld, bool i8,
                                 uint8_t *codes, uint8_t *mask, int8_t *resid) {
+    return bie_cuda_q4_pack_act_values(dtype, x, m, k, bias, scale_a, ld, i8, codes, mask, resid,
+                                       NULL);
+}
+
+bool bie_cuda_q4_act_values_wanted(bie_dtype dtype, int64_t k) {
+    static const bool on = env_is("BIE_CUDA_Q4_XVALUES", "1");
+    return on && (dtype == BIE_BF16 || dtype == BIE_F16) && k % 8 == 0;
+}
+
+bie_status bie_cuda_q4_pack_act_values(bie_dtype dtype, const void *x, int64_t m, int64_t k,
+                                       const float *bias, const float *scale_a, int64_t ld, bool i8,
+                                       uint8_t *codes, uint8_t *mask, int8_t *resid, void *values) {
+    if (values && (!mask || !act_one_pass(k, mask, resid) || dtype == BIE_F32 ||
+                   reinterpret_cast<uintptr_t>(values) % 16))
+        return bie_fail(BIE_ERR_INTERNAL,
+                        "cuda 4-bit pack: no values of a %s input of %lld columns",
+                        bie_dtype_name(dtype), (long long)k);
     switch (dtype) {
     case BIE_F32: launch_act_any<float>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid); break;
     case BIE_BF16:
-        launch_act_any<__nv_bfloat16>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid);
+        launch_act_any<__nv_bfloat16>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid, values);
         break;
-    case BIE_F16: launch_act_any<__half>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid); break;
+    case BIE_F16:
+        launch_act_any<__half>(i8, x, m, k, bias, scale_a, ld, codes, mask, resid, values);
+        break;
     default: return bie_fail(BIE_ERR_DTYPE, "cuda 4-bit pack: dtype %s", bie_dtype_name(dtype));
     }
     return check(cudaGetLastError(), "cuda 4-bit pack activations");

@@ -6,9 +6,11 @@
  * (cuda_internal.h), or into int8 code rows where kernel 211 takes the product
  * (bie_cuda_q4_i8_wanted), and multiplies them exactly; a training forward also
  * keeps what the backward needs, as the CPU layer does: the activation codes, the clip bits
- * and the 8-bit rounding residuals (13 bits per input element), and the weight codes (and,
- * where the backward's grad_x product takes them, their 16-bit values transposed, written in
- * the same pass: 2 bytes per weight more, one read of the float weight less per step). */
+ * and the 8-bit rounding residuals (13 bits per input element; opt-in, in 16-bit layers, also
+ * the codes' values, which the grad_w product takes, written in the same pass: 2 bytes per input
+ * element more, a pass over the codes less per step), and the weight codes (and, where the
+ * backward's grad_x product takes them, their 16-bit values transposed, written in the same pass: 2
+ * bytes per weight more, one read of the float weight less per step). */
 #include <string.h>
 
 #include "../cuda/cuda_internal.h"
@@ -33,6 +35,11 @@ struct bie_q4l_cuda {
     uint8_t *acodes, *amask;
     int8_t *aresid;
     int64_t a_cap, s_cap;
+    /* The codes' values [m][in] (16-bit) of the last training forward where
+     * bie_cuda_q4_act_values_wanted (xval_ok; v_cap rows). */
+    void *xval;
+    int64_t v_cap;
+    bool xval_ok;
     /* The rows of wcodes and acodes: int8 codes (row_bytes = ld8) or the 4-bit layout (d.ld),
      * as the last forward wrote them. */
     int64_t ld8, row_bytes;
@@ -69,6 +76,7 @@ static void release(bie_layer *l) {
     bie_cbw_free_ptr(c->acodes);
     bie_cbw_free_ptr(c->amask);
     bie_cbw_free_ptr(c->aresid);
+    bie_cbw_free_ptr(c->xval);
     bie_cuda_layer_state_free(l);
 }
 
@@ -96,6 +104,13 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, int64_t row_bytes
                               "activation clip bits"));
         BIE_TRY(bie_cbw_alloc((void **)&c->aresid, (size_t)mk, MODULE, "activation residuals"));
         c->s_cap = m;
+    }
+    if (keep && bie_cuda_q4_act_values_wanted(l->dtype, l->in) && m > c->v_cap) {
+        l->has_saved = false;
+        BIE_DEV_FREE(c->xval);
+        c->v_cap = 0;
+        BIE_TRY(bie_cbw_alloc(&c->xval, (size_t)(m * l->in) * 2, MODULE, "activation values"));
+        c->v_cap = m;
     }
     return BIE_OK;
 }
@@ -157,9 +172,10 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     BIE_TRY(reserve_activations(l, m, row_bytes, keep));
     l->has_saved = false;
     float *scalars = c->d.scalars;
-    BIE_TRY(bie_cuda_q4_pack_act(l->dtype, x->data, m, l->in, c->d.bias_a,
-                                 scalars + BIE_CBW_SCALE_A, row_bytes, i8, c->acodes,
-                                 keep ? c->amask : NULL, keep ? c->aresid : NULL));
+    c->xval_ok = keep && bie_cuda_q4_act_values_wanted(l->dtype, l->in);
+    BIE_TRY(bie_cuda_q4_pack_act_values(
+        l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, row_bytes, i8,
+        c->acodes, keep ? c->amask : NULL, keep ? c->aresid : NULL, c->xval_ok ? c->xval : NULL));
     if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
     const uint8_t *wcodes = NULL;
     BIE_TRY(forward_weight(l, from_q, i8, row_bytes, &wcodes));
@@ -209,6 +225,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .wcodes = c->wcodes,
         .xcodes = c->acodes,
         .wvalt = c->valt_ok ? c->valt : NULL,
+        .xval = c->xval_ok ? c->xval : NULL,
         .mask = c->amask,
         .resid = c->aresid,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,

@@ -343,14 +343,31 @@ static void check_layer_pieces(int64_t m, int64_t n, int64_t k) {
                 poison_device_with(&dmask, 0xa5);
                 poison_device_with(&dresid, 0xa5);
             }
-            CHECK_OK(bie_cuda_q4_pack_act(dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa,
-                                          ld8, true, dcodes8.data, keep ? dmask.data : NULL,
-                                          keep ? dresid.data : NULL));
+            /* a training pass of a 16-bit input also writes the codes' values where it can */
+            const bool values = keep && bie_cuda_q4_act_values_wanted(dtype, k);
+            bie_tensor dval = {0};
+            if (values) {
+                shape[0] = mk;
+                CHECK_OK(bie_cuda_tensor_alloc(&dval, dtype, 1, shape, 0));
+                poison_device_with(&dval, 0xa5);
+            }
+            CHECK_OK(bie_cuda_q4_pack_act_values(
+                dtype, dx.data, m, k, with_bias ? dbias.data : NULL, d_sa, ld8, true, dcodes8.data,
+                keep ? dmask.data : NULL, keep ? dresid.data : NULL, values ? dval.data : NULL));
             CHECK_OK(bie_cuda_synchronize());
             CHECK(device_bytes_match(&dcodes8, a8));
             if (keep) {
                 CHECK(device_bytes_match(&dmask, mask));
                 CHECK(device_bytes_match(&dresid, resid));
+            }
+            if (values) {
+                uint16_t *want = tu_alloc((size_t)mk * 2);
+                for (int64_t i = 0; i < mk; i++)
+                    want[i] =
+                        dtype == BIE_BF16 ? to_bf16((float)acodes[i]) : to_f16((float)acodes[i]);
+                CHECK(device_bytes_match(&dval, want));
+                free(want);
+                bie_tensor_free(&dval);
             }
             free(a8);
         }
