@@ -156,6 +156,9 @@ bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a);
 // 16, grad_out 16-byte aligned, the fused kernels usable), and the backward (every gradient).
 bool exact_fused_fits(const bie_cuda_bl_backward_args &a);
 bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a);
+// Whether that backward makes its ±1 weight in each stage from the sign bits
+// (BIE_CUDA_LINEAR_BITS=1) instead of reading a ±1 matrix.
+bool exact_on_chip();
 // The exact grad_w [n, k] = scale_a grad_out^T sign(x') in cuBLAS (T: the layer's dtype), on
 // ±1 activations expanded from the sign bits (a workspace of its own).
 template <typename T> bie_status exact_grad_w(const bie_cuda_bl_backward_args &a);

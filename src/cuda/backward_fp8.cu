@@ -415,7 +415,7 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
 // (BIE_CUDA_LINEAR_SIDE=1: the side job of grad_x's kernel).
 template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
-    static const bool on_chip = env_is("BIE_CUDA_LINEAR_BITS", "1");
+    static const bool on_chip = exact_on_chip();
     // grad_w (BIE_CUDA_LINEAR_WGRAD): by default on linear_wgrad_tma.cu's kernel from a ±1
     // activation matrix, its amax in the epilogue (181 against 174 + 21 us of cuBLAS and the
     // amax pass at 4096^3 on an H200); "1", that kernel from the sign bits (exact too but
@@ -428,7 +428,7 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     // ±1 activations [m][k] (for grad_w's own kernel from memory)
     Workspace<7> ws;
     BIE_CUDA_TRY(ws.alloc(
-        {on_chip ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
+        {on_chip || a.wsignt ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
          (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes(),
          sizeof(unsigned), wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
         "cudaMallocAsync (backward workspace)"));
@@ -458,7 +458,9 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     } else {
         s = exact_grad_w<T>(a);
     }
-    if (s == BIE_OK && !on_chip) {
+    if (s == BIE_OK && !on_chip && a.wsignt) {  // written by the training forward
+        gx.op = kOpSame16, gx.b = a.wsignt;
+    } else if (s == BIE_OK && !on_chip) {
         launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
                           reinterpret_cast<uint8_t *>(wst));
         gx.op = kOpSame16, gx.b = wst;
@@ -488,6 +490,8 @@ bie_status exact_backward_fused(const bie_cuda_bl_backward_args &a) {
     return a.dtype == BIE_BF16 ? exact_fused_typed<__nv_bfloat16>(a) : exact_fused_typed<__half>(a);
 }
 
+bool exact_on_chip() { return env_is("BIE_CUDA_LINEAR_BITS", "1"); }
+
 bool fp8_backward_fits(const bie_cuda_bl_backward_args &a) {
     return a.fp8 && a.m % 16 == 0 && a.n % 16 == 0 && a.k % 16 == 0 && device_cc() >= 89;
 }
@@ -515,6 +519,15 @@ bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a) {
 }
 
 }  // namespace bie_cuda
+
+extern "C" bool bie_cuda_weight_signs_wanted(bie_dtype dtype, int64_t n, int64_t k, bool fp8) {
+    // the ±1 weight that exact_fused_typed takes (unless it makes B on chip); n % 16 and
+    // k % 16 as exact_fused_fits wants
+    static const bool on =
+        bie_cuda::env_is("BIE_CUDA_LINEAR_WSIGNS", "1") && !bie_cuda::exact_on_chip();
+    return on && !fp8 && n % 16 == 0 && bie_cuda_weight_signs_shape(dtype, n, k) &&
+           bie_cuda::fp8_backward_fused_usable();
+}
 
 extern "C" bool bie_cuda_fp8_usable(int device) {
     int major = 0, minor = 0;

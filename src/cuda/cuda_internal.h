@@ -41,6 +41,19 @@ bie_status bie_cuda_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t 
 /* Sign bits (w >= 0) of an int8 or float weight [n, k]. */
 bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64_t k, int64_t ld,
                                 uint8_t *bits, int *popc);
+/* Whether a dtype layer's n x k weight has the shape of bie_cuda_pack_weight_signs (16-bit
+ * dtypes, k % 2048 == 0, n % 8 == 0). */
+bool bie_cuda_weight_signs_shape(bie_dtype dtype, int64_t n, int64_t k);
+/* bie_cuda_pack_weight of an int8 weight (16-byte aligned; ld == k / 8, the layout without
+ * padding, as bie_cuda_weight_signs_shape gives) and, in the same pass, its ±1 values
+ * transposed [k][n] in dtype (16-byte aligned): the exact backward's grad_x operand
+ * (bie_cuda_bl_backward_args.wsignt). */
+bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int64_t ld,
+                                      uint8_t *bits, int *popc, bie_dtype dtype, void *signs_t);
+/* Whether a training forward of a binary linear layer should write the ±1 weight for its
+ * backward: the shape above, the exact backward on the fused kernels (not FP8), and opt-in
+ * until timed on a GPU (BIE_CUDA_LINEAR_WSIGNS=1; by default the backward makes it). */
+bool bie_cuda_weight_signs_wanted(bie_dtype dtype, int64_t n, int64_t k, bool fp8);
 /* Rows of the user's packed format (src_stride bytes, garbage past k) into the layout. */
 bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,
                                 int64_t ld, uint8_t *dst, int *popc);
@@ -257,6 +270,7 @@ typedef struct bie_cuda_bl_backward_args {
     const void *grad_out;        /* [m, n] */
     void *grad_x;                /* [m, k] or NULL */
     const uint8_t *wbits;        /* the forward's weight sign bits (layout rows) */
+    const void *wsignt;          /* the forward's ±1 weight transposed [k][n] (dtype), or NULL */
     const uint8_t *signs, *mask; /* saved activation bits (layout rows) */
     const float *saved_scales;   /* {scale_a, scale_w} of the forward */
     float *grad_w;               /* [n, k] f32 */

@@ -13,6 +13,7 @@
 #include "cuda_internal.h"
 #include "dtype.cuh"
 #include "pdl.cuh"
+#include "tile_t.cuh"
 
 namespace bie_cuda {
 
@@ -178,6 +179,46 @@ __global__ void __launch_bounds__(256, 4)
     }
 }
 
+// The training forward's weight pass where the exact backward's grad_x product takes the ±1
+// weight (backward_fp8.cu): the sign bits of the int8 weight [n][k] (ld = k / 8 bytes a row,
+// k a multiple of 2048, so no padding byte) with their popcounts, and the ±1 values transposed,
+// st [k][n] (V, 16-bit), in one read of w instead of the bits' pass in the forward and signs_t
+// over the bits in the backward. A block per 64 x 64 tile (n a multiple of 8): thread t reads 16
+// weights of row t / 4, stores their 16 sign bits (two bytes) and adds their popcount, summed
+// over the row's four threads, to the row's part of this 8192-column slice (popc zeroed first:
+// integer sums, the same in any order); the ±1 values leave through tile_put / tile_store_t.
+template <typename V>
+__global__ void __launch_bounds__(256)
+    weight_signs_t(const int8_t *__restrict__ w, int64_t n, int64_t k, uint8_t *__restrict__ bits,
+                   int *__restrict__ popc, int parts, V *__restrict__ st) {
+    __shared__ V tile[64 * kTilePitch];
+    const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
+    const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64, row = r0 + r;
+    float v[16];
+    unsigned sb = 0;
+    if (row < n) {
+        const uint4 q = *reinterpret_cast<const uint4 *>(w + row * k + c0 + c16);
+        const int8_t *x = reinterpret_cast<const int8_t *>(&q);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const bool pos = x[j] >= 0;  // the weight pack's sign (pack_words)
+            sb |= (unsigned)pos << j;
+            v[j] = pos ? 1.0f : -1.0f;
+        }
+        *reinterpret_cast<uint16_t *>(bits + row * (k / 8) + (c0 + c16) / 8) = (uint16_t)sb;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) v[j] = 0.0f;
+    }
+    int count = __popc(sb);
+    count += __shfl_xor_sync(0xffffffffu, count, 1);
+    count += __shfl_xor_sync(0xffffffffu, count, 2);
+    if ((t & 3) == 0 && row < n) atomicAdd(popc + row * parts + c0 / 8192, count);
+    tile_put(tile, t, v);
+    __syncthreads();
+    tile_store_t(tile, t, r0, c0, n, k, st);
+}
+
 // User-format rows (src_stride bytes, k valid bits, garbage past k) into the GEMM layout.
 __global__ void __launch_bounds__(256)
     repack_user_rows(const uint8_t *__restrict__ src, int64_t src_stride, int64_t k, int64_t ld,
@@ -295,6 +336,31 @@ bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64
     else
         return bie_fail(BIE_ERR_DTYPE, "cuda pack: weight dtype %s", bie_dtype_name(dtype));
     return check(cudaGetLastError(), "cuda pack weight");
+}
+
+bool bie_cuda_weight_signs_shape(bie_dtype dtype, int64_t n, int64_t k) {
+    return (dtype == BIE_BF16 || dtype == BIE_F16) && k % 2048 == 0 && n % 8 == 0 &&
+           n / 64 < 65535 && k / 64 <= 0x7fffffff;
+}
+
+bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int64_t ld,
+                                      uint8_t *bits, int *popc, bie_dtype dtype, void *signs_t) {
+    if (!bie_cuda_weight_signs_shape(dtype, n, k) || ld != k / 8 ||
+        reinterpret_cast<uintptr_t>(w) % 16 || reinterpret_cast<uintptr_t>(bits) % 2 ||
+        reinterpret_cast<uintptr_t>(signs_t) % 16)
+        return bie_fail(BIE_ERR_INTERNAL, "cuda weight signs: a %lld x %lld %s weight",
+                        (long long)n, (long long)k, bie_dtype_name(dtype));
+    const int parts = bie_cuda_popc_parts(ld);
+    BIE_CUDA_TRY(check(cudaMemsetAsync(popc, 0, (size_t)(n * parts) * sizeof(int), current_stream),
+                       "cudaMemsetAsync (weight popcounts)"));
+    const dim3 grid((unsigned)(k / 64), (unsigned)((n + 63) / 64));
+    if (dtype == BIE_BF16)
+        weight_signs_t<__nv_bfloat16><<<grid, 256, 0, current_stream>>>(
+            w, n, k, bits, popc, parts, static_cast<__nv_bfloat16 *>(signs_t));
+    else
+        weight_signs_t<__half><<<grid, 256, 0, current_stream>>>(w, n, k, bits, popc, parts,
+                                                                 static_cast<__half *>(signs_t));
+    return check(cudaGetLastError(), "cuda weight signs");
 }
 
 bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,

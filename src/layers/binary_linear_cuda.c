@@ -29,6 +29,11 @@ struct bie_bl_cuda {
     /* Weight bits of the last training forward. */
     uint8_t *wbits;
     int *wpopc;
+    /* Their ±1 values transposed [in][out] (16-bit), written with them by a training forward
+     * where bie_cuda_weight_signs_wanted (wsignt_ok; allocated on first use): 2 bytes per
+     * weight more, the backward's pass over the bits less. */
+    void *wsignt;
+    bool wsignt_ok;
 };
 
 static inline struct bie_bl_cuda *CU(const bie_layer *l) {
@@ -70,6 +75,7 @@ static void release(bie_layer *l) {
     bie_cbw_free_ptr(c->qpopc);
     bie_cbw_free_ptr(c->wbits);
     bie_cbw_free_ptr(c->wpopc);
+    bie_cbw_free_ptr(c->wsignt);
     bie_cuda_layer_state_free(l);
 }
 
@@ -105,6 +111,20 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     }
     uint8_t *dst = c->wbits;
     int *dst_popc = c->wpopc;
+    c->wsignt_ok = false;
+    if (training && c->d.w_i8 && ((uintptr_t)c->d.w_i8) % 16 == 0 && c->d.ld == l->in / 8 &&
+        bie_cuda_weight_signs_wanted(l->dtype, l->out, l->in,
+                                     l->backward_mode == BIE_BACKWARD_FP8)) {
+        if (c->wsignt == NULL)
+            BIE_TRY(
+                bie_cbw_alloc(&c->wsignt, (size_t)(l->out * l->in) * 2, MODULE, "weight signs"));
+        BIE_TRY(bie_cuda_pack_weight_signs(c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc,
+                                           l->dtype, c->wsignt));
+        c->wsignt_ok = true;
+        *bits = dst;
+        *popc = dst_popc;
+        return BIE_OK;
+    }
     if (!training) {
         if (c->qbits == NULL) {
             BIE_TRY(bie_cbw_alloc((void **)&c->qbits, (size_t)(l->out * c->d.ld), MODULE,
@@ -226,6 +246,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_out = grad_out->data,
         .grad_x = grad_x ? grad_x->data : NULL,
         .wbits = c->wbits,
+        .wsignt = c->wsignt_ok ? c->wsignt : NULL,
         .signs = c->abits,
         .mask = c->amask,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,

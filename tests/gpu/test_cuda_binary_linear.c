@@ -301,6 +301,12 @@ int main(int argc, char **argv) {
                                         {1, 300, 77},
                                         {3, 63, 5},
                                         {48, 272, 16}, /* FP8 products (in --small too) */
+                                        /* the ±1 weight written by the training forward
+                                         * (BIE_CUDA_LINEAR_WSIGNS=1: k % 2048, n % 16; in
+                                         * --small too) */
+                                        {16, 2048, 16},
+                                        {33, 6144, 144},
+                                        {96, 2048, 48},
                                         {16, 256, 8},
                                         {17, 257, 9},
                                         {5, 1000, 300},
@@ -330,7 +336,7 @@ int main(int argc, char **argv) {
                                          * the side job of its epilogue warps), exact and FP8 */
                                         {4100, 2064, 48},
                                         {1024, 8192, 32}};
-    const int count = small ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
+    const int count = small ? 5 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < count; i++)
             check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2],
