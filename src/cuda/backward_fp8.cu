@@ -290,11 +290,12 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
 }
 
 // grad_out's e4m3 copies g8 [m, n] and g8t [n, m] (with grad_out's amax partials part and
-// the scales: scales[0] the dequantization factor) and the transposed ±1 operands swt [k, n]
-// and sxt [k, m], on the current stream.
+// the scales: scales[0] the dequantization factor) and the transposed ±1 operands: the weight's
+// [k, n] into ws (unless the training forward wrote it), *swt set to where it is, and sxt [k, m],
+// on the current stream.
 template <typename T>
 void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales, uint8_t *g8,
-                  uint8_t *g8t, uint8_t *swt, uint8_t *sxt) {
+                  uint8_t *g8t, uint8_t *ws, const uint8_t **swt, uint8_t *sxt) {
     const int64_t m = a.m, n = a.n, k = a.k;
     cudaStream_t st = current_stream;
     const T *go = static_cast<const T *>(a.grad_out);
@@ -303,7 +304,11 @@ void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    launch_signs_t<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, swt);
+    *swt = ws;
+    if (a.wsignt && a.wsignt_bytes == 1)
+        *swt = static_cast<const uint8_t *>(a.wsignt);
+    else
+        launch_signs_t<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, ws);
     launch_signs_t<1>(a.signs, a.ld, m, k, 0x38u, 0xb8u, sxt);
 }
 
@@ -318,13 +323,13 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
     BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
                            amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
                           "cudaMallocAsync (fp8 backward workspace)"));
-    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
-    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
+    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1), *sxt = ws.at<uint8_t>(3);
+    const uint8_t *swt = nullptr;
     float *scales = ws.at<float>(5);
     float *zero = nullptr;
     bie_status s = device_zero(&zero);
     if (s != BIE_OK) return ws.release(s);
-    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, swt, sxt);
+    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, ws.at<uint8_t>(2), &swt, sxt);
     s = check(cudaGetLastError(), "fp8 backward kernels");
     bool ok_x = false, ok_w = false;
     // grad_x before the mask, row-major [m, k] (column-major [k, m]) = scale_w sign(w)^T-major
@@ -374,12 +379,12 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
          2 * sizeof(float), (size_t)(parts * k) * sizeof(float),
          (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double) + amax_workspace_bytes()},
         "cudaMallocAsync (fp8 backward workspace)"));
-    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1);
-    uint8_t *swt = ws.at<uint8_t>(2), *sxt = ws.at<uint8_t>(3);
+    uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1), *sxt = ws.at<uint8_t>(3);
+    const uint8_t *swt = nullptr;
     float *scales = ws.at<float>(5), *part_sum = ws.at<float>(6), *part_dot = ws.at<float>(7);
     double *dots = ws.at<double>(8);
     float *wamax = reinterpret_cast<float *>(dots + k);
-    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, swt, sxt);
+    fp8_operands<T>(a, ws.at<float>(4), scales, g8, g8t, ws.at<uint8_t>(2), &swt, sxt);
     bie_status s = check(cudaGetLastError(), "fp8 backward kernels");
     // grad_w [n, k] = scale_a grad_out^T sign(x'): A = grad_out^T [n][m], B = sign(x') as [k][m].
     BwdGemmArgs gw = {};
@@ -427,11 +432,12 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter,
     // ±1 activations [m][k] (for grad_w's own kernel from memory)
     Workspace<7> ws;
-    BIE_CUDA_TRY(ws.alloc(
-        {on_chip || a.wsignt ? 0 : (size_t)(k * n) * sizeof(T), (size_t)(parts * k) * sizeof(float),
-         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double), amax_workspace_bytes(),
-         sizeof(unsigned), wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
-        "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(
+        ws.alloc({on_chip || (a.wsignt && a.wsignt_bytes == 2) ? 0 : (size_t)(k * n) * sizeof(T),
+                  (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                  (size_t)k * sizeof(double), amax_workspace_bytes(), sizeof(unsigned),
+                  wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
+                 "cudaMallocAsync (backward workspace)"));
     T *wst = ws.at<T>(0);
     float *part_sum = ws.at<float>(1), *part_dot = ws.at<float>(2), *one = nullptr;
     float *wamax = ws.at<float>(4);
@@ -458,7 +464,7 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     } else {
         s = exact_grad_w<T>(a);
     }
-    if (s == BIE_OK && !on_chip && a.wsignt) {  // written by the training forward
+    if (s == BIE_OK && !on_chip && a.wsignt && a.wsignt_bytes == 2) {  // by the training forward
         gx.op = kOpSame16, gx.b = a.wsignt;
     } else if (s == BIE_OK && !on_chip) {
         launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
@@ -520,13 +526,15 @@ bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a) {
 
 }  // namespace bie_cuda
 
-extern "C" bool bie_cuda_weight_signs_wanted(bie_dtype dtype, int64_t n, int64_t k, bool fp8) {
-    // the ±1 weight that exact_fused_typed takes (unless it makes B on chip); n % 16 and
-    // k % 16 as exact_fused_fits wants
-    static const bool on =
-        bie_cuda::env_is("BIE_CUDA_LINEAR_WSIGNS", "1") && !bie_cuda::exact_on_chip();
-    return on && !fp8 && n % 16 == 0 && bie_cuda_weight_signs_shape(dtype, n, k) &&
-           bie_cuda::fp8_backward_fused_usable();
+extern "C" int bie_cuda_weight_signs_bytes(bie_dtype dtype, int64_t n, int64_t k, bool fp8) {
+    static const bool on = bie_cuda::env_is("BIE_CUDA_LINEAR_WSIGNS", "1");
+    if (!on || !bie_cuda_weight_signs_shape(n, k)) return 0;
+    if (fp8) return bie_cuda::device_cc() >= 89 ? 1 : 0;  // fp8_operands' swt
+    // exact_fused_typed's ±1 weight, unless it makes B on chip
+    return (dtype == BIE_BF16 || dtype == BIE_F16) && bie_cuda::fp8_backward_fused_usable() &&
+                   !bie_cuda::exact_on_chip()
+               ? 2
+               : 0;
 }
 
 extern "C" bool bie_cuda_fp8_usable(int device) {

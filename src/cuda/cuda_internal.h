@@ -41,19 +41,22 @@ bie_status bie_cuda_pack_act(bie_dtype dtype, const void *x, int64_t m, int64_t 
 /* Sign bits (w >= 0) of an int8 or float weight [n, k]. */
 bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64_t k, int64_t ld,
                                 uint8_t *bits, int *popc);
-/* Whether a dtype layer's n x k weight has the shape of bie_cuda_pack_weight_signs (16-bit
- * dtypes, k % 2048 == 0, n % 8 == 0). */
-bool bie_cuda_weight_signs_shape(bie_dtype dtype, int64_t n, int64_t k);
+/* Whether an n x k weight has the shape of bie_cuda_pack_weight_signs (k % 2048 == 0,
+ * n % 16 == 0). */
+bool bie_cuda_weight_signs_shape(int64_t n, int64_t k);
 /* bie_cuda_pack_weight of an int8 weight (16-byte aligned; ld == k / 8, the layout without
  * padding, as bie_cuda_weight_signs_shape gives) and, in the same pass, its ±1 values
- * transposed [k][n] in dtype (16-byte aligned): the exact backward's grad_x operand
- * (bie_cuda_bl_backward_args.wsignt). */
+ * transposed [k][n] (16-byte aligned): es == 2, in dtype (bf16 / f16: the exact backward's
+ * grad_x operand), es == 1, e4m3 (the FP8 backward's); bie_cuda_bl_backward_args.wsignt. */
 bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int64_t ld,
-                                      uint8_t *bits, int *popc, bie_dtype dtype, void *signs_t);
-/* Whether a training forward of a binary linear layer should write the ±1 weight for its
- * backward: the shape above, the exact backward on the fused kernels (not FP8), and opt-in
- * until timed on a GPU (BIE_CUDA_LINEAR_WSIGNS=1; by default the backward makes it). */
-bool bie_cuda_weight_signs_wanted(bie_dtype dtype, int64_t n, int64_t k, bool fp8);
+                                      uint8_t *bits, int *popc, int es, bie_dtype dtype,
+                                      void *signs_t);
+/* The bytes a value of the ±1 weight that a training forward of a dtype binary linear layer
+ * should write for its backward (fp8: BIE_BACKWARD_FP8): 2 for the exact backward on the fused
+ * kernels, 1 (e4m3) for the FP8 backward on an FP8 device, 0 for none (the shape above not
+ * met; and until timed on a GPU unless BIE_CUDA_LINEAR_WSIGNS=1: by default the backward makes
+ * it from the bits). */
+int bie_cuda_weight_signs_bytes(bie_dtype dtype, int64_t n, int64_t k, bool fp8);
 /* Rows of the user's packed format (src_stride bytes, garbage past k) into the layout. */
 bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,
                                 int64_t ld, uint8_t *dst, int *popc);
@@ -270,7 +273,8 @@ typedef struct bie_cuda_bl_backward_args {
     const void *grad_out;        /* [m, n] */
     void *grad_x;                /* [m, k] or NULL */
     const uint8_t *wbits;        /* the forward's weight sign bits (layout rows) */
-    const void *wsignt;          /* the forward's ±1 weight transposed [k][n] (dtype), or NULL */
+    const void *wsignt;          /* the forward's ±1 weight transposed [k][n], or NULL */
+    int wsignt_bytes;            /* its values: 2 (dtype), 1 (e4m3) */
     const uint8_t *signs, *mask; /* saved activation bits (layout rows) */
     const float *saved_scales;   /* {scale_a, scale_w} of the forward */
     float *grad_w;               /* [n, k] f32 */

@@ -182,16 +182,17 @@ __global__ void __launch_bounds__(256, 4)
 // The training forward's weight pass where the exact backward's grad_x product takes the ±1
 // weight (backward_fp8.cu): the sign bits of the int8 weight [n][k] (ld = k / 8 bytes a row,
 // k a multiple of 2048, so no padding byte) with their popcounts, and the ±1 values transposed,
-// st [k][n] (V, 16-bit), in one read of w instead of the bits' pass in the forward and signs_t
-// over the bits in the backward. A block per 64 x 64 tile (n a multiple of 8): thread t reads 16
-// weights of row t / 4, stores their 16 sign bits (two bytes) and adds their popcount, summed
-// over the row's four threads, to the row's part of this 8192-column slice (popc zeroed first:
-// integer sums, the same in any order); the ±1 values leave through tile_put / tile_store_t.
+// st [k][n] (V: 16-bit, or uint8_t for e4m3, the FP8 backward's), in one read of w instead of the
+// bits' pass in the forward and signs_t over the bits in the backward. A block per 64 x 64 tile
+// (n a multiple of 16): thread t reads 16 weights of row t / 4, stores their 16 sign bits (two
+// bytes) and adds their popcount, summed over the row's four threads, to the row's part of this
+// 8192-column slice (popc zeroed first: integer sums, the same in any order); 16-bit values leave
+// through tile_put / tile_store_t, e4m3 bytes through a byte tile: thread t then stores 16 rows
+// of column t / 4 (one 16-byte piece).
 template <typename V>
 __global__ void __launch_bounds__(256)
     weight_signs_t(const int8_t *__restrict__ w, int64_t n, int64_t k, uint8_t *__restrict__ bits,
                    int *__restrict__ popc, int parts, V *__restrict__ st) {
-    __shared__ V tile[64 * kTilePitch];
     const int t = (int)threadIdx.x, r = t >> 2, c16 = (t & 3) * 16;
     const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64, row = r0 + r;
     float v[16];
@@ -214,9 +215,34 @@ __global__ void __launch_bounds__(256)
     count += __shfl_xor_sync(0xffffffffu, count, 1);
     count += __shfl_xor_sync(0xffffffffu, count, 2);
     if ((t & 3) == 0 && row < n) atomicAdd(popc + row * parts + c0 / 8192, count);
-    tile_put(tile, t, v);
-    __syncthreads();
-    tile_store_t(tile, t, r0, c0, n, k, st);
+    if constexpr (sizeof(V) == 2) {
+        __shared__ V tile[64 * kTilePitch];
+        tile_put(tile, t, v);
+        __syncthreads();
+        tile_store_t(tile, t, r0, c0, n, k, st);
+    } else {
+        constexpr int kPitch = 68;  // bytes a row of the byte tile (a multiple of 4)
+        __shared__ uint32_t tile8[64 * kPitch / 4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                word |= (v[4 * q + j] > 0.0f ? 0x38u : 0xb8u) << (8 * j);  // e4m3 +1 / -1
+            tile8[(r * kPitch + c16) / 4 + q] = word;
+        }
+        __syncthreads();
+        const uint8_t *tb = reinterpret_cast<const uint8_t *>(tile8);
+        const int col = t >> 2, x = t & 3;
+        if (c0 + col < k && r0 + 16 * x < n) {
+            uint32_t q[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                q[i / 4] |= (uint32_t)tb[(16 * x + i) * kPitch + col] << (8 * (i % 4));
+            *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(st) + (c0 + col) * n + r0 +
+                                       16 * x) = make_uint4(q[0], q[1], q[2], q[3]);
+        }
+    }
 }
 
 // User-format rows (src_stride bytes, k valid bits, garbage past k) into the GEMM layout.
@@ -338,14 +364,15 @@ bie_status bie_cuda_pack_weight(bie_dtype dtype, const void *w, int64_t n, int64
     return check(cudaGetLastError(), "cuda pack weight");
 }
 
-bool bie_cuda_weight_signs_shape(bie_dtype dtype, int64_t n, int64_t k) {
-    return (dtype == BIE_BF16 || dtype == BIE_F16) && k % 2048 == 0 && n % 8 == 0 &&
-           n / 64 < 65535 && k / 64 <= 0x7fffffff;
+bool bie_cuda_weight_signs_shape(int64_t n, int64_t k) {
+    return k % 2048 == 0 && n % 16 == 0 && n / 64 < 65535 && k / 64 <= 0x7fffffff;
 }
 
 bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int64_t ld,
-                                      uint8_t *bits, int *popc, bie_dtype dtype, void *signs_t) {
-    if (!bie_cuda_weight_signs_shape(dtype, n, k) || ld != k / 8 ||
+                                      uint8_t *bits, int *popc, int es, bie_dtype dtype,
+                                      void *signs_t) {
+    if (!bie_cuda_weight_signs_shape(n, k) ||
+        (es == 2 ? dtype != BIE_BF16 && dtype != BIE_F16 : es != 1) || ld != k / 8 ||
         reinterpret_cast<uintptr_t>(w) % 16 || reinterpret_cast<uintptr_t>(bits) % 2 ||
         reinterpret_cast<uintptr_t>(signs_t) % 16)
         return bie_fail(BIE_ERR_INTERNAL, "cuda weight signs: a %lld x %lld %s weight",
@@ -354,7 +381,10 @@ bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int
     BIE_CUDA_TRY(check(cudaMemsetAsync(popc, 0, (size_t)(n * parts) * sizeof(int), current_stream),
                        "cudaMemsetAsync (weight popcounts)"));
     const dim3 grid((unsigned)(k / 64), (unsigned)((n + 63) / 64));
-    if (dtype == BIE_BF16)
+    if (es == 1)
+        weight_signs_t<uint8_t><<<grid, 256, 0, current_stream>>>(w, n, k, bits, popc, parts,
+                                                                  static_cast<uint8_t *>(signs_t));
+    else if (dtype == BIE_BF16)
         weight_signs_t<__nv_bfloat16><<<grid, 256, 0, current_stream>>>(
             w, n, k, bits, popc, parts, static_cast<__nv_bfloat16 *>(signs_t));
     else

@@ -29,11 +29,12 @@ struct bie_bl_cuda {
     /* Weight bits of the last training forward. */
     uint8_t *wbits;
     int *wpopc;
-    /* Their ±1 values transposed [in][out] (16-bit), written with them by a training forward
-     * where bie_cuda_weight_signs_wanted (wsignt_ok; allocated on first use): 2 bytes per
-     * weight more, the backward's pass over the bits less. */
+    /* Their ±1 values transposed [in][out] (wsignt_bytes each: 16-bit, or e4m3 for the FP8
+     * backward), written with them by a training forward where bie_cuda_weight_signs_bytes
+     * says so (0: none this time; allocated on first use, 2 bytes a weight): the backward's
+     * pass over the bits less. */
     void *wsignt;
-    bool wsignt_ok;
+    int wsignt_bytes;
 };
 
 static inline struct bie_bl_cuda *CU(const bie_layer *l) {
@@ -111,16 +112,19 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     }
     uint8_t *dst = c->wbits;
     int *dst_popc = c->wpopc;
-    c->wsignt_ok = false;
-    if (training && c->d.w_i8 && ((uintptr_t)c->d.w_i8) % 16 == 0 && c->d.ld == l->in / 8 &&
-        bie_cuda_weight_signs_wanted(l->dtype, l->out, l->in,
-                                     l->backward_mode == BIE_BACKWARD_FP8)) {
+    c->wsignt_bytes = 0;
+    const bool fits =
+        training && c->d.w_i8 && ((uintptr_t)c->d.w_i8) % 16 == 0 && c->d.ld == l->in / 8;
+    const int es = fits ? bie_cuda_weight_signs_bytes(l->dtype, l->out, l->in,
+                                                      l->backward_mode == BIE_BACKWARD_FP8)
+                        : 0;
+    if (es) {
         if (c->wsignt == NULL)
             BIE_TRY(
                 bie_cbw_alloc(&c->wsignt, (size_t)(l->out * l->in) * 2, MODULE, "weight signs"));
-        BIE_TRY(bie_cuda_pack_weight_signs(c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc,
+        BIE_TRY(bie_cuda_pack_weight_signs(c->d.w_i8, l->out, l->in, c->d.ld, dst, dst_popc, es,
                                            l->dtype, c->wsignt));
-        c->wsignt_ok = true;
+        c->wsignt_bytes = es;
         *bits = dst;
         *popc = dst_popc;
         return BIE_OK;
@@ -246,7 +250,8 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_out = grad_out->data,
         .grad_x = grad_x ? grad_x->data : NULL,
         .wbits = c->wbits,
-        .wsignt = c->wsignt_ok ? c->wsignt : NULL,
+        .wsignt = c->wsignt_bytes ? c->wsignt : NULL,
+        .wsignt_bytes = c->wsignt_bytes,
         .signs = c->abits,
         .mask = c->amask,
         .saved_scales = c->d.scalars + BIE_CBW_SAVED_SCALES,
