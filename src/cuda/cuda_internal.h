@@ -18,6 +18,11 @@ int bie_cuda_kernel_index(int id);
 void *bie_cuda_current_stream(void);
 /* cudaFree for bie_tensor_free; ignores NULL. */
 void bie_cuda_free_ptr(void *p);
+/* Scratch memory of one call, stream-ordered on the current stream (the pool's memory is reused
+ * by later calls; capturable in a CUDA graph); bie_cuda_scratch_free (NULL ignored) after the
+ * call's last use of it, in stream order. */
+bie_status bie_cuda_scratch_alloc(void **p, size_t bytes, const char *what);
+void bie_cuda_scratch_free(void *p);
 
 /* ---- The device GEMM layout of packed binary rows: rows of bie_cuda_row_stride(k) bytes
  * (a multiple of BIE_CUDA_ROW_ALIGN, so every kernel's k block divides it), bit j of a row at

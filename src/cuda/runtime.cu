@@ -105,6 +105,15 @@ void bie_cuda_free_ptr(void *p) {
     if (p) cudaFree(p);
 }
 
+bie_status bie_cuda_scratch_alloc(void **p, size_t bytes, const char *what) {
+    *p = NULL;
+    return check(cudaMallocAsync(p, bytes ? bytes : 1, current_stream), what);
+}
+
+void bie_cuda_scratch_free(void *p) {
+    if (p) (void)cudaFreeAsync(p, current_stream);
+}
+
 bie_status bie_cuda_tensor_alloc(bie_tensor *out, bie_dtype dtype, int ndim, const int64_t *shape,
                                  int device) {
     if (out == NULL) return bie_fail(BIE_ERR_NULL_POINTER, "bie_cuda_tensor_alloc: 'out' is NULL");

@@ -6,11 +6,11 @@
  * (cuda_internal.h), or into int8 code rows where kernel 211 takes the product
  * (bie_cuda_q4_i8_wanted), and multiplies them exactly; a training forward also
  * keeps what the backward needs, as the CPU layer does: the activation codes, the clip bits
- * and the 8-bit rounding residuals (13 bits per input element; opt-in, in 16-bit layers, also
- * the codes' values, which the grad_w product takes, written in the same pass: 2 bytes per input
- * element more, a pass over the codes less per step), and the weight codes (and, where the
- * backward's grad_x product takes them, their 16-bit values transposed, written in the same pass: 2
- * bytes per weight more, one read of the float weight less per step). */
+ * and the 8-bit rounding residuals (13 bits per input element; opt-in, in 16-bit layers, the
+ * codes' values instead of the codes, which the grad_w product takes, written in the same pass:
+ * 1 byte per input element more, a pass over the codes less per step), and the weight codes
+ * (and, where the backward's grad_x product takes them, their 16-bit values transposed, written
+ * in the same pass: 2 bytes per weight more, one read of the float weight less per step). */
 #include <string.h>
 
 #include "../cuda/cuda_internal.h"
@@ -30,8 +30,8 @@ struct bie_q4l_cuda {
      * forward where the backward's grad_x product takes them (valt_ok; allocated on first use). */
     void *valt;
     bool valt_ok;
-    /* Activations of the last forward: codes (a_cap bytes); in training also the clip bits
-     * and residuals over the m * in input elements (s_cap rows). */
+    /* Activations of the last forward: codes (a_cap bytes; not kept where xval_ok); in training
+     * also the clip bits and residuals over the m * in input elements (s_cap rows). */
     uint8_t *acodes, *amask;
     int8_t *aresid;
     int64_t a_cap, s_cap;
@@ -82,11 +82,13 @@ static void release(bie_layer *l) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Room for the activation codes of m rows of row_bytes (contents are not kept); with `keep`,
- * also for the backward's clip bits and residuals. */
-static bie_status reserve_activations(bie_layer *l, int64_t m, int64_t row_bytes, bool keep) {
+/* Room for the activation codes of m rows of row_bytes (contents are not kept) unless the
+ * forward writes their values (xval: the codes are then scratch of the forward alone); with
+ * `keep`, also for the backward's clip bits and residuals, and with xval their values. */
+static bie_status reserve_activations(bie_layer *l, int64_t m, int64_t row_bytes, bool keep,
+                                      bool xval) {
     struct bie_q4l_cuda *c = CU(l);
-    if (m * row_bytes > c->a_cap) {
+    if (!xval && m * row_bytes > c->a_cap) {
         l->has_saved = false;
         BIE_DEV_FREE(c->acodes);
         c->a_cap = 0;
@@ -105,7 +107,7 @@ static bie_status reserve_activations(bie_layer *l, int64_t m, int64_t row_bytes
         BIE_TRY(bie_cbw_alloc((void **)&c->aresid, (size_t)mk, MODULE, "activation residuals"));
         c->s_cap = m;
     }
-    if (keep && bie_cuda_q4_act_values_wanted(l->dtype, l->in) && m > c->v_cap) {
+    if (xval && m > c->v_cap) {
         l->has_saved = false;
         BIE_DEV_FREE(c->xval);
         c->v_cap = 0;
@@ -169,24 +171,35 @@ static bie_status forward(bie_layer *l, const bie_tensor *x, bie_tensor *out) {
     const bool i8 = !from_q && bie_cuda_q4_i8_wanted(l->kernel_id, m, l->out, l->in);
     const int64_t row_bytes = i8 ? c->ld8 : c->d.ld;
     BIE_TRY(bie_cuda_ensure_scale_a(l, x, who));
-    BIE_TRY(reserve_activations(l, m, row_bytes, keep));
+    /* the codes' values for the backward, the codes then scratch of this call */
+    const bool xval = keep && bie_cuda_q4_act_values_wanted(l->dtype, l->in);
+    BIE_TRY(reserve_activations(l, m, row_bytes, keep, xval));
     l->has_saved = false;
+    c->xval_ok = false;
     float *scalars = c->d.scalars;
-    c->xval_ok = keep && bie_cuda_q4_act_values_wanted(l->dtype, l->in);
-    BIE_TRY(bie_cuda_q4_pack_act_values(
-        l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, row_bytes, i8,
-        c->acodes, keep ? c->amask : NULL, keep ? c->aresid : NULL, c->xval_ok ? c->xval : NULL));
-    if (keep) BIE_TRY(bie_cbw_save_scales(&c->d));
+    uint8_t *acodes = c->acodes;
+    void *scratch = NULL;
+    if (xval) {
+        BIE_TRY(bie_cuda_scratch_alloc(&scratch, (size_t)(m * row_bytes), "activation codes"));
+        acodes = scratch;
+    }
+    bie_status st = bie_cuda_q4_pack_act_values(
+        l->dtype, x->data, m, l->in, c->d.bias_a, scalars + BIE_CBW_SCALE_A, row_bytes, i8, acodes,
+        keep ? c->amask : NULL, keep ? c->aresid : NULL, xval ? c->xval : NULL);
+    if (st == BIE_OK && keep) st = bie_cbw_save_scales(&c->d);
     const uint8_t *wcodes = NULL;
-    BIE_TRY(forward_weight(l, from_q, i8, row_bytes, &wcodes));
-    if (i8)
-        BIE_TRY(bie_cuda_q4gemm_i8_launch(
-            m, l->out, l->in, (const int8_t *)c->acodes, (const int8_t *)wcodes, row_bytes, 0.0f,
-            scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data, NULL));
-    else
-        BIE_TRY(bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, c->acodes, wcodes, c->d.ld,
-                                       0.0f, scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W,
-                                       l->dtype, out->data, NULL));
+    if (st == BIE_OK) st = forward_weight(l, from_q, i8, row_bytes, &wcodes);
+    if (st == BIE_OK && i8)
+        st = bie_cuda_q4gemm_i8_launch(
+            m, l->out, l->in, (const int8_t *)acodes, (const int8_t *)wcodes, row_bytes, 0.0f,
+            scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype, out->data, NULL);
+    else if (st == BIE_OK)
+        st = bie_cuda_q4gemm_launch(l->kernel_id, m, l->out, l->in, acodes, wcodes, c->d.ld, 0.0f,
+                                    scalars + BIE_CBW_SCALE_A, scalars + BIE_CBW_SCALE_W, l->dtype,
+                                    out->data, NULL);
+    bie_cuda_scratch_free(scratch);
+    BIE_TRY(st);
+    c->xval_ok = xval;
     if (keep) {
         c->i8 = i8;
         c->row_bytes = row_bytes;
@@ -223,7 +236,7 @@ static bie_status backward(bie_layer *l, const bie_tensor *grad_out, bie_tensor 
         .grad_out = grad_out->data,
         .grad_x = grad_x ? grad_x->data : NULL,
         .wcodes = c->wcodes,
-        .xcodes = c->acodes,
+        .xcodes = c->xval_ok ? NULL : c->acodes, /* scratch of the forward where values are kept */
         .wvalt = c->valt_ok ? c->valt : NULL,
         .xval = c->xval_ok ? c->xval : NULL,
         .mask = c->amask,
