@@ -296,20 +296,21 @@ __global__ void __launch_bounds__(kAmaxThreads)
 }
 // q = quantization of x with the amax that is the largest of the kAmaxBlocks partial maxima
 // in part (each block reduces them itself: no pass between); four elements per step when
-// `vec`.
+// `vec`, their groups from the last to the first where `reverse` (the end of x first).
 __global__ void __launch_bounds__(kAmaxBlocks)
-    quantize_i8(const float *x, int64_t n, const float *part, bool vec, int8_t *q) {
+    quantize_i8(const float *x, int64_t n, const float *part, bool vec, bool reverse, int8_t *q) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     // vec: four 16-byte loads a thread in flight, the next four issued before these are
     // stored (the first ones during the amax)
     const int64_t n4 = vec ? n / 4 : 0;
+    auto pos = [&](int64_t at) { return reverse ? n4 - 1 - at : at; };
     float4 v[4];
     auto load = [&](int64_t at) {
 #pragma unroll
         for (int u = 0; u < 4; u++)
             v[u] = at + u * stride < n4
-                       ? __ldg(reinterpret_cast<const float4 *>(x) + at + u * stride)
+                       ? __ldg(reinterpret_cast<const float4 *>(x) + pos(at + u * stride))
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     load(i);
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(kAmaxBlocks)
             o.y = quantize_one(cur[u].y, amax, inv);
             o.z = quantize_one(cur[u].z, amax, inv);
             o.w = quantize_one(cur[u].w, amax, inv);
-            reinterpret_cast<char4 *>(q)[i + u * stride] = o;
+            reinterpret_cast<char4 *>(q)[pos(i + u * stride)] = o;
         }
     }
     for (i = n4 * 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -383,12 +384,15 @@ template void amax_partials<float>(const float *, int64_t, float *);
 template void amax_partials<__nv_bfloat16>(const __nv_bfloat16 *, int64_t, float *);
 template void amax_partials<__half>(const __half *, int64_t, float *);
 
-void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q) {
+void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q,
+                          bool reverse) {
     const bool vec = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(q)) % 16 == 0;
     const int64_t steps = vec ? n / 4 : n;
     quantize_i8<<<std::min(grid_for(steps), 2048u), kAmaxBlocks, 0, current_stream>>>(
-        x, n, partials, vec, q);
+        x, n, partials, vec, reverse, q);
 }
+
+bool quantize_after_product() { return env_is("BIE_CUDA_LINEAR_QORDER", "1"); }
 
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q) {
     amax_partials(x, n, workspace);

@@ -117,8 +117,14 @@ size_t amax_workspace_bytes();
 // any split of x among them), on the current stream.
 template <typename T> void amax_partials(const T *x, int64_t n, float *part);
 void quantize_grad_i8(const float *x, int64_t n, float *workspace, int8_t *q);
-// The same, given the kAmaxBlocks partial maxima of |x| (any split of x among them).
-void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q);
+// The same, given the kAmaxBlocks partial maxima of |x| (any split of x among them); with
+// `reverse`, x read from its end (the same values: the parts written last by the product just
+// before, still in L2, read first).
+void quantize_i8_partials(const float *x, int64_t n, const float *partials, int8_t *q,
+                          bool reverse = false);
+// Whether the linear backward quantizes grad_w right after its product, from its end, instead of
+// after grad_x (BIE_CUDA_LINEAR_QORDER=1: opt-in until timed on a GPU).
+bool quantize_after_product();
 // The FP8 scale of grad_out's one rounding to e4m3, in a kernel of kAmaxBlocks threads a
 // block, from the kAmaxBlocks partial maxima of |grad_out| (amax_partials): returns
 // 448 / amax to every thread (1 where amax is 0 or not finite; every thread must call it), and

@@ -392,6 +392,10 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     gw.s0 = a.saved_scales, gw.s1 = scales;
     gw.out = a.grad_w, gw.out_type = kOutF32, gw.amax_part = wamax;
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gw);
+    // BIE_CUDA_LINEAR_QORDER=1: the quantization while grad_w's last tiles are in L2
+    static const bool early = quantize_after_product();
+    const bool quantized = s == BIE_OK && a.grad_w_i8 && early;
+    if (quantized) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8, true);
     // grad_x [m, k] = scale_w grad_out sign(w): A = grad_out [m][n], B = sign(w) as [k][n]
     BwdGemmArgs gx = {};
     gx.M = m, gx.N = k, gx.K = n, gx.a = g8, gx.b = swt;
@@ -399,12 +403,13 @@ template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args
     gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
     gx.part_dot = part_dot;
-    const bool side = side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax, nullptr);
+    const bool side =
+        !quantized && side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax, nullptr);
     if (s == BIE_OK) s = bwd_gemm_tma_launch(gx);
     if (s == BIE_OK)
         linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k), dots,
                          a.grad_bias, a.grad_scale_a);
-    if (s == BIE_OK && a.grad_w_i8 && !side)
+    if (s == BIE_OK && a.grad_w_i8 && !side && !quantized)
         quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
     if (s == BIE_OK) s = check(cudaGetLastError(), "fp8 backward kernels");
     return ws.release(s);
@@ -451,8 +456,12 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     gx.out_type = out_type_of(a.dtype);
     gx.mask = a.mask, gx.signs = a.signs, gx.ld = a.ld, gx.part_sum = part_sum;
     gx.part_dot = part_dot;
-    const bool side = side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax,
-                                        own ? nullptr : ws.at<unsigned>(5));
+    // BIE_CUDA_LINEAR_QORDER=1: grad_w quantized right after its own kernel (amax partials
+    // from its epilogue), while its last tiles are in L2
+    static const bool after = quantize_after_product();
+    const bool early = after && own && a.grad_w_i8;
+    const bool side = !early && side_quantization(gx, a.grad_w, n * k, a.grad_w_i8, wamax,
+                                                  own ? nullptr : ws.at<unsigned>(5));
     if (own) {
         WgradArgs wa = {half,           m,        n,     k,      a.grad_out, a.signs, a.ld,
                         a.saved_scales, a.grad_w, wamax, nullptr};
@@ -461,6 +470,7 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
             wa.xsign = ws.at<T>(6);
         }
         s = linear_wgrad16_launch(wa);
+        if (s == BIE_OK && early) quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8, true);
     } else {
         s = exact_grad_w<T>(a);
     }
@@ -475,7 +485,7 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     if (s == BIE_OK)
         linear_part_sums(part_sum, part_dot, parts, k, std::sqrt((double)m * (double)k),
                          ws.at<double>(3), a.grad_bias, a.grad_scale_a);
-    if (s == BIE_OK && a.grad_w_i8 && !side) {
+    if (s == BIE_OK && a.grad_w_i8 && !side && !early) {
         if (own)
             quantize_i8_partials(a.grad_w, n * k, wamax, a.grad_w_i8);
         else
