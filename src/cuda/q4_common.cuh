@@ -59,4 +59,17 @@ __device__ __forceinline__ float q4_quotient(float v, float s, float y) {
     return bie_q4_quotient(v, s, y);
 }
 
+// Whether the passes that keep the backward's state (the linear layer's activation pass, the
+// convolution's encodes) take their quotients from q4_quotient instead of the division
+// (BIE_CUDA_Q4_QUOTIENT=1: the same codes, clip bits and residuals, checked on the CPU; opt-in
+// until timed on a GPU). Host code (q4pack.cu).
+bool q4_quotient_wanted();
+
+// The code, clip bit and residual of v by the division, or (QUOT) by q4_quotient with
+// y = q4_reciprocal(s).
+template <bool QUOT>
+__device__ __forceinline__ int q4_state(float v, float s, float y, bool *clip, int8_t *resid) {
+    return QUOT ? q4_state_of(q4_quotient(v, s, y), clip, resid) : q4_code_state(v, s, clip, resid);
+}
+
 }  // namespace bie_cuda

@@ -22,15 +22,16 @@ unsigned blocks_for(int64_t count) {
 // One thread per 8 inputs (one word of codes, one byte of clip bits; x loaded and the residuals
 // stored 8 at a time where `vec`: x 16-byte and resid 8-byte aligned; 32-bit index divisions
 // where `narrow`): code i of the flat
-// input in nibble i % 8 of word i / 8; bias of channel (i / hw) % c, as bie_q4_encode.
-template <typename T>
+// input in nibble i % 8 of word i / 8; bias of channel (i / hw) % c, as bie_q4_encode. QUOT:
+// the state's quotients by q4_quotient (q4_quotient_wanted).
+template <typename T, bool QUOT>
 __global__ void __launch_bounds__(256)
     q4_conv_encode(const T *__restrict__ x, int64_t total, int64_t hw, int64_t c,
                    const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
                    bool narrow, unsigned *__restrict__ codes, uint8_t *__restrict__ mask,
                    int8_t *__restrict__ resid) {
     const int64_t groups = (total + 7) / 8;
-    const float s = *scale, inv = bie_q4_inverse(s);
+    const float s = *scale, inv = bie_q4_inverse(s), y = QUOT ? q4_reciprocal(s) : 0.0f;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < groups;
          t += (int64_t)gridDim.x * blockDim.x) {
         unsigned w = 0, bits = 0;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(256)
             const float v = __fadd_rn(xv[j], bias[ch]);
             if (mask) {  // one division gives the code, the clip bit and the residual
                 bool clip;
-                w |= (unsigned)(q4_code_state(v, s, &clip, &r8[j]) & 15) << (4 * j);
+                w |= (unsigned)(q4_state<QUOT>(v, s, y, &clip, &r8[j]) & 15) << (4 * j);
                 bits |= (unsigned)clip << j;
             } else {
                 w |= (unsigned)(q4_code_fast(v, s, inv) & 15) << (4 * j);
@@ -134,8 +135,8 @@ __device__ __forceinline__ void load2(const __half *p, float &a, float &b) {
 // bytes. Codes as q4_conv_encode computes them; channels past C get code 0. STATE (a
 // training forward): also the backward's clip bits and residuals, NHWC: per pixel cw bytes
 // of clip bits (channel ch at bit ch % 8 of byte ch / 8) and 8 cw residuals, 0 past C
-// (bie_cuda_q4_conv_encode_nhwc).
-template <typename T, int VP, bool STATE>
+// (bie_cuda_q4_conv_encode_nhwc); QUOT, their quotients by q4_quotient.
+template <typename T, int VP, bool STATE, bool QUOT>
 __global__ void __launch_bounds__(256)
     q4_conv_encode_nhwc(const T *__restrict__ x, int pixels, int hw, int c, int cbw, int cw,
                         const float *__restrict__ bias, const float *__restrict__ scale,
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(256)
     __shared__ uint2 rtile[kSt][9];  // rows padded against bank conflicts
     __shared__ uint8_t mtile[kSt][9];
     pdl_trigger();  // the GEMM that reads these codes may launch now
-    const float s = *scale, inv = bie_q4_inverse(s);
+    const float s = *scale, inv = bie_q4_inverse(s), y = QUOT ? q4_reciprocal(s) : 0.0f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, first = blockIdx.x * 32 * VP;
     const int px = first + lane * VP, gw = blockIdx.y * 8 + warp;
     unsigned word[VP], bits[VP];
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(256)
                     if (STATE) {  // one division: the code, the clip bit, the residual
                         bool clip;
                         int8_t r;
-                        q = q4_code_state(a, s, &clip, &r);
+                        q = q4_state<QUOT>(a, s, y, &clip, &r);
                         bits[e] |= (unsigned)clip << j;
                         const unsigned rb = (unsigned)(uint8_t)r << (8 * (j & 3));
                         if (j < 4)
@@ -282,8 +283,13 @@ void launch_encode_nhwc(const void *x, const bie_conv_geom *g, const float *bias
     const bool pairs = hw % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0;
     const int vp = pairs ? 2 : 1;
     const dim3 grid((unsigned)((pixels + 32 * vp - 1) / (32 * vp)), (unsigned)((cbw + 7) / 8));
-    auto fn = mask ? (pairs ? q4_conv_encode_nhwc<T, 2, true> : q4_conv_encode_nhwc<T, 1, true>)
-                   : (pairs ? q4_conv_encode_nhwc<T, 2, false> : q4_conv_encode_nhwc<T, 1, false>);
+    static const bool quot = q4_quotient_wanted();
+    auto fn = !mask  ? (pairs ? q4_conv_encode_nhwc<T, 2, false, false>
+                              : q4_conv_encode_nhwc<T, 1, false, false>)
+              : quot ? (pairs ? q4_conv_encode_nhwc<T, 2, true, true>
+                              : q4_conv_encode_nhwc<T, 1, true, true>)
+                     : (pairs ? q4_conv_encode_nhwc<T, 2, true, false>
+                              : q4_conv_encode_nhwc<T, 1, true, false>);
     fn<<<grid, 256, 0, current_stream>>>(static_cast<const T *>(x), pixels, hw, (int)g->c, cbw, cw,
                                          bias, scale_a, reinterpret_cast<unsigned *>(codes), mask,
                                          resid);
@@ -293,7 +299,9 @@ template <typename T>
 void launch_encode(const void *x, const bie_conv_geom *g, const float *bias, const float *scale_a,
                    uint8_t *codes, uint8_t *mask, int8_t *resid) {
     const int64_t total = g->n * g->c * g->h * g->w;
-    q4_conv_encode<T><<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
+    static const bool quot = q4_quotient_wanted();
+    auto fn = quot && mask ? q4_conv_encode<T, true> : q4_conv_encode<T, false>;
+    fn<<<blocks_for((total + 7) / 8), 256, 0, current_stream>>>(
         static_cast<const T *>(x), total, g->h * g->w, g->c, bias, scale_a,
         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(resid) % 8 == 0,
         total + 8 <= (int64_t)UINT32_MAX, reinterpret_cast<unsigned *>(codes), mask, resid);

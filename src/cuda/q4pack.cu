@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(256)
                 if (bias) v = __fadd_rn(v, b[j]);
                 if (mask) {  // one quotient gives the code, the clip bit and the residual
                     bool clip;
-                    const int code = QUOT ? q4_state_of(q4_quotient(v, s, y), &clip, &r8[j])
-                                          : q4_code_state(v, s, &clip, &r8[j]);
+                    const int code = q4_state<QUOT>(v, s, y, &clip, &r8[j]);
                     w.set(j, code);
                     vv[j] = from_f32<T>((float)code);
                     bits |= (unsigned)clip << j;
@@ -245,9 +244,9 @@ void launch_pack(Src src, int64_t rows, int64_t k, int64_t ld, uint8_t *dst) {
         <<<grid_for(rows * groups_of<I8>(ld)), 256, 0, current_stream>>>(src, rows, k, ld, dst);
 }
 
+bool q4_quotient_wanted() { return env_is("BIE_CUDA_Q4_QUOTIENT", "1"); }
+
 // Whether launch_act takes its one-pass form (q4_act_state), the only one that writes values.
-// BIE_CUDA_Q4_QUOTIENT=1: that pass's quotients without divisions (q4_quotient; the same codes,
-// clip bits and residuals, checked on the CPU, not yet timed against the division on a GPU).
 bool act_one_pass(int64_t k, const uint8_t *mask, const int8_t *resid) {
     return k % 8 == 0 && (!mask || reinterpret_cast<uintptr_t>(resid) % 8 == 0);
 }
@@ -261,7 +260,7 @@ void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float
     if (act_one_pass(k, mask, resid)) {
         const dim3 grid((unsigned)((groups_of<I8>(ld) + 255) / 256),
                         (unsigned)std::max<int64_t>(1, std::min<int64_t>(m, 65535)));
-        static const bool quot = env_is("BIE_CUDA_Q4_QUOTIENT", "1");
+        static const bool quot = q4_quotient_wanted();
         const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
         if (quot)
             q4_act_state<T, I8, true><<<grid, 256, 0, current_stream>>>(
