@@ -126,11 +126,11 @@ __global__ void __launch_bounds__(256)
 // reciprocal, taken once per thread: bie_q4_quotient); x read 16 bytes at a time where
 // `vec` (x 16-byte aligned), the group's eight biases once, in two 16-byte loads (bias 16-byte
 // aligned, else one at a time). Block (x, y) takes groups 256 x .. 256 x + 255 of rows y,
-// y + gridDim.y, ... (no division of a flat index). With values (16-bit T, a mask too), also
-// the codes' values as T in the inputs' layout [m][k] (one 16-byte store per group), which the
-// backward's grad_w product takes. Without a mask the code alone, dividing only near a half
+// y + gridDim.y, ... (no division of a flat index). VALS (16-bit T, a mask too): also the codes'
+// values as T in the inputs' layout [m][k] (one 16-byte store per group), which the backward's
+// grad_w product takes. Without a mask the code alone, dividing only near a half
 // (q4_code_fast): also the weight's codes (T float, no bias, no mask).
-template <typename T, bool I8, bool QUOT>
+template <typename T, bool I8, bool QUOT, bool VALS>
 __global__ void __launch_bounds__(256)
     q4_act_state(const T *__restrict__ x, int64_t m, int64_t k, int64_t ld,
                  const float *__restrict__ bias, const float *__restrict__ scale, bool vec,
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(256)
                     bool clip;
                     const int code = q4_state<QUOT>(v, s, y, &clip, &r8[j]);
                     w.set(j, code);
-                    vv[j] = from_f32<T>((float)code);
+                    if (VALS) vv[j] = from_f32<T>((float)code);
                     bits |= (unsigned)clip << j;
                 } else {
                     w.set(j, q4_code_fast(v, s, inv));
@@ -179,10 +179,8 @@ __global__ void __launch_bounds__(256)
             if (mask) {
                 mask[at >> 3] = (uint8_t)bits;
                 *reinterpret_cast<uint2 *>(resid + at) = rw;
-                if constexpr (sizeof(T) == 2)
-                    if (values)
-                        *reinterpret_cast<uint4 *>(values + at) =
-                            *reinterpret_cast<const uint4 *>(vv);
+                if constexpr (VALS && sizeof(T) == 2)
+                    *reinterpret_cast<uint4 *>(values + at) = *reinterpret_cast<const uint4 *>(vv);
             }
         }
         w.store(codes, row * groups + g);
@@ -262,12 +260,11 @@ void launch_act(const T *x, int64_t m, int64_t k, const float *bias, const float
                         (unsigned)std::max<int64_t>(1, std::min<int64_t>(m, 65535)));
         static const bool quot = q4_quotient_wanted();
         const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-        if (quot)
-            q4_act_state<T, I8, true><<<grid, 256, 0, current_stream>>>(
-                x, m, k, ld, bias, scale, vec, codes, mask, resid, values);
-        else
-            q4_act_state<T, I8, false><<<grid, 256, 0, current_stream>>>(
-                x, m, k, ld, bias, scale, vec, codes, mask, resid, values);
+        auto fn =
+            values ? (quot ? q4_act_state<T, I8, true, true> : q4_act_state<T, I8, false, true>)
+                   : (quot ? q4_act_state<T, I8, true, false> : q4_act_state<T, I8, false, false>);
+        fn<<<grid, 256, 0, current_stream>>>(x, m, k, ld, bias, scale, vec, codes, mask, resid,
+                                             values);
         return;
     }
     launch_pack<ActCodes<T>, I8>(ActCodes<T>{x, k, bias, scale}, m, k, ld, codes);
