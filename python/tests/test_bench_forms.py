@@ -2,11 +2,11 @@
 rounds' order and the summary, with a stand-in for profile_layer.py that prints the JSON line
 profile_layer.py prints (its numbers from the environment it was given)."""
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from scripts import load_script
 
 FORMS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "forms.py"
 
@@ -23,10 +23,7 @@ print(json.dumps({"bench": "profile_layer", "bie_graph_us": bie, "torch_bf16_gra
 
 @pytest.fixture(scope="module")
 def forms():
-    spec = importlib.util.spec_from_file_location("forms", FORMS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(FORMS)
 
 
 def last_json(text):

@@ -2,7 +2,6 @@
 tiny sizes, in this process and in 2 gloo processes (as under torchrun), prints JSON lines with
 positive images/s for bie's side and the pure-PyTorch one, and their ratio."""
 
-import importlib.util
 import io
 import json
 import os
@@ -12,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from scripts import load_script
 
 torch = pytest.importorskip("torch")
 
@@ -24,10 +24,7 @@ TINY = ["--device", "cpu", "--batch", "4", "--steps", "2", "--warmup", "1", "--d
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("train_resnet", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH)
 
 
 def _check(lines, world):

@@ -1,9 +1,9 @@
 """The Fashion-MNIST example keeps working: its data reader and model, on a few images."""
 
-import importlib.util
 import pathlib
 
 import pytest
+from scripts import load_script
 import torch
 
 import bie
@@ -13,10 +13,7 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_fash
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("train_fashion_mnist", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE)
 
 
 def test_model_trains_a_step_on_the_dataset(example):
