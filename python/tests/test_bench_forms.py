@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import pytest
+
 from scripts import load_script
 
 FORMS = pathlib.Path(__file__).resolve().parents[1] / "bench" / "forms.py"

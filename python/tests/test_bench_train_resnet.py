@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from scripts import load_script
 
 torch = pytest.importorskip("torch")
 
 import bie  # noqa: E402
+from scripts import load_script  # noqa: E402
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench" / "train_resnet.py"
 TINY = ["--device", "cpu", "--batch", "4", "--steps", "2", "--warmup", "1", "--dtype", "fp32",

@@ -3,10 +3,10 @@
 import pathlib
 
 import pytest
-from scripts import load_script
 import torch
 
 import bie
+from scripts import load_script
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "train_fashion_mnist.py"
 
