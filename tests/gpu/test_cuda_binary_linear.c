@@ -3,11 +3,15 @@
  * training and inference modes, from float and pre-packed input, with every CUDA kernel;
  * backward within float tolerance (int8 weight gradients within one step); bad input rejected
  * with outputs untouched; the opt-in FP8 backward against the CPU backward of grad_out rounded
- * to e4m3 as it does. Random shapes include m = 1, odd k and n, and k over 8192 bits.
+ * to e4m3 as it does; the opt-in training weight pass against the default one. Random shapes
+ * include m = 1, odd k and n, and k over 8192 bits.
  * Reports itself skipped (77) without a GPU. Usage: test_cuda_binary_linear [--small] */
 #include <math.h>
 
 #include "gpu_util.h"
+#ifdef BIE_TEST_CUDA_INTERNALS
+#include "cuda/cuda_internal.h"
+#endif
 
 typedef struct pair {
     bie_layer *cpu, *gpu;
@@ -292,6 +296,85 @@ static void bad_input(void) {
     free_pair(&p);
 }
 
+#ifdef BIE_TEST_CUDA_INTERNALS
+/* bie_cuda_pack_weight_signs (the opt-in training weight pass) against bie_cuda_pack_weight's
+ * bits and popcounts, byte for byte, and its ±1 values transposed against the host's, in
+ * each element form (bf16, f16, e4m3); outputs poisoned first; a shape it does not take
+ * rejected with nothing written. */
+static void check_weight_signs(int64_t n, int64_t k) {
+    const int64_t ld = bie_cuda_row_stride(k), parts = bie_cuda_popc_parts(ld);
+    CHECK(ld == k / 8 && bie_cuda_weight_signs_shape(n, k));
+    int8_t *w = tu_alloc((size_t)(n * k));
+    for (int64_t i = 0; i < n * k; i++) w[i] = (int8_t)((int)(tu_next() % 7) - 3); /* zeros too */
+    int64_t shape[1] = {n * k};
+    bie_tensor dw, bits, bits_ref, popc, popc_ref, st;
+    CHECK_OK(bie_cuda_tensor_alloc(&dw, BIE_I8, 1, shape, 0));
+    bie_tensor hw = tu_view(w, BIE_I8, 1, n * k, 0, 0, 0);
+    CHECK_OK(bie_tensor_copy(&dw, &hw));
+    shape[0] = n * ld;
+    CHECK_OK(bie_cuda_tensor_alloc(&bits, BIE_U8, 1, shape, 0));
+    CHECK_OK(bie_cuda_tensor_alloc(&bits_ref, BIE_U8, 1, shape, 0));
+    shape[0] = n * parts;
+    CHECK_OK(bie_cuda_tensor_alloc(&popc, BIE_I32, 1, shape, 0));
+    CHECK_OK(bie_cuda_tensor_alloc(&popc_ref, BIE_I32, 1, shape, 0));
+    shape[0] = n * k * 2;
+    CHECK_OK(bie_cuda_tensor_alloc(&st, BIE_U8, 1, shape, 0));
+    CHECK_OK(bie_cuda_pack_weight(BIE_I8, dw.data, n, k, ld, bits_ref.data, popc_ref.data));
+    uint8_t *want_bits = download_bytes(&bits_ref);
+    int *want_popc = download_bytes(&popc_ref);
+    uint8_t *want = tu_alloc((size_t)(n * k * 2));
+    for (int form = 0; form < 3; form++) {
+        const int es = form == 2 ? 1 : 2;
+        const bie_dtype dt = form == 1 ? BIE_F16 : BIE_BF16;
+        const uint16_t pos = dt == BIE_F16 ? 0x3c00 : 0x3f80, neg = dt == BIE_F16 ? 0xbc00 : 0xbf80;
+        for (int64_t c = 0; c < k; c++)
+            for (int64_t r = 0; r < n; r++) {
+                const bool p = w[r * k + c] >= 0;
+                if (es == 1)
+                    want[c * n + r] = p ? 0x38 : 0xb8;
+                else
+                    memcpy(want + (c * n + r) * 2, p ? &pos : &neg, 2);
+            }
+        poison_device_with(&bits, 0xa5);
+        poison_device_with(&popc, 0xa5);
+        poison_device_with(&st, 0x5a);
+        CHECK_OK(
+            bie_cuda_pack_weight_signs(dw.data, n, k, ld, bits.data, popc.data, es, dt, st.data));
+        CHECK_OK(bie_cuda_synchronize());
+        CHECK(device_bytes_match(&bits, want_bits));
+        CHECK(device_bytes_match(&popc, want_popc));
+        uint8_t *got = download_bytes(&st);
+        const int same = memcmp(got, want, (size_t)(n * k * es)) == 0;
+        CHECK(same);
+        if (!same)
+            fprintf(stderr, "  weight signs differ: n=%lld k=%lld es=%d %s\n", (long long)n,
+                    (long long)k, es, bie_dtype_name(dt));
+        free(got);
+    }
+    /* not its shape (k not a multiple of 2048), or an element form it does not have */
+    poison_device_with(&bits, 0xa5);
+    CHECK(bie_cuda_pack_weight_signs(dw.data, n, k - 64, ld, bits.data, popc.data, 2, BIE_BF16,
+                                     st.data) != BIE_OK);
+    CHECK(bie_cuda_pack_weight_signs(dw.data, n, k, ld, bits.data, popc.data, 2, BIE_F32,
+                                     st.data) != BIE_OK);
+    CHECK(bie_cuda_pack_weight_signs(dw.data, n, k, ld, bits.data, popc.data, 4, BIE_BF16,
+                                     st.data) != BIE_OK);
+    CHECK_OK(bie_cuda_synchronize());
+    memset(want_bits, 0xa5, (size_t)(n * ld));
+    CHECK(device_bytes_match(&bits, want_bits));
+    free(want);
+    free(want_bits);
+    free(want_popc);
+    free(w);
+    bie_tensor_free(&dw);
+    bie_tensor_free(&bits);
+    bie_tensor_free(&bits_ref);
+    bie_tensor_free(&popc);
+    bie_tensor_free(&popc_ref);
+    bie_tensor_free(&st);
+}
+#endif
+
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (gpu_missing()) return TU_SKIP;
@@ -341,6 +424,14 @@ int main(int argc, char **argv) {
         for (int i = 0; i < count; i++)
             check_shape(kDtypes[d], shapes[i][0], shapes[i][1], shapes[i][2],
                         d == 0 && (i % 3 == 1));
+#ifdef BIE_TEST_CUDA_INTERNALS
+    check_weight_signs(16, 2048);
+    if (!small) {
+        check_weight_signs(144, 6144);
+        check_weight_signs(48, 4096);
+        check_weight_signs(32, 16384); /* two popcount slices a row */
+    }
+#endif
     bad_input();
     return tu_finish();
 }
