@@ -289,6 +289,11 @@ bie_status lt_fp8_gemm(int64_t mo, int64_t no, int64_t kr, const uint8_t *a, con
     return s;
 }
 
+// The ±1 weight transposed [k][n] of bytes-byte values that the training forward wrote, or NULL.
+const void *forward_signs(const bie_cuda_bl_backward_args &a, int bytes) {
+    return a.wsignt_bytes == bytes ? a.wsignt : nullptr;
+}
+
 // grad_out's e4m3 copies g8 [m, n] and g8t [n, m] (with grad_out's amax partials part and
 // the scales: scales[0] the dequantization factor) and the transposed ±1 operands: the weight's
 // [k, n] into ws (unless the training forward wrote it), *swt set to where it is, and sxt [k, m],
@@ -304,11 +309,11 @@ void fp8_operands(const bie_cuda_bl_backward_args &a, float *part, float *scales
     fp8_quantize<T>
         <<<dim3((unsigned)((n + kQTile - 1) / kQTile), (unsigned)((m + kQTile - 1) / kQTile)), 256,
            0, st>>>(go, m, n, vec, part, scales, g8, g8t);
-    *swt = ws;
-    if (a.wsignt && a.wsignt_bytes == 1)
-        *swt = static_cast<const uint8_t *>(a.wsignt);
-    else
+    *swt = static_cast<const uint8_t *>(forward_signs(a, 1));
+    if (!*swt) {
         launch_signs_t<1>(a.wbits, a.ld, n, k, 0x38u, 0xb8u, ws);
+        *swt = ws;
+    }
     launch_signs_t<1>(a.signs, a.ld, m, k, 0x38u, 0xb8u, sxt);
 }
 
@@ -320,9 +325,10 @@ bie_status fp8_products_typed(const bie_cuda_bl_backward_args &a, cudaDataType_t
                               bool *done) {
     const int64_t m = a.m, n = a.n, k = a.k;
     Workspace<7> ws;
-    BIE_CUDA_TRY(ws.alloc({(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m),
-                           amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
-                          "cudaMallocAsync (fp8 backward workspace)"));
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)(m * n), (size_t)(m * n), forward_signs(a, 1) ? 0 : (size_t)(k * n),
+                  (size_t)(k * m), amax_workspace_bytes(), 2 * sizeof(float), kLtWorkspace},
+                 "cudaMallocAsync (fp8 backward workspace)"));
     uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1), *sxt = ws.at<uint8_t>(3);
     const uint8_t *swt = nullptr;
     float *scales = ws.at<float>(5);
@@ -374,11 +380,12 @@ bool side_quantization(BwdGemmArgs &gx, const float *grad_w, int64_t count, int8
 template <typename T> bie_status fp8_fused_typed(const bie_cuda_bl_backward_args &a) {
     const int64_t m = a.m, n = a.n, k = a.k, parts = bwd_gemm_parts(m);
     Workspace<9> ws;
-    BIE_CUDA_TRY(ws.alloc(
-        {(size_t)(m * n), (size_t)(m * n), (size_t)(k * n), (size_t)(k * m), amax_workspace_bytes(),
-         2 * sizeof(float), (size_t)(parts * k) * sizeof(float),
-         (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double) + amax_workspace_bytes()},
-        "cudaMallocAsync (fp8 backward workspace)"));
+    BIE_CUDA_TRY(
+        ws.alloc({(size_t)(m * n), (size_t)(m * n), forward_signs(a, 1) ? 0 : (size_t)(k * n),
+                  (size_t)(k * m), amax_workspace_bytes(), 2 * sizeof(float),
+                  (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                  (size_t)k * sizeof(double) + amax_workspace_bytes()},
+                 "cudaMallocAsync (fp8 backward workspace)"));
     uint8_t *g8 = ws.at<uint8_t>(0), *g8t = ws.at<uint8_t>(1), *sxt = ws.at<uint8_t>(3);
     const uint8_t *swt = nullptr;
     float *scales = ws.at<float>(5), *part_sum = ws.at<float>(6), *part_dot = ws.at<float>(7);
@@ -437,12 +444,11 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     // ±1 weight [k][n] (unless on chip), the sums' parts, their dots, amax parts, side counter,
     // ±1 activations [m][k] (for grad_w's own kernel from memory)
     Workspace<7> ws;
-    BIE_CUDA_TRY(
-        ws.alloc({on_chip || (a.wsignt && a.wsignt_bytes == 2) ? 0 : (size_t)(k * n) * sizeof(T),
-                  (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
-                  (size_t)k * sizeof(double), amax_workspace_bytes(), sizeof(unsigned),
-                  wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
-                 "cudaMallocAsync (backward workspace)"));
+    BIE_CUDA_TRY(ws.alloc({on_chip || forward_signs(a, 2) ? 0 : (size_t)(k * n) * sizeof(T),
+                           (size_t)(parts * k) * sizeof(float), (size_t)(parts * k) * sizeof(float),
+                           (size_t)k * sizeof(double), amax_workspace_bytes(), sizeof(unsigned),
+                           wgrad_mem ? (size_t)(m * k) * sizeof(T) : 0},
+                          "cudaMallocAsync (backward workspace)"));
     T *wst = ws.at<T>(0);
     float *part_sum = ws.at<float>(1), *part_dot = ws.at<float>(2), *one = nullptr;
     float *wamax = ws.at<float>(4);
@@ -474,8 +480,8 @@ template <typename T> bie_status exact_fused_typed(const bie_cuda_bl_backward_ar
     } else {
         s = exact_grad_w<T>(a);
     }
-    if (s == BIE_OK && !on_chip && a.wsignt && a.wsignt_bytes == 2) {  // by the training forward
-        gx.op = kOpSame16, gx.b = a.wsignt;
+    if (s == BIE_OK && !on_chip && forward_signs(a, 2)) {  // by the training forward
+        gx.op = kOpSame16, gx.b = forward_signs(a, 2);
     } else if (s == BIE_OK && !on_chip) {
         launch_signs_t<2>(a.wbits, a.ld, n, k, half ? 0x3c00u : 0x3f80u, half ? 0xbc00u : 0xbf80u,
                           reinterpret_cast<uint8_t *>(wst));
@@ -536,9 +542,12 @@ bie_status fp8_backward_fused(const bie_cuda_bl_backward_args &a) {
 
 }  // namespace bie_cuda
 
-extern "C" int bie_cuda_weight_signs_bytes(bie_dtype dtype, int64_t n, int64_t k, bool fp8) {
+extern "C" int bie_cuda_weight_signs_bytes(bie_dtype dtype, const int8_t *w, int64_t n, int64_t k,
+                                           int64_t ld, bool fp8) {
     static const bool on = bie_cuda::env_is("BIE_CUDA_LINEAR_WSIGNS", "1");
-    if (!on || !bie_cuda_weight_signs_shape(n, k)) return 0;
+    if (!on || !w || reinterpret_cast<uintptr_t>(w) % 16 || ld != k / 8 ||
+        !bie_cuda_weight_signs_shape(n, k))
+        return 0;
     if (fp8) return bie_cuda::device_cc() >= 89 ? 1 : 0;  // fp8_operands' swt
     // exact_fused_typed's ±1 weight, unless it makes B on chip
     return (dtype == BIE_BF16 || dtype == BIE_F16) && bie_cuda::fp8_backward_fused_usable() &&

@@ -57,11 +57,13 @@ bie_status bie_cuda_pack_weight_signs(const int8_t *w, int64_t n, int64_t k, int
                                       uint8_t *bits, int *popc, int es, bie_dtype dtype,
                                       void *signs_t);
 /* The bytes a value of the ±1 weight that a training forward of a dtype binary linear layer
- * should write for its backward (fp8: BIE_BACKWARD_FP8): 2 for the exact backward on the fused
- * kernels, 1 (e4m3) for the FP8 backward on an FP8 device, 0 for none (the shape above not
- * met; and until timed on a GPU unless BIE_CUDA_LINEAR_WSIGNS=1: by default the backward makes
- * it from the bits). */
-int bie_cuda_weight_signs_bytes(bie_dtype dtype, int64_t n, int64_t k, bool fp8);
+ * should write for its backward (fp8: BIE_BACKWARD_FP8) with bie_cuda_pack_weight_signs from
+ * its int8 weight w (rows of ld bytes): 2 for the exact backward on the fused kernels, 1 (e4m3)
+ * for the FP8 backward on an FP8 device, 0 for none (no int8 weight, or w or ld not as
+ * bie_cuda_pack_weight_signs needs them; and until timed on a GPU unless
+ * BIE_CUDA_LINEAR_WSIGNS=1: by default the backward makes it from the bits). */
+int bie_cuda_weight_signs_bytes(bie_dtype dtype, const int8_t *w, int64_t n, int64_t k, int64_t ld,
+                                bool fp8);
 /* Rows of the user's packed format (src_stride bytes, garbage past k) into the layout. */
 bie_status bie_cuda_repack_rows(const void *src, int64_t src_stride, int64_t rows, int64_t k,
                                 int64_t ld, uint8_t *dst, int *popc);

@@ -19,15 +19,6 @@ __device__ __forceinline__ int q4_code_fast(float v, float s, float inv) {
     return bie_q4_fast(v, s, inv);
 }
 
-// The backward's state of one input v (SPEC §4): the clip bit 1{-8 <= v / s <= 7}, and the
-// rounding residual (rint(q) - q) * 254 rounded to int8 inside the clip range (else 0).
-__device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
-    const float q = __fdiv_rn(v, s);
-    const bool inr = q >= -8.0f && q <= 7.0f;
-    *resid = inr ? (int8_t)rintf(__fmul_rn(__fsub_rn(rintf(q), q), 254.0f)) : (int8_t)0;
-    return inr;
-}
-
 // The code of a two's-complement nibble nib (0 .. 15).
 __device__ __forceinline__ int nibble_code(int nib) { return nib - ((nib & 8) << 1); }
 
@@ -36,8 +27,8 @@ __device__ __forceinline__ int code_at(const uint8_t *codes, int64_t i) {
     return nibble_code((codes[i >> 1] >> ((i & 1) * 4)) & 15);
 }
 
-// q4_code and q4_clip_resid of an input whose quotient q = v / s is already known: the code,
-// *clip and *resid.
+// The code (q4_code), *clip and *resid (q4_clip_resid below) of an input whose quotient
+// q = v / s is already known.
 __device__ __forceinline__ int q4_state_of(float q, bool *clip, int8_t *resid) {
     const float r = rintf(q);
     *clip = q >= -8.0f && q <= 7.0f;
@@ -46,9 +37,17 @@ __device__ __forceinline__ int q4_state_of(float q, bool *clip, int8_t *resid) {
     return (int)(r < -8.0f ? -8.0f : r > 7.0f ? 7.0f : r);
 }
 
-// q4_code and q4_clip_resid of v from one division: the code, *clip and *resid.
+// The same of v from one division.
 __device__ __forceinline__ int q4_code_state(float v, float s, bool *clip, int8_t *resid) {
     return q4_state_of(__fdiv_rn(v, s), clip, resid);
+}
+
+// The backward's state of one input v (SPEC §4): the clip bit 1{-8 <= v / s <= 7}, and the
+// rounding residual (rint(q) - q) * 254 rounded to int8 inside the clip range (else 0).
+__device__ __forceinline__ bool q4_clip_resid(float v, float s, int8_t *resid) {
+    bool clip;
+    (void)q4_code_state(v, s, &clip, resid);
+    return clip;
 }
 
 // The quotient v / s from y = q4_reciprocal(s), computed once per thread, without a division

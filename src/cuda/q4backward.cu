@@ -65,10 +65,18 @@ void launch_values(const uint8_t *codes, int64_t ld, bool i8, int64_t rows, int6
         values_of_codes<T, false><<<grid, 256, 0, current_stream>>>(codes, ld, rows, k, vec, dst);
 }
 
+// The activation codes' values [m][k] the grad_w product takes: those the training forward
+// wrote (a.xval), else made now from the codes into ws.
+template <typename T> const T *act_values(const bie_cuda_q4l_backward_args &a, T *ws) {
+    if (a.xval) return static_cast<const T *>(a.xval);
+    launch_values<T>(a.xcodes, a.ld, a.i8, a.m, a.k, ws);
+    return ws;
+}
+
 // The transposed values [k][rows] (T, 16-bit) of the code rows (ld bytes; I8: one int8 code a
 // byte, else eight codes a 32-bit word), rows a multiple of 8, dst 16-byte aligned: a block per
 // 64 x 64 tile, thread t reading 16 codes of row t / 4 (one load), through tile_put and
-// tile_store_t (q4_common.cuh).
+// tile_store_t (tile_t.cuh).
 template <typename T, bool I8>
 __global__ void __launch_bounds__(256)
     values_of_codes_t(const uint8_t *codes, int64_t ld, int64_t rows, int64_t k, T *dst) {
@@ -131,7 +139,6 @@ bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ct
                   a.xval ? 0 : (size_t)(m * k) * sizeof(T), (size_t)(parts * k) * sizeof(float),
                   (size_t)(parts * k) * sizeof(float), (size_t)k * sizeof(double)},
                  "cudaMallocAsync (4-bit backward workspace)"));
-    const T *xval = a.xval ? static_cast<const T *>(a.xval) : ws.at<T>(1);
     const T *wvalt = a.wvalt ? static_cast<const T *>(a.wvalt) : ws.at<T>(0);
     float *part_sum = ws.at<float>(2), *part_dot = ws.at<float>(3), *one = nullptr, *zero = nullptr;
     cublasHandle_t h = nullptr;
@@ -139,7 +146,7 @@ bie_status q4_fused_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t ct
     if (s == BIE_OK) s = device_zero(&zero);
     if (s == BIE_OK) s = blas_handle(&h);
     if (s != BIE_OK) return ws.release(s);
-    if (!a.xval) launch_values<T>(a.xcodes, a.ld, a.i8, m, k, ws.at<T>(1));
+    const T *xval = act_values<T>(a, ws.at<T>(1));
     // grad_w, row-major [n, k] = grad_out^T [n, m] @ q4(x') [m, k] * scale_a
     s = blas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)k, (int)n, (int)m, a.saved_scales,
                                 xval, ctype, (int)k, a.grad_out, ctype, (int)n, zero, a.grad_w,
@@ -181,7 +188,7 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
                            (size_t)(m * k) * sizeof(float), p.dot_bytes, p.col_bytes},
                           "cudaMallocAsync (4-bit backward workspace)"));
     T *wval = ws.at<T>(0);
-    const T *xval = a.xval ? static_cast<const T *>(a.xval) : ws.at<T>(1);
+    const T *xval = nullptr;
     float *g = ws.at<float>(2);
 
     bie_status s = BIE_OK;
@@ -190,7 +197,7 @@ bie_status q4_backward_typed(const bie_cuda_q4l_backward_args &a, cudaDataType_t
     if ((s = device_zero(&zero)) != BIE_OK) goto done;
     if ((s = blas_handle(&h)) != BIE_OK) goto done;
     launch_values<T>(a.wcodes, a.ld, a.i8, n, k, wval);
-    if (!a.xval) launch_values<T>(a.xcodes, a.ld, a.i8, m, k, ws.at<T>(1));
+    xval = act_values<T>(a, ws.at<T>(1));
     // grad_x (before the mask), row-major [m, k] = grad_out [m, n] @ q4(w) [n, k] * scale_w
     s = blas_check(
         cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)k, (int)m, (int)n, a.saved_scales + 1, wval,

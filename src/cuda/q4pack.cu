@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(256)
 // w instead of the codes' pass and a second one over them in the backward. A block per
 // 64 x 64 tile (k % 256 == 0, so that ld is the codes' row stride in either layout; n % 8 == 0, w
 // 16-byte aligned): thread t reads 16 floats of row t / 4 (four 16-byte loads), stores their codes
-// in one piece and their values through tile_put and tile_store_t (q4_common.cuh).
+// in one piece and their values through tile_put and tile_store_t (tile_t.cuh).
 template <typename V, bool I8>
 __global__ void __launch_bounds__(256)
     q4_weight_values(const float *__restrict__ w, int64_t n, int64_t k, int64_t ld,

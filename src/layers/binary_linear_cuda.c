@@ -113,11 +113,10 @@ static bie_status forward_weight(bie_layer *l, const uint8_t **bits, const int *
     uint8_t *dst = c->wbits;
     int *dst_popc = c->wpopc;
     c->wsignt_bytes = 0;
-    const bool fits =
-        training && c->d.w_i8 && ((uintptr_t)c->d.w_i8) % 16 == 0 && c->d.ld == l->in / 8;
-    const int es = fits ? bie_cuda_weight_signs_bytes(l->dtype, l->out, l->in,
-                                                      l->backward_mode == BIE_BACKWARD_FP8)
-                        : 0;
+    const int es = training
+                       ? bie_cuda_weight_signs_bytes(l->dtype, c->d.w_i8, l->out, l->in, c->d.ld,
+                                                     l->backward_mode == BIE_BACKWARD_FP8)
+                       : 0;
     if (es) {
         if (c->wsignt == NULL)
             BIE_TRY(
